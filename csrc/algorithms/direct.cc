@@ -1,0 +1,59 @@
+// Direct (pairwise) algorithms: every rank talks to every other rank.
+//
+// all_to_all, pairwise exchange: step 0 copies our own block; in step s (1..P-1) rank r sends
+//   its input block r+s to rank r+s and receives rank r-s's block r into output block r-s.
+//   Each step pairs every rank with exactly one sender and one receiver.
+// gather / scatter: the root receives from (sends to) every rank in one step.
+// barrier, dissemination: in round k rank r signals r+2^k and waits for r-2^k; after
+//   ceil(log2 P) rounds every rank has heard, directly or transitively, from every other.
+#include "algorithms/ops.h"
+
+namespace ringtree {
+
+void direct_all_to_all(Schedule& s, int P, int r, uint64_t N) {
+  const uint64_t ur = static_cast<uint64_t>(r);
+  s.add(make_copy(BufId::Output, ur * N, BufId::Input, ur * N, N));
+  s.end_step();
+  for (int step = 1; step < P; ++step) {
+    const int to = ring_mod(r + step, P), from = ring_mod(r - step, P);
+    s.add(make_send(to, BufId::Input, static_cast<uint64_t>(to) * N, N));
+    s.add(make_recv(from, BufId::Output, static_cast<uint64_t>(from) * N, N));
+    s.end_step();
+  }
+}
+
+void direct_gather(Schedule& s, int P, int r, int root, uint64_t N) {
+  if (r != root) {
+    s.add(make_send(root, BufId::Input, 0, N));
+    s.end_step();
+    return;
+  }
+  s.add(make_copy(BufId::Output, static_cast<uint64_t>(root) * N, BufId::Input, 0, N));
+  s.end_step();
+  for (int q = 0; q < P; ++q)
+    if (q != root) s.add(make_recv(q, BufId::Output, static_cast<uint64_t>(q) * N, N));
+  s.end_step();
+}
+
+void direct_scatter(Schedule& s, int P, int r, int root, uint64_t N) {
+  if (r != root) {
+    s.add(make_recv(root, BufId::Output, 0, N));
+    s.end_step();
+    return;
+  }
+  s.add(make_copy(BufId::Output, 0, BufId::Input, static_cast<uint64_t>(root) * N, N));
+  s.end_step();
+  for (int q = 0; q < P; ++q)
+    if (q != root) s.add(make_send(q, BufId::Input, static_cast<uint64_t>(q) * N, N));
+  s.end_step();
+}
+
+void dissemination_barrier(Schedule& s, int P, int r) {
+  for (int distance = 1; distance < P; distance *= 2) {
+    s.add(make_send(ring_mod(r + distance, P), BufId::Input, 0, 0));
+    s.add(make_recv(ring_mod(r - distance, P), BufId::Output, 0, 0));
+    s.end_step();
+  }
+}
+
+}  // namespace ringtree

@@ -1,0 +1,94 @@
+// A schedule is one rank's part of a collective, as data: an ordered list of steps, each step a
+// set of ops that run concurrently and touch disjoint memory. Executors (host now, CUDA later)
+// walk the same schedule; the simulator checks it without any transport.
+//
+// Terms used by every algorithm file:
+//   block    the N elements one rank owns in reduce_scatter / all_gather / all_to_all / gather /
+//            scatter (N = the per-rank count), or the 1/P share of an all_reduce buffer that the
+//            ring hands around.
+//   segment  a slice of a buffer that a pipelined algorithm (tree, chain) moves as one message.
+//   step     a set of ops that may run concurrently; step k+1 starts when step k is complete.
+// Offsets and counts are in elements.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "ringtree/types.h"
+
+namespace ringtree {
+
+enum class BufId : uint8_t { Input, Output, Scratch, Count };
+enum class OpKind : uint8_t {
+  Send,        // src -> peer
+  Recv,        // peer -> dst
+  RecvReduce,  // dst = src (op) incoming from peer
+  Copy,        // dst = src, local
+};
+
+struct BufRef {
+  BufId buf = BufId::Input;
+  uint64_t offset = 0;
+};
+
+struct Op {
+  OpKind kind;
+  int32_t peer;  // -1 for Copy
+  uint64_t count;
+  BufRef dst;
+  BufRef src;
+};
+
+struct Schedule {
+  std::vector<Op> ops;
+  std::vector<uint32_t> step_end;  // ops[step_end[k-1] .. step_end[k]) form step k
+  uint64_t scratch_elems = 0;
+
+  size_t num_steps() const { return step_end.size(); }
+  uint32_t step_begin(size_t k) const { return k == 0 ? 0 : step_end[k - 1]; }
+  void add(const Op& op) { ops.push_back(op); }
+  void end_step() {
+    if (step_end.empty() ? !ops.empty() : step_end.back() != ops.size())
+      step_end.push_back(static_cast<uint32_t>(ops.size()));
+  }
+};
+
+struct ScheduleKey {
+  Collective coll;
+  Algo algo;        // concrete (never Auto)
+  int nranks;
+  int rank;
+  uint64_t count;   // all_reduce/broadcast/reduce: whole buffer; others: per-rank block N
+  int root;
+  uint64_t segment; // elements per pipelined segment (tree, chain); 0 = whole buffer
+  int peer = -1;    // send/recv
+
+  bool operator==(const ScheduleKey& o) const {
+    return coll == o.coll && algo == o.algo && nranks == o.nranks && rank == o.rank &&
+           count == o.count && root == o.root && segment == o.segment && peer == o.peer;
+  }
+};
+
+// Which concrete algorithms a collective supports; the first is its default.
+std::vector<Algo> supported_algos(Collective coll);
+
+Schedule build_schedule(const ScheduleKey& key);
+
+// Per-algorithm generators (one file each).
+void ring_all_reduce(Schedule& s, int nranks, int rank, uint64_t count);
+void ring_reduce_scatter(Schedule& s, int nranks, int rank, uint64_t block);
+void ring_all_gather(Schedule& s, int nranks, int rank, uint64_t block);
+void tree_all_reduce(Schedule& s, int nranks, int rank, uint64_t count, uint64_t segment);
+void tree_reduce(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
+void tree_broadcast(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
+void direct_all_to_all(Schedule& s, int nranks, int rank, uint64_t block);
+void direct_gather(Schedule& s, int nranks, int rank, int root, uint64_t block);
+void direct_scatter(Schedule& s, int nranks, int rank, int root, uint64_t block);
+void dissemination_barrier(Schedule& s, int nranks, int rank);
+
+// Transport-free check: builds every rank's schedule for `key` (key.rank ignored), runs them
+// against each other with rendezvous semantics (a send completes only when the receiver is at
+// the matching recv, so any buffering also works), tracks which inputs every output element
+// holds, and throws Error describing the first violation. Returns a short summary.
+std::string simulate_schedules(ScheduleKey key);
+
+}  // namespace ringtree

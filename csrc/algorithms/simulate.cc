@@ -1,0 +1,309 @@
+// Transport-free check of the schedules (see simulate_schedules in schedule.h).
+//
+// Every element holds the ordered list of (rank, input index) atoms that were reduced into it.
+// Ops within a step must touch disjoint memory (with the in-place aliasing the collective
+// permits); a send completes only when its receiver's current step holds the matching recv.
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include "algorithms/schedule.h"
+#include "common/check.h"
+
+namespace ringtree {
+
+namespace {
+
+struct Atom {
+  int rank;
+  uint64_t index;
+  bool operator==(const Atom& o) const { return rank == o.rank && index == o.index; }
+  bool operator<(const Atom& o) const { return rank != o.rank ? rank < o.rank : index < o.index; }
+};
+using Value = std::vector<Atom>;  // empty: never written
+
+struct Sizes { uint64_t input, output; };
+
+Sizes buffer_sizes(Collective c, int P, uint64_t N) {
+  const uint64_t NP = N * static_cast<uint64_t>(P);
+  switch (c) {
+    case Collective::ReduceScatter: return {NP, N};
+    case Collective::AllGather: case Collective::Gather: return {N, NP};
+    case Collective::AllToAll: return {NP, NP};
+    case Collective::Scatter: return {NP, N};
+    case Collective::Barrier: return {0, 0};
+    default: return {N, N};
+  }
+}
+
+// Where a buffer reference lives: storage 0 = input, 1 = output, 2 = scratch, with the
+// in-place aliasing of this collective folded in.
+struct Location { int storage; uint64_t offset; };
+
+struct Aliasing {
+  bool in_place;
+  Collective coll;
+  int rank, root;
+  uint64_t N;
+  Location locate(BufRef ref) const {
+    const int storage = static_cast<int>(ref.buf);
+    if (!in_place && coll != Collective::Broadcast) return {storage, ref.offset};
+    const uint64_t rN = static_cast<uint64_t>(rank) * N;
+    switch (coll) {
+      case Collective::AllReduce: case Collective::Broadcast:
+        return ref.buf == BufId::Input ? Location{1, ref.offset} : Location{storage, ref.offset};
+      case Collective::Reduce:
+        if (rank == root && ref.buf == BufId::Input) return {1, ref.offset};
+        return {storage, ref.offset};
+      case Collective::AllGather: case Collective::Gather:  // input is output block r
+        if (ref.buf == BufId::Input && (coll == Collective::AllGather || rank == root)) return {1, rN + ref.offset};
+        return {storage, ref.offset};
+      case Collective::ReduceScatter: case Collective::Scatter:  // output is input block r
+        if (ref.buf == BufId::Output && (coll == Collective::ReduceScatter || rank == root)) return {0, rN + ref.offset};
+        return {storage, ref.offset};
+      default: return {storage, ref.offset};
+    }
+  }
+};
+
+struct RankState {
+  Schedule sched;
+  Aliasing alias;
+  std::vector<Value> storage[3];
+  std::vector<uint8_t> knows;  // barrier causality: which ranks this rank has heard from
+  size_t step = 0;
+  std::vector<uint8_t> done;   // per op of the current step
+  bool entered = false;        // local copies of the current step performed
+};
+
+std::string describe(const ScheduleKey& k, bool in_place) {
+  std::ostringstream os;
+  os << collective_name(k.coll) << "/" << algo_name(k.algo) << " P=" << k.nranks << " count=" << k.count
+     << " root=" << k.root << " segment=" << k.segment << (in_place ? " in-place" : " out-of-place");
+  return os.str();
+}
+
+[[noreturn]] void fail(const ScheduleKey& k, bool in_place, const std::string& what) {
+  throw Error("schedule check failed for " + describe(k, in_place) + ": " + what);
+}
+
+Value& at(RankState& st, BufRef ref, uint64_t i, const ScheduleKey& k, bool ip, int r) {
+  Location loc = st.alias.locate(ref);
+  auto& vec = st.storage[loc.storage];
+  if (loc.offset + i >= vec.size())
+    fail(k, ip, str_cat("rank ", r, " touches element ", loc.offset + i, " of buffer ", loc.storage,
+                        " which has ", vec.size()));
+  return vec[loc.offset + i];
+}
+
+void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k, bool ip, int r) {
+  struct Range { int storage; uint64_t lo, hi; bool write; size_t op; };
+  std::vector<Range> ranges;
+  std::map<int, int> sends, recvs;
+  for (size_t i = b; i < e; ++i) {
+    const Op& op = st.sched.ops[i];
+    if (op.kind == OpKind::Send && ++sends[op.peer] > 1) fail(k, ip, str_cat("rank ", r, " step has two sends to ", op.peer));
+    if ((op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce) && ++recvs[op.peer] > 1)
+      fail(k, ip, str_cat("rank ", r, " step has two receives from ", op.peer));
+    if (op.count == 0) continue;
+    if (op.kind != OpKind::Recv) {
+      Location l = st.alias.locate(op.src);
+      ranges.push_back({l.storage, l.offset, l.offset + op.count, false, i});
+    }
+    if (op.kind != OpKind::Send) {
+      Location l = st.alias.locate(op.dst);
+      ranges.push_back({l.storage, l.offset, l.offset + op.count, true, i});
+    }
+  }
+  for (size_t x = 0; x < ranges.size(); ++x)
+    for (size_t y = x + 1; y < ranges.size(); ++y) {
+      const Range &a = ranges[x], &c = ranges[y];
+      if (a.op == c.op || a.storage != c.storage || !(a.write || c.write)) continue;
+      if (a.lo < c.hi && c.lo < a.hi)
+        fail(k, ip, str_cat("rank ", r, " has ops ", a.op, " and ", c.op, " overlapping in one step"));
+    }
+}
+
+void run(const ScheduleKey& base, bool in_place) {
+  const int P = base.nranks;
+  const uint64_t N = base.count;
+  const Sizes sz = buffer_sizes(base.coll, P, N);
+  std::vector<RankState> ranks(P);
+  for (int r = 0; r < P; ++r) {
+    ScheduleKey k = base;
+    k.rank = r;
+    RankState& st = ranks[r];
+    st.sched = build_schedule(k);
+    st.alias = {in_place, base.coll, r, base.root, N};
+    st.storage[0].resize(sz.input);
+    st.storage[1].resize(sz.output);
+    st.storage[2].resize(st.sched.scratch_elems);
+    st.knows.assign(P, 0);
+    st.knows[r] = 1;
+    // Inputs first; then where input and output share storage the input wins, as in memory.
+    for (uint64_t i = 0; i < sz.input; ++i) at(st, {BufId::Input, i}, 0, base, in_place, r) = {Atom{r, i}};
+    if (base.coll == Collective::Broadcast && r == base.root)
+      for (uint64_t i = 0; i < sz.output; ++i) st.storage[1][i] = {Atom{r, i}};
+  }
+  auto start_step = [&](RankState& st, int r) {
+    while (st.step < st.sched.num_steps() && !st.entered) {
+      const size_t b = st.sched.step_begin(st.step), e = st.sched.step_end[st.step];
+      check_step_disjoint(st, b, e, base, in_place, r);
+      st.done.assign(e - b, 0);
+      bool all_done = true;
+      for (size_t i = b; i < e; ++i) {
+        const Op& op = st.sched.ops[i];
+        if (op.kind != OpKind::Copy) { all_done = false; continue; }
+        std::vector<Value> tmp(op.count);
+        for (uint64_t j = 0; j < op.count; ++j) tmp[j] = at(st, op.src, j, base, in_place, r);
+        for (uint64_t j = 0; j < op.count; ++j) at(st, op.dst, j, base, in_place, r) = tmp[j];
+        st.done[i - b] = 1;
+      }
+      st.entered = true;
+      if (all_done) { st.step++; st.entered = false; }
+    }
+  };
+  for (int r = 0; r < P; ++r) start_step(ranks[r], r);
+
+  for (;;) {
+    bool progressed = false, finished = true;
+    for (int a = 0; a < P; ++a) {
+      RankState& sa = ranks[a];
+      if (sa.step >= sa.sched.num_steps()) continue;
+      finished = false;
+      const size_t b = sa.sched.step_begin(sa.step), e = sa.sched.step_end[sa.step];
+      for (size_t i = b; i < e; ++i) {
+        const Op& snd = sa.sched.ops[i];
+        if (sa.done[i - b] || snd.kind != OpKind::Send) continue;
+        if (snd.peer < 0 || snd.peer >= P || snd.peer == a) fail(base, in_place, str_cat("rank ", a, " sends to bad peer ", snd.peer));
+        RankState& sb = ranks[snd.peer];
+        if (sb.step >= sb.sched.num_steps()) continue;
+        const size_t bb = sb.sched.step_begin(sb.step), be = sb.sched.step_end[sb.step];
+        for (size_t j = bb; j < be; ++j) {
+          const Op& rcv = sb.sched.ops[j];
+          if (sb.done[j - bb] || rcv.peer != a || (rcv.kind != OpKind::Recv && rcv.kind != OpKind::RecvReduce)) continue;
+          if (rcv.count != snd.count)
+            fail(base, in_place, str_cat("rank ", a, " sends ", snd.count, " elements but rank ", snd.peer, " receives ", rcv.count));
+          std::vector<Value> msg(snd.count);
+          for (uint64_t x = 0; x < snd.count; ++x) {
+            msg[x] = at(sa, snd.src, x, base, in_place, a);
+            if (msg[x].empty()) fail(base, in_place, str_cat("rank ", a, " sends an element it never received"));
+          }
+          for (uint64_t x = 0; x < rcv.count; ++x) {
+            Value& d = at(sb, rcv.dst, x, base, in_place, snd.peer);
+            if (rcv.kind == OpKind::Recv) { d = msg[x]; continue; }
+            Value v = at(sb, rcv.src, x, base, in_place, snd.peer);
+            if (v.empty()) fail(base, in_place, str_cat("rank ", snd.peer, " reduces into an unwritten element"));
+            v.insert(v.end(), msg[x].begin(), msg[x].end());
+            d = std::move(v);
+          }
+          for (int q = 0; q < P; ++q) sb.knows[q] |= sa.knows[q];
+          sa.done[i - b] = 1;
+          sb.done[j - bb] = 1;
+          progressed = true;
+          break;
+        }
+      }
+    }
+    for (int r = 0; r < P; ++r) {
+      RankState& st = ranks[r];
+      if (st.step < st.sched.num_steps() && st.entered &&
+          std::all_of(st.done.begin(), st.done.end(), [](uint8_t d) { return d != 0; })) {
+        st.step++;
+        st.entered = false;
+        start_step(st, r);
+        progressed = true;
+      }
+    }
+    if (finished) break;
+    if (!progressed) {
+      std::ostringstream os;
+      os << "deadlock:";
+      for (int r = 0; r < P; ++r)
+        if (ranks[r].step < ranks[r].sched.num_steps()) os << " rank " << r << " at step " << ranks[r].step << ";";
+      fail(base, in_place, os.str());
+    }
+  }
+
+  // Expected contents.
+  auto all_ranks_once = [&](const Value& v, uint64_t index, int r, uint64_t i) {
+    Value sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    bool ok = sorted.size() == static_cast<size_t>(P);
+    for (int q = 0; ok && q < P; ++q) ok = sorted[q] == Atom{q, index};
+    if (!ok) fail(base, in_place, str_cat("rank ", r, " element ", i, " is not the reduction of every rank's element ", index,
+                                          " exactly once (", v.size(), " terms)"));
+  };
+  auto expect_single = [&](const Value& v, Atom want, int r, uint64_t i) {
+    if (!(v.size() == 1 && v[0] == want))
+      fail(base, in_place, str_cat("rank ", r, " output element ", i, " should be rank ", want.rank, "'s element ", want.index));
+  };
+  auto out = [&](int r, uint64_t i) -> const Value& { return at(ranks[r], {BufId::Output, i}, 0, base, in_place, r); };
+  const Value* reference = nullptr;
+  for (int r = 0; r < P; ++r) {
+    const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
+    switch (base.coll) {
+      case Collective::AllReduce:
+        for (uint64_t i = 0; i < N; ++i) {
+          all_ranks_once(out(r, i), i, r, i);
+          reference = &out(0, i);
+          if (!(out(r, i) == *reference))
+            fail(base, in_place, str_cat("ranks 0 and ", r, " reduce element ", i, " in different orders"));
+        }
+        break;
+      case Collective::ReduceScatter:
+        for (uint64_t i = 0; i < N; ++i) all_ranks_once(out(r, i), ur * N + i, r, i);
+        break;
+      case Collective::AllGather:
+        for (uint64_t j = 0; j < uP; ++j)
+          for (uint64_t i = 0; i < N; ++i) expect_single(out(r, j * N + i), {static_cast<int>(j), i}, r, j * N + i);
+        break;
+      case Collective::AllToAll:
+        for (uint64_t j = 0; j < uP; ++j)
+          for (uint64_t i = 0; i < N; ++i) expect_single(out(r, j * N + i), {static_cast<int>(j), ur * N + i}, r, j * N + i);
+        break;
+      case Collective::Broadcast:
+        for (uint64_t i = 0; i < N; ++i) expect_single(out(r, i), {base.root, i}, r, i);
+        break;
+      case Collective::Reduce:
+        if (r == base.root) for (uint64_t i = 0; i < N; ++i) all_ranks_once(out(r, i), i, r, i);
+        break;
+      case Collective::Gather:
+        if (r == base.root)
+          for (uint64_t j = 0; j < uP; ++j)
+            for (uint64_t i = 0; i < N; ++i) expect_single(out(r, j * N + i), {static_cast<int>(j), i}, r, j * N + i);
+        break;
+      case Collective::Scatter:
+        for (uint64_t i = 0; i < N; ++i) expect_single(out(r, i), {base.root, ur * N + i}, r, i);
+        break;
+      case Collective::Barrier:
+        for (int q = 0; q < P; ++q)
+          if (!ranks[r].knows[q]) fail(base, in_place, str_cat("rank ", r, " leaves the barrier without hearing from rank ", q));
+        break;
+      default: break;
+    }
+    // Out of place, the caller's input is never written; a non-root reduce leaves it too.
+    const bool input_private = !in_place || (base.coll == Collective::Reduce && r != base.root);
+    if (input_private && base.coll != Collective::Broadcast)
+      for (uint64_t i = 0; i < sz.input; ++i) {
+        const Value& v = ranks[r].storage[0][i];
+        if (!(v.size() == 1 && v[0] == Atom{r, i})) fail(base, in_place, str_cat("rank ", r, " overwrote its input element ", i));
+      }
+  }
+}
+
+}  // namespace
+
+std::string simulate_schedules(ScheduleKey key) {
+  run(key, false);
+  run(key, true);
+  uint64_t steps = 0, messages = 0;
+  for (int r = 0; r < key.nranks; ++r) {
+    key.rank = r;
+    Schedule s = build_schedule(key);
+    steps = std::max<uint64_t>(steps, s.num_steps());
+    for (const Op& op : s.ops) messages += op.kind == OpKind::Send;
+  }
+  return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
+}
+
+}  // namespace ringtree

@@ -1,0 +1,10 @@
+// The one module entry: ringtree._core. The public Python API is python/ringtree/.
+#include "bindings/bindings.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "ringtree C++ core: communicators, schedules and host kernels";
+  ringtree::register_errors(m);
+  ringtree::register_types(m);
+  ringtree::register_communicator(m);
+  ringtree::register_schedules(m);
+}

@@ -1,0 +1,50 @@
+// Schedules as data, for the transport-free checks and for explaining an algorithm.
+#include <pybind11/stl.h>
+#include "algorithms/schedule.h"
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace ringtree {
+
+void register_schedules(py::module_& m) {
+  m.def(
+      "simulate",
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment) {
+        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
+        return simulate_schedules(k);
+      },
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
+      py::arg("segment") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Run every rank's schedule against the others without a transport; raises Error on any violation.");
+  m.def("supported_algos", [](int coll) {
+    std::vector<int> out;
+    for (Algo a : supported_algos(static_cast<Collective>(coll))) out.push_back(static_cast<int>(a));
+    return out;
+  });
+  m.def(
+      "schedule",
+      [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer) {
+        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, rank, count, root, segment, peer};
+        Schedule s = build_schedule(k);
+        static const char* kinds[] = {"send", "recv", "recv_reduce", "copy"};
+        static const char* bufs[] = {"input", "output", "scratch"};
+        py::list steps;
+        for (size_t i = 0; i < s.num_steps(); ++i) {
+          py::list ops;
+          for (uint32_t j = s.step_begin(i); j < s.step_end[i]; ++j) {
+            const Op& op = s.ops[j];
+            ops.append(py::make_tuple(kinds[static_cast<int>(op.kind)], op.peer, op.count,
+                                      py::make_tuple(bufs[static_cast<int>(op.dst.buf)], op.dst.offset),
+                                      py::make_tuple(bufs[static_cast<int>(op.src.buf)], op.src.offset)));
+          }
+          steps.append(ops);
+        }
+        return steps;
+      },
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("rank"), py::arg("count"), py::arg("root") = 0,
+      py::arg("segment") = 0, py::arg("peer") = -1,
+      "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, offset)).");
+}
+
+}  // namespace ringtree

@@ -1,0 +1,294 @@
+#include "bootstrap/bootstrap.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cstring>
+#include "bootstrap/socket.h"
+#include "common/check.h"
+#include "common/env.h"
+
+namespace ringtree {
+
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x52544231;  // "RTB1"
+constexpr uint32_t kTableMagic = 0x52545442;  // "RTTB"
+constexpr uint32_t kMeshMagic = 0x52544d48;   // "RTMH"
+constexpr uint32_t kVersion = 1;
+constexpr int kMaxRanks = 1 << 16;
+constexpr uint32_t kMaxErrorText = 1024;
+
+struct HelloWire {
+  uint32_t magic, version;
+  uint8_t secret[16];
+  int32_t rank, size, pid;
+  uint16_t mesh_port;
+  uint8_t force_tcp, pad;
+  char ip[16];
+  char host[64];
+};
+
+struct PeerWire {
+  int32_t pid;
+  uint16_t mesh_port;
+  uint8_t force_tcp, pad;
+  char ip[16];
+  char host[64];
+};
+
+struct TableHeaderWire {
+  uint32_t magic;
+  int32_t status;  // 0 ok, else text_len bytes of explanation follow
+  int32_t size;
+  uint32_t text_len;
+};
+
+struct MeshHelloWire {
+  uint32_t magic;
+  uint8_t secret[16];
+  int32_t rank;
+  int32_t channel;  // 0 control, 1 data
+};
+
+bool secret_matches(const uint8_t* got, const std::array<uint8_t, 16>& want) {
+  uint8_t diff = 0;  // constant time: no early exit on the first differing byte
+  for (size_t i = 0; i < 16; ++i) diff |= static_cast<uint8_t>(got[i] ^ want[i]);
+  return diff == 0;
+}
+
+void copy_str(char* dst, size_t cap, const std::string& s) {
+  std::memset(dst, 0, cap);
+  std::memcpy(dst, s.data(), std::min(cap - 1, s.size()));
+}
+
+std::string read_str(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
+
+PeerWire to_wire(const PeerInfo& p) {
+  PeerWire w{};
+  w.pid = p.pid;
+  w.mesh_port = p.mesh_port;
+  w.force_tcp = p.force_tcp;
+  copy_str(w.ip, sizeof(w.ip), p.ip);
+  copy_str(w.host, sizeof(w.host), p.host);
+  return w;
+}
+
+PeerInfo from_wire(const PeerWire& w) {
+  return {read_str(w.host, sizeof(w.host)), w.pid, read_str(w.ip, sizeof(w.ip)), w.mesh_port, w.force_tcp != 0};
+}
+
+void send_error(int fd, const std::string& text, const Deadline& deadline) {
+  if (fd < 0) return;
+  TableHeaderWire h{kTableMagic, 1, 0, static_cast<uint32_t>(std::min<size_t>(text.size(), kMaxErrorText))};
+  try {
+    write_full(fd, &h, sizeof(h), deadline);
+    write_full(fd, text.data(), h.text_len, deadline);
+  } catch (const Error&) {
+  }
+}
+
+// A launcher that reserved the port hands its listening socket to rank 0 as RINGTREE_LISTEN_FD.
+int inherited_listener(uint16_t port) {
+  const int64_t fd = env_int("RINGTREE_LISTEN_FD", -1);
+  if (fd < 0) return -1;
+  try {
+    if (socket_local_port(static_cast<int>(fd)) == port) return static_cast<int>(fd);
+  } catch (const Error&) {
+  }
+  return -1;
+}
+
+}  // namespace
+
+Bootstrap::Bootstrap(int rank, int size, const UniqueId& uid, double timeout_s)
+    : rank_(rank), size_(size), uid_(uid), deadline_(Deadline::after_seconds(timeout_s)) {
+  RT_CHECK(size >= 1 && size <= kMaxRanks, InvalidArgument, "world size must be in [1, ", kMaxRanks, "], got ", size);
+  RT_CHECK(rank >= 0 && rank < size, InvalidArgument, "rank must be in [0, ", size, "), got ", rank);
+}
+
+Bootstrap::~Bootstrap() { close_star(); }
+
+void Bootstrap::close_star() {
+  for (int& fd : star_fd_) close_fd(fd);
+  star_fd_.clear();
+}
+
+Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp) {
+  Mesh mesh;
+  PeerInfo self{host_key, static_cast<int>(getpid()), "", 0, force_tcp};
+  int mesh_listener = -1;
+  try {
+    if (rank_ == 0) {
+      self.ip = uid_.ip;
+      mesh_listener = tcp_listen(self.ip, 0, 512);
+      self.mesh_port = socket_local_port(mesh_listener);
+      rendezvous_as_root(self, mesh);
+    } else {
+      int root_fd = tcp_connect(uid_.ip, uid_.port, deadline_);
+      star_fd_ = {root_fd};
+      // Listen on the interface that reaches rank 0: loopback for single-host jobs.
+      self.ip = socket_local_ip(root_fd);
+      mesh_listener = tcp_listen(self.ip, 0, 512);
+      self.mesh_port = socket_local_port(mesh_listener);
+      rendezvous_as_peer(self, mesh, root_fd);
+    }
+    connect_mesh(mesh, mesh_listener);
+  } catch (...) {
+    close_fd(mesh_listener);
+    for (int& fd : mesh.ctrl_fd) close_fd(fd);
+    for (int& fd : mesh.data_fd) close_fd(fd);
+    throw;
+  }
+  close_fd(mesh_listener);
+  return mesh;
+}
+
+void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh) {
+  int listener = take_reserved_listener(uid_.port);
+  if (listener < 0) listener = inherited_listener(uid_.port);
+  if (listener < 0) listener = tcp_listen(uid_.ip, uid_.port, 512);
+  star_fd_.assign(size_, -1);
+  mesh.peers.assign(size_, PeerInfo{});
+  mesh.peers[0] = self;
+  int registered = 1;
+  auto fail_all = [&](const std::string& text) {
+    for (int& fd : star_fd_) { send_error(fd, text, deadline_); close_fd(fd); }
+    close_fd(listener);
+    throw BootstrapError(text);
+  };
+  while (registered < size_) {
+    int fd = tcp_accept(listener, deadline_);
+    if (fd < 0) {
+      std::string missing;
+      for (int r = 1; r < size_; ++r)
+        if (star_fd_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      fail_all(str_cat("bootstrap timed out: rank 0 at ", uid_.ip, ":", uid_.port, " heard from ", registered,
+                       " of ", size_, " ranks; missing rank(s) ", missing));
+    }
+    HelloWire h{};
+    try {
+      // A silent or slow stranger may delay rank 0 by at most two seconds.
+      Deadline hello_deadline = Deadline::after_seconds(std::min(2.0, deadline_.remaining_ms(2000) / 1000.0 + 0.001));
+      read_full(fd, &h, sizeof(h), hello_deadline);
+    } catch (const Error&) {
+      close_fd(fd);
+      continue;
+    }
+    if (h.magic != kHelloMagic || !secret_matches(h.secret, uid_.secret)) {
+      close_fd(fd);  // not one of ours: drop it, keep waiting for the real ranks
+      continue;
+    }
+    if (h.version != kVersion) {
+      send_error(fd, str_cat("protocol version mismatch: rank ", h.rank, " speaks ", h.version, ", rank 0 speaks ", kVersion), deadline_);
+      close_fd(fd);
+      fail_all(str_cat("protocol version mismatch with rank ", h.rank));
+    }
+    if (h.size != size_ || h.rank <= 0 || h.rank >= size_ || star_fd_[h.rank] >= 0) {
+      std::string why =
+          h.size != size_ ? str_cat("world size mismatch: a rank claiming rank ", h.rank, " was started with size ", h.size,
+                                    " but rank 0 has size ", size_)
+          : (h.rank <= 0 || h.rank >= size_) ? str_cat("rank out of range: a process claims rank ", h.rank, " in a world of size ", size_,
+                                                        " (valid ranks are 0..", size_ - 1, ")")
+                                              : str_cat("duplicate rank: two processes claim rank ", h.rank);
+      send_error(fd, why, deadline_);
+      close_fd(fd);
+      fail_all(why);
+    }
+    star_fd_[h.rank] = fd;
+    mesh.peers[h.rank] = {read_str(h.host, sizeof(h.host)), h.pid, read_str(h.ip, sizeof(h.ip)), h.mesh_port, h.force_tcp != 0};
+    ++registered;
+  }
+  close_fd(listener);
+  std::vector<PeerWire> table(size_);
+  for (int r = 0; r < size_; ++r) table[r] = to_wire(mesh.peers[r]);
+  TableHeaderWire th{kTableMagic, 0, size_, 0};
+  for (int r = 1; r < size_; ++r) {
+    write_full(star_fd_[r], &th, sizeof(th), deadline_);
+    write_full(star_fd_[r], table.data(), table.size() * sizeof(PeerWire), deadline_);
+  }
+}
+
+void Bootstrap::rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd) {
+  HelloWire h{};
+  h.magic = kHelloMagic;
+  h.version = kVersion;
+  std::memcpy(h.secret, uid_.secret.data(), 16);
+  h.rank = rank_;
+  h.size = size_;
+  h.pid = self.pid;
+  h.mesh_port = self.mesh_port;
+  h.force_tcp = self.force_tcp;
+  copy_str(h.ip, sizeof(h.ip), self.ip);
+  copy_str(h.host, sizeof(h.host), self.host);
+  write_full(root_fd, &h, sizeof(h), deadline_);
+  TableHeaderWire th{};
+  try {
+    read_full(root_fd, &th, sizeof(th), deadline_);
+  } catch (const Timeout&) {
+    RT_THROW(Timeout, "bootstrap timed out: rank ", rank_, " reached rank 0 at ", uid_.ip, ":", uid_.port,
+             " but not every rank arrived before the deadline");
+  } catch (const PeerFailure&) {
+    RT_THROW(BootstrapError, "rank 0 at ", uid_.ip, ":", uid_.port, " closed the connection during bootstrap",
+             " (wrong unique id secret, or rank 0 failed)");
+  }
+  RT_CHECK(th.magic == kTableMagic, BootstrapError, "rank 0 answered with a bad bootstrap header");
+  if (th.status != 0) {
+    std::string text(std::min(th.text_len, kMaxErrorText), '\0');
+    read_full(root_fd, text.data(), text.size(), deadline_);
+    throw BootstrapError(text);
+  }
+  RT_CHECK(th.size == size_, BootstrapError, "rank 0 sent a table for ", th.size, " ranks, expected ", size_);
+  std::vector<PeerWire> table(size_);
+  read_full(root_fd, table.data(), table.size() * sizeof(PeerWire), deadline_);
+  mesh.peers.resize(size_);
+  for (int r = 0; r < size_; ++r) mesh.peers[r] = from_wire(table[r]);
+}
+
+void Bootstrap::connect_mesh(Mesh& mesh, int mesh_listener) {
+  mesh.ctrl_fd.assign(size_, -1);
+  mesh.data_fd.assign(size_, -1);
+  // Connect to every lower rank (the listen backlog completes these without an accept), then
+  // accept from every higher rank: no ordering deadlock.
+  for (int q = 0; q < rank_; ++q) {
+    for (int channel = 0; channel < (mesh.pair_uses_tcp(rank_, q) ? 2 : 1); ++channel) {
+      int fd = tcp_connect(mesh.peers[q].ip, mesh.peers[q].mesh_port, deadline_);
+      MeshHelloWire h{kMeshMagic, {}, rank_, channel};
+      std::memcpy(h.secret, uid_.secret.data(), 16);
+      write_full(fd, &h, sizeof(h), deadline_);
+      (channel == 0 ? mesh.ctrl_fd : mesh.data_fd)[q] = fd;
+    }
+  }
+  int expected = 0;
+  for (int q = rank_ + 1; q < size_; ++q) expected += mesh.pair_uses_tcp(rank_, q) ? 2 : 1;
+  while (expected > 0) {
+    int fd = tcp_accept(mesh_listener, deadline_);
+    RT_CHECK(fd >= 0, Timeout, "rank ", rank_, " timed out waiting for ", expected, " mesh connection(s) from higher ranks");
+    MeshHelloWire h{};
+    try {
+      read_full(fd, &h, sizeof(h), Deadline::after_seconds(2.0));
+    } catch (const Error&) {
+      close_fd(fd);
+      continue;
+    }
+    const bool valid = h.magic == kMeshMagic && secret_matches(h.secret, uid_.secret) && h.rank > rank_ &&
+                       h.rank < size_ && (h.channel == 0 || (h.channel == 1 && mesh.pair_uses_tcp(rank_, h.rank)));
+    int* slot = valid ? &(h.channel == 0 ? mesh.ctrl_fd : mesh.data_fd)[h.rank] : nullptr;
+    if (!slot || *slot >= 0) { close_fd(fd); continue; }
+    *slot = fd;
+    --expected;
+  }
+}
+
+void Bootstrap::barrier() {
+  char token = 1;
+  if (size_ == 1) return;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) read_full(star_fd_[r], &token, 1, deadline_);
+    for (int r = 1; r < size_; ++r) write_full(star_fd_[r], &token, 1, deadline_);
+  } else {
+    write_full(star_fd_[0], &token, 1, deadline_);
+    read_full(star_fd_[0], &token, 1, deadline_);
+  }
+}
+
+}  // namespace ringtree

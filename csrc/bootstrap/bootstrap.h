@@ -1,0 +1,57 @@
+// Rendezvous through rank 0, then a full mesh of authenticated connections.
+//
+// Rank 0 listens at the unique id's address. Every other rank connects and presents the job's
+// secret, its rank, the world size, its host identity and the port of its own mesh listener;
+// rank 0 drops connections without the secret (without disturbing the job), explains a wrong
+// rank or size to every rank instead of hanging, and sends everyone the peer table. Then every
+// pair connects directly: one control connection per pair (liveness, abort notices), plus a
+// data connection for pairs that talk over TCP.
+#pragma once
+#include <string>
+#include <vector>
+#include "common/clock.h"
+#include "ringtree/unique_id.h"
+
+namespace ringtree {
+
+struct PeerInfo {
+  std::string host;  // host identity (RINGTREE_HOSTNAME or the hostname)
+  int pid = 0;
+  std::string ip;
+  uint16_t mesh_port = 0;
+  bool force_tcp = false;
+};
+
+struct Mesh {
+  std::vector<PeerInfo> peers;
+  std::vector<int> ctrl_fd;  // per peer, -1 for self
+  std::vector<int> data_fd;  // per peer, -1 where the pair uses shared memory
+  bool pair_uses_tcp(int a, int b) const {
+    return peers[a].host != peers[b].host || peers[a].force_tcp || peers[b].force_tcp;
+  }
+};
+
+class Bootstrap {
+ public:
+  Bootstrap(int rank, int size, const UniqueId& uid, double timeout_s);
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
+
+  Mesh connect(const std::string& host_key, bool force_tcp);
+  // A barrier through rank 0; only during setup, before the star is closed.
+  void barrier();
+  void close_star();
+
+ private:
+  void rendezvous_as_root(PeerInfo self, Mesh& mesh);
+  void rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd);
+  void connect_mesh(Mesh& mesh, int mesh_listener);
+
+  int rank_, size_;
+  UniqueId uid_;
+  Deadline deadline_;
+  std::vector<int> star_fd_;  // root: one per rank; others: [0] = connection to root
+};
+
+}  // namespace ringtree

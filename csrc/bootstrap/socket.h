@@ -1,0 +1,25 @@
+// Blocking-with-deadline TCP helpers for bootstrap and the connection mesh (IPv4).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include "common/clock.h"
+
+namespace ringtree {
+
+int tcp_listen(const std::string& ip, uint16_t port, int backlog);
+uint16_t socket_local_port(int fd);
+std::string socket_local_ip(int fd);
+// Connects, retrying while nobody listens yet, until the deadline.
+int tcp_connect(const std::string& ip, uint16_t port, const Deadline& deadline);
+// Returns -1 when the deadline passes first.
+int tcp_accept(int listen_fd, const Deadline& deadline);
+// Throw Timeout at the deadline and PeerFailure when the peer closes or resets.
+void write_full(int fd, const void* data, size_t bytes, const Deadline& deadline);
+void read_full(int fd, void* data, size_t bytes, const Deadline& deadline);
+void set_nonblocking(int fd);
+void set_tcp_nodelay(int fd);
+void close_fd(int& fd);
+std::string resolve_ipv4(const std::string& host);
+
+}  // namespace ringtree

@@ -1,0 +1,30 @@
+// Precondition checks that print both values (GLOO_ENFORCE_EQ style) and throw typed errors.
+#pragma once
+#include <sstream>
+#include <string>
+#include "ringtree/errors.h"
+
+namespace ringtree {
+
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+[[noreturn]] void throw_system_error(const std::string& what, int err);
+
+}  // namespace ringtree
+
+#define RT_THROW(Kind, ...) throw ::ringtree::Kind(::ringtree::str_cat(__VA_ARGS__))
+#define RT_CHECK(cond, Kind, ...) \
+  do { if (!(cond)) RT_THROW(Kind, __VA_ARGS__); } while (0)
+#define RT_CHECK_EQ(a, b, what)                                                          \
+  do {                                                                                   \
+    auto rt_a_ = (a); auto rt_b_ = (b);                                                  \
+    if (!(rt_a_ == rt_b_))                                                               \
+      RT_THROW(InvalidArgument, what, ": expected ", rt_b_, ", got ", rt_a_);            \
+  } while (0)
+#define RT_SYSCHECK(expr, what)                                                          \
+  do { if ((expr) < 0) ::ringtree::throw_system_error(what, errno); } while (0)

@@ -1,0 +1,47 @@
+#include <cerrno>
+#include <cstring>
+#include "common/check.h"
+#include "ringtree/types.h"
+
+namespace ringtree {
+
+size_t dtype_size(DataType t) {
+  switch (t) {
+    case DataType::Int8: case DataType::Uint8: return 1;
+    case DataType::Float16: case DataType::BFloat16: return 2;
+    case DataType::Int32: case DataType::Float32: return 4;
+    case DataType::Int64: case DataType::Float64: return 8;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(DataType t) {
+  static const char* names[] = {"int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
+  return t < DataType::Count ? names[static_cast<int>(t)] : "invalid-dtype";
+}
+
+bool dtype_is_floating(DataType t) {
+  return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
+}
+
+const char* op_name(ReduceOp op) {
+  static const char* names[] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
+  return op < ReduceOp::Count ? names[static_cast<int>(op)] : "invalid-op";
+}
+
+const char* collective_name(Collective c) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+                                "reduce", "gather", "scatter", "barrier", "send", "recv"};
+  return c < Collective::Count ? names[static_cast<int>(c)] : "invalid-collective";
+}
+
+const char* algo_name(Algo a) {
+  static const char* names[] = {"auto", "ring", "tree", "direct"};
+  return a < Algo::Count ? names[static_cast<int>(a)] : "invalid-algo";
+}
+
+void throw_system_error(const std::string& what, int err) {
+  throw Error(what + ": " + std::strerror(err));
+}
+
+}  // namespace ringtree

@@ -1,0 +1,70 @@
+// The communicator: the one object users hold. Collectives are validated on the calling rank
+// before any traffic (InvalidArgument leaves the communicator usable), then run in call order
+// on this rank, inline when blocking or on the communicator's worker thread when async.
+#pragma once
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include "ringtree/errors.h"
+#include "ringtree/types.h"
+#include "ringtree/unique_id.h"
+
+namespace ringtree {
+
+struct Buffer {
+  void* ptr = nullptr;
+  uint64_t count = 0;  // elements
+  bool readonly = false;
+  bool present = false;
+};
+
+struct CollectiveArgs {
+  Collective coll = Collective::AllReduce;
+  DataType dtype = DataType::Float32;
+  Buffer input, output;  // broadcast: both are the same buffer
+  ReduceOp op = ReduceOp::Sum;
+  double premul_factor = 1.0;
+  int root = 0;
+  int peer = -1;
+  Algo algo = Algo::Auto;
+  double timeout_s = 0;  // <= 0: the communicator's default
+};
+
+class Work {
+ public:
+  // Waits up to timeout_s (< 0: without limit). Returns false if still running then; rethrows
+  // the collective's error.
+  bool wait(double timeout_s);
+  bool is_completed() const;
+  void finish(std::exception_ptr error);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class Communicator {
+ public:
+  // timeout_s bounds the setup and is the default for every collective.
+  static std::shared_ptr<Communicator> create(int rank, int size, const UniqueId& uid, double timeout_s);
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual double default_timeout() const = 0;
+  // Blocking (async=false): returns a completed Work or throws. Async: returns at once.
+  virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
+  // Resolves "auto" for a collective of `bytes` bytes, as run() would.
+  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes) const = 0;
+  // "shm", "tcp" or "self".
+  virtual std::string transport_to(int peer) const = 0;
+  // Finishes queued work, tells the peers this rank is leaving, releases every resource.
+  virtual void close() = 0;
+  virtual bool is_aborted() const = 0;
+};
+
+}  // namespace ringtree

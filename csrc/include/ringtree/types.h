@@ -1,0 +1,25 @@
+// Public value types shared by every layer: data types, reduce ops, collectives, algorithms.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringtree {
+
+enum class DataType : uint8_t { Int8, Uint8, Int32, Int64, Float16, BFloat16, Float32, Float64, Count };
+enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, Count };
+enum class Collective : uint8_t {
+  AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, Barrier,
+  Send, Recv, Count
+};
+// Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
+enum class Algo : uint8_t { Auto, Ring, Tree, Direct, Count };
+
+size_t dtype_size(DataType t);
+const char* dtype_name(DataType t);
+const char* op_name(ReduceOp op);
+const char* collective_name(Collective c);
+const char* algo_name(Algo a);
+bool dtype_is_floating(DataType t);
+
+}  // namespace ringtree

@@ -1,0 +1,176 @@
+// Written as plain loops over restrict-free, branch-free element functions so the compiler
+// vectorizes them; the half conversions are bit manipulations (no per-element library calls).
+#include "kernels/reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include "common/check.h"
+
+namespace ringtree {
+
+namespace {
+
+inline uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+}  // namespace
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t magnitude = h & 0x7fffu;
+  // Shifting the exponent+mantissa into float position and scaling by 2^112 rebiases the
+  // exponent (15 -> 127) and normalizes subnormals in one multiply.
+  float scaled = u2f(magnitude << 13) * 0x1p112f;
+  uint32_t bits = magnitude >= 0x7c00u ? (0x7f800000u | ((magnitude & 0x3ffu) << 13)) : f2u(scaled);
+  return u2f(bits | sign);
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x = f2u(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  uint32_t out;
+  if (x >= 0x47800000u) {               // >= 65536 after rounding range, inf or nan
+    out = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (x < 0x38800000u) {         // result is subnormal or zero: let the FPU round
+    out = f2u(u2f(x) + 0.5f) - 0x3f000000u;
+  } else {                              // normal: rebias exponent, round to nearest even
+    uint32_t odd = (x >> 13) & 1u;
+    x += 0xc8000fffu + odd;             // (15-127)<<23 plus the rounding bias
+    out = x >> 13;
+  }
+  return static_cast<uint16_t>(out | sign);
+}
+
+float bf16_to_float(uint16_t h) { return u2f(static_cast<uint32_t>(h) << 16); }
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x = f2u(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+struct OpSum { template <typename T> static T apply(T a, T b) { return a + b; } };
+struct OpProd { template <typename T> static T apply(T a, T b) { return a * b; } };
+struct OpMin { template <typename T> static T apply(T a, T b) { return b < a ? b : a; } };
+struct OpMax { template <typename T> static T apply(T a, T b) { return a < b ? b : a; } };
+
+// Integer sums and products wrap (two's complement), as in NCCL; done in unsigned to avoid UB.
+template <typename T> struct Wide { using type = T; };
+template <> struct Wide<int8_t> { using type = uint8_t; };
+template <> struct Wide<int32_t> { using type = uint32_t; };
+template <> struct Wide<int64_t> { using type = uint64_t; };
+
+template <typename T, typename Op>
+void reduce_plain(void* dst, const void* a, const void* b, size_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  if constexpr (std::is_integral_v<T> && (std::is_same_v<Op, OpSum> || std::is_same_v<Op, OpProd>)) {
+    using U = typename Wide<T>::type;
+    for (size_t i = 0; i < n; ++i)
+      d[i] = static_cast<T>(Op::apply(static_cast<U>(x[i]), static_cast<U>(y[i])));
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(x[i], y[i]));
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Op>
+void reduce_half(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  // Blocked so the widened values stay in registers / L1 and both loops vectorize.
+  constexpr size_t kBlock = 256;
+  float fx[kBlock], fy[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = std::min(kBlock, n - base);
+    for (size_t i = 0; i < m; ++i) fx[i] = ToFloat(x[base + i]);
+    for (size_t i = 0; i < m; ++i) fy[i] = ToFloat(y[base + i]);
+    for (size_t i = 0; i < m; ++i) d[base + i] = FromFloat(Op::apply(fx[i], fy[i]));
+  }
+}
+
+template <typename Op>
+ReduceFn pick(DataType t) {
+  switch (t) {
+    case DataType::Int8: return reduce_plain<int8_t, Op>;
+    case DataType::Uint8: return reduce_plain<uint8_t, Op>;
+    case DataType::Int32: return reduce_plain<int32_t, Op>;
+    case DataType::Int64: return reduce_plain<int64_t, Op>;
+    case DataType::Float16: return reduce_half<half_to_float, float_to_half, Op>;
+    case DataType::BFloat16: return reduce_half<bf16_to_float, float_to_bf16, Op>;
+    case DataType::Float32: return reduce_plain<float, Op>;
+    case DataType::Float64: return reduce_plain<double, Op>;
+    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
+  }
+}
+
+template <typename T, typename F>
+void map_plain(void* dst, const void* src, size_t n, F f) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = f(s[i]);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename F>
+void map_half(void* dst, const void* src, size_t n, F f) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = FromFloat(f(ToFloat(s[i])));
+}
+
+// Applies an arithmetic map in the dtype's compute type (float for halves).
+template <typename F>
+void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
+  switch (t) {
+    case DataType::Int8: return map_plain<int8_t>(dst, src, n, [&](int8_t v) { return static_cast<int8_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Uint8: return map_plain<uint8_t>(dst, src, n, [&](uint8_t v) { return static_cast<uint8_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Int32: return map_plain<int32_t>(dst, src, n, [&](int32_t v) { return static_cast<int32_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Int64: return map_plain<int64_t>(dst, src, n, [&](int64_t v) { return f(v); });
+    case DataType::Float16: return map_half<half_to_float, float_to_half>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::BFloat16: return map_half<bf16_to_float, float_to_bf16>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float32: return map_plain<float>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float64: return map_plain<double>(dst, src, n, [&](double v) { return f(v); });
+    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
+  }
+}
+
+}  // namespace
+
+ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: case ReduceOp::Avg: case ReduceOp::PremulSum: return pick<OpSum>(dtype);
+    case ReduceOp::Prod: return pick<OpProd>(dtype);
+    case ReduceOp::Min: return pick<OpMin>(dtype);
+    case ReduceOp::Max: return pick<OpMax>(dtype);
+    default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
+  }
+}
+
+void scale_elements(void* dst, const void* src, size_t count, DataType dtype, double factor) {
+  if (dtype_is_floating(dtype)) {
+    map_elements(dst, src, count, dtype, [factor](auto v) { return static_cast<decltype(v)>(v * factor); });
+  } else {
+    // Integer premul_sum multiplies by the factor converted to the integer type (wrapping).
+    const uint64_t f = static_cast<uint64_t>(static_cast<int64_t>(factor));
+    map_elements(dst, src, count, dtype, [f](auto v) {
+      return static_cast<decltype(v)>(static_cast<int64_t>(static_cast<uint64_t>(v) * f));
+    });
+  }
+}
+
+void divide_elements(void* dst, size_t count, DataType dtype, int64_t divisor) {
+  if (dtype_is_floating(dtype)) {
+    const double d = static_cast<double>(divisor);
+    map_elements(dst, dst, count, dtype, [d](auto v) { return static_cast<decltype(v)>(v / d); });
+  } else {
+    map_elements(dst, dst, count, dtype, [divisor](auto v) { return static_cast<decltype(v)>(v / divisor); });
+  }
+}
+
+}  // namespace ringtree

@@ -1,0 +1,145 @@
+// The host communicator: owns the connections, validates calls, resolves algorithms, and runs
+// schedules with a progress engine that spins briefly, then blocks in poll() on the doorbell,
+// the TCP sockets it waits for and every peer's control connection.
+#pragma once
+#include <poll.h>
+#include <atomic>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+#include "algorithms/schedule.h"
+#include "bootstrap/bootstrap.h"
+#include "common/clock.h"
+#include "ringtree/communicator.h"
+#include "transport/shm/shm.h"
+#include "transport/transport.h"
+
+namespace ringtree {
+
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(data_); }
+  uint8_t* ensure(size_t bytes);
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A validated call: everything needed to run it and to fingerprint it.
+struct Prepared {
+  CollectiveArgs args;
+  Algo algo;
+  uint64_t count;  // the fingerprint count (see ScheduleKey::count)
+  uint64_t seq = 0;
+  double timeout_s;
+};
+
+struct ScheduleKeyHash {
+  size_t operator()(const ScheduleKey& k) const {
+    size_t h = static_cast<size_t>(k.coll) * 31 + static_cast<size_t>(k.algo);
+    h = h * 1000003 + static_cast<size_t>(k.count);
+    h = h * 1000003 + static_cast<size_t>(k.root) * 7 + static_cast<size_t>(k.peer);
+    return h * 1000003 + static_cast<size_t>(k.segment);
+  }
+};
+
+class CommunicatorImpl : public Communicator {
+ public:
+  CommunicatorImpl(int rank, int size, const UniqueId& uid, double timeout_s);
+  ~CommunicatorImpl() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  double default_timeout() const override { return default_timeout_; }
+  std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
+  Algo choose_algo(Collective coll, Algo requested, uint64_t bytes) const override;
+  std::string transport_to(int peer) const override;
+  void close() override;
+  bool is_aborted() const override { return aborted_.load(); }
+
+ private:
+  enum class PeerState : uint8_t { Alive, Departed, Gone };  // Departed: said goodbye; Gone: no connection
+  enum AbortKind : uint32_t { kAbortError = 1, kAbortTimeout, kAbortPeerFailure, kAbortMismatch };
+
+  struct OpCursor {
+    const Op* op;
+    Connection* conn;
+    int peer;
+    bool is_send;
+    bool done;
+    uint64_t payload_bytes;
+    SendCursor send;
+    RecvCursor recv;
+  };
+
+  void setup_shared_memory(Bootstrap& boot);
+  Prepared prepare(const CollectiveArgs& args) const;
+  void execute(Prepared& p);
+  void execute_traffic(Prepared& p);
+  const Schedule& schedule_for(const Prepared& p);
+  MsgHeader fingerprint(const Prepared& p) const;
+  void run_schedule(const Schedule& s, uint8_t* const bases[3], const Prepared& p, const Deadline& deadline);
+  void init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3], const Prepared& p, const MsgHeader& fp);
+  bool progress_all();
+  bool progress_recv_checked(OpCursor& c);
+  bool step_done(bool final) const;
+  void pump(const Deadline& deadline, bool final);
+  void block(const Deadline& deadline, bool final);
+  void handle_ctrl(int peer);
+  void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
+  [[noreturn]] void throw_timeout() const;
+  void broadcast_abort(AbortKind kind, const std::string& text);
+  void worker_loop();
+  std::string describe_current() const;
+
+  int rank_, size_;
+  UniqueId uid_;
+  double default_timeout_;
+  Mesh mesh_;
+  std::vector<std::unique_ptr<Connection>> conns_;
+  std::vector<PeerState> peer_state_;
+  bool have_shm_ = false;
+  Doorbell bell_;
+  std::unique_ptr<ShmSegment> own_segment_;
+  std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
+  int spin_limit_ = 0, yield_limit_ = 0;
+  uint64_t tree_threshold_bytes_, tree_segment_bytes_;
+  Algo forced_algo_ = Algo::Auto;
+
+  // Call order state (guarded by queue_mu_).
+  uint64_t next_seq_ = 0;
+  std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> closed_{false};
+  std::string abort_reason_;
+
+  // Execution state (guarded by exec_mu_).
+  std::mutex exec_mu_;
+  std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
+  AlignedBuffer scratch_, premul_;
+  std::vector<OpCursor> cursors_;
+  OpCursor hs_send_{}, hs_recv_{};
+  bool hs_send_pending_ = false, hs_recv_pending_ = false;
+  std::vector<pollfd> pollfds_;
+  std::vector<int> pollfd_peer_;
+  const Prepared* current_ = nullptr;
+  MsgHeader current_fp_{};
+  bool abort_from_peer_ = false;
+
+  // Async queue.
+  struct Job {
+    Prepared prepared;
+    std::shared_ptr<Work> work;
+  };
+  mutable std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;
+  bool worker_busy_ = false;
+  bool stop_worker_ = false;
+  std::thread worker_;
+};
+
+}  // namespace ringtree

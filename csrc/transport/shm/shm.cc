@@ -1,0 +1,152 @@
+#include "transport/shm/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include "common/check.h"
+#include "common/env.h"
+
+namespace ringtree {
+
+namespace {
+constexpr uint64_t kSegmentMagic = 0x5254534547303031ull;
+constexpr size_t kHeaderBytes = 128;
+RT_PARAM(ShmPieceBytes, "RINGTREE_SHM_PIECE_BYTES", 64 << 10)
+}  // namespace
+
+size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes) {
+  return kHeaderBytes + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+}
+
+ShmRing* ShmSegment::ring(int slot) const {
+  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
+                                    static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
+}
+
+void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes) {
+  ring_bytes_ = ring_bytes;
+  bytes_ = bytes_for(slots, ring_bytes);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
+  // Reserve the pages now: a full /dev/shm must fail here, not with SIGBUS mid-collective.
+  int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+  if (rc != 0) {
+    ::close(fd);
+    shm_unlink(name.c_str());
+    RT_THROW(Error, "cannot reserve ", bytes_, " bytes of shared memory for ", name, ": ", std::strerror(rc),
+             " (free space in /dev/shm, lower RINGTREE_SHM_RING_BYTES, or set RINGTREE_TRANSPORT=tcp)");
+  }
+  map(fd, name);
+  header()->magic = kSegmentMagic;
+  header()->sleeping.store(0);
+  for (int s = 0; s < slots; ++s) {
+    ring(s)->head.store(0);
+    ring(s)->tail.store(0);
+  }
+}
+
+void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes) {
+  ring_bytes_ = ring_bytes;
+  bytes_ = bytes_for(slots, ring_bytes);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
+  map(fd, name);
+  RT_CHECK(header()->magic == kSegmentMagic, Error, "shared memory segment ", name, " is not a ringtree segment");
+}
+
+void ShmSegment::map(int fd, const std::string& name) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw_system_error("mmap(" + name + ")", e);
+  base_ = p;
+}
+
+void ShmSegment::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+ShmSegment::~ShmSegment() {
+  if (base_) munmap(base_, bytes_);
+}
+
+ShmConnection::ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data,
+                             uint64_t ring_bytes, std::atomic<uint32_t>* peer_sleeping, Doorbell* bell)
+    : peer_(peer), out_(out_ring), out_data_(out_data), in_(in_ring), in_data_(in_data), cap_(ring_bytes),
+      piece_(std::max<uint64_t>(64, static_cast<uint64_t>(ShmPieceBytes()) & ~uint64_t{63})),
+      peer_sleeping_(peer_sleeping), bell_(bell) {}
+
+void ShmConnection::wake_peer() {
+  // Pairs with the fence between a sleeper's flag store and its last look at the rings.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (peer_sleeping_->load(std::memory_order_relaxed)) bell_->ring(peer_);
+}
+
+bool ShmConnection::progress_send(SendCursor& c) {
+  const uint64_t payload = c.header.payload_bytes;
+  const uint64_t total = stream_bytes(payload);
+  bool moved = false;
+  while (c.done < total) {
+    const uint64_t head = out_->head.load(std::memory_order_relaxed);
+    const uint64_t tail = out_->tail.load(std::memory_order_acquire);
+    const uint64_t free = cap_ - (head - tail);
+    if (free == 0) break;
+    const uint64_t pos = head % cap_;
+    const uint64_t n = std::min({free, cap_ - pos, total - c.done, piece_});
+    uint8_t* dst = out_data_ + pos;
+    // The stream is header [0,64), payload, then padding that is never written.
+    uint64_t off = c.done, left = n;
+    if (off < sizeof(MsgHeader)) {
+      std::memcpy(dst, &c.header, sizeof(MsgHeader));  // pieces are 64-aligned: the whole header
+      off += sizeof(MsgHeader);
+      dst += sizeof(MsgHeader);
+      left -= sizeof(MsgHeader);
+    }
+    const uint64_t payload_off = off - sizeof(MsgHeader);
+    if (left > 0 && payload_off < payload) std::memcpy(dst, c.payload + payload_off, std::min(left, payload - payload_off));
+    out_->head.store(head + n, std::memory_order_release);
+    c.done += n;
+    moved = true;
+  }
+  if (moved) wake_peer();
+  return moved;
+}
+
+bool ShmConnection::progress_recv(RecvCursor& c) {
+  if (c.header_ready && !c.header_checked) return false;
+  bool moved = false;
+  for (;;) {
+    const uint64_t total = c.header_checked ? stream_bytes(c.payload_bytes) : sizeof(MsgHeader);
+    if (c.done >= total) break;
+    const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+    const uint64_t head = in_->head.load(std::memory_order_acquire);
+    const uint64_t avail = head - tail;
+    if (avail == 0) break;
+    const uint64_t pos = tail % cap_;
+    const uint8_t* src = in_data_ + pos;
+    if (c.done == 0) {
+      std::memcpy(&c.header, src, sizeof(MsgHeader));
+      in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
+      c.done = sizeof(MsgHeader);
+      c.header_ready = true;
+      moved = true;
+      break;  // the executor checks the header before any payload is consumed
+    }
+    const uint64_t n = std::min({avail, cap_ - pos, total - c.done});
+    const uint64_t payload_off = c.done - sizeof(MsgHeader);
+    if (payload_off < c.payload_bytes) {
+      const uint64_t bytes = std::min(n, c.payload_bytes - payload_off);
+      if (c.reduce) c.reduce(c.dst + payload_off, c.local + payload_off, src, bytes / c.elem_size);
+      else std::memcpy(c.dst + payload_off, src, bytes);
+    }
+    in_->tail.store(tail + n, std::memory_order_release);
+    c.done += n;
+    moved = true;
+  }
+  if (moved) wake_peer();
+  return moved;
+}
+
+}  // namespace ringtree

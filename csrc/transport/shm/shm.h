@@ -1,0 +1,78 @@
+// Shared-memory transport between ranks on one host.
+//
+// Each rank owns one segment holding a byte ring per local sender (single producer, single
+// consumer). A sender copies a message into the receiver's ring; the receiver reduces or
+// copies straight out of the ring into its destination, so a byte crosses memory twice and
+// is never staged again. Messages are padded to 64 bytes, so every ring position a reader
+// sees is cache-line aligned and no element straddles the wrap point.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include "transport/doorbell.h"
+#include "transport/transport.h"
+
+namespace ringtree {
+
+struct alignas(64) ShmSegmentHeader {
+  uint64_t magic;
+  std::atomic<uint32_t> sleeping;  // the owner is (about to be) blocked in poll()
+};
+
+struct ShmRing {
+  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (sender)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (receiver)
+};
+
+class ShmSegment {
+ public:
+  ShmSegment() = default;
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  static size_t bytes_for(int slots, uint64_t ring_bytes);
+  void create(const std::string& name, int slots, uint64_t ring_bytes);
+  void open(const std::string& name, int slots, uint64_t ring_bytes);
+  static void unlink(const std::string& name);
+
+  ShmSegmentHeader* header() const { return static_cast<ShmSegmentHeader*>(base_); }
+  ShmRing* ring(int slot) const;
+  uint8_t* ring_data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot)) + sizeof(ShmRing); }
+
+ private:
+  void map(int fd, const std::string& name);
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  uint64_t ring_bytes_ = 0;
+};
+
+class ShmConnection : public Connection {
+ public:
+  ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data,
+                uint64_t ring_bytes, std::atomic<uint32_t>* peer_sleeping, Doorbell* bell);
+  bool progress_send(SendCursor& c) override;
+  bool progress_recv(RecvCursor& c) override;
+  bool send_complete(const SendCursor& c, uint64_t payload_bytes) const override {
+    return c.done == stream_bytes(payload_bytes);
+  }
+  bool recv_complete(const RecvCursor& c) const override {
+    return c.header_checked && c.done == stream_bytes(c.payload_bytes);
+  }
+  const char* kind() const override { return "shm"; }
+  static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
+
+ private:
+  void wake_peer();
+  int peer_;
+  ShmRing* out_;
+  uint8_t* out_data_;
+  ShmRing* in_;
+  uint8_t* in_data_;
+  uint64_t cap_;
+  uint64_t piece_;
+  std::atomic<uint32_t>* peer_sleeping_;
+  Doorbell* bell_;
+};
+
+}  // namespace ringtree

@@ -1,0 +1,58 @@
+// The narrow waist between algorithms and wires. An executor sees one Connection per peer and
+// moves whole messages over it, one send and one receive in flight per direction; it never
+// sees sockets or shared-memory segments. Every message starts with a 64-byte header that
+// carries the collective's fingerprint, so a receiver detects mismatched calls before it
+// consumes a byte of payload.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "kernels/reduce.h"
+
+namespace ringtree {
+
+struct MsgHeader {
+  static constexpr uint32_t kMagic = 0x52544d31;  // "RTM1"
+  uint32_t magic;
+  uint8_t coll, dtype, op, algo;
+  int32_t root;
+  int32_t sender;
+  uint64_t seq;
+  uint64_t count;          // the collective's count (its fingerprint), not this message's
+  uint64_t payload_bytes;  // this message
+  uint64_t reserved[3];
+};
+static_assert(sizeof(MsgHeader) == 64, "MsgHeader must be one cache line");
+
+struct SendCursor {
+  MsgHeader header;
+  const uint8_t* payload = nullptr;
+  uint64_t done = 0;  // bytes of this message's stream already handed to the wire
+};
+
+struct RecvCursor {
+  MsgHeader header;            // filled in when it arrives
+  bool header_ready = false;   // arrived, waiting for the executor's check
+  bool header_checked = false; // payload may flow
+  uint8_t* dst = nullptr;
+  const uint8_t* local = nullptr;  // second operand of a reduction (may alias dst)
+  ReduceFn reduce = nullptr;       // null: plain copy
+  uint32_t elem_size = 1;
+  uint64_t payload_bytes = 0;      // expected
+  uint64_t done = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Non-blocking; return true when they moved bytes. A receive stops after the header so the
+  // executor can check it (header_ready); payload flows only once header_checked is set.
+  virtual bool progress_send(SendCursor& c) = 0;
+  virtual bool progress_recv(RecvCursor& c) = 0;
+  virtual bool send_complete(const SendCursor& c, uint64_t payload_bytes) const = 0;
+  virtual bool recv_complete(const RecvCursor& c) const = 0;
+  // A descriptor to poll for readiness, or -1 when waking comes through the doorbell.
+  virtual int poll_fd() const { return -1; }
+  virtual const char* kind() const = 0;
+};
+
+}  // namespace ringtree

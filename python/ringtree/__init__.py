@@ -1,0 +1,60 @@
+"""ringtree: ring and tree collectives for distributed training.
+
+    import ringtree as rt
+    comm = rt.init()
+    comm.all_reduce(x)
+"""
+from __future__ import annotations
+
+import os
+
+from . import _core
+from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure,
+                    Timeout, UniqueId)
+from ._launchers import detect as _detect
+from .comm import Communicator, Work
+from .ops import PremulSum, ReduceOp, premul_sum
+
+__all__ = [
+    "init", "Communicator", "Work", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
+    "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
+    "BootstrapError", "DTYPES", "default_timeout",
+]
+__version__ = "0.1.0"
+
+DTYPES = tuple(_core.DTYPES)
+
+
+def default_timeout() -> float:
+    """RINGTREE_TIMEOUT in seconds (default 300): bounds set-up and every collective."""
+    value = os.environ.get("RINGTREE_TIMEOUT", "300")
+    try:
+        timeout = float(value)
+    except ValueError:
+        raise InvalidArgument(f"RINGTREE_TIMEOUT={value!r} is not a number of seconds") from None
+    if timeout <= 0:
+        raise InvalidArgument(f"RINGTREE_TIMEOUT must be positive, got {timeout}")
+    return timeout
+
+
+def init(rank: int | None = None, size: int | None = None, unique_id=None, timeout: float | None = None) -> Communicator:
+    """The world communicator.
+
+    With no arguments, rank/size/unique id come from the launcher's environment (see
+    ringtree._launchers for the order). Explicit arguments override it: rank and size together,
+    plus unique_id (a UniqueId or its str() token) when size > 1.
+    """
+    timeout = default_timeout() if timeout is None else float(timeout)
+    if rank is not None or size is not None or unique_id is not None:
+        if rank is None or size is None:
+            raise InvalidArgument("init: give rank and size together")
+        if int(size) > 1 and unique_id is None:
+            raise InvalidArgument("init: a world of more than one rank needs unique_id")
+        token = unique_id
+    else:
+        rank, size, token, _ = _detect()
+    if token is None:
+        if int(size) != 1:
+            raise InvalidArgument(f"init: size {size} needs a unique id")
+        token = UniqueId.create()
+    return Communicator(rank, size, token, timeout)

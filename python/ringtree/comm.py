@@ -1,0 +1,212 @@
+"""The Python communicator: argument conversion around the C++ core.
+
+Every collective is validated before any traffic; a rejected call raises InvalidArgument and
+leaves the communicator usable. Blocking calls return the output buffer; async_op=True
+returns a Work whose wait() returns it (and re-raises the collective's error).
+"""
+from __future__ import annotations
+
+import atexit
+import weakref
+
+import numpy as np
+
+from . import _core
+from ._buffers import buffer_info
+from .ops import resolve_op
+
+_COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
+_ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+class Work:
+    """A collective in flight. wait() returns the output buffer or raises the collective's error."""
+
+    __slots__ = ("_work", "_keepalive", "_result")
+
+    def __init__(self, work, keepalive, result):
+        self._work, self._keepalive, self._result = work, keepalive, result
+
+    def wait(self, timeout: float | None = None):
+        if not self._work.wait(-1.0 if timeout is None else float(timeout)):
+            raise _core.Timeout(f"Work.wait: not completed within {timeout} s (the collective is still running)")
+        self._keepalive = None
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def result(self):
+        return self._result
+
+
+def _algo_code(algo) -> int:
+    if isinstance(algo, str) and algo.lower() in _ALGO:
+        return _ALGO[algo.lower()]
+    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree' or 'direct'")
+
+
+class Communicator:
+    """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
+
+    __slots__ = ("_core", "__weakref__")
+
+    def __init__(self, rank: int, size: int, unique_id, timeout: float):
+        if isinstance(unique_id, str):
+            unique_id = _core.UniqueId.parse(unique_id)
+        self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
+        _LIVE.add(self)
+
+    @property
+    def rank(self) -> int:
+        return self._core.rank
+
+    @property
+    def size(self) -> int:
+        return self._core.size
+
+    @property
+    def timeout(self) -> float:
+        return self._core.default_timeout
+
+    def __repr__(self):
+        return f"<ringtree.Communicator rank {self.rank} of {self.size}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def transport_to(self, peer: int) -> str:
+        """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
+        return self._core.transport_to(int(peer))
+
+    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto") -> str:
+        """The algorithm a call of `collective` on `nbytes` bytes would use."""
+        code = self._core.choose_algo(_COLL[collective], _algo_code(algo), int(nbytes))
+        return _core.ALGOS[code]
+
+    # --- the collectives -------------------------------------------------------------------
+
+    def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
+             async_op=False, result=None):
+        keep = []
+        has_in = x is not None
+        has_out = out is not None
+        inb = buffer_info(x, f"{coll}: input") if has_in else None
+        outb = buffer_info(out, f"{coll}: output") if has_out else None
+        if inb and outb and inb.dtype != outb.dtype:
+            raise _core.InvalidArgument(
+                f"{coll}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}")
+        dtype = (inb or outb).dtype if (inb or outb) else 0
+        op_code, factor = resolve_op(op)
+        if inb:
+            keep.append(inb.keepalive)
+        if outb:
+            keep.append(outb.keepalive)
+        t = -1.0 if timeout is None else float(timeout)
+        if timeout is not None and t <= 0:
+            raise _core.InvalidArgument(f"{coll}: timeout must be positive, got {timeout}")
+        work = self._core.run(
+            _COLL[coll], dtype,
+            has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
+            has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
+            op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op))
+        if async_op:
+            return Work(work, keep, result)
+        return result
+
+    def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None):
+        """Reduce x over all ranks into out (in place when out is None)."""
+        out = x if out is None else out
+        return self._run("all_reduce", x, out, op=op, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None):
+        """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
+        return self._run("reduce_scatter", x, out, op=op, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
+        """out (N*P) receives every rank's x (N), block r from rank r."""
+        return self._run("all_gather", x, out, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
+        """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
+        return self._run("all_to_all", x, out, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
+        """Every rank's x receives root's x."""
+        return self._run("broadcast", x, None, root=root, algo=algo, timeout=timeout, async_op=async_op, result=x)
+
+    def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None):
+        """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
+        if out is None and self.rank == root:
+            out = x
+        return self._run("reduce", x, out if self.rank == root else None, op=op, root=root, algo=algo,
+                         timeout=timeout, async_op=async_op, result=out if self.rank == root else None)
+
+    def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
+        """The root's out (N*P) receives every rank's x (N); out is needed on the root only."""
+        out = out if self.rank == root else None
+        return self._run("gather", x, out, root=root, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
+        """Rank r's out (N) receives block r of the root's x (N*P); x is needed on the root only."""
+        x = x if self.rank == root else None
+        return self._run("scatter", x, out, root=root, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def barrier(self, async_op=False, timeout=None):
+        """Returns once every rank has entered the barrier."""
+        return self._run("barrier", None, None, timeout=timeout, async_op=async_op)
+
+    def send(self, x, peer, async_op=False, timeout=None):
+        """Send x to `peer`, which must call recv with the same count and dtype."""
+        return self._run("send", x, None, peer=peer, timeout=timeout, async_op=async_op)
+
+    def recv(self, x, peer, async_op=False, timeout=None):
+        """Receive into x from `peer`."""
+        return self._run("recv", None, x, peer=peer, timeout=timeout, async_op=async_op, result=x)
+
+    # --- structure -----------------------------------------------------------------------
+
+    def split(self, color, key=None, timeout=None):
+        """Like MPI_Comm_split: ranks with the same color form a new communicator, ordered by
+        (key, rank). A color of None or < 0 takes part but gets None back. Collective."""
+        my_color = -1 if color is None or color < 0 else int(color)
+        mine = np.array([my_color, self.rank if key is None else int(key)], dtype=np.int64)
+        table = np.empty(2 * self.size, dtype=np.int64)
+        self.all_gather(mine, table, timeout=timeout)
+        colors, keys = table[0::2], table[1::2]
+        members = sorted((int(keys[r]), r) for r in range(self.size) if my_color >= 0 and colors[r] == my_color)
+        new_rank = [r for _, r in members].index(self.rank) if members else -1
+        # The new rank 0 of each group makes its unique id; one all_gather delivers them all.
+        token = np.zeros(64, dtype=np.uint8)
+        if new_rank == 0:
+            raw = str(_core.UniqueId.create()).encode()
+            token[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        tokens = np.empty(64 * self.size, dtype=np.uint8)
+        self.all_gather(token, tokens, timeout=timeout)
+        if my_color < 0:
+            return None
+        leader = members[0][1]
+        leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
+        return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
+
+    def close(self):
+        """Finish queued work, tell the peers this rank is leaving, release everything."""
+        self._core.close()
+
+    @property
+    def is_aborted(self) -> bool:
+        return self._core.is_aborted
+
+
+@atexit.register
+def _close_live_communicators():
+    # Peers must see a goodbye, not a dropped connection, when a rank simply exits.
+    for comm in list(_LIVE):
+        try:
+            comm.close()
+        except Exception as exc:  # noqa: BLE001 - report and keep closing the others
+            print(f"ringtree: closing {comm!r} at exit failed: {exc}")
