@@ -89,6 +89,7 @@ void dissemination_barrier(Schedule& s, int nranks, int rank);
 // against each other with rendezvous semantics (a send completes only when the receiver is at
 // the matching recv, so any buffering also works), tracks which inputs every output element
 // holds, and throws Error describing the first violation. Returns a short summary.
-std::string simulate_schedules(ScheduleKey key);
+// drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
+std::string simulate_schedules(ScheduleKey key, int drop_op = -1);
 
 }  // namespace ringtree

@@ -123,7 +123,16 @@ void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k
     }
 }
 
-void run(const ScheduleKey& base, bool in_place) {
+void drop(Schedule& s, size_t index) {
+  if (index >= s.ops.size()) return;
+  s.ops.erase(s.ops.begin() + static_cast<long>(index));
+  for (uint32_t& e : s.step_end)
+    if (e > index) --e;
+  s.step_end.erase(std::unique(s.step_end.begin(), s.step_end.end()), s.step_end.end());
+  if (!s.step_end.empty() && s.step_end.front() == 0) s.step_end.erase(s.step_end.begin());
+}
+
+void run(const ScheduleKey& base, bool in_place, int drop_op) {
   const int P = base.nranks;
   const uint64_t N = base.count;
   const Sizes sz = buffer_sizes(base.coll, P, N);
@@ -133,6 +142,7 @@ void run(const ScheduleKey& base, bool in_place) {
     k.rank = r;
     RankState& st = ranks[r];
     st.sched = build_schedule(k);
+    if (r == 0 && drop_op >= 0) drop(st.sched, static_cast<size_t>(drop_op));
     st.alias = {in_place, base.coll, r, base.root, N};
     st.storage[0].resize(sz.input);
     st.storage[1].resize(sz.output);
@@ -293,9 +303,9 @@ void run(const ScheduleKey& base, bool in_place) {
 
 }  // namespace
 
-std::string simulate_schedules(ScheduleKey key) {
-  run(key, false);
-  run(key, true);
+std::string simulate_schedules(ScheduleKey key, int drop_op) {
+  run(key, false, drop_op);
+  run(key, true, drop_op);
   uint64_t steps = 0, messages = 0;
   for (int r = 0; r < key.nranks; ++r) {
     key.rank = r;

@@ -10,12 +10,12 @@ namespace ringtree {
 void register_schedules(py::module_& m) {
   m.def(
       "simulate",
-      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment) {
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op) {
         ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
-        return simulate_schedules(k);
+        return simulate_schedules(k, drop_op);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
-      py::arg("segment") = 0, py::call_guard<py::gil_scoped_release>(),
+      py::arg("segment") = 0, py::arg("drop_op") = -1, py::call_guard<py::gil_scoped_release>(),
       "Run every rank's schedule against the others without a transport; raises Error on any violation.");
   m.def("supported_algos", [](int coll) {
     std::vector<int> out;

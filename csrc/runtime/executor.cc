@@ -147,7 +147,12 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
   const Schedule& s = schedule_for(p);
   uint8_t* scratch = s.scratch_elems ? scratch_.ensure(s.scratch_elems * esz) : nullptr;
   uint8_t* const bases[3] = {in, out, scratch};
-  run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
+  try {
+    run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
+  } catch (const PeerFailure& e) {
+    // Transports and liveness checks know the peer; this adds which call and which rank.
+    throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
+  }
   if (reduces && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || a.root == rank_))
     divide_elements(out, a.output.count, a.dtype, size_);
 }
@@ -157,7 +162,7 @@ void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bas
   c.op = &op;
   c.peer = op.peer;
   c.conn = conns_[op.peer].get();
-  RT_CHECK(c.conn, PeerFailure, "no connection to rank ", op.peer, " (communicator closed?)");
+  RT_CHECK(c.conn, PeerFailure, "no connection to rank ", op.peer);
   c.is_send = op.kind == OpKind::Send;
   c.done = false;
   c.payload_bytes = op.count * esz;
@@ -269,8 +274,8 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
   // A peer that said goodbye can no longer send or receive what this step still needs.
   auto check_departed = [&](const OpCursor& c) {
     if (!c.done && peer_state_[c.peer] != PeerState::Alive)
-      RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while rank ", rank_, " still ",
-               c.is_send ? "sends to" : "expects data from", " it in ", describe_current());
+      RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still ",
+               c.is_send ? "sends to" : "expects data from", " it");
   };
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
@@ -333,7 +338,7 @@ void CommunicatorImpl::handle_ctrl(int q) {
     peer_state_[q] = PeerState::Gone;
     abort_from_peer_ = false;
     RT_THROW(PeerFailure, "rank ", q, " (pid ", mesh_.peers[q].pid, " on ", mesh_.peers[q].host,
-             ") died or lost its connection during ", describe_current(), " on rank ", rank_);
+             ") died or lost its connection");
   }
   if (w.kind == 0) {  // goodbye: it closed its communicator normally
     peer_state_[q] = PeerState::Departed;

@@ -1,0 +1,90 @@
+"""Spawn real rank processes for a test and collect what each rank reports.
+
+Each rank runs tests/rank_worker.py, which calls a function from tests/workers.py and writes
+its JSON result to a file. Every world has a hard timeout: on expiry all ranks are killed and
+the test fails with their output, so a hang fails fast instead of stalling CI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+import ringtree as rt
+from ringtree.launch import rank_environment
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")
+
+
+@dataclass
+class World:
+    returncodes: list
+    outputs: list
+    results: list = field(default_factory=list)
+
+    def failure_report(self) -> str:
+        return "\n".join(f"--- rank {r} (exit {c}) ---\n{o[-4000:]}" for r, (c, o) in enumerate(zip(self.returncodes, self.outputs)))
+
+    def check_ok(self):
+        if any(c != 0 for c in self.returncodes) or any(r is None for r in self.results):
+            pytest.fail("a rank failed:\n" + self.failure_report())
+        return self.results
+
+
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, extra_ranks_env=None):
+    uid = rt.UniqueId.create()
+    listen_fd = uid.take_listener()
+    outdir = tempfile.mkdtemp(prefix="ringtree-test-")
+    procs, logs = [], []
+    try:
+        for r in range(nranks):
+            e = rank_environment(r, nranks, str(uid), hosts)
+            e.setdefault("RINGTREE_TIMEOUT", "60")
+            e.update(env or {})
+            if per_rank_env:
+                e.update(per_rank_env(r))
+            e["PYTHONUNBUFFERED"] = "1"
+            e["RINGTREE_TEST_SLOT"] = str(r)  # result file name, independent of the rank it claims
+            pass_fds = ()
+            if r == 0 and listen_fd >= 0:
+                e["RINGTREE_LISTEN_FD"] = str(listen_fd)
+                pass_fds = (listen_fd,)
+            log = open(os.path.join(outdir, f"{r}.log"), "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, WORKER, func, json.dumps(args or {}), outdir], env=e,
+                                          stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
+        if listen_fd >= 0:
+            os.close(listen_fd)
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        hung = [r for r, p in enumerate(procs) if p.poll() is None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+        world = World([p.returncode for p in procs], outputs)
+        if hung:
+            pytest.fail(f"ranks {hung} still running after the {timeout} s hard timeout:\n" + world.failure_report())
+        for r in range(nranks):
+            path = os.path.join(outdir, f"{r}.json")
+            world.results.append(json.load(open(path)) if os.path.exists(path) else None)
+        return world
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()

@@ -1,0 +1,113 @@
+"""Independent expectations for every collective, computed with numpy from every rank's input.
+
+Inputs are small integers, so sums, products, minima and maxima are exact in every dtype
+(float16 and bfloat16 included) and results are compared exactly. Integer sums and products
+wrap like C (two's complement); integer avg truncates toward zero. Only avg on floating types
+is compared with a tolerance (one rounding of the division; see AVG_RTOL).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import ringtree as rt
+
+try:
+    import ml_dtypes
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # the test extra installs it; without it bfloat16 runs only through torch
+    BFLOAT16 = None
+
+NUMPY_DTYPES = {
+    "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64), "float16": np.dtype(np.float16), "bfloat16": BFLOAT16,
+    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+}
+OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]
+AVG_RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-7, "float64": 1e-15}
+
+
+def is_int(dtype_name: str) -> bool:
+    return dtype_name in ("int8", "uint8", "int32", "int64")
+
+
+def premul_factor(dtype_name: str) -> float:
+    return 3.0 if is_int(dtype_name) else 0.5
+
+
+def op_argument(op: str, dtype_name: str):
+    return rt.premul_sum(premul_factor(dtype_name)) if op == "premul_sum" else op
+
+
+# Inputs longer than PERIOD repeat with this prime period, so a reference is computed on one
+# period and tiled. No block or segment boundary of the sweeps is a multiple of it, so data
+# landing at the wrong offset still shows up as wrong elements.
+PERIOD = 4099
+
+
+@functools.lru_cache(maxsize=24)
+def _input(rank: int, n: int, dtype_name: str, op: str, salt: int) -> np.ndarray:
+    if n > PERIOD:
+        base = _input(rank, PERIOD, dtype_name, op, salt)
+        out = np.tile(base, -(-n // PERIOD))[:n]
+        out.flags.writeable = False
+        return out
+    rng = np.random.default_rng([salt, rank, n, len(dtype_name), len(op)])
+    if op == "prod":
+        choices = [1, 2, 3] if dtype_name == "uint8" else ([1, 2, -1] if is_int(dtype_name) else [1, 2, -1, 0.5])
+        values = rng.choice(np.array(choices, dtype=np.float64), size=n)
+    elif dtype_name == "uint8":
+        values = rng.integers(0, 7, size=n).astype(np.float64)
+    else:
+        values = rng.integers(-3, 4, size=n).astype(np.float64)
+    wide = values.astype(np.int64) if is_int(dtype_name) else values
+    out = wide.astype(NUMPY_DTYPES[dtype_name])
+    out.flags.writeable = False
+    return out
+
+
+def make_input(rank, n, dtype_name, op="sum", salt=0) -> np.ndarray:
+    return _input(rank, n, dtype_name, op, salt).copy()
+
+
+def reduce_reference(arrays, op: str, dtype_name: str) -> np.ndarray:
+    n = len(arrays[0])
+    if n > PERIOD:  # periodic inputs (see PERIOD): reduce one period, then tile
+        return np.tile(reduce_reference([a[:PERIOD] for a in arrays], op, dtype_name), -(-n // PERIOD))[:n]
+    dtype = NUMPY_DTYPES[dtype_name]
+    P = len(arrays)
+    if is_int(dtype_name):
+        wide = [a.astype(np.int64) for a in arrays]
+        if op == "premul_sum":
+            wide = [w * int(premul_factor(dtype_name)) for w in wide]
+        if op in ("sum", "premul_sum", "avg"):
+            total = functools.reduce(np.add, wide).astype(dtype)  # wraps like the runtime
+            if op != "avg":
+                return total
+            t = total.astype(np.int64)
+            return (np.abs(t) // P * np.sign(t)).astype(dtype)
+        if op == "prod":
+            return functools.reduce(np.multiply, wide).astype(dtype)
+        return (np.minimum if op == "min" else np.maximum).reduce(wide).astype(dtype)
+    wide = [a.astype(np.float64) for a in arrays]
+    if op == "premul_sum":
+        wide = [w * premul_factor(dtype_name) for w in wide]
+    if op in ("sum", "premul_sum"):
+        return functools.reduce(np.add, wide).astype(dtype)
+    if op == "avg":
+        return (functools.reduce(np.add, wide).astype(dtype).astype(np.float64) / P).astype(dtype)
+    if op == "prod":
+        return functools.reduce(np.multiply, wide).astype(dtype)
+    return (np.minimum if op == "min" else np.maximum).reduce(wide).astype(dtype)
+
+
+def mismatches(got: np.ndarray, want: np.ndarray, dtype_name: str, op: str) -> int:
+    """Number of differing elements (exact, except avg on floating types)."""
+    if got.shape != want.shape:
+        return max(got.size, want.size)
+    g = got.astype(np.float64) if not is_int(dtype_name) else got.astype(np.int64)
+    w = want.astype(np.float64) if not is_int(dtype_name) else want.astype(np.int64)
+    if op == "avg" and not is_int(dtype_name):
+        return int(np.count_nonzero(~np.isclose(g, w, rtol=AVG_RTOL[dtype_name], atol=0)))
+    return int(np.count_nonzero(g != w))
