@@ -67,3 +67,17 @@ def test_pipelined_trees_with_tiny_segments(nranks, hosts):
                                             dtypes=ALL_DTYPES, ops=OPS, salt=3),
                       hosts=hosts, env={"RINGTREE_TREE_SEGMENT_BYTES": "64"}, timeout=280)
     assert_clean(world)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks,hosts", [(1, 1), (3, 1), (4, 2)])
+def test_all_to_all_v(nranks, hosts):
+    world = run_world(nranks, "all_to_all_v", dict(salt=nranks), hosts=hosts, timeout=100)
+    results = world.check_ok()
+    for rank, res in enumerate(results):
+        assert not res["failures"], (rank, res["failures"])
+        assert res["bad_counts"] == "ok", res
+        if nranks > 1:
+            assert res["mismatch"] == "CollectiveMismatch", (rank, res)
+    if nranks > 1:
+        assert "sends 8 bytes to rank 1, which expects 12" in results[1]["mismatch_message"], results[1]

@@ -423,3 +423,43 @@ def torch_tensors():
         report["non_contiguous"] = "ok" if "contiguous" in str(exc) else str(exc)
     comm.close()
     return report
+
+
+def all_to_all_v(salt=0):
+    """Per-pair sizes (zeros included) against the senders' data; then a disagreement on one
+    pair's size must raise CollectiveMismatch, and bad count lists InvalidArgument."""
+    comm = rt.init(timeout=30)
+    r, P = comm.rank, comm.size
+    count = lambda i, j: (i * 7 + j * 3 + salt) % 5  # elements rank i sends to rank j
+    failures = []
+    for dtype in ("int8", "float32", "float64"):
+        send_counts = [count(r, j) for j in range(P)]
+        recv_counts = [count(i, r) for i in range(P)]
+        data = {i: make_input(i, sum(count(i, j) for j in range(P)), dtype, salt=salt) for i in range(P)}
+        out = np.full(sum(recv_counts), 77, NUMPY_DTYPES[dtype])
+        comm.all_to_all_v(data[r], out, send_counts, recv_counts)
+        want = np.concatenate([data[i][sum(count(i, j) for j in range(r)):][:count(i, r)] for i in range(P)])
+        if not np.array_equal(out, want):
+            failures.append(f"{dtype}: {out.tolist()} != {want.tolist()}")
+    report = {"failures": failures}
+    try:
+        comm.all_to_all_v(np.zeros(3, np.float32), np.zeros(3, np.float32), [3] + [0] * (P - 1), [1] * P)
+        report["bad_counts"] = "no error"
+    except rt.InvalidArgument as exc:
+        report["bad_counts"] = "ok" if "sum(recv_counts)" in str(exc) or "own block" in str(exc) else str(exc)
+    if P > 1:
+        send_counts = [2] * P
+        recv_counts = [2] * P
+        if r == 1:
+            recv_counts[0] = 3  # rank 0 sends 2
+        try:
+            comm.all_to_all_v(np.zeros(sum(send_counts), np.int32), np.zeros(sum(recv_counts), np.int32), send_counts, recv_counts)
+            comm.barrier()
+            report["mismatch"] = None
+        except rt.CollectiveMismatch as exc:
+            report["mismatch"] = "CollectiveMismatch"
+            report["mismatch_message"] = str(exc)
+        except rt.Error as exc:
+            report["mismatch"] = f"{type(exc).__name__}: {exc}"
+    comm.close()
+    return report

@@ -22,6 +22,23 @@ void direct_all_to_all(Schedule& s, int P, int r, uint64_t N) {
   }
 }
 
+void direct_all_to_all_v(Schedule& s, int P, int r, const std::vector<uint64_t>& send_counts,
+                         const std::vector<uint64_t>& recv_counts) {
+  std::vector<uint64_t> send_displ(P, 0), recv_displ(P, 0);
+  for (int q = 1; q < P; ++q) {
+    send_displ[q] = send_displ[q - 1] + send_counts[q - 1];
+    recv_displ[q] = recv_displ[q - 1] + recv_counts[q - 1];
+  }
+  s.add(make_copy(BufId::Output, recv_displ[r], BufId::Input, send_displ[r], send_counts[r]));
+  s.end_step();
+  for (int step = 1; step < P; ++step) {
+    const int to = ring_mod(r + step, P), from = ring_mod(r - step, P);
+    s.add(make_send(to, BufId::Input, send_displ[to], send_counts[to]));
+    s.add(make_recv(from, BufId::Output, recv_displ[from], recv_counts[from]));
+    s.end_step();
+  }
+}
+
 void direct_gather(Schedule& s, int P, int r, int root, uint64_t N) {
   if (r != root) {
     s.add(make_send(root, BufId::Input, 0, N));

@@ -81,6 +81,9 @@ void tree_all_reduce(Schedule& s, int nranks, int rank, uint64_t count, uint64_t
 void tree_reduce(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
 void tree_broadcast(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
 void direct_all_to_all(Schedule& s, int nranks, int rank, uint64_t block);
+// Pairwise exchange with per-peer counts (all_to_all_v); not cached, not keyed.
+void direct_all_to_all_v(Schedule& s, int nranks, int rank, const std::vector<uint64_t>& send_counts,
+                         const std::vector<uint64_t>& recv_counts);
 void direct_gather(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void direct_scatter(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void dissemination_barrier(Schedule& s, int nranks, int rank);

@@ -250,6 +250,19 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
       p.count = out.count;
       break;
     case Collective::Barrier: p.count = 0; break;
+    case Collective::AllToAllV: {
+      RT_CHECK_EQ(a.send_counts.size(), P, "all_to_all_v: send_counts must have one entry per rank");
+      RT_CHECK_EQ(a.recv_counts.size(), P, "all_to_all_v: recv_counts must have one entry per rank");
+      uint64_t sent = 0, received = 0;
+      for (uint64_t n : a.send_counts) sent += n;
+      for (uint64_t n : a.recv_counts) received += n;
+      RT_CHECK_EQ(in.count, sent, "all_to_all_v: input element count must equal sum(send_counts)");
+      RT_CHECK_EQ(out.count, received, "all_to_all_v: output element count must equal sum(recv_counts)");
+      RT_CHECK_EQ(a.recv_counts[rank_], a.send_counts[rank_],
+                  str_cat("all_to_all_v: recv_counts[", rank_, "] must equal send_counts[", rank_, "] (this rank's own block)"));
+      p.count = 0;  // counts differ per rank; each message's size is checked on arrival instead
+      break;
+    }
     case Collective::Send: p.count = in.count; break;
     case Collective::Recv: p.count = out.count; break;
     default: break;

@@ -89,6 +89,7 @@ class CommunicatorImpl : public Communicator {
   void pump(const Deadline& deadline, bool final);
   void block(const Deadline& deadline, bool final);
   void handle_ctrl(int peer);
+  void raise_pending_peer_abort();
   void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
   [[noreturn]] void throw_timeout() const;
   void broadcast_abort(AbortKind kind, const std::string& text);
@@ -120,6 +121,7 @@ class CommunicatorImpl : public Communicator {
   std::mutex exec_mu_;
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
   AlignedBuffer scratch_, premul_;
+  Schedule all_to_all_v_schedule_;  // rebuilt per call: per-peer counts are not a cache key
   std::vector<OpCursor> cursors_;
   OpCursor hs_send_{}, hs_recv_{};
   bool hs_send_pending_ = false, hs_recv_pending_ = false;

@@ -121,6 +121,11 @@ void CommunicatorImpl::execute(Prepared& p) {
 
 const Schedule& CommunicatorImpl::schedule_for(const Prepared& p) {
   const Collective c = p.args.coll;
+  if (c == Collective::AllToAllV) {
+    all_to_all_v_schedule_ = Schedule{};
+    direct_all_to_all_v(all_to_all_v_schedule_, size_, rank_, p.args.send_counts, p.args.recv_counts);
+    return all_to_all_v_schedule_;
+  }
   ScheduleKey key{c, p.algo, size_, rank_, p.count, is_rooted(c) ? p.args.root : 0, 0,
                   (c == Collective::Send || c == Collective::Recv) ? p.args.peer : -1};
   if (c == Collective::Broadcast || c == Collective::Reduce || (c == Collective::AllReduce && p.algo == Algo::Tree))
@@ -150,6 +155,9 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
   try {
     run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
   } catch (const PeerFailure& e) {
+    // A peer that aborted explains itself on its control connection, possibly just after its
+    // data connection closed: its reason beats our observation of its absence.
+    raise_pending_peer_abort();
     // Transports and liveness checks know the peer; this adds which call and which rank.
     throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
   }
@@ -319,6 +327,20 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
   }
 }
 
+void CommunicatorImpl::raise_pending_peer_abort() {
+  const Deadline grace = Deadline::after_seconds(0.2);  // the notice is sent before the close
+  for (;;) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || mesh_.ctrl_fd[q] < 0) continue;
+      CtrlWire w{};
+      const ssize_t n = recv(mesh_.ctrl_fd[q], &w, sizeof(w), MSG_DONTWAIT | MSG_PEEK);
+      if (n == static_cast<ssize_t>(sizeof(w)) && w.magic == kCtrlMagic && w.kind != 0) handle_ctrl(q);  // throws
+    }
+    if (grace.expired()) return;
+    poll(nullptr, 0, 10);
+  }
+}
+
 void CommunicatorImpl::handle_ctrl(int q) {
   int& fd = mesh_.ctrl_fd[q];
   CtrlWire w{};
@@ -367,8 +389,15 @@ void CommunicatorImpl::check_header(const MsgHeader& got, const MsgHeader& want,
   if (!same)
     RT_THROW(CollectiveMismatch, "collective mismatch: rank ", rank_, " called ", describe_header(want), " but rank ",
              peer, " called ", describe_header(got));
-  RT_CHECK(got.payload_bytes == want_payload, Error, "internal error: rank ", peer, " sent ", got.payload_bytes,
-           " bytes where ", want_payload, " were expected in ", describe_current());
+  if (got.payload_bytes != want_payload) {
+    // all_to_all_v sizes are per rank, so only the message itself can reveal a disagreement.
+    if (static_cast<Collective>(want.coll) == Collective::AllToAllV)
+      RT_THROW(CollectiveMismatch, "collective mismatch in ", describe_header(want), ": rank ", peer, " sends ",
+               got.payload_bytes, " bytes to rank ", rank_, ", which expects ", want_payload, " (send_counts[", rank_,
+               "] on rank ", peer, " differs from recv_counts[", peer, "] on rank ", rank_, ")");
+    RT_THROW(Error, "internal error: rank ", peer, " sent ", got.payload_bytes, " bytes where ", want_payload,
+             " were expected in ", describe_current());
+  }
 }
 
 void CommunicatorImpl::throw_timeout() const {

@@ -41,6 +41,16 @@ class Work:
         return self._result
 
 
+def _counts(counts, name):
+    try:
+        values = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise _core.InvalidArgument(f"{name} must be a sequence of element counts, got {counts!r}") from None
+    if any(c < 0 for c in values):
+        raise _core.InvalidArgument(f"{name} must be non-negative, got {values}")
+    return values
+
+
 def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
@@ -91,7 +101,7 @@ class Communicator:
     # --- the collectives -------------------------------------------------------------------
 
     def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
-             async_op=False, result=None):
+             async_op=False, result=None, send_counts=(), recv_counts=()):
         keep = []
         has_in = x is not None
         has_out = out is not None
@@ -113,7 +123,8 @@ class Communicator:
             _COLL[coll], dtype,
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
             has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
-            op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op))
+            op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op),
+            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"))
         if async_op:
             return Work(work, keep, result)
         return result
@@ -134,6 +145,12 @@ class Communicator:
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
         """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
         return self._run("all_to_all", x, out, algo=algo, timeout=timeout, async_op=async_op, result=out)
+
+    def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
+        """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
+        which receives them as recv_counts[i]. Blocks are contiguous in rank order."""
+        return self._run("all_to_all_v", x, out, timeout=timeout, async_op=async_op, result=out,
+                         send_counts=send_counts, recv_counts=recv_counts)
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
         """Every rank's x receives root's x."""

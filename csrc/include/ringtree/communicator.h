@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include "ringtree/errors.h"
 #include "ringtree/types.h"
 #include "ringtree/unique_id.h"
@@ -30,6 +31,9 @@ struct CollectiveArgs {
   int peer = -1;
   Algo algo = Algo::Auto;
   double timeout_s = 0;  // <= 0: the communicator's default
+  // all_to_all_v: elements this rank sends to / receives from each rank; blocks are
+  // contiguous in rank order (displacements are the prefix sums).
+  std::vector<uint64_t> send_counts, recv_counts;
 };
 
 class Work {
