@@ -16,7 +16,7 @@ REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 ALGOS = {"all_reduce": ["ring", "tree"], "broadcast": ["tree", "ring"], "reduce": ["tree", "ring"],
          "reduce_scatter": ["ring"], "all_gather": ["ring"], "all_to_all": ["auto"], "gather": ["auto"],
          "scatter": ["auto"]}
-IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter"}
+IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"}
 
 
 def resolve_count(spec, P, coll="all_reduce"):
@@ -67,7 +67,11 @@ def run_case(comm, coll, N, dtype_name, op, algo, in_place, root, salt):
         got = comm.all_gather(x, out, algo=algo)
     elif coll == "all_to_all":
         want = np.concatenate([inputs[q][block] for q in range(P)])
-        got = comm.all_to_all(x, np.full(N * P, 77, dtype), algo=algo)
+        if in_place:
+            got = comm.all_to_all(x, x, algo=algo)
+            untouched = None
+        else:
+            got = comm.all_to_all(x, np.full(N * P, 77, dtype), algo=algo)
     elif coll == "broadcast":
         want = inputs[root]
         got = comm.broadcast(x, root=root, algo=algo)
@@ -209,7 +213,7 @@ def invalid_arguments():
         ("all_gather sizes", lambda: comm.all_gather(f32, np.zeros(8 * P + 2, np.float32)), f"expected {8 * P}, got {8 * P + 2}"),
         ("all_to_all divisibility", lambda: comm.all_to_all(np.zeros(P * 4 + 1, np.float32), np.zeros(P * 4 + 1, np.float32)),
          "not divisible" if P > 1 else None),
-        ("all_to_all overlap", lambda: comm.all_to_all(*_overlap(P)), "overlap"),
+        ("partial overlap", lambda: comm.reduce_scatter(*_overlap(P)), "overlap"),
         ("algo", lambda: comm.all_gather(f32, np.zeros(8 * P, np.float32), algo="tree"), "not available for all_gather"),
         ("algo name", lambda: comm.all_reduce(f32, algo="butterfly"), "unknown algo 'butterfly'"),
         ("timeout", lambda: comm.all_reduce(f32, timeout=-1), "timeout must be positive"),
@@ -239,8 +243,9 @@ _OVERLAP_BUF = {}
 
 
 def _overlap(P):
+    """reduce_scatter buffers where the output overlaps the input off this rank's block."""
     buf = _OVERLAP_BUF.setdefault(P, np.zeros(8 * P, np.float32))
-    return buf[: 4 * P], buf[P: 5 * P]
+    return buf[: 4 * P], buf[1:5]
 
 
 def mismatch(kind):
@@ -441,6 +446,12 @@ def all_to_all_v(salt=0):
         want = np.concatenate([data[i][sum(count(i, j) for j in range(r)):][:count(i, r)] for i in range(P)])
         if not np.array_equal(out, want):
             failures.append(f"{dtype}: {out.tolist()} != {want.tolist()}")
+        # In place: one buffer big enough for both layouts.
+        both = np.full(max(len(data[r]), len(want)), 55, NUMPY_DTYPES[dtype])
+        both[: len(data[r])] = data[r]
+        comm.all_to_all_v(both[: len(data[r])], both[: len(want)], send_counts, recv_counts)
+        if not np.array_equal(both[: len(want)], want):
+            failures.append(f"{dtype} in place: {both[: len(want)].tolist()} != {want.tolist()}")
     report = {"failures": failures}
     try:
         comm.all_to_all_v(np.zeros(3, np.float32), np.zeros(3, np.float32), [3] + [0] * (P - 1), [1] * P)

@@ -1,5 +1,6 @@
 // Precondition checks that print both values (GLOO_ENFORCE_EQ style) and throw typed errors.
 #pragma once
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include "ringtree/errors.h"
@@ -14,6 +15,11 @@ std::string str_cat(const Args&... args) {
 }
 
 [[noreturn]] void throw_system_error(const std::string& what, int err);
+
+inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes && b_bytes && x < y + b_bytes && y < x + a_bytes;
+}
 
 }  // namespace ringtree
 

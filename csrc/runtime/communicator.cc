@@ -36,11 +36,6 @@ std::string host_identity() {
   return buf;
 }
 
-bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes && b_bytes && x < y + b_bytes && y < x + a_bytes;
-}
-
 Algo parse_algo_setting() {
   std::string v = env_str("RINGTREE_ALGO", "auto");
   if (v == "auto") return Algo::Auto;
@@ -267,8 +262,8 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
     case Collective::Recv: p.count = out.count; break;
     default: break;
   }
-  // Out-of-place buffers may not overlap, except in the in-place layouts NCCL allows.
-  if (in.present && out.present && in.ptr != out.ptr && c != Collective::Broadcast) {
+  // Buffers may overlap only in the in-place layouts each collective supports.
+  if (in.present && out.present && c != Collective::Broadcast) {
     const size_t in_bytes = in.count * esz, out_bytes = out.count * esz;
     const auto* ip = static_cast<const uint8_t*>(in.ptr);
     const auto* op = static_cast<const uint8_t*>(out.ptr);
@@ -277,10 +272,14 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
                                  ip == op + static_cast<size_t>(rank_) * block;
     const bool out_is_in_block = (c == Collective::ReduceScatter || (c == Collective::Scatter && is_root)) &&
                                  op == ip + static_cast<size_t>(rank_) * block;
-    if (!in_is_out_block && !out_is_in_block)
+    // all_reduce and reduce reduce element-wise in place; all_to_all(_v) stages its input.
+    const bool same_buffer_ok = in.ptr == out.ptr && (c == Collective::AllReduce || c == Collective::Reduce);
+    const bool staged = c == Collective::AllToAll || c == Collective::AllToAllV;
+    if (!in_is_out_block && !out_is_in_block && !same_buffer_ok && !staged)
       RT_CHECK(!ranges_overlap(in.ptr, in_bytes, out.ptr, out_bytes), InvalidArgument, name,
-               ": input and output overlap without being the same buffer (or, for all_gather/reduce_scatter,",
-               " the input being this rank's block of the output)");
+               ": input and output overlap; in place means the same buffer for all_reduce, reduce and",
+               " all_to_all, and this rank's block of the larger buffer for all_gather, gather, reduce_scatter",
+               " and scatter");
   }
   if (c == Collective::AllReduce && in.ptr == out.ptr) p.args.output = in;
   p.algo = choose_algo(c, a.algo, p.count * esz);

@@ -149,6 +149,13 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
     scale_elements(scaled, in, a.input.count, a.dtype, a.premul_factor);
     in = scaled;
   }
+  // In-place all_to_all: pairwise exchange overwrites blocks not yet sent, so send from a copy.
+  if ((a.coll == Collective::AllToAll || a.coll == Collective::AllToAllV) && a.input.count > 0 &&
+      ranges_overlap(in, a.input.count * esz, out, a.output.count * esz)) {
+    uint8_t* staged = premul_.ensure(a.input.count * esz);
+    std::memcpy(staged, in, a.input.count * esz);
+    in = staged;
+  }
   const Schedule& s = schedule_for(p);
   uint8_t* scratch = s.scratch_elems ? scratch_.ensure(s.scratch_elems * esz) : nullptr;
   uint8_t* const bases[3] = {in, out, scratch};

@@ -1,0 +1,146 @@
+// The CUDA path's Python entry points. They exist in every build: without CUDA
+// (RINGTREE_HAVE_CUDA undefined) cuda_built() and cuda_available() return False and every
+// other function raises ringtree.Error saying how to get a CUDA build, so callers need no
+// import-time feature checks.
+//
+// Device buffers travel as raw pointers (cupy: a.data.ptr, torch: t.data_ptr()), streams as
+// integers (cupy: stream.ptr, torch: torch.cuda.current_stream().cuda_stream; 0 = the legacy
+// default stream). Every call that can wait releases the GIL.
+#include <pybind11/stl.h>
+#include <string>
+#include <vector>
+#include "bindings/bindings.h"
+#include "common/check.h"
+#include "ringtree/types.h"
+#ifdef RINGTREE_HAVE_CUDA
+#include "runtime/cuda_local_executor.h"
+#endif
+
+namespace py = pybind11;
+
+namespace ringtree {
+
+namespace {
+
+template <typename E>
+E checked_code(int code, E count, const char* what) {
+  RT_CHECK(code >= 0 && code < static_cast<int>(count), InvalidArgument, "unknown ", what, " code ", code);
+  return static_cast<E>(code);
+}
+
+constexpr const char* kRunDoc =
+    "Enqueue one collective over P 'thread ranks' sharing the current GPU and return at once.\n"
+    "coll/algo/dtype/op are codes (indices into COLLECTIVES, ALGOS, DTYPES, OPS); count is the\n"
+    "schedule count (whole buffer for all_reduce/broadcast/reduce, per-rank block otherwise);\n"
+    "input_ptrs/output_ptrs hold one device pointer per rank (0 where a rank needs none);\n"
+    "stream is the caller's cudaStream_t as an int. Returns a dict of what was enqueued.";
+
+}  // namespace
+
+#ifdef RINGTREE_HAVE_CUDA
+
+void register_cuda(py::module_& m) {
+  m.def("cuda_built", []() { return true; }, "True when this build contains the CUDA path.");
+  m.def("cuda_available", []() { return cuda_runtime_available(); },
+        "True when the CUDA path is built and the CUDA runtime finds a device.");
+  m.def("cuda_unavailable_reason", []() {
+    std::string reason;
+    return cuda_runtime_available(&reason) ? std::string() : reason;
+  });
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def(
+      "cuda_local_run",
+      [](int coll, int algo, int dtype, int op, double premul_factor, int root, uint64_t count,
+         std::vector<uintptr_t> input_ptrs, std::vector<uintptr_t> output_ptrs, uintptr_t stream,
+         uint64_t segment_bytes) {
+        CudaLocalArgs a;
+        a.coll = checked_code(coll, Collective::Count, "collective");
+        a.algo = checked_code(algo, Algo::Count, "algo");
+        a.dtype = checked_code(dtype, DataType::Count, "dtype");
+        a.op = checked_code(op, ReduceOp::Count, "reduce op");
+        a.premul_factor = premul_factor;
+        a.root = root;
+        a.count = count;
+        a.inputs = std::move(input_ptrs);
+        a.outputs = std::move(output_ptrs);
+        a.stream = stream;
+        a.segment_bytes = segment_bytes;
+        const CudaLocalStats s = cuda_local_run(a);
+        py::gil_scoped_acquire gil;
+        py::dict d;
+        d["transfers"] = s.transfers;
+        d["copies"] = s.copies;
+        d["kernels"] = s.kernels;
+        d["events"] = s.events;
+        d["hbm_bytes"] = s.hbm_bytes;
+        return d;
+      },
+      py::arg("coll"), py::arg("algo"), py::arg("dtype"), py::arg("op"), py::arg("premul_factor"), py::arg("root"),
+      py::arg("count"), py::arg("input_ptrs"), py::arg("output_ptrs"), py::arg("stream") = 0,
+      py::arg("segment_bytes") = 0, py::call_guard<py::gil_scoped_release>(), kRunDoc);
+  m.def("cuda_synchronize", &cuda_local_synchronize, py::call_guard<py::gil_scoped_release>(),
+        "Wait for everything cuda_local_run enqueued on the current device; raise its CUDA errors.");
+  m.def(
+      "cuda_kernel_reduce",
+      [](uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count, int dtype, int op, uintptr_t stream) {
+        cuda_kernel_reduce(dst, a, b, count, checked_code(dtype, DataType::Count, "dtype"),
+                           checked_code(op, ReduceOp::Count, "reduce op"), stream);
+      },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(), "Enqueue dst = a (op) b on stream.");
+  m.def(
+      "cuda_kernel_scale",
+      [](uintptr_t dst, uintptr_t src, uint64_t count, int dtype, double factor, uintptr_t stream) {
+        cuda_kernel_scale(dst, src, count, checked_code(dtype, DataType::Count, "dtype"), factor, stream);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>(), "Enqueue dst = src * factor (premul_sum's pass) on stream.");
+  m.def(
+      "cuda_kernel_divide",
+      [](uintptr_t dst, uint64_t count, int dtype, int64_t divisor, uintptr_t stream) {
+        cuda_kernel_divide(dst, count, checked_code(dtype, DataType::Count, "dtype"), divisor, stream);
+      },
+      py::arg("dst"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>(), "Enqueue dst = dst / divisor (avg's pass) on stream.");
+  m.def("cuda_stream_synchronize", &cuda_stream_synchronize, py::arg("stream") = 0,
+        py::call_guard<py::gil_scoped_release>());
+}
+
+#else  // no CUDA in this build
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
+           "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
+}
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
+  m.def("cuda_available", []() { return false; },
+        "True when the CUDA path is built and the CUDA runtime finds a device.");
+  m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
+  m.def("cuda_device_count", []() { return 0; });
+  m.def(
+      "cuda_local_run",
+      [](int, int, int, int, double, int, uint64_t, std::vector<uintptr_t>, std::vector<uintptr_t>, uintptr_t,
+         uint64_t) -> py::dict { no_cuda("cuda_local_run"); },
+      py::arg("coll"), py::arg("algo"), py::arg("dtype"), py::arg("op"), py::arg("premul_factor"), py::arg("root"),
+      py::arg("count"), py::arg("input_ptrs"), py::arg("output_ptrs"), py::arg("stream") = 0,
+      py::arg("segment_bytes") = 0, kRunDoc);
+  m.def("cuda_synchronize", []() { no_cuda("cuda_synchronize"); });
+  m.def(
+      "cuda_kernel_reduce", [](uintptr_t, uintptr_t, uintptr_t, uint64_t, int, int, uintptr_t) { no_cuda("cuda_kernel_reduce"); },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0);
+  m.def(
+      "cuda_kernel_scale", [](uintptr_t, uintptr_t, uint64_t, int, double, uintptr_t) { no_cuda("cuda_kernel_scale"); },
+      py::arg("dst"), py::arg("src"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0);
+  m.def(
+      "cuda_kernel_divide", [](uintptr_t, uint64_t, int, int64_t, uintptr_t) { no_cuda("cuda_kernel_divide"); },
+      py::arg("dst"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0);
+  m.def("cuda_stream_synchronize", [](uintptr_t) { no_cuda("cuda_stream_synchronize"); }, py::arg("stream") = 0);
+}
+
+#endif
+
+}  // namespace ringtree

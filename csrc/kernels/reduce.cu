@@ -1,0 +1,132 @@
+// The CUDA reduce/copy kernels and their launchers (declared in reduce.cuh).
+//
+// One kernel template, elementwise_kernel<T, F>, serves every dtype and op: F is Combine<T, Op>
+// for a reduction, Scale<T> for premul_sum and Divide<T> for avg. The launcher decides how the
+// range splits into scalar head, 16-byte packs and scalar tail (see Split in reduce_device.cuh)
+// and sizes the grid from the SM count, so one launch streams the whole range with grid-stride
+// loops; a few blocks per SM keep enough 128-bit loads in flight to saturate HBM.
+#include "kernels/cuda_check.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/reduce_device.cuh"
+
+namespace ringtree {
+
+namespace {
+
+using cuda::bf16_t;
+using cuda::f16_t;
+using cuda::Split;
+
+constexpr int kThreads = 512;
+constexpr int kBlocksPerSm = 4;  // 2048 resident threads per SM on Hopper when <= 32 registers
+// The launch bound promises only 2 resident blocks, i.e. up to 64 registers: the 16-element
+// int8 packs and the double-precision divide of avg need more than 32 and would spill; every
+// other instance compiles to <= 32 registers and still gets kBlocksPerSm blocks per SM.
+constexpr int kMinBlocksPerSm = 2;
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) elementwise_kernel(T* dst, const T* a, const T* b, Split s, F f) {
+  cuda::elementwise(dst, a, b, s, f);
+}
+
+int sm_count() {
+  // Cached per device: asking the driver on every launch would cost more than small kernels.
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) dev = 0;
+  if (cached[dev] == 0) {
+    int n = 0;
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev] = n > 0 ? n : 1;
+  }
+  return cached[dev];
+}
+
+template <typename T>
+Split split_range(const void* dst, const void* a, const void* b, size_t count) {
+  const uintptr_t mis = reinterpret_cast<uintptr_t>(dst) % cuda::kPackBytes;
+  const bool same_phase = reinterpret_cast<uintptr_t>(a) % cuda::kPackBytes == mis &&
+                          reinterpret_cast<uintptr_t>(b) % cuda::kPackBytes == mis && mis % sizeof(T) == 0;
+  if (!same_phase) return Split{count, 0, 0};
+  const size_t E = cuda::Pack<T>::kElems;
+  size_t head = ((cuda::kPackBytes - mis) % cuda::kPackBytes) / sizeof(T);
+  if (head > count) head = count;
+  const size_t packs = (count - head) / E;
+  return Split{head, packs, count - head - packs * E};
+}
+
+template <typename T, typename F>
+void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStream_t stream) {
+  if (count == 0) return;
+  const Split s = split_range<T>(dst, a, b, count);
+  const size_t work = s.packs + s.head + s.tail;  // upper bound on useful threads
+  size_t blocks = (work + kThreads - 1) / kThreads;
+  const size_t max_blocks = static_cast<size_t>(sm_count()) * kBlocksPerSm;
+  if (blocks > max_blocks) blocks = max_blocks;
+  elementwise_kernel<T, F><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), s, f);
+  RT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls fn(T{}) with the storage type of `dtype`.
+template <typename Fn>
+void with_storage_type(DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::Int8: return fn(int8_t{});
+    case DataType::Uint8: return fn(uint8_t{});
+    case DataType::Int32: return fn(int32_t{});
+    case DataType::Int64: return fn(int64_t{});
+    case DataType::Float16: return fn(f16_t{});
+    case DataType::BFloat16: return fn(bf16_t{});
+    case DataType::Float32: return fn(float{});
+    case DataType::Float64: return fn(double{});
+    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
+  }
+}
+
+template <typename Op>
+void reduce_with(void* dst, const void* a, const void* b, size_t count, DataType dtype, cudaStream_t stream) {
+  with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch<T>(dst, a, b, count, cuda::Combine<T, Op>{}, stream);
+  });
+}
+
+}  // namespace
+
+void cuda_reduce(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op,
+                 cudaStream_t stream) {
+  switch (op) {
+    case ReduceOp::Sum: case ReduceOp::Avg: case ReduceOp::PremulSum:
+      return reduce_with<cuda::OpSum>(dst, a, b, count, dtype, stream);
+    case ReduceOp::Prod: return reduce_with<cuda::OpProd>(dst, a, b, count, dtype, stream);
+    case ReduceOp::Min: return reduce_with<cuda::OpMin>(dst, a, b, count, dtype, stream);
+    case ReduceOp::Max: return reduce_with<cuda::OpMax>(dst, a, b, count, dtype, stream);
+    default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
+  }
+}
+
+void cuda_scale(void* dst, const void* src, size_t count, DataType dtype, double factor, cudaStream_t stream) {
+  const uint64_t int_factor = static_cast<uint64_t>(static_cast<int64_t>(factor));
+  with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch<T>(dst, src, src, count, cuda::Scale<T>{factor, int_factor}, stream);
+  });
+}
+
+void cuda_divide(void* dst, size_t count, DataType dtype, int64_t divisor, cudaStream_t stream) {
+  RT_CHECK(divisor != 0, InvalidArgument, "cuda_divide: divisor must not be zero");
+  with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch<T>(dst, dst, dst, count, cuda::Divide<T>{divisor}, stream);
+  });
+}
+
+void cuda_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0 || dst == src) return;
+  RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+}  // namespace ringtree

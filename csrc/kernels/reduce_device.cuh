@@ -1,0 +1,147 @@
+// Device-side building blocks of the CUDA reduce/copy kernels (device header: include only
+// from .cu files). The host launchers are declared in reduce.cuh.
+//
+// Terms:
+//   storage type  how an element sits in memory (int8_t ... double; f16_t / bf16_t for the
+//                 half types, kept as raw 16-bit patterns so they are trivially copyable and
+//                 packable like every other type).
+//   compute type  what the arithmetic runs in: the storage type itself, except that half types
+//                 widen to float and integer sum/prod run in the unsigned type of equal width
+//                 (so overflow wraps without undefined behaviour, as in kernels/reduce.cc).
+//   pack          16 bytes of consecutive elements, moved with one 128-bit load or store.
+//
+// Every rule here mirrors csrc/kernels/reduce.cc element for element, so a schedule run on the
+// GPU produces the same bits as on the host (NaN payloads of half types aside: the hardware
+// conversion picks its own canonical NaN).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace ringtree {
+namespace cuda {
+
+struct f16_t { uint16_t bits; };
+struct bf16_t { uint16_t bits; };
+
+// ---- widening and narrowing between storage and compute type ------------------------------
+
+template <typename T> struct Arith {
+  using C = T;
+  __device__ static C up(T x) { return x; }
+  __device__ static T down(C c) { return c; }
+};
+template <> struct Arith<f16_t> {
+  using C = float;
+  __device__ static C up(f16_t x) { return __half2float(__ushort_as_half(x.bits)); }
+  __device__ static f16_t down(C c) { return f16_t{__half_as_ushort(__float2half_rn(c))}; }  // RNE, as the host
+};
+template <> struct Arith<bf16_t> {
+  using C = float;
+  __device__ static C up(bf16_t x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
+  __device__ static bf16_t down(C c) { return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(c))}; }
+};
+
+// ---- reduce ops -----------------------------------------------------------------------------
+// Same formulas as the host (b < a ? b : a, not fminf), so NaN handling matches too.
+
+struct OpSum { static constexpr bool kWraps = true;  template <typename C> __device__ static C apply(C a, C b) { return a + b; } };
+struct OpProd { static constexpr bool kWraps = true; template <typename C> __device__ static C apply(C a, C b) { return a * b; } };
+struct OpMin { static constexpr bool kWraps = false; template <typename C> __device__ static C apply(C a, C b) { return b < a ? b : a; } };
+struct OpMax { static constexpr bool kWraps = false; template <typename C> __device__ static C apply(C a, C b) { return a < b ? b : a; } };
+
+template <typename T> struct Unsigned { using type = T; };
+template <> struct Unsigned<int8_t> { using type = uint8_t; };
+template <> struct Unsigned<int32_t> { using type = uint32_t; };
+template <> struct Unsigned<int64_t> { using type = uint64_t; };
+
+// dst = a (op) b for one element.
+template <typename T, typename Op> struct Combine {
+  __device__ T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T> && Op::kWraps) {
+      using U = typename Unsigned<T>::type;
+      return static_cast<T>(Op::apply(static_cast<U>(a), static_cast<U>(b)));
+    } else {
+      return Arith<T>::down(Op::apply(Arith<T>::up(a), Arith<T>::up(b)));
+    }
+  }
+};
+
+// ---- the premul_sum and avg passes (unary: the second operand is ignored) --------------------
+// Host rules: floating types multiply/divide in double and round to float (then to half);
+// integers multiply by the factor converted to int64 (wrapping) and divide truncating.
+
+template <typename T> struct Scale {
+  double factor;       // floating types
+  uint64_t int_factor; // integer types: (uint64_t)(int64_t)factor, computed on the host
+  __device__ T operator()(T a, T) const {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(static_cast<int64_t>(a)) * int_factor));
+    } else if constexpr (std::is_same_v<T, double>) {
+      return a * factor;
+    } else {
+      return Arith<T>::down(static_cast<float>(static_cast<double>(Arith<T>::up(a)) * factor));
+    }
+  }
+};
+
+template <typename T> struct Divide {
+  int64_t divisor;
+  __device__ T operator()(T a, T) const {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<int64_t>(a) / divisor);
+    } else if constexpr (std::is_same_v<T, double>) {
+      return a / static_cast<double>(divisor);
+    } else {
+      return Arith<T>::down(static_cast<float>(static_cast<double>(Arith<T>::up(a)) / static_cast<double>(divisor)));
+    }
+  }
+};
+
+// ---- packs ------------------------------------------------------------------------------------
+
+constexpr size_t kPackBytes = 16;
+template <typename T> struct alignas(kPackBytes) Pack {
+  static constexpr int kElems = static_cast<int>(kPackBytes / sizeof(T));
+  T v[kElems];
+};
+
+// How one elementwise call splits its range: `head` scalar elements up to the first 16-byte
+// boundary, `packs` whole packs, then `tail` scalar elements. When the three pointers are not
+// equally misaligned no pack can be formed and everything is scalar (head = count).
+struct Split {
+  size_t head, packs, tail;
+};
+
+// dst[i] = f(a[i], b[i]) for i in [0, count). dst may alias a or b exactly (each element is read
+// before it is written by the same thread), never partially.
+template <typename T, typename F>
+__device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
+  constexpr int E = Pack<T>::kElems;
+  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  // Body: consecutive threads take consecutive packs, so every warp moves 512 contiguous bytes.
+  const Pack<T>* pa = reinterpret_cast<const Pack<T>*>(a + s.head);
+  const Pack<T>* pb = reinterpret_cast<const Pack<T>*>(b + s.head);
+  Pack<T>* pd = reinterpret_cast<Pack<T>*>(dst + s.head);
+  for (size_t p = tid; p < s.packs; p += stride) {
+    const Pack<T> x = pa[p];
+    const Pack<T> y = pb[p];
+    Pack<T> z;
+#pragma unroll
+    for (int e = 0; e < E; ++e) z.v[e] = f(x.v[e], y.v[e]);
+    pd[p] = z;
+  }
+  // Head and tail: fewer than 2 packs' worth of elements unless the call is all-scalar.
+  const size_t scalars = s.head + s.tail;
+  const size_t tail_start = s.head + s.packs * E;
+  for (size_t i = tid; i < scalars; i += stride) {
+    const size_t idx = i < s.head ? i : tail_start + (i - s.head);
+    dst[idx] = f(a[idx], b[idx]);
+  }
+}
+
+}  // namespace cuda
+}  // namespace ringtree

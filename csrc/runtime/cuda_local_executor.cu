@@ -1,0 +1,574 @@
+// The single-process, multi-rank GPU executor (see cuda_local_executor.h).
+//
+// It runs the very schedules the host executor runs (build_schedule, same key, same chunk
+// boundaries, same reduction order) for P ranks whose buffers share one GPU, from one host
+// thread, with CUDA streams and events instead of a transport.
+//
+// Terms:
+//   rank stream   one CUDA stream per rank, owned by the executor. It carries everything that
+//                 writes the rank's memory: its local copies, the transfers into it, its premul
+//                 and avg passes. Work on one rank stream runs in schedule order.
+//   transfer      a matched pair (rank a's Send to b, b's Recv or RecvReduce from a). It is one
+//                 device operation enqueued on b's stream that reads a's memory and writes b's:
+//                 cudaMemcpyAsync for Recv, the reduce kernel (dst = local (op) incoming, the
+//                 host's operand order) for RecvReduce. Ranks share the device, so the receiver
+//                 reads the sender's buffer directly; there is no staging.
+//   ready event   recorded on a's stream when a enters a step that has sends: a's memory as the
+//                 step's sends must read it. A transfer waits on it before reading.
+//   done event    recorded on b's stream after a transfer. Rank a waits on the done events of
+//                 all its sends before it enters its next step.
+//
+// The two waits give rendezvous semantics, the model simulate.cc verifies the schedules under:
+// a transfer reads a's data only once a has finished every earlier step (read-after-write), and
+// a does not go on to overwrite what it sent, nor does anything later write into it, until the
+// receiver has consumed it (write-after-read). Ops within a step touch disjoint memory, so
+// running a step's ops in any order, on any of the streams, is allowed.
+//
+// Walking the schedules: like the simulator, the host enters every rank's first step, then
+// repeatedly matches each rank's pending sends with the receives its peers' current steps hold,
+// enqueueing each transfer as it is matched, and advances a rank once every op of its step is
+// matched. Enqueueing in this order guarantees every event is recorded before any stream is
+// told to wait on it. Only enqueueing happens here; nothing waits for the device.
+//
+// Stream semantics: on entry every rank stream waits on an event recorded on the caller's
+// stream (fork); on exit the caller's stream waits on every rank stream (join). So the
+// collective runs after what the caller enqueued before it and before what it enqueues after.
+// A later call is ordered after an earlier one on every rank stream, so the executor's cached
+// scratch and premul buffers are reused safely.
+#include <cuda_runtime_api.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include "algorithms/schedule.h"
+#include "common/check.h"
+#include "common/env.h"
+#include "kernels/cuda_check.cuh"
+#include "kernels/reduce.cuh"
+#include "runtime/cuda_local_executor.h"
+
+namespace ringtree {
+
+namespace {
+
+// The host executor's tree segment setting (declared in runtime/communicator.cc); read here
+// with the same name and default so both executors build the same schedule by default.
+int64_t default_segment_bytes() {
+  static const int64_t value = std::max<int64_t>(64, env_int("RINGTREE_TREE_SEGMENT_BYTES", 128 << 10));
+  return value;
+}
+
+bool is_reduction(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+bool is_rooted(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
+}
+
+// Elements of each rank's input and output buffer for a per-rank count N (as simulate.cc).
+struct Sizes { uint64_t input, output; };
+Sizes buffer_elems(Collective c, uint64_t P, uint64_t N) {
+  switch (c) {
+    case Collective::ReduceScatter: return {N * P, N};
+    case Collective::AllGather: case Collective::Gather: return {N, N * P};
+    case Collective::AllToAll: return {N * P, N * P};
+    case Collective::Scatter: return {N * P, N};
+    default: return {N, N};
+  }
+}
+
+bool ranges_overlap(uintptr_t a, uint64_t a_bytes, uintptr_t b, uint64_t b_bytes) {
+  return a_bytes && b_bytes && a < b + b_bytes && b < a + a_bytes;
+}
+
+std::string hex(uintptr_t p) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(p));
+  return buf;
+}
+
+const char* memory_type_name(cudaMemoryType t) {
+  switch (t) {
+    case cudaMemoryTypeUnregistered: return "unregistered host memory";
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+    default: return "unknown memory";
+  }
+}
+
+// Throws InvalidArgument unless [ptr, ptr + bytes) starts in device (or managed) memory of
+// `device`. Catches host pointers and buffers of another GPU before anything is enqueued.
+void check_device_pointer(uintptr_t ptr, uint64_t bytes, int device, const char* what, size_t rank) {
+  if (bytes == 0) return;
+  RT_CHECK(ptr != 0, InvalidArgument, "cuda_local_run: ", what, "[", rank, "] is null but holds ", bytes, " bytes");
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(ptr));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the non-sticky error
+    RT_THROW(InvalidArgument, "cuda_local_run: ", what, "[", rank, "] = ", hex(ptr), " is not a CUDA pointer (", cudaGetErrorString(err), ")");
+  }
+  RT_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, InvalidArgument,
+           "cuda_local_run: ", what, "[", rank, "] = ", hex(ptr), " is ", memory_type_name(attr.type),
+           ", not device memory");
+  RT_CHECK(attr.type == cudaMemoryTypeManaged || attr.device == device, InvalidArgument, "cuda_local_run: ", what, "[",
+           rank, "] lives on device ", attr.device, " but the current device is ", device,
+           " (all ranks of one call share one device)");
+}
+
+// Per-rank resolved buffers: bases[Input], bases[Output] as the schedule sees them.
+struct RankBuffers {
+  uintptr_t input = 0, output = 0;
+};
+
+// Everything cuda_local_run checks before touching the device; fills the resolved algorithm and
+// per-rank buffers. Mirrors CommunicatorImpl::prepare where the two paths overlap.
+Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
+  const size_t P = a.inputs.size();
+  RT_CHECK(P >= 1, InvalidArgument, "cuda_local_run: give one input pointer per rank (got none)");
+  RT_CHECK(P <= 4096, InvalidArgument, "cuda_local_run: at most 4096 ranks, got ", P);
+  RT_CHECK(a.outputs.empty() || a.outputs.size() == P, InvalidArgument,
+           "cuda_local_run: output pointers must be empty or one per rank: expected ", P, ", got ", a.outputs.size());
+  RT_CHECK(a.coll < Collective::Count, InvalidArgument, "cuda_local_run: unknown collective code ",
+           static_cast<int>(a.coll));
+  const char* name = collective_name(a.coll);
+  switch (a.coll) {
+    case Collective::Barrier: case Collective::Send: case Collective::Recv: case Collective::AllToAllV:
+      RT_THROW(InvalidArgument, "cuda_local_run: ", name, " is not available on the local GPU executor yet");
+    default: break;
+  }
+  RT_CHECK(a.dtype < DataType::Count, InvalidArgument, name, ": unsupported dtype code ", static_cast<int>(a.dtype));
+  if (is_reduction(a.coll)) {
+    RT_CHECK(a.op < ReduceOp::Count, InvalidArgument, name, ": unknown reduce op code ", static_cast<int>(a.op));
+    RT_CHECK(a.op != ReduceOp::PremulSum || std::isfinite(a.premul_factor), InvalidArgument, name,
+             ": premul_sum factor must be finite, got ", a.premul_factor);
+  }
+  if (is_rooted(a.coll))
+    RT_CHECK(a.root >= 0 && static_cast<size_t>(a.root) < P, InvalidArgument, name, ": root must be in [0, ", P,
+             "), got ", a.root);
+  RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
+  const std::vector<Algo> supported = supported_algos(a.coll);
+  Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
+  if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
+    std::string names;
+    for (Algo s : supported) names += std::string(algo_name(s)) + ", ";
+    RT_THROW(InvalidArgument, name, ": algo '", algo_name(algo), "' is not available; choose from ", names, "auto");
+  }
+  const uint64_t esz = dtype_size(a.dtype);
+  RT_CHECK(a.count <= (uint64_t{1} << 62) / esz / P, InvalidArgument, name, ": count ", a.count, " x ", P,
+           " ranks overflows");
+  const Sizes sz = buffer_elems(a.coll, P, a.count);
+
+  bufs.assign(P, RankBuffers{});
+  for (size_t r = 0; r < P; ++r) {
+    const bool is_root = static_cast<size_t>(a.root) == r;
+    uintptr_t in = a.inputs[r], out = a.outputs.empty() ? 0 : a.outputs[r];
+    bool need_in = true, need_out = true;
+    switch (a.coll) {
+      case Collective::Broadcast:  // one buffer; the root's data come from its input
+        need_in = is_root;
+        need_out = false;
+        if (out == 0) out = in;
+        RT_CHECK(out != 0 || sz.output == 0, InvalidArgument, name, ": rank ", r, " gives neither an input nor an output");
+        break;
+      case Collective::Reduce:
+        need_out = false;
+        if (is_root && out == 0) out = in;  // the root reduces in place
+        break;
+      case Collective::Gather: need_out = is_root; break;
+      case Collective::Scatter: need_in = is_root; break;
+      default: break;
+    }
+    if (need_in) RT_CHECK(in != 0 || sz.input == 0, InvalidArgument, name, ": rank ", r, " needs an input pointer");
+    if (need_out) RT_CHECK(out != 0 || sz.output == 0, InvalidArgument, name, ": rank ", r, " needs an output pointer");
+    if (!need_in && a.coll != Collective::Broadcast) in = 0;
+    if (!need_out && a.coll != Collective::Broadcast && !(a.coll == Collective::Reduce && is_root)) out = 0;
+    // Out-of-place buffers may not overlap, except in the in-place layouts NCCL allows.
+    const uint64_t in_bytes = in ? sz.input * esz : 0, out_bytes = out ? sz.output * esz : 0;
+    const uint64_t block = a.count * esz;
+    const bool same = in == out;
+    const bool in_is_out_block = (a.coll == Collective::AllGather || (a.coll == Collective::Gather && is_root)) &&
+                                 in == out + r * block;
+    const bool out_is_in_block = (a.coll == Collective::ReduceScatter || (a.coll == Collective::Scatter && is_root)) &&
+                                 out == in + r * block;
+    const bool allowed = (same && a.coll != Collective::AllGather && a.coll != Collective::ReduceScatter &&
+                          a.coll != Collective::AllToAll && a.coll != Collective::Gather && a.coll != Collective::Scatter) ||
+                         in_is_out_block || out_is_in_block || (a.coll == Collective::Broadcast && (same || !is_root));
+    RT_CHECK(allowed || !ranges_overlap(in, in_bytes, out, out_bytes), InvalidArgument, name, ": rank ", r,
+             "'s input and output overlap without being an in-place layout (same buffer for all_reduce/reduce,",
+             " input = output block r for all_gather/gather, output = input block r for reduce_scatter/scatter)");
+    bufs[r] = {in, out};
+  }
+  return algo;
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// One rank's progress through its schedule while the host walks all of them.
+struct RankRun {
+  Schedule sched;
+  uint8_t* base[3] = {nullptr, nullptr, nullptr};  // indexed by BufId
+  size_t step = 0;
+  bool entered = false;                  // the current step's entry work is enqueued
+  std::vector<uint8_t> done;             // per op of the current step: matched (or local, enqueued)
+  cudaEvent_t ready = nullptr;           // see "ready event" above; null when the step sends nothing
+  std::vector<cudaEvent_t> sends_done;   // "done events" of the current step's sends
+};
+
+class Executor {
+ public:
+  explicit Executor(int device) : device_(device) {}
+
+  CudaLocalStats run(const CudaLocalArgs& a, Algo algo, const std::vector<RankBuffers>& bufs) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int P = static_cast<int>(bufs.size());
+    const size_t esz = dtype_size(a.dtype);
+    const Sizes sz = buffer_elems(a.coll, static_cast<uint64_t>(P), a.count);
+    stats_ = CudaLocalStats{};
+    next_event_ = 0;
+    ensure_streams(P);
+    cudaStream_t caller = reinterpret_cast<cudaStream_t>(a.stream);
+
+    ScheduleKey key{a.coll, algo, P, 0, a.count, is_rooted(a.coll) ? a.root : 0, 0, -1};
+    if (a.coll == Collective::Broadcast || a.coll == Collective::Reduce ||
+        (a.coll == Collective::AllReduce && algo == Algo::Tree)) {
+      const int64_t seg_bytes = a.segment_bytes ? static_cast<int64_t>(a.segment_bytes) : default_segment_bytes();
+      key.segment = std::max<uint64_t>(1, static_cast<uint64_t>(seg_bytes) / esz);
+    }
+    std::vector<RankRun> ranks(P);
+    uint64_t scratch_elems = 0;
+    for (int r = 0; r < P; ++r) {
+      key.rank = r;
+      ranks[r].sched = build_schedule(key);
+      scratch_elems = std::max(scratch_elems, ranks[r].sched.scratch_elems);
+    }
+    const bool premul = is_reduction(a.coll) && a.op == ReduceOp::PremulSum && sz.input > 0;
+    // Buffers may have to grow; growing waits for earlier calls that still use the old ones.
+    for (int r = 0; r < P; ++r) {
+      ensure_buffer(scratch_, r, ranks[r].sched.scratch_elems * esz);
+      if (premul && bufs[r].input) ensure_buffer(premul_, r, sz.input * esz);
+    }
+
+    // Fork: every rank stream starts after what the caller already enqueued.
+    cudaEvent_t fork = record(caller);
+    for (int r = 0; r < P; ++r) wait(streams_[r], fork);
+
+    for (int r = 0; r < P; ++r) {
+      RankRun& st = ranks[r];
+      uint8_t* in = reinterpret_cast<uint8_t*>(bufs[r].input);
+      uint8_t* out = reinterpret_cast<uint8_t*>(bufs[r].output);
+      if (a.coll == Collective::Broadcast) {
+        // The schedule broadcasts the output buffer; the root's data come from its input.
+        if (r == a.root && in != out) enqueue_copy(out, in, sz.output * esz, streams_[r]);
+        in = out;
+      }
+      // premul_sum scales this rank's contribution once, before it enters the reduction.
+      if (premul && in) {
+        uint8_t* scaled = static_cast<uint8_t*>(premul_[r].ptr);
+        cuda_scale(scaled, in, sz.input, a.dtype, a.premul_factor, streams_[r]);
+        count_kernel(2 * sz.input * esz);
+        in = scaled;
+      }
+      st.base[static_cast<int>(BufId::Input)] = in;
+      st.base[static_cast<int>(BufId::Output)] = out;
+      st.base[static_cast<int>(BufId::Scratch)] = static_cast<uint8_t*>(scratch_[r].ptr);
+    }
+
+    walk(ranks, a, esz);
+
+    for (int r = 0; r < P; ++r) {
+      RankRun& st = ranks[r];
+      // The last step's sends must be consumed before the rank is done (and before avg
+      // rewrites an output a peer may still be reading).
+      for (cudaEvent_t e : st.sends_done) wait(streams_[r], e);
+      st.sends_done.clear();
+      if (is_reduction(a.coll) && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || r == a.root) &&
+          sz.output > 0) {
+        cuda_divide(st.base[static_cast<int>(BufId::Output)], sz.output, a.dtype, P, streams_[r]);
+        count_kernel(2 * sz.output * esz);
+      }
+      // Join: the caller's stream continues after every rank stream.
+      wait(caller, record(streams_[r]));
+    }
+    return stats_;
+  }
+
+  void synchronize() {
+    std::lock_guard<std::mutex> lock(mu_);
+    sync_streams();
+  }
+
+ private:
+  // The host-side walk described at the top of this file.
+  void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, size_t esz) {
+    const int P = static_cast<int>(ranks.size());
+    for (int r = 0; r < P; ++r) enter(ranks[r], r, esz);
+    for (;;) {
+      bool progressed = false, finished = true;
+      for (int src = 0; src < P; ++src) {
+        RankRun& sa = ranks[src];
+        if (sa.step >= sa.sched.num_steps()) continue;
+        finished = false;
+        const size_t b = sa.sched.step_begin(sa.step), e = sa.sched.step_end[sa.step];
+        for (size_t i = b; i < e; ++i) {
+          const Op& snd = sa.sched.ops[i];
+          if (sa.done[i - b] || snd.kind != OpKind::Send) continue;
+          RT_CHECK(snd.peer >= 0 && snd.peer < P && snd.peer != src, Error, "internal error: rank ", src,
+                   " sends to bad peer ", snd.peer);
+          RankRun& sb = ranks[snd.peer];
+          if (sb.step >= sb.sched.num_steps()) continue;
+          const size_t bb = sb.sched.step_begin(sb.step), be = sb.sched.step_end[sb.step];
+          for (size_t j = bb; j < be; ++j) {
+            const Op& rcv = sb.sched.ops[j];
+            if (sb.done[j - bb] || rcv.peer != src || (rcv.kind != OpKind::Recv && rcv.kind != OpKind::RecvReduce))
+              continue;
+            RT_CHECK(rcv.count == snd.count, Error, "internal error: rank ", src, " sends ", snd.count,
+                     " elements but rank ", snd.peer, " receives ", rcv.count);
+            transfer(sa, snd, sb, rcv, snd.peer, a, esz);
+            sa.done[i - b] = 1;
+            sb.done[j - bb] = 1;
+            progressed = true;
+            break;
+          }
+        }
+      }
+      for (int r = 0; r < P; ++r) {
+        RankRun& st = ranks[r];
+        if (st.step < st.sched.num_steps() && st.entered &&
+            std::all_of(st.done.begin(), st.done.end(), [](uint8_t d) { return d != 0; })) {
+          st.step++;
+          st.entered = false;
+          enter(st, r, esz);
+          progressed = true;
+        }
+      }
+      if (finished) return;
+      // The schedules are proven deadlock-free by simulate_schedules; this guards the executor.
+      RT_CHECK(progressed, Error, "internal error: the local GPU executor found the schedules of ",
+               collective_name(a.coll), " (P=", P, ", count=", a.count, ") deadlocked");
+    }
+  }
+
+  // Enqueues the entry work of rank r's current step (and of following steps that hold only
+  // local copies): wait for the previous step's sends, record the ready event, run the copies.
+  void enter(RankRun& st, int r, size_t esz) {
+    cudaStream_t s = streams_[r];
+    while (st.step < st.sched.num_steps() && !st.entered) {
+      for (cudaEvent_t e : st.sends_done) wait(s, e);
+      st.sends_done.clear();
+      const size_t b = st.sched.step_begin(st.step), e = st.sched.step_end[st.step];
+      st.done.assign(e - b, 0);
+      bool sends = false, all_done = true;
+      for (size_t i = b; i < e; ++i) sends |= st.sched.ops[i].kind == OpKind::Send && st.sched.ops[i].count > 0;
+      // Recorded before the copies: sends never read what their own step writes.
+      st.ready = sends ? record(s) : nullptr;
+      for (size_t i = b; i < e; ++i) {
+        const Op& op = st.sched.ops[i];
+        if (op.kind != OpKind::Copy) { all_done = false; continue; }
+        enqueue_copy(at(st, op.dst, esz), at(st, op.src, esz), op.count * esz, s);
+        st.done[i - b] = 1;
+      }
+      st.entered = true;
+      if (all_done) { st.step++; st.entered = false; }
+    }
+  }
+
+  void transfer(RankRun& from, const Op& snd, RankRun& to, const Op& rcv, int to_rank, const CudaLocalArgs& a,
+                size_t esz) {
+    if (snd.count == 0) return;  // nothing moves; the match alone keeps the walk in step
+    cudaStream_t s = streams_[to_rank];
+    wait(s, from.ready);
+    const uint8_t* incoming = at(from, snd.src, esz);
+    uint8_t* dst = at(to, rcv.dst, esz);
+    const uint64_t bytes = snd.count * esz;
+    if (rcv.kind == OpKind::Recv) {
+      enqueue_copy(dst, incoming, bytes, s);
+    } else {
+      cuda_reduce(dst, at(to, rcv.src, esz), incoming, snd.count, a.dtype, a.op, s);
+      count_kernel(3 * bytes);
+    }
+    stats_.transfers++;
+    from.sends_done.push_back(record(s));
+  }
+
+  static uint8_t* at(const RankRun& st, BufRef ref, size_t esz) {
+    return st.base[static_cast<int>(ref.buf)] + ref.offset * esz;
+  }
+
+  void enqueue_copy(void* dst, const void* src, uint64_t bytes, cudaStream_t s) {
+    if (bytes == 0 || dst == src) return;
+    cuda_copy(dst, src, bytes, s);
+    stats_.copies++;
+    stats_.hbm_bytes += 2 * bytes;
+  }
+
+  void count_kernel(uint64_t bytes) {
+    stats_.kernels++;
+    stats_.hbm_bytes += bytes;
+  }
+
+  // Events come from a pool reused by every call: cudaStreamWaitEvent waits for the record that
+  // was current when it was called, so re-recording an event later cannot disturb it.
+  cudaEvent_t record(cudaStream_t s) {
+    if (next_event_ == events_.size()) {
+      cudaEvent_t e;
+      RT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events_.push_back(e);
+    }
+    cudaEvent_t e = events_[next_event_++];
+    RT_CUDA_CHECK(cudaEventRecord(e, s));
+    stats_.events++;
+    return e;
+  }
+
+  static void wait(cudaStream_t s, cudaEvent_t e) {
+    if (e) RT_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+  }
+
+  void ensure_streams(int P) {
+    // Non-blocking: the rank streams must not serialise with the legacy default stream behind
+    // the executor's back; all ordering is the explicit fork/join above.
+    while (static_cast<int>(streams_.size()) < P) {
+      cudaStream_t s;
+      RT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      streams_.push_back(s);
+    }
+    if (static_cast<int>(scratch_.size()) < P) scratch_.resize(P);
+    if (static_cast<int>(premul_.size()) < P) premul_.resize(P);
+  }
+
+  void ensure_buffer(std::vector<DeviceBuffer>& pool, int r, size_t bytes) {
+    DeviceBuffer& b = pool[r];
+    if (b.bytes >= bytes) return;
+    if (b.ptr) {
+      sync_streams();  // an earlier call may still read or write the old buffer
+      RT_CUDA_CHECK(cudaFree(b.ptr));
+      b = DeviceBuffer{};
+    }
+    RT_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+    b.bytes = bytes;
+  }
+
+  void sync_streams() {
+    for (cudaStream_t s : streams_) RT_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
+  size_t next_event_ = 0;
+  std::vector<DeviceBuffer> scratch_, premul_;
+  CudaLocalStats stats_;
+};
+
+// One executor per device, created on first use and never destroyed: destroying streams from a
+// static destructor can run after the CUDA runtime has shut down at process exit.
+Executor* executor_for_current_device(bool create) {
+  static std::mutex mu;
+  static std::map<int, Executor*> executors;
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = executors.find(dev);
+  if (it != executors.end()) return it->second;
+  if (!create) return nullptr;
+  return executors.emplace(dev, new Executor(dev)).first->second;
+}
+
+void require_device(const char* what) {
+  std::string reason;
+  if (!cuda_runtime_available(&reason)) RT_THROW(Error, what, ": no usable CUDA device (", reason, ")");
+}
+
+}  // namespace
+
+bool cuda_runtime_available(std::string* reason) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (reason) *reason = str_cat("cudaGetDeviceCount: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+    return false;
+  }
+  if (n == 0 && reason) *reason = "cudaGetDeviceCount found 0 devices";
+  return n > 0;
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaLocalStats cuda_local_run(const CudaLocalArgs& args) {
+  std::vector<RankBuffers> bufs;
+  const Algo algo = validate(args, bufs);
+  require_device("cuda_local_run");
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  const Sizes sz = buffer_elems(args.coll, bufs.size(), args.count);
+  const uint64_t esz = dtype_size(args.dtype);
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    check_device_pointer(bufs[r].input, bufs[r].input ? sz.input * esz : 0, dev, "input_ptrs", r);
+    check_device_pointer(bufs[r].output, bufs[r].output ? sz.output * esz : 0, dev, "output_ptrs", r);
+  }
+  return executor_for_current_device(true)->run(args, algo, bufs);
+}
+
+void cuda_local_synchronize() {
+  require_device("cuda_synchronize");
+  if (Executor* e = executor_for_current_device(false)) e->synchronize();
+  RT_CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count, DataType dtype, ReduceOp op,
+                        uintptr_t stream) {
+  require_device("cuda_kernel_reduce");
+  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_reduce: unsupported dtype code ", static_cast<int>(dtype));
+  RT_CHECK(op < ReduceOp::Count, InvalidArgument, "cuda_kernel_reduce: unknown reduce op code ", static_cast<int>(op));
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bytes = count * dtype_size(dtype);
+  check_device_pointer(dst, bytes, dev, "dst", 0);
+  check_device_pointer(a, bytes, dev, "a", 0);
+  check_device_pointer(b, bytes, dev, "b", 0);
+  cuda_reduce(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), count,
+              dtype, op, reinterpret_cast<cudaStream_t>(stream));
+}
+
+void cuda_kernel_scale(uintptr_t dst, uintptr_t src, uint64_t count, DataType dtype, double factor, uintptr_t stream) {
+  require_device("cuda_kernel_scale");
+  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_scale: unsupported dtype code ", static_cast<int>(dtype));
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bytes = count * dtype_size(dtype);
+  check_device_pointer(dst, bytes, dev, "dst", 0);
+  check_device_pointer(src, bytes, dev, "src", 0);
+  cuda_scale(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), count, dtype, factor,
+             reinterpret_cast<cudaStream_t>(stream));
+}
+
+void cuda_kernel_divide(uintptr_t dst, uint64_t count, DataType dtype, int64_t divisor, uintptr_t stream) {
+  require_device("cuda_kernel_divide");
+  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_divide: unsupported dtype code ", static_cast<int>(dtype));
+  int dev = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  check_device_pointer(dst, count * dtype_size(dtype), dev, "dst", 0);
+  cuda_divide(reinterpret_cast<void*>(dst), count, dtype, divisor, reinterpret_cast<cudaStream_t>(stream));
+}
+
+void cuda_stream_synchronize(uintptr_t stream) {
+  require_device("cuda_stream_synchronize");
+  RT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace ringtree
