@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Markdown summary tables from rt_bench.py output (used to write bench/RESULTS.md).
+
+  python bench/make_results.py bench/results/p2.txt [--every 2]
+
+For each collective: one row per size with ringtree (algo=auto, out-of-place where it
+exists, else in place), the fastest explicit algorithm at that size, and every peer's
+time, busbw and ratio (ringtree busbw / peer busbw, > 1: ringtree faster).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from rtbench.collectives import get as get_collective  # noqa: E402
+from rtbench.report import parse_tables  # noqa: E402
+
+
+def human_size(n):
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}iB"
+    return f"{n} B"
+
+
+def fmt(x, digits=3):
+    if not isinstance(x, (int, float)):
+        return str(x)
+    if x == 0:
+        return "0"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def measured(x):
+    return isinstance(x, (int, float))
+
+
+def busbw(size, time_us, factor):
+    """GB/s from the time, with more digits than the 2 decimals of the table."""
+    return size / (time_us * 1e-6) / 1e9 * factor if measured(time_us) and time_us > 0 else "n/a"
+
+
+def rt_cell(row):
+    """(time, placement) of ringtree: out-of-place when measured, else in place."""
+    for p in ("oop", "ip"):
+        if measured(row[f"{p}_time"]):
+            return row[f"{p}_time"], p
+    return "n/a", "-"
+
+
+def summarize(tables, every):
+    by_coll = {}
+    for t in tables:
+        by_coll.setdefault(t["meta"]["collective"], []).append(t)
+    out = []
+    for coll, group in by_coll.items():
+        auto = next((t for t in group if t["meta"]["impl"] == "ringtree:auto"), group[-1])
+        explicit = [t for t in group if t is not auto]
+        peers = auto["meta"]["peers"]
+        factor = get_collective(coll).busbw_factor(int(auto["meta"]["ranks"]))
+        head = ["size", "ringtree time (us)", "busbw (GB/s)", "fastest algo"]
+        for p in peers:
+            head += [f"{p} time (us)", f"{p} busbw", f"rt/{p}"] if p != "memcpy" else ["memcpy busbw"]
+        out.append(f"#### {coll} (ranks={auto['meta']['ranks']})\n")
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for i, row in enumerate(auto["rows"]):
+            if i % every and i != len(auto["rows"]) - 1:
+                continue
+            t, _ = rt_cell(row)
+            best, best_time = "-", None
+            for tab in explicit:
+                ot, _ = rt_cell(tab["rows"][i])
+                if measured(ot) and (best_time is None or ot < best_time):
+                    best, best_time = tab["meta"]["impl"].split(":")[1], ot
+            size = row["size"]
+            cells = [human_size(size), fmt(t), fmt(busbw(size, t, factor)), best]
+            for p in peers:
+                if p == "memcpy":
+                    cells.append(fmt(busbw(size, row[f"{p}_time"], 1.0)))
+                else:
+                    ratio = row[f"{p}_ratio"]
+                    cells += [fmt(row[f"{p}_time"]), fmt(busbw(size, row[f"{p}_time"], factor)),
+                              f"**{fmt(ratio, 2)}**" if isinstance(ratio, float) and ratio >= 1 else fmt(ratio, 2)]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--every", type=int, default=1, help="keep every k-th size (and the last)")
+    args = ap.parse_args()
+    for path in args.files:
+        with open(path) as fh:
+            print(summarize(parse_tables(fh.read()), args.every))
+
+
+if __name__ == "__main__":
+    main()

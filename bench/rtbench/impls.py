@@ -1,0 +1,383 @@
+"""ringtree and its peers behind one interface, so the driver times them alike.
+
+An implementation turns (collective, placement, buffers, op, root) into a zero-argument
+callable that runs the collective once; all argument conversion (torch views, MPI
+datatypes, op objects) happens in make_call, outside the timed loop.
+
+Peers run in the same processes on the same numpy buffers as ringtree:
+  mpi     mpi4py over whichever MPI it loads (MPICH, Open MPI); needs mpiexec
+  gloo    torch.distributed Gloo, initialised from a TCP store on a free port
+  nccl    torch.distributed NCCL; needs GPUs (absent on CPU)
+  memcpy  numpy.copyto in one process (rank 0): the copy bandwidth of the machine
+A peer that cannot run is reported absent with the reason, never silently dropped.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import numpy as np
+
+from .collectives import IP, OOP, Collective
+
+# Environment variables that mark a process started by an MPI launcher.
+_MPI_LAUNCH_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
+                   "HYDI_CONTROL_FD", "MV2_COMM_WORLD_SIZE")
+
+
+def launcher_name(env=os.environ) -> str:
+    if "RINGTREE_RANK" in env:
+        return "ringtree.launch"
+    if any(k in env for k in _MPI_LAUNCH_ENV):
+        return "mpiexec"
+    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env):
+        return "torchrun"
+    return "none (one rank)"
+
+
+class Impl:
+    """Base: a named implementation measured in given placements."""
+    name = "?"
+    is_subject = False      # ringtree itself: its #wrong decides the exit code
+    rank0_only = False      # memcpy: runs in one process, others wait
+
+    def placements(self, coll: Collective) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def unsupported(self, coll: Collective, dtype_name: str, op: str | None) -> str | None:
+        """A reason when this (collective, dtype, op) cannot run here, else None."""
+        return None
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        raise NotImplementedError
+
+    def barrier(self):
+        raise NotImplementedError
+
+    # Exceptions that mean "cannot do this cell" rather than a broken run.
+    skippable: tuple = ()
+
+    def close(self):
+        pass
+
+
+class RingtreeImpl(Impl):
+    is_subject = True
+
+    def __init__(self, rt, comm, algo: str | None, timeout: float | None):
+        self.rt, self.comm, self.algo = rt, comm, algo
+        self.name = f"ringtree:{algo}" if algo else "ringtree:p2p"
+        self.kwargs = {} if timeout is None else {"timeout": timeout}
+        self.skippable = tuple(getattr(rt, n) for n in ("InvalidArgument",) if hasattr(rt, n)) + (
+            NotImplementedError,)
+
+    def placements(self, coll):
+        if coll.name == "broadcast":
+            return (IP,)          # ringtree's broadcast is in place only
+        if coll.name == "sendrecv":
+            return (OOP,)         # one buffer cannot be sent and received at once
+        return (OOP, IP)
+
+    def barrier(self):
+        self.comm.barrier()
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        c, name = self.comm, coll.name
+        kw = dict(self.kwargs)
+        if self.algo is not None:
+            kw["algo"] = self.algo
+        if coll.reduction:
+            kw["op"] = op
+        ip = placement == IP
+        if name == "all_reduce":
+            return (lambda: c.all_reduce(inp, **kw)) if ip else (lambda: c.all_reduce(inp, out=out, **kw))
+        if name == "reduce_scatter":
+            return lambda: c.reduce_scatter(inp, out, **kw)
+        if name == "all_gather":
+            return lambda: c.all_gather(inp, out, **kw)
+        if name == "all_to_all":
+            return lambda: c.all_to_all(inp, out, **kw)
+        if name == "broadcast":
+            return lambda: c.broadcast(inp, root=root, **kw)
+        if name == "reduce":
+            return (lambda: c.reduce(inp, root=root, **kw)) if ip else (
+                lambda: c.reduce(inp, out=out, root=root, **kw))
+        if name == "gather":
+            return lambda: c.gather(inp, out=out, root=root, **kw)
+        if name == "scatter":
+            return lambda: c.scatter(inp, out, root=root, **kw)
+        if name == "sendrecv":
+            nxt, prv = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+
+            def sendrecv():
+                # Async send first: a ring of blocking sends would deadlock.
+                work = c.send(inp, nxt, async_op=True)
+                c.recv(out, prv)
+                work.wait()
+            return sendrecv
+        raise ValueError(name)
+
+
+# ---------------------------------------------------------------------------- MPI
+
+class MpiImpl(Impl):
+    name = "mpi"
+
+    def __init__(self, MPI, comm, description):
+        self.MPI, self.comm, self.description = MPI, comm, description
+        self.skippable = (MPI.Exception,)
+        null = MPI.DATATYPE_NULL
+
+        def real(t):
+            return None if t is None or t == null else t
+        self.types = {"int8": MPI.INT8_T, "uint8": MPI.UINT8_T, "int32": MPI.INT32_T,
+                      "int64": MPI.INT64_T, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
+                      "float16": real(getattr(MPI, "FLOAT16_T", None)),
+                      "bfloat16": real(getattr(MPI, "BFLOAT16_T", None))}
+        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def placements(self, coll):
+        return (IP,) if coll.name == "broadcast" else (OOP,)
+
+    def unsupported(self, coll, dtype_name, op):
+        if self.types.get(dtype_name) is None:
+            return f"this MPI has no {dtype_name} datatype"
+        if coll.reduction and op not in self.ops:
+            return f"MPI has no {op} reduction"
+        return None
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        c, name = self.comm, coll.name
+        mpi_type = self.types[inp.dtype.name]
+
+        def spec(arr):
+            # 16-bit floats travel as raw bits: mpi4py cannot read their buffer format.
+            raw = arr.view(np.uint16) if arr.dtype.itemsize == 2 and arr.dtype.kind not in "iu" else arr
+            return [raw, arr.size, mpi_type]
+        s, r = spec(inp), spec(out)
+        mop = self.ops.get(op)
+        if name == "all_reduce":
+            return lambda: c.Allreduce(s, r, mop)
+        if name == "reduce_scatter":
+            return lambda: c.Reduce_scatter_block([s[0], n, mpi_type], r, mop)
+        if name == "all_gather":
+            return lambda: c.Allgather(s, [r[0], n, mpi_type])
+        if name == "all_to_all":
+            return lambda: c.Alltoall([s[0], n, mpi_type], [r[0], n, mpi_type])
+        if name == "broadcast":
+            return lambda: c.Bcast(s, root)
+        if name == "reduce":
+            return lambda: c.Reduce(s, r, mop, root)
+        if name == "gather":
+            return lambda: c.Gather(s, [r[0], n, mpi_type], root)
+        if name == "scatter":
+            return lambda: c.Scatter([s[0], n, mpi_type], r, root)
+        if name == "sendrecv":
+            nxt, prv = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+            return lambda: c.Sendrecv(s, nxt, 0, r, prv, 0)
+        raise ValueError(name)
+
+    def close(self):
+        self.comm.Free()
+
+
+def open_mpi(rank, nranks):
+    """(MpiImpl, None) or (None, reason)."""
+    if launcher_name() != "mpiexec":
+        return None, ("not started by mpiexec; run `mpiexec -n P python bench/rt_bench.py ...` "
+                      "to compare with MPI")
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        return None, f"mpi4py not installed ({exc}); pip install mpi4py mpich"
+    world = MPI.COMM_WORLD
+    if world.Get_size() != nranks:
+        return None, f"MPI world has {world.Get_size()} ranks, ringtree {nranks}"
+    comm = world.Split(0, rank)  # number MPI ranks as ringtree's, whatever the launcher did
+    lib = " ".join(MPI.Get_library_version().split()[:3]).strip()
+    import mpi4py
+    return MpiImpl(MPI, comm, f"{lib} via mpi4py {mpi4py.__version__}"), None
+
+
+# ---------------------------------------------------------------------------- torch
+
+def _torch_view(torch, arr):
+    """A tensor sharing arr's memory (bfloat16 goes through its 16-bit pattern)."""
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+class TorchImpl(Impl):
+    """torch.distributed with one backend (gloo here; nccl once buffers live on GPUs)."""
+
+    def __init__(self, name, torch, dist, description):
+        self.name, self.torch, self.dist, self.description = name, torch, dist, description
+        self.skippable = (RuntimeError, ValueError, NotImplementedError)
+        R = dist.ReduceOp
+        self.ops = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX, "avg": R.AVG}
+
+    def placements(self, coll):
+        # torch's all_reduce, reduce and broadcast work in place only.
+        return (IP,) if coll.name in ("all_reduce", "reduce", "broadcast") else (OOP,)
+
+    def unsupported(self, coll, dtype_name, op):
+        if coll.reduction and op == "avg" and not dtype_name.startswith("float") and dtype_name != "bfloat16":
+            return "torch.distributed AVG needs a floating dtype"
+        if coll.name == "sendrecv" and self.dist.get_world_size() == 1:
+            return "Gloo cannot send to its own rank"
+        return None
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        dist, name = self.dist, coll.name
+        tin, tout = _torch_view(self.torch, inp), _torch_view(self.torch, out)
+        rop = self.ops.get(op)
+        size, rank = dist.get_world_size(), dist.get_rank()
+        if name == "all_reduce":
+            return lambda: dist.all_reduce(tin, op=rop)
+        if name == "reduce_scatter":
+            return lambda: dist.reduce_scatter_tensor(tout, tin, op=rop)
+        if name == "all_gather":
+            return lambda: dist.all_gather_into_tensor(tout, tin)
+        if name == "all_to_all":
+            return lambda: dist.all_to_all_single(tout, tin)
+        if name == "broadcast":
+            return lambda: dist.broadcast(tin, src=root)
+        if name == "reduce":
+            return lambda: dist.reduce(tin, dst=root, op=rop)
+        if name == "gather":
+            blocks = [tout[b * n:(b + 1) * n] for b in range(size)] if rank == root else None
+            return lambda: dist.gather(tin, gather_list=blocks, dst=root)
+        if name == "scatter":
+            blocks = [tin[b * n:(b + 1) * n] for b in range(size)] if rank == root else None
+            return lambda: dist.scatter(tout, scatter_list=blocks, src=root)
+        if name == "sendrecv":
+            nxt, prv = (rank + 1) % size, (rank - 1) % size
+
+            def sendrecv():
+                work = dist.isend(tin, nxt)
+                dist.recv(tout, prv)
+                work.wait()
+            return sendrecv
+        raise ValueError(name)
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def _import_torch():
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        return None, None, f"torch not installed ({exc}); pip install torch==2.13.0"
+    if not dist.is_available():
+        return None, None, "this torch build has no torch.distributed"
+    return torch, dist, None
+
+
+def open_gloo(rank, nranks, share_port, timeout_s):
+    """share_port(port_or_minus_1) -> rank 0's value on every rank (a ringtree broadcast)."""
+    torch, dist, reason = _import_torch()
+    if reason is None and not dist.is_gloo_available():
+        reason = "this torch build has no Gloo"
+    if reason is None and dist.is_initialized():
+        reason = "a torch.distributed process group already exists in this process"
+    # Every rank must agree before touching the store, or rank 0 would wait alone.
+    port = -1
+    store = None
+    if rank == 0 and reason is None:
+        try:
+            store = dist.TCPStore(_store_host(), 0, nranks, True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=timeout_s))
+            port = store.port
+        except Exception as exc:  # any failure to listen makes Gloo absent on all ranks
+            reason = f"cannot start a TCP store: {exc}"
+    port = share_port(port if reason is None else -1)
+    if port < 0:
+        return None, reason or "Gloo could not start on another rank"
+    if _store_host().startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may not resolve to loopback
+    if store is None:
+        store = dist.TCPStore(_store_host(), port, nranks, False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=nranks,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return TorchImpl("gloo", torch, dist, f"torch {torch.__version__} Gloo"), None
+
+
+def _store_host():
+    return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+def open_nccl(device):
+    torch, dist, reason = _import_torch()
+    if reason:
+        return None, reason
+    if not torch.cuda.is_available():
+        return None, "no GPU"
+    if device != "cuda":
+        return None, "needs --device cuda (GPU buffers)"
+    return None, "ringtree's GPU path is not available yet"
+
+
+# ---------------------------------------------------------------------------- memcpy
+
+class MemcpyImpl(Impl):
+    """One process copying size bytes: the machine's copy bandwidth, busbw = algbw."""
+    name = "memcpy"
+    rank0_only = True
+    description = "numpy.copyto of the same number of bytes, rank 0 alone"
+
+    def __init__(self):
+        self.src = self.dst = np.zeros(0, dtype=np.uint8)
+
+    def reserve(self, nbytes):
+        if self.src.size < nbytes:
+            self.src = np.ones(nbytes, dtype=np.uint8)
+            self.dst = np.zeros(nbytes, dtype=np.uint8)
+
+    def placements(self, coll):
+        return (OOP,)
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        nbytes = max(inp.nbytes, out.nbytes)
+        self.reserve(nbytes)
+        src, dst = self.src[:nbytes], self.dst[:nbytes]
+        return lambda: np.copyto(dst, src)
+
+    def barrier(self):
+        pass
+
+
+def open_peers(names, rank, nranks, share_port, device, timeout_s):
+    """Open each requested peer: (list of Impl, {name: description}, {name: absence reason})."""
+    opened, described, absent = [], {}, {}
+    for name in names:
+        if name == "mpi":
+            impl, reason = open_mpi(rank, nranks)
+        elif name == "gloo":
+            impl, reason = open_gloo(rank, nranks, share_port, timeout_s)
+        elif name == "nccl":
+            impl, reason = open_nccl(device)
+        elif name == "memcpy":
+            impl, reason = MemcpyImpl(), None
+        else:
+            raise ValueError(name)
+        if impl is None:
+            absent[name] = reason
+        else:
+            opened.append(impl)
+            described[name] = impl.description
+    return opened, described, absent
+
+
+def eprint(*args):
+    print(*args, file=sys.stderr, flush=True)
