@@ -113,7 +113,7 @@ def test_mpiexec_launch():
     proc = subprocess.run([mpiexec, "-n", "3", sys.executable, script], env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = sorted(re.findall(r"rank \d+ of \d+ ok via \w+", proc.stdout))
+    lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
     assert lines == [f"rank {r} of 3 ok via mpi" for r in range(3)], proc.stdout + proc.stderr
 
 
@@ -126,7 +126,7 @@ def test_torchrun_launch():
                            "--master-port", str(_free_port()), script], env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = sorted(re.findall(r"rank \d+ of \d+ ok via \w+", proc.stdout))
+    lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
     assert lines == [f"rank {r} of 2 ok via torchrun" for r in range(2)], proc.stdout + proc.stderr
 
 
