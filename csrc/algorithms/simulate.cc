@@ -5,7 +5,6 @@
 // permits); a send completes only when its receiver's current step holds the matching recv.
 #include <algorithm>
 #include <map>
-#include <sstream>
 #include "algorithms/schedule.h"
 #include "common/check.h"
 
@@ -76,10 +75,8 @@ struct RankState {
 };
 
 std::string describe(const ScheduleKey& k, bool in_place) {
-  std::ostringstream os;
-  os << collective_name(k.coll) << "/" << algo_name(k.algo) << " P=" << k.nranks << " count=" << k.count
-     << " root=" << k.root << " segment=" << k.segment << (in_place ? " in-place" : " out-of-place");
-  return os.str();
+  return str_cat(collective_name(k.coll), "/", algo_name(k.algo), " P=", k.nranks, " count=", k.count,
+                 " root=", k.root, " segment=", k.segment, in_place ? " in-place" : " out-of-place");
 }
 
 [[noreturn]] void fail(const ScheduleKey& k, bool in_place, const std::string& what) {
@@ -226,11 +223,10 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
     }
     if (finished) break;
     if (!progressed) {
-      std::ostringstream os;
-      os << "deadlock:";
+      std::string blocked = "deadlock:";
       for (int r = 0; r < P; ++r)
-        if (ranks[r].step < ranks[r].sched.num_steps()) os << " rank " << r << " at step " << ranks[r].step << ";";
-      fail(base, in_place, os.str());
+        if (ranks[r].step < ranks[r].sched.num_steps()) blocked += str_cat(" rank ", r, " at step ", ranks[r].step, ";");
+      fail(base, in_place, blocked);
     }
   }
 

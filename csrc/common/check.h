@@ -1,17 +1,34 @@
 // Precondition checks that print both values (GLOO_ENFORCE_EQ style) and throw typed errors.
 #pragma once
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
 #include <string>
+#include <type_traits>
 #include "ringtree/errors.h"
 
 namespace ringtree {
 
+// Message formatting without iostreams: some toolchains link a static libstdc++ into the
+// module whose locale facets crash when used from a shared object (seen on the GPU image),
+// and error paths must never crash.
+inline void str_append(std::string& out, const std::string& s) { out += s; }
+inline void str_append(std::string& out, const char* s) { out += s ? s : "(null)"; }
+inline void str_append(std::string& out, char c) { out += c; }
+inline void str_append(std::string& out, bool b) { out += b ? "true" : "false"; }
+template <typename T>
+std::enable_if_t<std::is_integral_v<T>> str_append(std::string& out, T v) { out += std::to_string(v); }
+template <typename T>
+std::enable_if_t<std::is_floating_point_v<T>> str_append(std::string& out, T v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  out += buf;
+}
+
 template <typename... Args>
 std::string str_cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  std::string out;
+  (str_append(out, args), ...);
+  return out;
 }
 
 [[noreturn]] void throw_system_error(const std::string& what, int err);

@@ -15,7 +15,6 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "runtime/communicator_impl.h"
@@ -53,18 +52,13 @@ bool is_rooted(Collective c) {
 }
 
 std::string describe_header(const MsgHeader& h) {
-  std::ostringstream os;
   const auto coll = static_cast<Collective>(h.coll);
-  if (coll == Collective::Send) {
-    os << "send/recv (p2p #" << h.seq << ", count=" << h.count << ", dtype=" << dtype_name(static_cast<DataType>(h.dtype)) << ")";
-    return os.str();
-  }
-  os << collective_name(coll) << " #" << h.seq << " (count=" << h.count
-     << ", dtype=" << dtype_name(static_cast<DataType>(h.dtype));
-  if (h.op != kNoOp) os << ", op=" << op_name(static_cast<ReduceOp>(h.op));
-  if (h.root >= 0) os << ", root=" << h.root;
-  os << ", algo=" << algo_name(static_cast<Algo>(h.algo)) << ")";
-  return os.str();
+  const char* dtype = dtype_name(static_cast<DataType>(h.dtype));
+  if (coll == Collective::Send) return str_cat("send/recv (p2p #", h.seq, ", count=", h.count, ", dtype=", dtype, ")");
+  std::string d = str_cat(collective_name(coll), " #", h.seq, " (count=", h.count, ", dtype=", dtype);
+  if (h.op != kNoOp) d += str_cat(", op=", op_name(static_cast<ReduceOp>(h.op)));
+  if (h.root >= 0) d += str_cat(", root=", h.root);
+  return d + str_cat(", algo=", algo_name(static_cast<Algo>(h.algo)), ")");
 }
 
 }  // namespace
@@ -408,17 +402,17 @@ void CommunicatorImpl::check_header(const MsgHeader& got, const MsgHeader& want,
 }
 
 void CommunicatorImpl::throw_timeout() const {
-  std::ostringstream waiting;
+  std::string waiting;
   auto note = [&](const OpCursor& c, const char* what) {
     if (c.done) return;
-    waiting << (waiting.tellp() > 0 ? "; " : "") << "rank " << c.peer << " (" << what << ", "
-            << (c.is_send ? c.send.done : c.recv.done) << " bytes moved)";
+    waiting += str_cat(waiting.empty() ? "" : "; ", "rank ", c.peer, " (", what, ", ",
+                       c.is_send ? c.send.done : c.recv.done, " bytes moved)");
   };
   if (hs_send_pending_) note(hs_send_, "handshake send");
   if (hs_recv_pending_) note(hs_recv_, "handshake receive");
   for (const OpCursor& c : cursors_) note(c, c.is_send ? "send" : "receive");
   RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", current_ ? current_->timeout_s : 0.0,
-           " s waiting for ", waiting.str());
+           " s waiting for ", waiting);
 }
 
 void CommunicatorImpl::broadcast_abort(AbortKind kind, const std::string& text) {
