@@ -79,7 +79,7 @@ Sizes buffer_elems(Collective c, uint64_t P, uint64_t N) {
   }
 }
 
-bool ranges_overlap(uintptr_t a, uint64_t a_bytes, uintptr_t b, uint64_t b_bytes) {
+bool spans_overlap(uintptr_t a, uint64_t a_bytes, uintptr_t b, uint64_t b_bytes) {
   return a_bytes && b_bytes && a < b + b_bytes && b < a + a_bytes;
 }
 
@@ -196,7 +196,7 @@ Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
     const bool allowed = (same && a.coll != Collective::AllGather && a.coll != Collective::ReduceScatter &&
                           a.coll != Collective::AllToAll && a.coll != Collective::Gather && a.coll != Collective::Scatter) ||
                          in_is_out_block || out_is_in_block || (a.coll == Collective::Broadcast && (same || !is_root));
-    RT_CHECK(allowed || !ranges_overlap(in, in_bytes, out, out_bytes), InvalidArgument, name, ": rank ", r,
+    RT_CHECK(allowed || !spans_overlap(in, in_bytes, out, out_bytes), InvalidArgument, name, ": rank ", r,
              "'s input and output overlap without being an in-place layout (same buffer for all_reduce/reduce,",
              " input = output block r for all_gather/gather, output = input block r for reduce_scatter/scatter)");
     bufs[r] = {in, out};
