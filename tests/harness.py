@@ -1,6 +1,7 @@
 """Spawn real rank processes for a test and collect what each rank reports.
 
-Each rank runs tests/rank_worker.py, which calls a function from tests/workers.py and writes
+Each rank runs tests/rank_worker.py, which calls a function from tests/workers.py (or the
+`module` given) and writes
 its JSON result to a file. Every world has a hard timeout: on expiry all ranks are killed and
 the test fails with their output, so a hang fails fast instead of stalling CI.
 """
@@ -38,7 +39,7 @@ class World:
         return self.results
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, extra_ranks_env=None):
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, module="workers"):
     uid = rt.UniqueId.create()
     listen_fd = uid.take_listener()
     outdir = tempfile.mkdtemp(prefix="ringtree-test-")
@@ -58,7 +59,7 @@ def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_ra
                 pass_fds = (listen_fd,)
             log = open(os.path.join(outdir, f"{r}.log"), "w+")
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, WORKER, func, json.dumps(args or {}), outdir], env=e,
+            procs.append(subprocess.Popen([sys.executable, WORKER, module, func, json.dumps(args or {}), outdir], env=e,
                                           stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
         if listen_fd >= 0:
             os.close(listen_fd)

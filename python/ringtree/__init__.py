@@ -12,11 +12,12 @@ from . import _core
 from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure,
                     Timeout, UniqueId)
 from ._launchers import detect as _detect
+from .bucketing import Bucketer
 from .comm import Communicator, Work
 from .ops import PremulSum, ReduceOp, premul_sum
 
 __all__ = [
-    "init", "Communicator", "Work", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
+    "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout",
 ]

@@ -1,0 +1,75 @@
+"""ringtree for PyTorch: the "ringtree" torch.distributed backend, a data-parallel gradient
+hook, and DDP communication hooks.
+
+    import ringtree.torch                      # registers the backend
+    dist.init_process_group("ringtree")        # torchrun / env://, tcp://, or store=...
+
+    model = DistributedDataParallel(model)     # CPU tensors
+    model.register_comm_hook(AllReduceState(), fp16_compress_hook)
+
+Importing ringtree alone never imports torch; importing ringtree.torch does.
+"""
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from .comm_hooks import (AllReduceState, Int8QuantizationState, allreduce_hook, bf16_compress_hook,
+                         fp16_compress_hook, int8_quantize_hook)
+from .data_parallel import DataParallelHook
+from .process_group import BACKEND_NAME, ProcessGroupRingtree, RingtreeWork, create_process_group
+
+__all__ = [
+    "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
+    "DataParallelHook", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
+    "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook",
+]
+
+
+def _register():
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return  # registered already (module reloaded)
+    # CPU only for now; "cuda" joins when the GPU path exists.
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+
+
+_register()
+
+
+def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
+    """dist.init_process_group that also works under ringtree's own launchers.
+
+    Under torchrun (MASTER_ADDR/MASTER_PORT set), or with init_method= or store= given, this
+    is dist.init_process_group. Under `python -m ringtree.launch` or mpiexec, where torch has
+    no rendezvous of its own, ringtree's world (ringtree.init()) carries the address of a
+    TCPStore that rank 0 opens on a free port, and torch rendezvouses through that store.
+    """
+    launched_by_torch = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    if launched_by_torch or "init_method" in kwargs or "store" in kwargs:
+        return dist.init_process_group(backend, timeout=timeout, **kwargs)
+
+    import datetime
+
+    import numpy as np
+
+    import ringtree as rt
+
+    world = rt.init()
+    try:
+        host = os.environ.get("RINGTREE_ADDR", "127.0.0.1")
+        store_timeout = timeout or datetime.timedelta(seconds=rt.default_timeout())
+        store = None
+        port = np.zeros(1, dtype=np.int64)
+        if world.rank == 0:
+            store = dist.TCPStore(host, 0, world.size, is_master=True, timeout=store_timeout, wait_for_workers=False)
+            port[0] = store.port
+        world.broadcast(port, root=0)
+        if store is None:
+            store = dist.TCPStore(host, int(port[0]), world.size, is_master=False, timeout=store_timeout)
+        kwargs.setdefault("rank", world.rank)
+        kwargs.setdefault("world_size", world.size)
+    finally:
+        # The bootstrap world has done its job; the backend makes its own communicator.
+        world.close()
+    return dist.init_process_group(backend, store=store, timeout=timeout, **kwargs)

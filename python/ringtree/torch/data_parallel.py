@@ -1,0 +1,142 @@
+"""Data parallelism without DistributedDataParallel: a hook object on an ordinary module.
+
+    hook = DataParallelHook(model, comm)       # broadcasts rank 0's parameters
+    for x, y in batches:
+        loss_fn(model(x), y).backward()        # buckets all-reduce while backward runs
+        optimizer.step()                       # grads are already averaged over ranks
+        optimizer.zero_grad()
+
+Each parameter gets a post-accumulate-grad hook that hands its gradient to a
+ringtree.Bucketer, which starts a bucket's all_reduce the moment the bucket is complete,
+so communication overlaps the rest of backward. At the end of each backward pass the
+remaining buckets are launched (gradients that did not arrive count as zeros, so unused
+parameters need no special flag) and, by default, all buckets are waited for and copied
+back, so the optimizer step sees averaged gradients.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+import ringtree as rt
+from ringtree.bucketing import Bucketer
+
+__all__ = ["DataParallelHook"]
+
+
+class DataParallelHook:
+    """Average a module's gradients over a ringtree communicator during backward.
+
+    model: a torch.nn.Module with CPU parameters.
+    comm: a ringtree Communicator, or a ProcessGroupRingtree (its communicator is used);
+        default: ringtree.init().
+    bucket_cap_mb: bucket size cap in MiB (25, like DDP).
+    accumulation_steps: communicate once every this many backward passes; gradients of
+        the others accumulate locally (sum them, or scale the loss by 1/k for a mean).
+    finish_in_backward: wait for all buckets at the end of each communicating backward
+        pass (default). With False, call finish() before optimizer.step(); that leaves
+        the optimizer's own set-up free to overlap the last buckets.
+    broadcast_from: the rank whose parameters and buffers every rank starts from (None:
+        keep each rank's own).
+    """
+
+    def __init__(self, model: torch.nn.Module, comm=None, bucket_cap_mb: float = 25.0, accumulation_steps: int = 1,
+                 finish_in_backward: bool = True, broadcast_from: int | None = 0):
+        if accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be at least 1, got {accumulation_steps}")
+        comm = rt.init() if comm is None else getattr(comm, "comm", comm)
+        self.comm = comm
+        self.model = model
+        self.accumulation_steps = int(accumulation_steps)
+        self.finish_in_backward = bool(finish_in_backward)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            if p.device.type != "cpu":
+                raise ValueError(f"DataParallelHook: parameter on {p.device}; only CPU parameters are supported")
+        self.bucketer = Bucketer([p.numel() for p in self.params], dtypes=[p.dtype for p in self.params],
+                                 bucket_cap_mb=bucket_cap_mb, op="avg")
+        if broadcast_from is not None:
+            self._broadcast_state(broadcast_from)
+        self._backward_count = 0
+        self._sync_enabled = True
+        self._graph_task = None  # the backward pass the hooks last saw
+        self._communicating = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
+
+    def _broadcast_state(self, root):
+        with torch.no_grad():
+            for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                if tensor.is_contiguous():
+                    self.comm.broadcast(tensor, root=root)
+                else:
+                    staged = tensor.contiguous()
+                    self.comm.broadcast(staged, root=root)
+                    tensor.copy_(staged)
+
+    # --- autograd callbacks -----------------------------------------------------------------
+
+    def _grad_hook(self, index):
+        def hook(param):
+            # A new graph task id means a new backward pass, even if the last one died
+            # half-way (then its end-of-backward callback never ran).
+            task = torch._C._current_graph_task_id()
+            if task != self._graph_task:
+                self._graph_task = task
+                self._begin_backward()
+            if self._communicating:
+                self.bucketer.mark_ready(index, param.grad)
+        return hook
+
+    def _begin_backward(self):
+        self._communicating = self._sync_enabled and (self._backward_count + 1) % self.accumulation_steps == 0
+        if self.bucketer.active:
+            # The previous step was left unfinished (finish_in_backward=False, or it failed).
+            self.finish()
+        if self._communicating:
+            self.bucketer.start_step(self.comm)
+        # Runs once the whole backward pass is done, on the thread that ran it.
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _end_backward(self):
+        self._graph_task = None
+        self._backward_count += 1
+        if self._communicating:
+            self.bucketer.flush()
+            if self.finish_in_backward:
+                self.finish()
+
+    # --- public -----------------------------------------------------------------------------
+
+    def finish(self):
+        """Wait for every bucket of the last communicating backward pass and write the
+        averaged gradients. A parameter without a local gradient gets the average (zeros if
+        no rank produced one). Does nothing when no step is outstanding."""
+        if not self.bucketer.active:
+            return
+        reduced = self.bucketer.finish()
+        with torch.no_grad():
+            for index, param in enumerate(self.params):
+                if param.grad is None:
+                    param.grad = reduced[index].clone().view(param.shape)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside this block only accumulate locally, like DDP.no_sync()."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def remove(self):
+        """Detach the hooks from the model (finishing any outstanding step first)."""
+        self.finish()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def bucket_assignment(self) -> list[list[int]]:
+        """Indices into self.params of each bucket, in launch order."""
+        return self.bucketer.assignment

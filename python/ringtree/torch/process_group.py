@@ -1,0 +1,761 @@
+"""The "ringtree" backend of torch.distributed: a Python ProcessGroup over a ringtree
+Communicator.
+
+torch calls these methods by name, from Python (torch.distributed.all_reduce and friends)
+and from C++ through its ProcessGroup trampoline (DistributedDataParallel). Each method
+checks its arguments, issues ringtree calls with async_op=async_op (so it returns at once and
+DDP overlaps communication with backward), and returns a RingtreeWork. A small pool of
+completion threads waits for ringtree's work, copies results where a staging buffer was
+needed, and completes the work's torch Future, which runs any fut.then() callbacks.
+
+Errors: bad arguments raise from the torch call itself (ringtree checks before any
+traffic). Timeouts, dead peers and mismatched calls raise ringtree's typed exceptions
+(rt.Timeout, rt.PeerFailure, rt.CollectiveMismatch) from Work.wait(), from
+get_future().wait(), and so from every blocking torch call.
+"""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
+from torch.futures import Future
+
+import ringtree as rt
+from ringtree.comm import Communicator
+
+__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME"]
+
+BACKEND_NAME = "ringtree"
+
+# torch dtypes the core reduces natively; anything else is moved as raw bytes.
+_NATIVE_DTYPES = {torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                  torch.float32, torch.float64}
+
+_RED_OP = dist.ReduceOp.RedOpType
+_SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
+               _RED_OP.AVG: "avg"}
+
+
+# --- work and completion ------------------------------------------------------------------
+
+
+class _Failure:
+    """A ringtree error travelling as a future's value (see RingtreeWork)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _raise_failure(fut):
+    value = fut.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
+class RingtreeWork(dist.Work):
+    """A torch.distributed Work for one or more ringtree calls.
+
+    wait() blocks until they finish and re-raises their error as is (rt.Timeout,
+    rt.PeerFailure, ...). get_future() is a torch Future whose value is the list of output
+    tensors; on failure it completes with a RuntimeError whose message starts with the
+    ringtree error's type.
+
+    Why the two futures: torch.futures.Future.set_exception() stores the exception as the
+    future's *value*, which C++ consumers such as DDP's reducer then take for a tensor list
+    (and crash). An error raised inside a then() callback, though, becomes a real error of
+    the child future. So the completion thread always sets a value on a private future, a
+    _Failure for errors, and the public future is its then() child that raises it.
+    """
+
+    def __init__(self, outputs):
+        super().__init__()
+        self._settled = Future()
+        self._future = self._settled.then(_raise_failure)
+        self._done = threading.Event()
+        self._outputs = outputs
+        self._error = None
+
+    def _complete(self, error):
+        self._error = error
+        # Future first, so that once wait() returns, get_future() is done too.
+        self._settled.set_result(self._outputs if error is None else _Failure(error))
+        self._done.set()
+
+    def wait(self, timeout=None):
+        seconds = _seconds(timeout)
+        if not self._done.wait(seconds):
+            raise rt.Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def source_rank(self):
+        raise RuntimeError("ringtree: source_rank() is only meaningful for recv from any source, which "
+                           "the ringtree backend does not support")
+
+    def synchronize(self):
+        # CPU tensors: nothing is queued on a stream, so this is a no-op, as for Gloo.
+        pass
+
+
+class _Completer:
+    """Threads that wait for ringtree work and complete the matching RingtreeWork.
+
+    Completing a future runs its then-callbacks on the completing thread, and a callback may
+    itself start a collective and wait for it (PowerSGD's hooks do). So a thread is never
+    the only one left to finish other work: each submission either reserves an idle thread
+    or starts a new one; idle threads exit after a while.
+    """
+
+    _IDLE_SECONDS = 30.0
+
+    def __init__(self, name):
+        self._name = name
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, rt_works, finish, work):
+        self._queue.put((rt_works, finish, work))
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # that thread will take this item
+                return
+        threading.Thread(target=self._loop, name=f"{self._name}-completion", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            try:
+                rt_works, finish, work = self._queue.get(timeout=self._IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # not reserved by a submit that is about to put
+                        self._idle -= 1
+                        return
+                continue
+            error = None
+            try:
+                for rt_work in rt_works:
+                    rt_work.wait()
+                if finish is not None:
+                    finish()
+            except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
+                error = exc
+            work._complete(error)
+            with self._lock:
+                self._idle += 1
+
+
+# --- argument conversion ------------------------------------------------------------------
+
+
+def _seconds(timeout):
+    """A timedelta or number of seconds; None, zero and negative mean "no limit"."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+def _reduce_op(op):
+    """torch ReduceOp (or its RedOpType) -> a ringtree op."""
+    kind = getattr(op, "op", op)
+    if kind in _SIMPLE_OPS:
+        return _SIMPLE_OPS[kind]
+    if kind == _RED_OP.PREMUL_SUM:
+        factor = getattr(op, "factor", None)
+        if isinstance(factor, torch.Tensor):
+            if factor.numel() != 1:
+                raise ValueError(f"ringtree: premul_sum needs a scalar factor, got a tensor of {factor.numel()} elements")
+            factor = factor.item()
+        if factor is None:
+            raise ValueError("ringtree: premul_sum without a factor")
+        return rt.premul_sum(float(factor))
+    raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
+                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM")
+
+
+class _Staged:
+    """A tensor as ringtree can take it: contiguous, with a dtype the core knows.
+
+    Data-movement calls pass other dtypes (bool, int16, complex, float8...) as raw bytes;
+    reductions refuse them. When a copy was needed, write_back() copies the result back.
+    """
+
+    __slots__ = ("tensor", "buffer", "copied")
+
+    def __init__(self, tensor, what, reduction=False):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"ringtree: {what} is on {tensor.device}; this backend is registered for CPU tensors")
+        if tensor.is_sparse:
+            raise ValueError(f"ringtree: {what} is sparse; the ringtree backend supports dense tensors only")
+        self.tensor = tensor
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self.copied = buffer is not tensor
+        if buffer.dtype not in _NATIVE_DTYPES:
+            if reduction:
+                raise ValueError(f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
+                                 f"reduce; supported: {', '.join(sorted(str(d) for d in _NATIVE_DTYPES))}")
+            buffer = buffer.reshape(-1).view(torch.uint8)
+        self.buffer = buffer
+
+    def write_back(self):
+        if self.copied:
+            self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
+
+
+def _tensor_list(tensors, what):
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"ringtree: {what} needs at least one tensor")
+    return tensors
+
+
+def _concat(tensors, what):
+    """One contiguous tensor holding `tensors` back to back."""
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dtype:
+            raise ValueError(f"ringtree: {what}: tensors must share one dtype, got {dtype} and {t.dtype}")
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _as_buffer(tensor):
+    """The ringtree view of a contiguous tensor we allocated ourselves."""
+    return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
+
+
+def _units(dtype):
+    """Elements ringtree moves per tensor element: 1, or the item size for dtypes moved as bytes."""
+    return 1 if dtype in _NATIVE_DTYPES else dtype.itemsize
+
+
+def _copy_blocks(flat, outputs):
+    offset = 0
+    for out in outputs:
+        n = out.numel()
+        out.copy_(flat[offset:offset + n].view(out.shape))
+        offset += n
+
+
+def _rows(tensor):
+    """Elements per dim-0 row, for all_to_all split sizes."""
+    if tensor.dim() == 0:
+        return 1
+    return tensor.numel() // tensor.size(0) if tensor.size(0) else 0
+
+
+# --- the process group --------------------------------------------------------------------
+
+
+class ProcessGroupRingtree(dist.ProcessGroup):
+    """torch.distributed ProcessGroup backed by a ringtree Communicator (CPU tensors).
+
+    Usually made by torch through the registered creator: dist.init_process_group("ringtree")
+    or dist.new_group(backend="ringtree"). It can also wrap an existing communicator:
+    ProcessGroupRingtree(comm) (its rank and size become the group's).
+    """
+
+    def __init__(self, comm: Communicator, store=None, timeout=None):
+        # (The store-taking constructor cannot build a Python subclass.)
+        super().__init__(comm.rank, comm.size)
+        self._store = store
+        self._comm = comm
+        self._timeout = _seconds(timeout)
+        # ringtree runs each communicator's calls in order, so a large isend to a peer that
+        # first isends to us would wait for a recv queued behind it. Point-to-point traffic
+        # therefore runs on two more communicators, one per direction (to higher ranks, to
+        # lower ranks): a send and the recv it needs never share a queue with the reverse flow.
+        self._p2p_up = self._p2p_down = None
+        if comm.size > 1:
+            self._p2p_up = comm.split(0)
+            self._p2p_down = comm.split(0)
+        self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
+        self._has_all_to_all_v = hasattr(comm, "all_to_all_v")
+
+    # identity ---------------------------------------------------------------------------
+
+    @property
+    def comm(self) -> Communicator:
+        """The ringtree communicator that carries this group's traffic."""
+        return self._comm
+
+    def getBackendName(self):  # noqa: N802 - name fixed by torch's C++ trampoline
+        return BACKEND_NAME
+
+    def name(self):
+        return BACKEND_NAME
+
+    # torch keeps a group's name in its C++ backends, which a Python group has none of.
+    def setGroupName(self, name):  # noqa: N802 - name fixed by torch's C++ trampoline
+        self._group_name = name
+
+    def getGroupName(self):  # noqa: N802
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc):  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self):  # noqa: N802
+        return getattr(self, "_group_desc", "")
+
+    def __repr__(self):
+        return f"<ProcessGroupRingtree rank {self._comm.rank} of {self._comm.size}>"
+
+    def abort(self):
+        """Stop every call in flight on every rank (they raise rt.Aborted) and release the group."""
+        self.shutdown()
+
+    def shutdown(self):
+        for comm in (self._p2p_up, self._p2p_down, self._comm):
+            if comm is not None:
+                comm.close()
+
+    # plumbing ---------------------------------------------------------------------------
+
+    def _call_timeout(self, opts):
+        seconds = _seconds(getattr(opts, "timeout", None)) if opts is not None else None
+        return seconds if seconds is not None else self._timeout
+
+    def _launch(self, issue, outputs, finish=None, opts=None):
+        """Start the ringtree calls of one torch call: issue(async_op) makes them.
+
+        A blocking torch call (opts.asyncOp False) runs them blocking on this thread, which
+        saves the hand-off to a completion thread, and raises their errors right here. Other
+        calls (DDP's, async_op=True, p2p) return at once; completion threads finish them.
+        Bad arguments raise from issue() either way, before any traffic."""
+        work = RingtreeWork(outputs)
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            issue(False)
+            if finish is not None:
+                finish()
+            work._complete(None)
+            return work
+        self._completer.submit(issue(True), finish, work)
+        return work
+
+    def _check_root(self, root, what):
+        if not 0 <= root < self._comm.size:
+            raise ValueError(f"ringtree: {what}: root {root} is not a rank of this group of {self._comm.size}")
+
+    # collectives ------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        tensors = _tensor_list(tensors, "allreduce")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        staged = [_Staged(t, "allreduce tensor", reduction=True) for t in tensors]
+
+        def issue(async_op):
+            return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
+
+        return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        tensors = _tensor_list(tensors, "allreduce_coalesced")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        for t in tensors:
+            _Staged(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
+        # One call per dtype, in first-appearance order (the same on every rank).
+        groups = {}
+        for t in tensors:
+            groups.setdefault(t.dtype, []).append(t)
+        flats = [(members, torch.cat([t.reshape(-1) for t in members])) for members in groups.values()]
+
+        def issue(async_op):
+            return [self._comm.all_reduce(flat, op=op, async_op=async_op, timeout=timeout) for _, flat in flats]
+
+        def finish():
+            for members, flat in flats:
+                _copy_blocks(flat, members)
+
+        return self._launch(issue, tensors, finish, opts=opts)
+
+    def broadcast(self, tensors, opts=None):
+        tensors = _tensor_list(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "broadcast")
+        timeout = self._call_timeout(opts)
+        staged = [_Staged(t, "broadcast tensor") for t in tensors]
+
+        def issue(async_op):
+            return [self._comm.broadcast(s.buffer, root=root, async_op=async_op, timeout=timeout) for s in staged]
+
+        return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
+
+    def reduce(self, tensors, opts=None):
+        tensors = _tensor_list(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "reduce")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        staged = [_Staged(t, "reduce tensor", reduction=True) for t in tensors]
+
+        def issue(async_op):
+            return [self._comm.reduce(s.buffer, root=root, op=op, async_op=async_op, timeout=timeout) for s in staged]
+
+        def finish():
+            if self._comm.rank == root:
+                for s in staged:
+                    s.write_back()
+
+        return self._launch(issue, tensors, finish, opts=opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        input_tensors = _tensor_list(input_tensors, "allgather")
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError(f"ringtree: allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs")
+        P, timeout = self._comm.size, self._call_timeout(opts)
+        plans = []
+        for outputs, x in zip(output_tensors, input_tensors):
+            outputs = list(outputs)
+            if len(outputs) != P:
+                raise ValueError(f"ringtree: allgather needs {P} output tensors (one per rank), got {len(outputs)}")
+            for out in outputs:
+                if out.dtype != x.dtype:
+                    raise ValueError(f"ringtree: allgather: output dtype {out.dtype} differs from input dtype {x.dtype}")
+            plans.append((outputs, _Staged(x, "allgather input")))
+
+        even = all(out.numel() == x.numel() for outputs, x in zip(output_tensors, input_tensors) for out in outputs)
+        flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype) for _, s in plans] if even else []
+        staged_outputs = [] if even else [[_Staged(out, "allgather output") for out in outputs] for outputs, _ in plans]
+
+        def issue(async_op):
+            works = []
+            if even:
+                for (outputs, s), flat in zip(plans, flats):
+                    works.append(self._comm.all_gather(s.buffer, _as_buffer(flat), async_op=async_op, timeout=timeout))
+                return works
+            # Uneven sizes: one broadcast per rank; ringtree's count check catches ranks whose
+            # output sizes disagree with the sender's input.
+            for (outputs, s), outs in zip(plans, staged_outputs):
+                own = outs[self._comm.rank]
+                if own.buffer.numel() != s.buffer.numel():
+                    raise ValueError(f"ringtree: allgather: output {self._comm.rank} has {own.tensor.numel()} "
+                                     f"elements but this rank's input has {s.tensor.numel()}")
+                own.buffer.view(-1).copy_(s.buffer.view(-1))
+                for r in range(P):
+                    works.append(self._comm.broadcast(outs[r].buffer, root=r, async_op=async_op, timeout=timeout))
+            return works
+
+        def finish():
+            if even:
+                for (outputs, _), flat in zip(plans, flats):
+                    _copy_blocks(flat, outputs)
+            else:
+                for outs in staged_outputs:
+                    for s in outs:
+                        s.write_back()
+
+        return self._launch(issue, [t for outputs, _ in plans for t in outputs], finish, opts=opts)
+
+    def _gather_single(self, output, input, what):
+        P = self._comm.size
+        if output.dtype != input.dtype:
+            raise ValueError(f"ringtree: {what}: output dtype {output.dtype} differs from input dtype {input.dtype}")
+        if output.numel() != P * input.numel():
+            raise ValueError(f"ringtree: {what}: output has {output.numel()} elements, expected {P} x "
+                             f"{input.numel()} (group size x input)")
+        out = _Staged(output, f"{what} output")
+        x = _Staged(input, f"{what} input")
+        return out, x
+
+    def all_gather_single(self, output, input, opts=None):
+        timeout = self._call_timeout(opts)
+        out, x = self._gather_single(output, input, "all_gather_single")
+
+        def issue(async_op):
+            return [self._comm.all_gather(x.buffer, out.buffer, async_op=async_op, timeout=timeout)]
+
+        return self._launch(issue, [output], out.write_back, opts=opts)
+
+    _allgather_base = all_gather_single  # the name torch used before 2.12
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        timeout = self._call_timeout(opts)
+        pairs = [self._gather_single(o, i, "all_gather_single_coalesced") for o, i in zip(outputs, inputs)]
+
+        def issue(async_op):
+            return [self._comm.all_gather(x.buffer, out.buffer, async_op=async_op, timeout=timeout) for out, x in pairs]
+
+        return self._launch(issue, list(outputs), lambda: [out.write_back() for out, _ in pairs], opts=opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def _scatter_single(self, output, input, what, reduction):
+        P = self._comm.size
+        if output.dtype != input.dtype:
+            raise ValueError(f"ringtree: {what}: output dtype {output.dtype} differs from input dtype {input.dtype}")
+        if input.numel() != P * output.numel():
+            raise ValueError(f"ringtree: {what}: input has {input.numel()} elements, expected {P} x "
+                             f"{output.numel()} (group size x output)")
+        return _Staged(output, f"{what} output", reduction), _Staged(input, f"{what} input", reduction)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        out, x = self._scatter_single(output, input, "reduce_scatter_single", True)
+
+        def issue(async_op):
+            return [self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)]
+
+        return self._launch(issue, [output], out.write_back, opts=opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
+
+        def issue(async_op):
+            return [self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)
+                    for out, x in pairs]
+
+        return self._launch(issue, list(outputs), lambda: [out.write_back() for out, _ in pairs], opts=opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        output_tensors = _tensor_list(output_tensors, "reduce_scatter")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        timeout = self._call_timeout(opts)
+        P = self._comm.size
+        pairs = []
+        for output, inputs in zip(output_tensors, input_tensors):
+            inputs = list(inputs)
+            if len(inputs) != P:
+                raise ValueError(f"ringtree: reduce_scatter needs {P} input tensors (one per rank), got {len(inputs)}")
+            if any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
+                raise ValueError("ringtree: reduce_scatter: every input must match the output's size and dtype "
+                                 f"({output.numel()} x {output.dtype})")
+            out = _Staged(output, "reduce_scatter output", reduction=True)
+            pairs.append((out, torch.cat([t.reshape(-1) for t in inputs])))
+
+        def issue(async_op):
+            return [self._comm.reduce_scatter(flat, out.buffer, op=op, async_op=async_op, timeout=timeout)
+                    for out, flat in pairs]
+
+        return self._launch(issue, output_tensors, lambda: [out.write_back() for out, _ in pairs], opts=opts)
+
+    def _all_to_all_counts(self, send_counts, recv_counts, x, out, timeout, async_op):
+        """Start one all-to-all with per-rank element counts; every torch all-to-all variant
+        goes through here, so ranks that phrase the same exchange differently (with or
+        without split sizes) still issue the same ringtree call."""
+        if self._has_all_to_all_v:
+            return self._comm.all_to_all_v(x, out, send_counts, recv_counts, async_op=async_op, timeout=timeout)
+        if len(set(send_counts)) <= 1 and len(set(recv_counts)) <= 1:
+            return self._comm.all_to_all(x, out, async_op=async_op, timeout=timeout)
+        raise NotImplementedError("ringtree: all-to-all with uneven split sizes needs all_to_all_v, which this "
+                                  "build of the ringtree core does not have")
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        timeout = self._call_timeout(opts)
+        if output.dtype != input.dtype:
+            raise ValueError(f"ringtree: all_to_all_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
+        send_counts = self._split_counts(input, input_split_sizes, "input")
+        recv_counts = self._split_counts(output, output_split_sizes, "output")
+        out, x = _Staged(output, "all_to_all_single output"), _Staged(input, "all_to_all_single input")
+        send_counts = [c * _units(input.dtype) for c in send_counts]
+        recv_counts = [c * _units(output.dtype) for c in recv_counts]
+
+        def issue(async_op):
+            return [self._all_to_all_counts(send_counts, recv_counts, x.buffer, out.buffer, timeout, async_op)]
+
+        return self._launch(issue, [output], out.write_back, opts=opts)
+
+    alltoall_base = all_to_all_single
+
+    def _split_counts(self, tensor, split_sizes, what):
+        P = self._comm.size
+        split_sizes = list(split_sizes or [])
+        if not split_sizes:
+            rows = tensor.size(0) if tensor.dim() else 1
+            if rows % P:
+                raise ValueError(f"ringtree: all_to_all_single: {what} dim 0 ({rows}) is not divisible by the "
+                                 f"group size {P}; give split sizes")
+            return [tensor.numel() // P] * P
+        if len(split_sizes) != P:
+            raise ValueError(f"ringtree: all_to_all_single: {len(split_sizes)} {what} split sizes for {P} ranks")
+        if sum(split_sizes) != (tensor.size(0) if tensor.dim() else 1):
+            raise ValueError(f"ringtree: all_to_all_single: {what} split sizes {split_sizes} do not add up to "
+                             f"dim 0 ({tensor.size(0) if tensor.dim() else 1})")
+        return [int(s) * _rows(tensor) for s in split_sizes]
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        P, timeout = self._comm.size, self._call_timeout(opts)
+        output_tensors, input_tensors = list(output_tensors), list(input_tensors)
+        if len(output_tensors) != P or len(input_tensors) != P:
+            raise ValueError(f"ringtree: alltoall needs {P} input and {P} output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+        for t in output_tensors + input_tensors:
+            _Staged(t, "alltoall tensor")  # argument checks only
+        x = _concat(input_tensors, "alltoall")
+        if any(t.dtype != x.dtype for t in output_tensors):
+            raise ValueError("ringtree: alltoall: inputs and outputs must share one dtype")
+        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype)
+        xb, outb = _as_buffer(x), _as_buffer(out)
+        send_counts = [t.numel() * _units(x.dtype) for t in input_tensors]
+        recv_counts = [t.numel() * _units(x.dtype) for t in output_tensors]
+
+        def issue(async_op):
+            return [self._all_to_all_counts(send_counts, recv_counts, xb, outb, timeout, async_op)]
+
+        return self._launch(issue, output_tensors, lambda: _copy_blocks(out, output_tensors), opts=opts)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        input_tensors = _tensor_list(input_tensors, "gather")
+        if len(input_tensors) != 1:
+            raise ValueError(f"ringtree: gather takes one input tensor, got {len(input_tensors)}")
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "gather")
+        timeout, P = self._call_timeout(opts), self._comm.size
+        x = _Staged(input_tensors[0], "gather input")
+        outputs = []
+        if self._comm.rank == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != P:
+                raise ValueError(f"ringtree: gather: the root needs one list of {P} output tensors")
+            outputs = list(output_tensors[0])
+            if any(o.numel() != x.tensor.numel() or o.dtype != x.tensor.dtype for o in outputs):
+                raise ValueError("ringtree: gather: every output must match the input's size and dtype")
+        elif output_tensors and any(len(o) for o in output_tensors):
+            raise ValueError(f"ringtree: gather: only the root (rank {root}) passes output tensors")
+        flat = torch.empty(P * x.tensor.numel(), dtype=x.tensor.dtype) if outputs else None
+
+        def issue(async_op):
+            out = _as_buffer(flat) if flat is not None else None
+            return [self._comm.gather(x.buffer, out, root=root, async_op=async_op, timeout=timeout)]
+
+        return self._launch(issue, outputs, (lambda: _copy_blocks(flat, outputs)) if outputs else None, opts=opts)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        output_tensors = _tensor_list(output_tensors, "scatter")
+        if len(output_tensors) != 1:
+            raise ValueError(f"ringtree: scatter takes one output tensor, got {len(output_tensors)}")
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "scatter")
+        timeout, P = self._call_timeout(opts), self._comm.size
+        out = _Staged(output_tensors[0], "scatter output")
+        flat = None
+        if self._comm.rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != P:
+                raise ValueError(f"ringtree: scatter: the root needs one list of {P} input tensors")
+            inputs = list(input_tensors[0])
+            if any(t.numel() != out.tensor.numel() or t.dtype != out.tensor.dtype for t in inputs):
+                raise ValueError("ringtree: scatter: every input must match the output's size and dtype")
+            flat = _as_buffer(_concat(inputs, "scatter"))
+        elif input_tensors and any(len(i) for i in input_tensors):
+            raise ValueError(f"ringtree: scatter: only the root (rank {root}) passes input tensors")
+
+        def issue(async_op):
+            return [self._comm.scatter(flat, out.buffer, root=root, async_op=async_op, timeout=timeout)]
+
+        return self._launch(issue, output_tensors, out.write_back, opts=opts)
+
+    def barrier(self, opts=None):
+        timeout = self._call_timeout(opts)
+        return self._launch(lambda async_op: [self._comm.barrier(async_op=async_op, timeout=timeout)], [], opts=opts)
+
+    # point to point ---------------------------------------------------------------------
+
+    def _check_p2p(self, peer, tag, what):
+        if tag != 0:
+            raise ValueError(f"ringtree: {what}: tags are not supported (got tag={tag}); messages between two "
+                             f"ranks match in the order they are posted")
+        if not 0 <= peer < self._comm.size or peer == self._comm.rank:
+            raise ValueError(f"ringtree: {what}: peer {peer} must be another rank of this group of {self._comm.size}")
+
+    def _p2p_comm(self, sender, receiver):
+        return self._p2p_up if sender < receiver else self._p2p_down
+
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's argument names
+        tensors = _tensor_list(tensors, "send")
+        self._check_p2p(dstRank, tag, "send")
+        staged = [_Staged(t, "send tensor") for t in tensors]
+        comm = self._p2p_comm(self._comm.rank, dstRank)
+
+        def issue(async_op):
+            return [comm.send(s.buffer, dstRank, async_op=async_op, timeout=self._timeout) for s in staged]
+
+        return self._launch(issue, tensors)
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        tensors = _tensor_list(tensors, "recv")
+        self._check_p2p(srcRank, tag, "recv")
+        staged = [_Staged(t, "recv tensor") for t in tensors]
+        comm = self._p2p_comm(srcRank, self._comm.rank)
+
+        def issue(async_op):
+            return [comm.recv(s.buffer, srcRank, async_op=async_op, timeout=self._timeout) for s in staged]
+
+        return self._launch(issue, tensors, lambda: [s.write_back() for s in staged])
+
+    def recv_anysource(self, tensors, tag=0):
+        raise ValueError("ringtree: recv from any source is not supported; pass src")
+
+
+# --- creation -----------------------------------------------------------------------------
+
+
+def _unique_id_through_store(store, rank, timeout):
+    """Rank 0 makes a fresh ringtree unique id and publishes it in the store.
+
+    torch gives each group its own prefixed store, but the same store may serve several
+    groups in a row (an explicit store, or creation retried), so every rank also counts
+    its creations on this store: the k-th group each rank builds reads the k-th id.
+    """
+    generation = store.add(f"ringtree/creations/rank{rank}", 1)
+    key = f"ringtree/uid/{generation}"
+    if rank == 0:
+        token = str(rt.UniqueId.create())
+        store.set(key, token)
+        return token
+    if timeout is not None:
+        store.wait([key], datetime.timedelta(seconds=timeout))
+    return store.get(key).decode()
+
+
+def create_process_group(store, rank, size, timeout):
+    """The creator torch calls for backend "ringtree": (store, rank, size, timeout) -> group.
+
+    The group's timeout bounds set-up and every collective. A timeout given to
+    init_process_group / new_group is used as is; torch's default (30 minutes) gives way to
+    ringtree's own RINGTREE_TIMEOUT (default 300 s), so a stalled peer surfaces in minutes.
+    """
+    seconds = _seconds(timeout)
+    if seconds is None or timeout == default_pg_timeout:
+        seconds = rt.default_timeout()
+    token = _unique_id_through_store(store, rank, seconds)
+    comm = Communicator(rank, size, token, seconds)
+    return ProcessGroupRingtree(comm, store=store, timeout=seconds)
