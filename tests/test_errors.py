@@ -62,7 +62,7 @@ def test_stalled_peer_times_out_naming_collective_sequence_and_peer():
     for rank in (0, 2):
         res = results[rank]
         assert res["raised"] == "Timeout", res
-        assert 1.5 < res["seconds"] < 8, res
+        assert res["seconds"] > 1.5 and res["seconds"] < 8, res
         assert "all_reduce #1" in res["message"], res["message"]
     # Rank 2 receives from rank 1 in the ring: its own wait names the stalled rank.
     assert "rank 1" in results[2]["message"], results[2]["message"]

@@ -59,7 +59,7 @@ def test_errors_surface_as_typed_exceptions_within_the_timeout():
     bad = {name: case for name, case in report.items() if not case.get("ok")}
     assert not bad, bad
     for name in ("stall", "stall async wait"):
-        assert 1.5 < report[name]["seconds"] < 8, report[name]
+        assert report[name]["seconds"] > 1.5 and report[name]["seconds"] < 8, report[name]
         assert "all_reduce #" in report[name]["message"] and "rank 1" in report[name]["message"]
     # The mismatch is reported on the other rank too; it names both calls.
     assert "count=4" in report["mismatch"]["message"] and "count=5" in report["mismatch"]["message"]
