@@ -152,6 +152,29 @@ def p2p_and_barrier(rounds=3):
     r, P = comm.rank, comm.size
     failures = []
     for k in range(rounds):
+        # sendrecv: both directions at once, so messages far larger than the transport's
+        # buffering (1 MiB shared-memory ring) still flow around the ring.
+        for n, dtype in ((0, "int32"), (7, "int64"), (3_000_001, "float32")):
+            x = make_input(r, n, dtype, salt=k)
+            got = np.full(n, 99, NUMPY_DTYPES[dtype])
+            nxt, prv = (r + 1) % P, (r - 1) % P
+            if P == 1:
+                continue
+            comm.sendrecv(x, nxt, got, prv)
+            if not np.array_equal(got, make_input(prv, n, dtype, salt=k)):
+                failures.append(f"sendrecv from {prv} n={n} {dtype} round {k} wrong")
+        # A sendrecv on rank 0 matches a plain recv-then-send on the others.
+        if P > 1:
+            n = 2_000_003
+            x = make_input(r, n, "float32", salt=k)
+            got = np.empty(n, np.float32)
+            if r == 0:
+                comm.sendrecv(x, 1, got, P - 1)
+            else:
+                comm.recv(got, r - 1)
+                comm.send(x, (r + 1) % P)
+            if not np.array_equal(got, make_input((r - 1) % P, n, "float32", salt=k)):
+                failures.append(f"mixed sendrecv/recv+send round {k} wrong")
         for n, dtype in ((0, "int32"), (5, "float64"), (300001, "int8")):
             x = make_input(r, n, dtype, salt=k)
             got = np.full(n, 99, NUMPY_DTYPES[dtype])

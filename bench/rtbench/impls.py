@@ -110,12 +110,10 @@ class RingtreeImpl(Impl):
         if name == "sendrecv":
             nxt, prv = (c.rank + 1) % c.size, (c.rank - 1) % c.size
 
-            def sendrecv():
-                # Async send first: a ring of blocking sends would deadlock.
-                work = c.send(inp, nxt, async_op=True)
-                c.recv(out, prv)
-                work.wait()
-            return sendrecv
+            # One grouped call, like nccl-tests' ncclGroupStart/Send/Recv/ncclGroupEnd: calls on a
+            # communicator run in order, so a separate send and recv would stall a ring once a
+            # message outgrows the shared-memory ring.
+            return lambda: c.sendrecv(inp, nxt, out, prv)
         raise ValueError(name)
 
 

@@ -47,7 +47,7 @@ void register_communicator(py::module_& m) {
           [](Communicator& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
              bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
              int peer, int algo, double timeout, bool async_op, std::vector<uint64_t> send_counts,
-             std::vector<uint64_t> recv_counts) {
+             std::vector<uint64_t> recv_counts, int recv_peer) {
             CollectiveArgs a;
             a.coll = checked_enum(coll, Collective::Count, "collective");
             a.dtype = checked_enum(dtype, DataType::Count, "dtype");
@@ -61,12 +61,14 @@ void register_communicator(py::module_& m) {
             a.timeout_s = timeout;
             a.send_counts = std::move(send_counts);
             a.recv_counts = std::move(recv_counts);
+            a.recv_peer = recv_peer;
             return c.run(a, async_op);
           },
           py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
           py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
           py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
+          py::arg("recv_peer") = -1,
           py::call_guard<py::gil_scoped_release>())
       .def("choose_algo",
            [](Communicator& c, int coll, int algo, uint64_t bytes) {

@@ -31,7 +31,7 @@ const char* op_name(ReduceOp op) {
 
 const char* collective_name(Collective c) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-                                "reduce", "gather", "scatter", "barrier", "send", "recv", "all_to_all_v"};
+                                "reduce", "gather", "scatter", "barrier", "send", "recv", "all_to_all_v", "sendrecv"};
   return c < Collective::Count ? names[static_cast<int>(c)] : "invalid-collective";
 }
 

@@ -180,9 +180,14 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
   }
   if (rooted)
     RT_CHECK(a.root >= 0 && a.root < size_, InvalidArgument, name, ": root must be in [0, ", size_, "), got ", a.root);
-  if (c == Collective::Send || c == Collective::Recv) {
+  if (c == Collective::Send || c == Collective::Recv || c == Collective::SendRecv) {
     RT_CHECK(a.peer >= 0 && a.peer < size_, InvalidArgument, name, ": peer must be in [0, ", size_, "), got ", a.peer);
     RT_CHECK(a.peer != rank_, InvalidArgument, name, ": peer must differ from this rank (", rank_, ")");
+  }
+  if (c == Collective::SendRecv) {
+    RT_CHECK(a.recv_peer >= 0 && a.recv_peer < size_, InvalidArgument, name, ": source must be in [0, ", size_,
+             "), got ", a.recv_peer);
+    RT_CHECK(a.recv_peer != rank_, InvalidArgument, name, ": source must differ from this rank (", rank_, ")");
   }
   const bool is_root = a.root == rank_;
   // Which buffers this rank must supply, and which it writes.
@@ -210,7 +215,9 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
   if (writes_out && c != Collective::Broadcast)
     RT_CHECK(!out.readonly, InvalidArgument, name, ": the output buffer is read-only");
 
-  Prepared p{a, Algo::Auto, 0, 0, a.timeout_s > 0 ? a.timeout_s : default_timeout_};
+  Prepared p;
+  p.args = a;
+  p.timeout_s = a.timeout_s > 0 ? a.timeout_s : default_timeout_;
   p.args.input = in;
   p.args.output = out;
   switch (c) {
@@ -258,7 +265,7 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
       p.count = 0;  // counts differ per rank; each message's size is checked on arrival instead
       break;
     }
-    case Collective::Send: p.count = in.count; break;
+    case Collective::Send: case Collective::SendRecv: p.count = in.count; break;
     case Collective::Recv: p.count = out.count; break;
     default: break;
   }
@@ -275,6 +282,8 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
     // all_reduce and reduce reduce element-wise in place; all_to_all(_v) stages its input.
     const bool same_buffer_ok = in.ptr == out.ptr && (c == Collective::AllReduce || c == Collective::Reduce);
     const bool staged = c == Collective::AllToAll || c == Collective::AllToAllV;
+    RT_CHECK(c != Collective::SendRecv || !ranges_overlap(in.ptr, in_bytes, out.ptr, out_bytes), InvalidArgument,
+             name, ": the send and receive buffers overlap");
     if (!in_is_out_block && !out_is_in_block && !same_buffer_ok && !staged)
       RT_CHECK(!ranges_overlap(in.ptr, in_bytes, out.ptr, out_bytes), InvalidArgument, name,
                ": input and output overlap; in place means the same buffer for all_reduce, reduce and",
@@ -295,6 +304,10 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   switch (p.args.coll) {
     case Collective::Send: p.seq = p2p_send_seq_[p.args.peer]++; break;
     case Collective::Recv: p.seq = p2p_recv_seq_[p.args.peer]++; break;
+    case Collective::SendRecv:
+      p.seq = p2p_send_seq_[p.args.peer]++;
+      p.recv_seq = p2p_recv_seq_[p.args.recv_peer]++;
+      break;
     default: p.seq = next_seq_++; break;
   }
   if (async) {

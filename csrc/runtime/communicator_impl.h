@@ -31,10 +31,11 @@ class AlignedBuffer {
 // A validated call: everything needed to run it and to fingerprint it.
 struct Prepared {
   CollectiveArgs args;
-  Algo algo;
-  uint64_t count;  // the fingerprint count (see ScheduleKey::count)
+  Algo algo = Algo::Auto;
+  uint64_t count = 0;  // the fingerprint count (see ScheduleKey::count)
   uint64_t seq = 0;
-  double timeout_s;
+  double timeout_s = 0;
+  uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
 };
 
 struct ScheduleKeyHash {
@@ -73,6 +74,7 @@ class CommunicatorImpl : public Communicator {
     uint64_t payload_bytes;
     SendCursor send;
     RecvCursor recv;
+    MsgHeader expect;  // receives: the header this message must carry
   };
 
   void setup_shared_memory(Bootstrap& boot);
@@ -121,7 +123,8 @@ class CommunicatorImpl : public Communicator {
   std::mutex exec_mu_;
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
   AlignedBuffer scratch_, premul_;
-  Schedule all_to_all_v_schedule_;  // rebuilt per call: per-peer counts are not a cache key
+  Schedule all_to_all_v_schedule_;
+  Schedule sendrecv_schedule_;  // rebuilt per call: per-peer counts are not a cache key
   std::vector<OpCursor> cursors_;
   OpCursor hs_send_{}, hs_recv_{};
   bool hs_send_pending_ = false, hs_recv_pending_ = false;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
+#include "algorithms/ops.h"
 #include "runtime/communicator_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -66,7 +67,9 @@ std::string describe_header(const MsgHeader& h) {
 MsgHeader CommunicatorImpl::fingerprint(const Prepared& p) const {
   MsgHeader h{};
   h.magic = MsgHeader::kMagic;
-  const Collective c = p.args.coll == Collective::Recv ? Collective::Send : p.args.coll;
+  // Point-to-point messages all carry "send": a sendrecv matches a plain recv or send.
+  const bool p2p = p.args.coll == Collective::Recv || p.args.coll == Collective::SendRecv;
+  const Collective c = p2p ? Collective::Send : p.args.coll;
   h.coll = static_cast<uint8_t>(c);
   h.dtype = static_cast<uint8_t>(p.args.dtype);
   h.op = is_reduction(c) ? static_cast<uint8_t>(p.args.op) : kNoOp;
@@ -84,6 +87,8 @@ std::string CommunicatorImpl::describe_current() const {
   std::string d = describe_header(fingerprint(*current_));
   if (current_->args.coll == Collective::Send) d = "send to rank " + std::to_string(current_->args.peer) + ": " + d;
   if (current_->args.coll == Collective::Recv) d = "recv from rank " + std::to_string(current_->args.peer) + ": " + d;
+  if (current_->args.coll == Collective::SendRecv)
+    d = str_cat("sendrecv to rank ", current_->args.peer, " and from rank ", current_->args.recv_peer, ": ", d);
   return d;
 }
 
@@ -115,6 +120,13 @@ void CommunicatorImpl::execute(Prepared& p) {
 
 const Schedule& CommunicatorImpl::schedule_for(const Prepared& p) {
   const Collective c = p.args.coll;
+  if (c == Collective::SendRecv) {  // one step: both directions progress together
+    sendrecv_schedule_ = Schedule{};
+    sendrecv_schedule_.add(make_send(p.args.peer, BufId::Input, 0, p.args.input.count));
+    sendrecv_schedule_.add(make_recv(p.args.recv_peer, BufId::Output, 0, p.args.output.count));
+    sendrecv_schedule_.end_step();
+    return sendrecv_schedule_;
+  }
   if (c == Collective::AllToAllV) {
     all_to_all_v_schedule_ = Schedule{};
     direct_all_to_all_v(all_to_all_v_schedule_, size_, rank_, p.args.send_counts, p.args.recv_counts);
@@ -182,6 +194,11 @@ void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bas
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
   } else {
     c.recv = RecvCursor{};
+    c.expect = fp;
+    if (p.args.coll == Collective::SendRecv) {  // the receive has its own sequence number and size
+      c.expect.seq = p.recv_seq;
+      c.expect.count = p.args.output.count;
+    }
     c.recv.dst = bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz;
     c.recv.payload_bytes = c.payload_bytes;
     c.recv.elem_size = static_cast<uint32_t>(esz);
@@ -195,13 +212,14 @@ void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bas
 void CommunicatorImpl::run_schedule(const Schedule& s, uint8_t* const bases[3], const Prepared& p, const Deadline& deadline) {
   current_fp_ = fingerprint(p);
   const size_t esz = dtype_size(p.args.dtype);
-  const bool handshake = size_ > 1 && p.args.coll != Collective::Send && p.args.coll != Collective::Recv;
+  const bool handshake = size_ > 1 && p.args.coll != Collective::Send && p.args.coll != Collective::Recv &&
+                         p.args.coll != Collective::SendRecv;
   hs_send_pending_ = hs_recv_pending_ = false;
   if (handshake) {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-    hs_send_ = OpCursor{nullptr, conns_[next].get(), next, true, false, 0, SendCursor{}, RecvCursor{}};
+    hs_send_ = OpCursor{nullptr, conns_[next].get(), next, true, false, 0, SendCursor{}, RecvCursor{}, current_fp_};
     hs_send_.send.header = current_fp_;
-    hs_recv_ = OpCursor{nullptr, conns_[prev].get(), prev, false, false, 0, SendCursor{}, RecvCursor{}};
+    hs_recv_ = OpCursor{nullptr, conns_[prev].get(), prev, false, false, 0, SendCursor{}, RecvCursor{}, current_fp_};
     RT_CHECK(hs_send_.conn && hs_recv_.conn, PeerFailure, "no connection to a ring neighbour (communicator closed?)");
     hs_send_pending_ = hs_recv_pending_ = true;
   }
@@ -227,7 +245,7 @@ void CommunicatorImpl::run_schedule(const Schedule& s, uint8_t* const bases[3], 
 bool CommunicatorImpl::progress_recv_checked(OpCursor& c) {
   bool moved = c.conn->progress_recv(c.recv);
   if (c.recv.header_ready && !c.recv.header_checked) {
-    check_header(c.recv.header, current_fp_, c.payload_bytes, c.peer);
+    check_header(c.recv.header, c.expect, c.payload_bytes, c.peer);
     c.recv.header_checked = true;
     moved |= c.conn->progress_recv(c.recv);
   }

@@ -101,7 +101,7 @@ class Communicator:
     # --- the collectives -------------------------------------------------------------------
 
     def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
-             async_op=False, result=None, send_counts=(), recv_counts=()):
+             async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1):
         keep = []
         has_in = x is not None
         has_out = out is not None
@@ -124,7 +124,7 @@ class Communicator:
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
             has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
             op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op),
-            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"))
+            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"), int(recv_peer))
         if async_op:
             return Work(work, keep, result)
         return result
@@ -184,6 +184,14 @@ class Communicator:
     def recv(self, x, peer, async_op=False, timeout=None):
         """Receive into x from `peer`."""
         return self._run("recv", None, x, peer=peer, timeout=timeout, async_op=async_op, result=x)
+
+    def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
+        """Send x to `dst` and receive `out` from `src` at the same time (NCCL's grouped
+        send/recv). Calls on one communicator run in order, so an exchange in a ring must use
+        this (or the peers must order their sends and recvs) once messages outgrow the
+        transport's buffering. Matches a plain send/recv on the other side."""
+        return self._run("sendrecv", x, out, peer=dst, recv_peer=src, timeout=timeout, async_op=async_op,
+                         result=out)
 
     # --- structure -----------------------------------------------------------------------
 

@@ -28,7 +28,8 @@ struct CollectiveArgs {
   ReduceOp op = ReduceOp::Sum;
   double premul_factor = 1.0;
   int root = 0;
-  int peer = -1;
+  int peer = -1;       // send, recv; sendrecv: the destination
+  int recv_peer = -1;  // sendrecv: the source
   Algo algo = Algo::Auto;
   double timeout_s = 0;  // <= 0: the communicator's default
   // all_to_all_v: elements this rank sends to / receives from each rank; blocks are

@@ -10,7 +10,7 @@ enum class DataType : uint8_t { Int8, Uint8, Int32, Int64, Float16, BFloat16, Fl
 enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, Count };
 enum class Collective : uint8_t {
   AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, Barrier,
-  Send, Recv, AllToAllV, Count
+  Send, Recv, AllToAllV, SendRecv, Count
 };
 // Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
 enum class Algo : uint8_t { Auto, Ring, Tree, Direct, Count };
