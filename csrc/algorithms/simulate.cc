@@ -5,6 +5,7 @@
 // permits); a send completes only when its receiver's current step holds the matching recv.
 #include <algorithm>
 #include <map>
+#include "algorithms/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
 
@@ -69,9 +70,6 @@ struct RankState {
   Aliasing alias;
   std::vector<Value> storage[3];
   std::vector<uint8_t> knows;  // barrier causality: which ranks this rank has heard from
-  size_t step = 0;
-  std::vector<uint8_t> done;   // per op of the current step
-  bool entered = false;        // local copies of the current step performed
 };
 
 std::string describe(const ScheduleKey& k, bool in_place) {
@@ -151,84 +149,46 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
     if (base.coll == Collective::Broadcast && r == base.root)
       for (uint64_t i = 0; i < sz.output; ++i) st.storage[1][i] = {Atom{r, i}};
   }
-  auto start_step = [&](RankState& st, int r) {
-    while (st.step < st.sched.num_steps() && !st.entered) {
-      const size_t b = st.sched.step_begin(st.step), e = st.sched.step_end[st.step];
+  // Values flow as the shared rendezvous walk matches sends with receives.
+  struct Flow : RendezvousVisitor {
+    std::vector<RankState>& ranks;
+    const ScheduleKey& base;
+    bool in_place;
+    Flow(std::vector<RankState>& r, const ScheduleKey& k, bool ip) : ranks(r), base(k), in_place(ip) {}
+    void enter_step(int r, size_t step) override {
+      RankState& st = ranks[r];
+      const size_t b = st.sched.step_begin(step), e = st.sched.step_end[step];
       check_step_disjoint(st, b, e, base, in_place, r);
-      st.done.assign(e - b, 0);
-      bool all_done = true;
       for (size_t i = b; i < e; ++i) {
         const Op& op = st.sched.ops[i];
-        if (op.kind != OpKind::Copy) { all_done = false; continue; }
+        if (op.kind != OpKind::Copy) continue;
         std::vector<Value> tmp(op.count);
         for (uint64_t j = 0; j < op.count; ++j) tmp[j] = at(st, op.src, j, base, in_place, r);
         for (uint64_t j = 0; j < op.count; ++j) at(st, op.dst, j, base, in_place, r) = tmp[j];
-        st.done[i - b] = 1;
-      }
-      st.entered = true;
-      if (all_done) { st.step++; st.entered = false; }
-    }
-  };
-  for (int r = 0; r < P; ++r) start_step(ranks[r], r);
-
-  for (;;) {
-    bool progressed = false, finished = true;
-    for (int a = 0; a < P; ++a) {
-      RankState& sa = ranks[a];
-      if (sa.step >= sa.sched.num_steps()) continue;
-      finished = false;
-      const size_t b = sa.sched.step_begin(sa.step), e = sa.sched.step_end[sa.step];
-      for (size_t i = b; i < e; ++i) {
-        const Op& snd = sa.sched.ops[i];
-        if (sa.done[i - b] || snd.kind != OpKind::Send) continue;
-        if (snd.peer < 0 || snd.peer >= P || snd.peer == a) fail(base, in_place, str_cat("rank ", a, " sends to bad peer ", snd.peer));
-        RankState& sb = ranks[snd.peer];
-        if (sb.step >= sb.sched.num_steps()) continue;
-        const size_t bb = sb.sched.step_begin(sb.step), be = sb.sched.step_end[sb.step];
-        for (size_t j = bb; j < be; ++j) {
-          const Op& rcv = sb.sched.ops[j];
-          if (sb.done[j - bb] || rcv.peer != a || (rcv.kind != OpKind::Recv && rcv.kind != OpKind::RecvReduce)) continue;
-          if (rcv.count != snd.count)
-            fail(base, in_place, str_cat("rank ", a, " sends ", snd.count, " elements but rank ", snd.peer, " receives ", rcv.count));
-          std::vector<Value> msg(snd.count);
-          for (uint64_t x = 0; x < snd.count; ++x) {
-            msg[x] = at(sa, snd.src, x, base, in_place, a);
-            if (msg[x].empty()) fail(base, in_place, str_cat("rank ", a, " sends an element it never received"));
-          }
-          for (uint64_t x = 0; x < rcv.count; ++x) {
-            Value& d = at(sb, rcv.dst, x, base, in_place, snd.peer);
-            if (rcv.kind == OpKind::Recv) { d = msg[x]; continue; }
-            Value v = at(sb, rcv.src, x, base, in_place, snd.peer);
-            if (v.empty()) fail(base, in_place, str_cat("rank ", snd.peer, " reduces into an unwritten element"));
-            v.insert(v.end(), msg[x].begin(), msg[x].end());
-            d = std::move(v);
-          }
-          for (int q = 0; q < P; ++q) sb.knows[q] |= sa.knows[q];
-          sa.done[i - b] = 1;
-          sb.done[j - bb] = 1;
-          progressed = true;
-          break;
-        }
       }
     }
-    for (int r = 0; r < P; ++r) {
-      RankState& st = ranks[r];
-      if (st.step < st.sched.num_steps() && st.entered &&
-          std::all_of(st.done.begin(), st.done.end(), [](uint8_t d) { return d != 0; })) {
-        st.step++;
-        st.entered = false;
-        start_step(st, r);
-        progressed = true;
+    void transfer(int a, const Op& snd, int b, const Op& rcv) override {
+      RankState &sa = ranks[a], &sb = ranks[b];
+      std::vector<Value> msg(snd.count);
+      for (uint64_t x = 0; x < snd.count; ++x) {
+        msg[x] = at(sa, snd.src, x, base, in_place, a);
+        if (msg[x].empty()) fail(base, in_place, str_cat("rank ", a, " sends an element it never received"));
       }
+      for (uint64_t x = 0; x < rcv.count; ++x) {
+        Value& d = at(sb, rcv.dst, x, base, in_place, b);
+        if (rcv.kind == OpKind::Recv) { d = msg[x]; continue; }
+        Value v = at(sb, rcv.src, x, base, in_place, b);
+        if (v.empty()) fail(base, in_place, str_cat("rank ", b, " reduces into an unwritten element"));
+        v.insert(v.end(), msg[x].begin(), msg[x].end());
+        d = std::move(v);
+      }
+      for (size_t q = 0; q < ranks.size(); ++q) sb.knows[q] |= sa.knows[q];
     }
-    if (finished) break;
-    if (!progressed) {
-      std::string blocked = "deadlock:";
-      for (int r = 0; r < P; ++r)
-        if (ranks[r].step < ranks[r].sched.num_steps()) blocked += str_cat(" rank ", r, " at step ", ranks[r].step, ";");
-      fail(base, in_place, blocked);
-    }
-  }
+  } flow(ranks, base, in_place);
+  std::vector<const Schedule*> schedules;
+  for (const RankState& st : ranks) schedules.push_back(&st.sched);
+  const std::string problem = walk_rendezvous(schedules, flow);
+  if (!problem.empty()) fail(base, in_place, problem);
 
   // Expected contents.
   auto all_ranks_once = [&](const Value& v, uint64_t index, int r, uint64_t i) {

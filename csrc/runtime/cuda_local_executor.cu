@@ -24,10 +24,10 @@
 // receiver has consumed it (write-after-read). Ops within a step touch disjoint memory, so
 // running a step's ops in any order, on any of the streams, is allowed.
 //
-// Walking the schedules: like the simulator, the host enters every rank's first step, then
-// repeatedly matches each rank's pending sends with the receives its peers' current steps hold,
-// enqueueing each transfer as it is matched, and advances a rank once every op of its step is
-// matched. Enqueueing in this order guarantees every event is recorded before any stream is
+// Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the simulator's
+// too) enters every rank's first step, then repeatedly matches pending sends with the receives
+// the peers' current steps hold; each transfer is enqueued as it is matched, and a rank
+// advances once every op of its step is matched. Enqueueing in this order guarantees every event is recorded before any stream is
 // told to wait on it. Only enqueueing happens here; nothing waits for the device.
 //
 // Stream semantics: on entry every rank stream waits on an event recorded on the caller's
@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include "algorithms/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
 #include "common/env.h"
@@ -213,9 +214,6 @@ struct DeviceBuffer {
 struct RankRun {
   Schedule sched;
   uint8_t* base[3] = {nullptr, nullptr, nullptr};  // indexed by BufId
-  size_t step = 0;
-  bool entered = false;                  // the current step's entry work is enqueued
-  std::vector<uint8_t> done;             // per op of the current step: matched (or local, enqueued)
   cudaEvent_t ready = nullptr;           // see "ready event" above; null when the step sends nothing
   std::vector<cudaEvent_t> sends_done;   // "done events" of the current step's sends
 };
@@ -304,77 +302,43 @@ class Executor {
   }
 
  private:
-  // The host-side walk described at the top of this file.
+  // The host-side walk described at the top of this file: the shared rendezvous walk, with
+  // entering a step and matching a send to a receive turned into stream work.
   void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, size_t esz) {
-    const int P = static_cast<int>(ranks.size());
-    for (int r = 0; r < P; ++r) enter(ranks[r], r, esz);
-    for (;;) {
-      bool progressed = false, finished = true;
-      for (int src = 0; src < P; ++src) {
-        RankRun& sa = ranks[src];
-        if (sa.step >= sa.sched.num_steps()) continue;
-        finished = false;
-        const size_t b = sa.sched.step_begin(sa.step), e = sa.sched.step_end[sa.step];
-        for (size_t i = b; i < e; ++i) {
-          const Op& snd = sa.sched.ops[i];
-          if (sa.done[i - b] || snd.kind != OpKind::Send) continue;
-          RT_CHECK(snd.peer >= 0 && snd.peer < P && snd.peer != src, Error, "internal error: rank ", src,
-                   " sends to bad peer ", snd.peer);
-          RankRun& sb = ranks[snd.peer];
-          if (sb.step >= sb.sched.num_steps()) continue;
-          const size_t bb = sb.sched.step_begin(sb.step), be = sb.sched.step_end[sb.step];
-          for (size_t j = bb; j < be; ++j) {
-            const Op& rcv = sb.sched.ops[j];
-            if (sb.done[j - bb] || rcv.peer != src || (rcv.kind != OpKind::Recv && rcv.kind != OpKind::RecvReduce))
-              continue;
-            RT_CHECK(rcv.count == snd.count, Error, "internal error: rank ", src, " sends ", snd.count,
-                     " elements but rank ", snd.peer, " receives ", rcv.count);
-            transfer(sa, snd, sb, rcv, snd.peer, a, esz);
-            sa.done[i - b] = 1;
-            sb.done[j - bb] = 1;
-            progressed = true;
-            break;
-          }
-        }
+    struct Enqueue : RendezvousVisitor {
+      Executor& ex;
+      std::vector<RankRun>& ranks;
+      const CudaLocalArgs& a;
+      size_t esz;
+      Enqueue(Executor& e, std::vector<RankRun>& r, const CudaLocalArgs& args, size_t size)
+          : ex(e), ranks(r), a(args), esz(size) {}
+      void enter_step(int r, size_t step) override { ex.enter(ranks[r], r, step, esz); }
+      void transfer(int from, const Op& snd, int to, const Op& rcv) override {
+        ex.transfer(ranks[from], snd, ranks[to], rcv, to, a, esz);
       }
-      for (int r = 0; r < P; ++r) {
-        RankRun& st = ranks[r];
-        if (st.step < st.sched.num_steps() && st.entered &&
-            std::all_of(st.done.begin(), st.done.end(), [](uint8_t d) { return d != 0; })) {
-          st.step++;
-          st.entered = false;
-          enter(st, r, esz);
-          progressed = true;
-        }
-      }
-      if (finished) return;
-      // The schedules are proven deadlock-free by simulate_schedules; this guards the executor.
-      RT_CHECK(progressed, Error, "internal error: the local GPU executor found the schedules of ",
-               collective_name(a.coll), " (P=", P, ", count=", a.count, ") deadlocked");
-    }
+    } enqueue(*this, ranks, a, esz);
+    std::vector<const Schedule*> schedules;
+    for (const RankRun& st : ranks) schedules.push_back(&st.sched);
+    // The schedules are proven by simulate_schedules; this guards the executor.
+    const std::string problem = walk_rendezvous(schedules, enqueue);
+    RT_CHECK(problem.empty(), Error, "internal error: the local GPU executor could not run the schedules of ",
+             collective_name(a.coll), " (P=", ranks.size(), ", count=", a.count, "): ", problem);
   }
 
-  // Enqueues the entry work of rank r's current step (and of following steps that hold only
-  // local copies): wait for the previous step's sends, record the ready event, run the copies.
-  void enter(RankRun& st, int r, size_t esz) {
+  // Enqueues the entry work of rank r's step: wait for the previous step's sends, record the
+  // ready event, run the step's local copies.
+  void enter(RankRun& st, int r, size_t step, size_t esz) {
     cudaStream_t s = streams_[r];
-    while (st.step < st.sched.num_steps() && !st.entered) {
-      for (cudaEvent_t e : st.sends_done) wait(s, e);
-      st.sends_done.clear();
-      const size_t b = st.sched.step_begin(st.step), e = st.sched.step_end[st.step];
-      st.done.assign(e - b, 0);
-      bool sends = false, all_done = true;
-      for (size_t i = b; i < e; ++i) sends |= st.sched.ops[i].kind == OpKind::Send && st.sched.ops[i].count > 0;
-      // Recorded before the copies: sends never read what their own step writes.
-      st.ready = sends ? record(s) : nullptr;
-      for (size_t i = b; i < e; ++i) {
-        const Op& op = st.sched.ops[i];
-        if (op.kind != OpKind::Copy) { all_done = false; continue; }
-        enqueue_copy(at(st, op.dst, esz), at(st, op.src, esz), op.count * esz, s);
-        st.done[i - b] = 1;
-      }
-      st.entered = true;
-      if (all_done) { st.step++; st.entered = false; }
+    for (cudaEvent_t e : st.sends_done) wait(s, e);
+    st.sends_done.clear();
+    const size_t b = st.sched.step_begin(step), e = st.sched.step_end[step];
+    bool sends = false;
+    for (size_t i = b; i < e; ++i) sends |= st.sched.ops[i].kind == OpKind::Send && st.sched.ops[i].count > 0;
+    // Recorded before the copies: sends never read what their own step writes.
+    st.ready = sends ? record(s) : nullptr;
+    for (size_t i = b; i < e; ++i) {
+      const Op& op = st.sched.ops[i];
+      if (op.kind == OpKind::Copy) enqueue_copy(at(st, op.dst, esz), at(st, op.src, esz), op.count * esz, s);
     }
   }
 
