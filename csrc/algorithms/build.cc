@@ -1,7 +1,9 @@
 // One entry: key in, schedule out. Single-rank and empty collectives reduce to local copies
 // (the executor still runs its fingerprint handshake, so a count mismatch is caught).
+#include <algorithm>
 #include "algorithms/ops.h"
 #include "common/check.h"
+#include "common/env.h"
 
 namespace ringtree {
 
@@ -16,6 +18,8 @@ std::vector<Algo> supported_algos(Collective coll) {
 
 namespace {
 
+RT_PARAM(TreeSegmentBytes, "RINGTREE_TREE_SEGMENT_BYTES", 128 << 10)
+
 // Elements of input and output buffers, per collective, for a per-rank count N.
 void local_copy_only(Schedule& s, const ScheduleKey& k) {
   const uint64_t N = k.count;
@@ -29,6 +33,14 @@ void local_copy_only(Schedule& s, const ScheduleKey& k) {
 }
 
 }  // namespace
+
+uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes) {
+  const bool pipelined = coll == Collective::Broadcast || coll == Collective::Reduce ||
+                         (coll == Collective::AllReduce && algo == Algo::Tree);
+  if (!pipelined) return 0;
+  const uint64_t bytes = segment_bytes ? segment_bytes : static_cast<uint64_t>(std::max<int64_t>(64, TreeSegmentBytes()));
+  return std::max<uint64_t>(1, bytes / elem_size);
+}
 
 Schedule build_schedule(const ScheduleKey& k) {
   Schedule s;

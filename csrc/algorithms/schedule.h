@@ -73,6 +73,12 @@ std::vector<Algo> supported_algos(Collective coll);
 
 Schedule build_schedule(const ScheduleKey& key);
 
+// ScheduleKey::segment for a call: elements per pipelined segment for the tree and chain
+// algorithms (all_reduce tree, broadcast, reduce), 0 for the others. segment_bytes 0 means
+// the RINGTREE_TREE_SEGMENT_BYTES setting (128 KiB); every executor uses this, so all build
+// the same schedule for the same call.
+uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes = 0);
+
 // Per-algorithm generators (one file each).
 void ring_all_reduce(Schedule& s, int nranks, int rank, uint64_t count);
 void ring_reduce_scatter(Schedule& s, int nranks, int rank, uint64_t block);

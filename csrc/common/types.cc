@@ -24,6 +24,14 @@ bool dtype_is_floating(DataType t) {
   return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
 }
 
+bool is_reduction(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+
+bool is_rooted(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
+}
+
 const char* op_name(ReduceOp op) {
   static const char* names[] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
   return op < ReduceOp::Count ? names[static_cast<int>(op)] : "invalid-op";

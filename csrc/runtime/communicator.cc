@@ -19,7 +19,6 @@ namespace {
 // Settings (documented in the README's table).
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(TreeThresholdBytes, "RINGTREE_TREE_THRESHOLD", 64 << 10)
-RT_PARAM(TreeSegmentBytes, "RINGTREE_TREE_SEGMENT_BYTES", 128 << 10)
 RT_PARAM(SpinIterations, "RINGTREE_SPIN", -1)
 
 int online_cpus() {
@@ -65,7 +64,6 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
   tree_threshold_bytes_ = static_cast<uint64_t>(std::max<int64_t>(0, TreeThresholdBytes()));
-  tree_segment_bytes_ = static_cast<uint64_t>(std::max<int64_t>(64, TreeSegmentBytes()));
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
@@ -171,8 +169,8 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
   const char* name = collective_name(c);
   const size_t esz = dtype_size(a.dtype);
   const uint64_t P = static_cast<uint64_t>(size_);
-  const bool reduces = c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-  const bool rooted = c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
+  const bool reduces = is_reduction(c);
+  const bool rooted = is_rooted(c);
   if (reduces) {
     RT_CHECK(a.op < ReduceOp::Count, InvalidArgument, name, ": unknown reduce op code ", static_cast<int>(a.op));
     RT_CHECK(a.op != ReduceOp::PremulSum || std::isfinite(a.premul_factor), InvalidArgument, name,

@@ -109,7 +109,7 @@ class CommunicatorImpl : public Communicator {
   std::unique_ptr<ShmSegment> own_segment_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
   int spin_limit_ = 0, yield_limit_ = 0;
-  uint64_t tree_threshold_bytes_, tree_segment_bytes_;
+  uint64_t tree_threshold_bytes_;
   Algo forced_algo_ = Algo::Auto;
 
   // Call order state (guarded by queue_mu_).

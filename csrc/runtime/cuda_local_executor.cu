@@ -45,7 +45,6 @@
 #include "algorithms/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
-#include "common/env.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/reduce.cuh"
 #include "runtime/cuda_local_executor.h"
@@ -54,19 +53,6 @@ namespace ringtree {
 
 namespace {
 
-// The host executor's tree segment setting (declared in runtime/communicator.cc); read here
-// with the same name and default so both executors build the same schedule by default.
-int64_t default_segment_bytes() {
-  static const int64_t value = std::max<int64_t>(64, env_int("RINGTREE_TREE_SEGMENT_BYTES", 128 << 10));
-  return value;
-}
-
-bool is_reduction(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-}
-bool is_rooted(Collective c) {
-  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
-}
 
 // Elements of each rank's input and output buffer for a per-rank count N (as simulate.cc).
 struct Sizes { uint64_t input, output; };
@@ -233,11 +219,7 @@ class Executor {
     cudaStream_t caller = reinterpret_cast<cudaStream_t>(a.stream);
 
     ScheduleKey key{a.coll, algo, P, 0, a.count, is_rooted(a.coll) ? a.root : 0, 0, -1};
-    if (a.coll == Collective::Broadcast || a.coll == Collective::Reduce ||
-        (a.coll == Collective::AllReduce && algo == Algo::Tree)) {
-      const int64_t seg_bytes = a.segment_bytes ? static_cast<int64_t>(a.segment_bytes) : default_segment_bytes();
-      key.segment = std::max<uint64_t>(1, static_cast<uint64_t>(seg_bytes) / esz);
-    }
+    key.segment = pipeline_segment(a.coll, algo, esz, a.segment_bytes);
     std::vector<RankRun> ranks(P);
     uint64_t scratch_elems = 0;
     for (int r = 0; r < P; ++r) {

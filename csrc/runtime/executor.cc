@@ -45,12 +45,6 @@ struct CtrlWire {
   uint32_t pad;
 };
 
-bool is_reduction(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-}
-bool is_rooted(Collective c) {
-  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
-}
 
 std::string describe_header(const MsgHeader& h) {
   const auto coll = static_cast<Collective>(h.coll);
@@ -134,8 +128,7 @@ const Schedule& CommunicatorImpl::schedule_for(const Prepared& p) {
   }
   ScheduleKey key{c, p.algo, size_, rank_, p.count, is_rooted(c) ? p.args.root : 0, 0,
                   (c == Collective::Send || c == Collective::Recv) ? p.args.peer : -1};
-  if (c == Collective::Broadcast || c == Collective::Reduce || (c == Collective::AllReduce && p.algo == Algo::Tree))
-    key.segment = std::max<uint64_t>(1, tree_segment_bytes_ / dtype_size(p.args.dtype));
+  key.segment = pipeline_segment(c, p.algo, dtype_size(p.args.dtype));
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
   if (schedules_.size() >= 512) schedules_.clear();  // bound the cache; rebuilding is cheap

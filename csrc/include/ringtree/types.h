@@ -21,5 +21,9 @@ const char* op_name(ReduceOp op);
 const char* collective_name(Collective c);
 const char* algo_name(Algo a);
 bool dtype_is_floating(DataType t);
+// all_reduce, reduce_scatter, reduce.
+bool is_reduction(Collective c);
+// broadcast, reduce, gather, scatter.
+bool is_rooted(Collective c);
 
 }  // namespace ringtree
