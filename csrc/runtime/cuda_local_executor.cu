@@ -476,13 +476,19 @@ void cuda_local_synchronize() {
   RT_CUDA_CHECK(cudaGetLastError());
 }
 
-void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count, DataType dtype, ReduceOp op,
-                        uintptr_t stream) {
-  require_device("cuda_kernel_reduce");
-  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_reduce: unsupported dtype code ", static_cast<int>(dtype));
-  RT_CHECK(op < ReduceOp::Count, InvalidArgument, "cuda_kernel_reduce: unknown reduce op code ", static_cast<int>(op));
+// The checks every direct kernel entry shares: a device, a known dtype; returns the device.
+static int kernel_entry(const char* what, DataType dtype) {
+  require_device(what);
+  RT_CHECK(dtype < DataType::Count, InvalidArgument, what, ": unsupported dtype code ", static_cast<int>(dtype));
   int dev = 0;
   RT_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count, DataType dtype, ReduceOp op,
+                        uintptr_t stream) {
+  RT_CHECK(op < ReduceOp::Count, InvalidArgument, "cuda_kernel_reduce: unknown reduce op code ", static_cast<int>(op));
+  const int dev = kernel_entry("cuda_kernel_reduce", dtype);
   const uint64_t bytes = count * dtype_size(dtype);
   check_device_pointer(dst, bytes, dev, "dst", 0);
   check_device_pointer(a, bytes, dev, "a", 0);
@@ -492,10 +498,7 @@ void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count,
 }
 
 void cuda_kernel_scale(uintptr_t dst, uintptr_t src, uint64_t count, DataType dtype, double factor, uintptr_t stream) {
-  require_device("cuda_kernel_scale");
-  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_scale: unsupported dtype code ", static_cast<int>(dtype));
-  int dev = 0;
-  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = kernel_entry("cuda_kernel_scale", dtype);
   const uint64_t bytes = count * dtype_size(dtype);
   check_device_pointer(dst, bytes, dev, "dst", 0);
   check_device_pointer(src, bytes, dev, "src", 0);
@@ -504,10 +507,7 @@ void cuda_kernel_scale(uintptr_t dst, uintptr_t src, uint64_t count, DataType dt
 }
 
 void cuda_kernel_divide(uintptr_t dst, uint64_t count, DataType dtype, int64_t divisor, uintptr_t stream) {
-  require_device("cuda_kernel_divide");
-  RT_CHECK(dtype < DataType::Count, InvalidArgument, "cuda_kernel_divide: unsupported dtype code ", static_cast<int>(dtype));
-  int dev = 0;
-  RT_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = kernel_entry("cuda_kernel_divide", dtype);
   check_device_pointer(dst, count * dtype_size(dtype), dev, "dst", 0);
   cuda_divide(reinterpret_cast<void*>(dst), count, dtype, divisor, reinterpret_cast<cudaStream_t>(stream));
 }
