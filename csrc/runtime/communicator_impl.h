@@ -92,6 +92,7 @@ class CommunicatorImpl : public Communicator {
   void block(const Deadline& deadline, bool final);
   void handle_ctrl(int peer);
   void raise_pending_peer_abort();
+  void raise_peer_abort_if_any();
   void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
   [[noreturn]] void throw_timeout() const;
   void broadcast_abort(AbortKind kind, const std::string& text);
@@ -133,6 +134,10 @@ class CommunicatorImpl : public Communicator {
   const Prepared* current_ = nullptr;
   MsgHeader current_fp_{};
   bool abort_from_peer_ = false;
+  // A peer's abort notice, raised once this rank can make no progress (or at its next call):
+  // peers may run ahead, so the notice can concern a later call than the one this rank can
+  // still finish with data already delivered.
+  std::exception_ptr peer_abort_;
 
   // Async queue.
   struct Job {

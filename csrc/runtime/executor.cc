@@ -91,6 +91,7 @@ void CommunicatorImpl::execute(Prepared& p) {
   abort_from_peer_ = false;
   try {
     if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
+    raise_peer_abort_if_any();
     execute_traffic(p);
   } catch (const Aborted&) {
     current_ = nullptr;
@@ -297,6 +298,7 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
       RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still ",
                c.is_send ? "sends to" : "expects data from", " it");
   };
+  raise_peer_abort_if_any();  // no progress was possible: a peer's abort now explains why
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);
@@ -339,6 +341,14 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
   }
 }
 
+void CommunicatorImpl::raise_peer_abort_if_any() {
+  if (!peer_abort_) return;
+  std::exception_ptr notice = peer_abort_;
+  peer_abort_ = nullptr;
+  abort_from_peer_ = true;  // the peer already told everyone
+  std::rethrow_exception(notice);
+}
+
 void CommunicatorImpl::raise_pending_peer_abort() {
   const Deadline grace = Deadline::after_seconds(0.2);  // the notice is sent before the close
   for (;;) {
@@ -346,7 +356,10 @@ void CommunicatorImpl::raise_pending_peer_abort() {
       if (q == rank_ || mesh_.ctrl_fd[q] < 0) continue;
       CtrlWire w{};
       const ssize_t n = recv(mesh_.ctrl_fd[q], &w, sizeof(w), MSG_DONTWAIT | MSG_PEEK);
-      if (n == static_cast<ssize_t>(sizeof(w)) && w.magic == kCtrlMagic && w.kind != 0) handle_ctrl(q);  // throws
+      if (n == static_cast<ssize_t>(sizeof(w)) && w.magic == kCtrlMagic && w.kind != 0) {
+        handle_ctrl(q);
+        raise_peer_abort_if_any();
+      }
     }
     if (grace.expired()) return;
     poll(nullptr, 0, 10);
@@ -384,13 +397,13 @@ void CommunicatorImpl::handle_ctrl(int q) {
     read_full(fd, text.data(), text.size(), Deadline::after_seconds(1.0));
   } catch (const Error&) {
   }
-  abort_from_peer_ = true;
   const std::string what = str_cat("rank ", q, " aborted the communicator: ", text);
+  if (peer_abort_) return;  // the first notice explains; later ones repeat it
   switch (w.kind) {
-    case kAbortTimeout: throw Timeout(what);
-    case kAbortPeerFailure: throw PeerFailure(what);
-    case kAbortMismatch: throw CollectiveMismatch(what);
-    default: throw Error(what);
+    case kAbortTimeout: peer_abort_ = std::make_exception_ptr(Timeout(what)); break;
+    case kAbortPeerFailure: peer_abort_ = std::make_exception_ptr(PeerFailure(what)); break;
+    case kAbortMismatch: peer_abort_ = std::make_exception_ptr(CollectiveMismatch(what)); break;
+    default: peer_abort_ = std::make_exception_ptr(Error(what)); break;
   }
 }
 
