@@ -17,6 +17,8 @@ from .ops import resolve_op
 
 _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+# Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
+_NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
 
@@ -54,7 +56,7 @@ def _counts(counts, name):
 def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree' or 'direct'")
+    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct' or 'oneshot'")
 
 
 class Communicator:
@@ -100,6 +102,28 @@ class Communicator:
 
     # --- the collectives -------------------------------------------------------------------
 
+    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result):
+        """The common case in as little Python as possible: buffers the C++ side can read
+        directly (numpy arrays), a named op and algorithm. Everything else goes through _run,
+        which converts, checks and explains."""
+        op_code = _NAMED_OPS.get(op) if op.__class__ is str else None
+        algo_code = _ALGO.get(algo) if algo.__class__ is str else None
+        if timeout is None:
+            t = -1.0
+        elif timeout.__class__ in (int, float) and timeout > 0:
+            t = float(timeout)
+        else:
+            t = None
+        if op_code is not None and algo_code is not None and t is not None:
+            try:
+                work = self._core.call(_COLL[coll], x, out, op_code, 1.0, root, peer, algo_code, t, async_op)
+            except TypeError:  # e.g. a root that is not an int: _run converts or explains
+                work = NotImplemented
+            if work is not NotImplemented:
+                return Work(work, (x, out), result) if async_op else result
+        return self._run(coll, x, out, op=op, root=root, peer=peer, algo=algo, timeout=timeout,
+                         async_op=async_op, result=result)
+
     def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
              async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1):
         keep = []
@@ -132,19 +156,19 @@ class Communicator:
     def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None):
         """Reduce x over all ranks into out (in place when out is None)."""
         out = x if out is None else out
-        return self._run("all_reduce", x, out, op=op, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None):
         """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
-        return self._run("reduce_scatter", x, out, op=op, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
         """out (N*P) receives every rank's x (N), block r from rank r."""
-        return self._run("all_gather", x, out, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
         """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
-        return self._run("all_to_all", x, out, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
@@ -154,36 +178,37 @@ class Communicator:
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
         """Every rank's x receives root's x."""
-        return self._run("broadcast", x, None, root=root, algo=algo, timeout=timeout, async_op=async_op, result=x)
+        return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None):
         """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
         if out is None and self.rank == root:
             out = x
-        return self._run("reduce", x, out if self.rank == root else None, op=op, root=root, algo=algo,
-                         timeout=timeout, async_op=async_op, result=out if self.rank == root else None)
+        if self.rank != root:
+            out = None
+        return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out)
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
         """The root's out (N*P) receives every rank's x (N); out is needed on the root only."""
         out = out if self.rank == root else None
-        return self._run("gather", x, out, root=root, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
         """Rank r's out (N) receives block r of the root's x (N*P); x is needed on the root only."""
         x = x if self.rank == root else None
-        return self._run("scatter", x, out, root=root, algo=algo, timeout=timeout, async_op=async_op, result=out)
+        return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def barrier(self, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
-        return self._run("barrier", None, None, timeout=timeout, async_op=async_op)
+        return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
         """Send x to `peer`, which must call recv with the same count and dtype."""
-        return self._run("send", x, None, peer=peer, timeout=timeout, async_op=async_op)
+        return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None)
 
     def recv(self, x, peer, async_op=False, timeout=None):
         """Receive into x from `peer`."""
-        return self._run("recv", None, x, peer=peer, timeout=timeout, async_op=async_op, result=x)
+        return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x)
 
     def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
         """Send x to `dst` and receive `out` from `src` at the same time (NCCL's grouped

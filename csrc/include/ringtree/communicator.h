@@ -61,7 +61,7 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual double default_timeout() const = 0;
-  // Blocking (async=false): returns a completed Work or throws. Async: returns at once.
+  // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
   virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
   // Resolves "auto" for a collective of `bytes` bytes, as run() would.
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes) const = 0;
