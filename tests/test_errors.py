@@ -21,7 +21,8 @@ def test_invalid_arguments_raise_before_traffic_and_leave_comm_usable(nranks):
         assert len(res["report"]) >= 18
 
 
-MISMATCHES = ["collective", "count", "dtype", "op", "root", "algo", "zero_count"]
+MISMATCHES = ["collective", "count", "dtype", "op", "root", "algo", "zero_count", "count_across_paths", "algo_oneshot",
+              "collective_across_paths"]
 
 
 @pytest.mark.timeout(120)
@@ -36,7 +37,8 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
         assert res["after"] == "aborted"
     # The detecting rank names both calls, with the argument that differs.
     detail = {"count": "count=17", "dtype": "float64", "op": "op=max", "root": "root=1", "algo": "algo=tree",
-              "collective": "barrier", "zero_count": "count=0"}[kind]
+              "collective": "barrier", "zero_count": "count=0", "count_across_paths": "count=1048576",
+              "algo_oneshot": "algo=oneshot", "collective_across_paths": "all_gather"}[kind]
     assert any(detail in res["message"] for res in results), [r["message"] for r in results]
 
 

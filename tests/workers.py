@@ -13,9 +13,9 @@ import ringtree as rt
 from reference import NUMPY_DTYPES, OPS, is_int, make_input, mismatches, op_argument, reduce_reference
 
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-ALGOS = {"all_reduce": ["ring", "tree"], "broadcast": ["tree", "ring"], "reduce": ["tree", "ring"],
-         "reduce_scatter": ["ring"], "all_gather": ["ring"], "all_to_all": ["auto"], "gather": ["auto"],
-         "scatter": ["auto"]}
+ALGOS = {"all_reduce": ["ring", "tree", "oneshot"], "broadcast": ["tree", "ring", "oneshot"],
+         "reduce": ["tree", "ring", "oneshot"], "reduce_scatter": ["ring", "oneshot"], "all_gather": ["ring", "oneshot"],
+         "all_to_all": ["direct", "oneshot"], "gather": ["auto"], "scatter": ["auto"]}
 IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"}
 
 
@@ -107,6 +107,15 @@ def run_case(comm, coll, N, dtype_name, op, algo, in_place, root, salt):
     return wrong, desc
 
 
+def board_takes(comm, coll, N, dtype_name):
+    """Whether the one-shot board can run this call here (one host, small enough)."""
+    try:
+        comm.choose_algo(coll, N * np.dtype(NUMPY_DTYPES[dtype_name]).itemsize, "oneshot")
+        return True
+    except rt.InvalidArgument:
+        return False
+
+
 def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
     """Every collective x count x dtype x op, each against numpy. Algorithm, placement
     (in/out of place) and root rotate through all their combinations across the dtype x op
@@ -135,6 +144,8 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
                 n = max(len(pairs), len(variants))
                 combos = [(*pairs[i % len(pairs)], *variants[i % len(variants)]) for i in range(n)]
             for d, op, algo, in_place, root in combos:
+                if algo == "oneshot" and not board_takes(comm, coll, N, d):
+                    continue
                 try:
                     wrong, desc = run_case(comm, coll, N, d, op, algo, in_place, root, salt)
                 except rt.Error as exc:
@@ -294,6 +305,12 @@ def mismatch(kind):
             comm.all_reduce(x, algo="tree" if odd else "ring")
         elif kind == "zero_count":
             comm.all_reduce(np.ones(0 if odd else 16, np.float32))
+        elif kind == "count_across_paths":  # the small call goes to the one-shot board, the large one to the ring
+            comm.all_reduce(np.ones((1 << 20) if odd else 16, np.float32))
+        elif kind == "algo_oneshot":
+            comm.all_reduce(x, algo="oneshot" if odd else "ring")
+        elif kind == "collective_across_paths":
+            comm.all_gather(np.ones(1 << 18, np.float32), np.empty(P << 18, np.float32)) if odd else comm.barrier()
         comm.barrier()
         outcome = {"raised": None}
     except rt.CollectiveMismatch as exc:

@@ -44,7 +44,7 @@ const char* collective_name(Collective c) {
 }
 
 const char* algo_name(Algo a) {
-  static const char* names[] = {"auto", "ring", "tree", "direct"};
+  static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot"};
   return a < Algo::Count ? names[static_cast<int>(a)] : "invalid-algo";
 }
 

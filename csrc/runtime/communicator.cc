@@ -20,6 +20,7 @@ namespace {
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(TreeThresholdBytes, "RINGTREE_TREE_THRESHOLD", 64 << 10)
 RT_PARAM(SpinIterations, "RINGTREE_SPIN", -1)
+RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 
 int online_cpus() {
   cpu_set_t set;
@@ -40,7 +41,8 @@ Algo parse_algo_setting() {
   if (v == "auto") return Algo::Auto;
   if (v == "ring") return Algo::Ring;
   if (v == "tree") return Algo::Tree;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring or tree, got '", v, "'");
+  if (v == "oneshot") return Algo::OneShot;
+  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree or oneshot, got '", v, "'");
 }
 
 }  // namespace
@@ -93,7 +95,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     if (q != rank && mesh_.peers[q].host == mesh_.peers[rank].host) ++local_ranks;
   const bool oversubscribed = local_ranks > online_cpus();
   spin_limit_ = SpinIterations() >= 0 ? static_cast<int>(SpinIterations()) : (oversubscribed ? 32 : 4000);
-  yield_limit_ = oversubscribed ? 2 : 16;
+  yield_limit_ = static_cast<int>(env_int("RINGTREE_YIELDS", oversubscribed ? 2 : 16));
 }
 
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,
@@ -109,16 +111,23 @@ void CommunicatorImpl::setup_shared_memory(Bootstrap& boot) {
     return v;
   };
   const std::vector<int> my_senders = senders_of(rank_);
+  // The board needs every rank on this host; every rank derives the same answer from the mesh.
+  bool all_local = size_ > 1;
+  for (int a = 0; a < size_ && all_local; ++a)
+    for (int b = a + 1; b < size_ && all_local; ++b) all_local = !mesh_.pair_uses_tcp(a, b);
+  board_usable_ = all_local;
+  board_bytes_ = all_local ? (std::max<int64_t>(0, BoardBytes()) + 63) & ~uint64_t{63} : 0;
+  board_arrived_.assign(size_, 0);
   if (have_shm_) {
     bell_.open("ringtree." + uid_.secret_hex().substr(0, 16) + "." + std::to_string(uid_.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
-    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes);
+    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_);
   }
   boot.barrier();  // every segment exists
   peer_segments_.resize(size_);
   for (int q : my_senders) {
     peer_segments_[q] = std::make_unique<ShmSegment>();
-    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes);
+    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, board_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
   if (have_shm_) ShmSegment::unlink(prefix + std::to_string(rank_));
@@ -147,16 +156,23 @@ std::string CommunicatorImpl::transport_to(int peer) const {
 }
 
 Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes) const {
-  const std::vector<Algo> supported = supported_algos(coll);
+  std::vector<Algo> supported = supported_algos(coll);
+  if (board_fits(coll, bytes)) supported.push_back(Algo::OneShot);
   auto is_supported = [&](Algo a) { return std::find(supported.begin(), supported.end(), a) != supported.end(); };
   if (requested != Algo::Auto) {
     if (is_supported(requested)) return requested;
     std::string names;
     for (Algo a : supported) names += std::string(algo_name(a)) + ", ";
+    if (requested == Algo::OneShot && board_payload_bytes(coll, bytes) != UINT64_MAX)
+      RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
+               " on one host and at most ", board_bytes_, " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
+               board_usable_ ? str_cat(" puts ", board_payload_bytes(coll, bytes), " there") : std::string(" spans hosts or uses TCP"),
+               "; choose from ", names, "auto");
     RT_THROW(InvalidArgument, "algo '", algo_name(requested), "' is not available for ", collective_name(coll),
              "; choose from ", names, "auto");
   }
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
+  if (is_supported(Algo::OneShot)) return Algo::OneShot;
   if (coll == Collective::AllReduce)  // tree: 2 log P message latencies; ring: 2(P-1) but bandwidth-optimal
     return size_ > 2 && bytes <= tree_threshold_bytes_ ? Algo::Tree : Algo::Ring;
   return supported.front();
@@ -295,7 +311,6 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
 
 std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
   Prepared p = prepare(args);
-  auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (closed_) RT_THROW(Aborted, "the communicator is closed");
   if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
@@ -309,18 +324,19 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
     default: p.seq = next_seq_++; break;
   }
   if (async) {
+    auto work = std::make_shared<Work>();
     queue_.push_back({std::move(p), work});
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     queue_cv_.notify_all();
     return work;
   }
-  // Blocking calls run inline, after every earlier async call on this communicator.
-  queue_cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
+  // Blocking calls run inline, after every earlier async call on this communicator; they
+  // need no Work, so the common path allocates nothing.
+  if (!queue_.empty() || worker_busy_) queue_cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
   lock.unlock();
   std::lock_guard<std::mutex> exec(exec_mu_);
   execute(p);
-  work->finish(nullptr);
-  return work;
+  return nullptr;
 }
 
 void CommunicatorImpl::worker_loop() {

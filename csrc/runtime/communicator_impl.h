@@ -81,6 +81,7 @@ class CommunicatorImpl : public Communicator {
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
   void execute_traffic(Prepared& p);
+  void run_scheduled(Prepared& p, uint8_t* in, uint8_t* out);
   const Schedule& schedule_for(const Prepared& p);
   MsgHeader fingerprint(const Prepared& p) const;
   void run_schedule(const Schedule& s, uint8_t* const bases[3], const Prepared& p, const Deadline& deadline);
@@ -97,6 +98,13 @@ class CommunicatorImpl : public Communicator {
   [[noreturn]] void throw_timeout() const;
   void broadcast_abort(AbortKind kind, const std::string& text);
   void worker_loop();
+  // The one-shot board (board.cc).
+  uint64_t board_payload_bytes(Collective c, uint64_t block_bytes) const;
+  bool board_fits(Collective c, uint64_t block_bytes) const;
+  void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
+  void run_board(const Prepared& p, const uint8_t* in, uint8_t* out);
+  void board_block(const Prepared& p, const Deadline& deadline, uint64_t gen);
+  void check_board_mismatch(const Prepared& p) const;
   std::string describe_current() const;
 
   int rank_, size_;
@@ -110,6 +118,10 @@ class CommunicatorImpl : public Communicator {
   std::unique_ptr<ShmSegment> own_segment_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
   int spin_limit_ = 0, yield_limit_ = 0;
+  bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
+  uint64_t board_bytes_ = 0;   // payload capacity of a board slot
+  uint64_t board_gen_ = 0;     // one-shot calls so far (guarded by exec_mu_)
+  std::vector<uint8_t> board_arrived_;
   uint64_t tree_threshold_bytes_;
   Algo forced_algo_ = Algo::Auto;
 

@@ -17,17 +17,10 @@
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
+#include "common/cpu_relax.h"
 #include "algorithms/ops.h"
 #include "runtime/communicator_impl.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-static inline void cpu_relax() { _mm_pause(); }
-#elif defined(__aarch64__)
-static inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
-#else
-static inline void cpu_relax() {}
-#endif
 
 namespace ringtree {
 
@@ -149,6 +142,18 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
     scale_elements(scaled, in, a.input.count, a.dtype, a.premul_factor);
     in = scaled;
   }
+  if (p.algo == Algo::OneShot) {
+    run_board(p, in, out);  // publishes a copy of the input, so in-place needs no staging
+  } else {
+    run_scheduled(p, in, out);
+  }
+  if (reduces && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || a.root == rank_))
+    divide_elements(out, a.output.count, a.dtype, size_);
+}
+
+void CommunicatorImpl::run_scheduled(Prepared& p, uint8_t* in, uint8_t* out) {
+  const CollectiveArgs& a = p.args;
+  const size_t esz = dtype_size(a.dtype);
   // In-place all_to_all: pairwise exchange overwrites blocks not yet sent, so send from a copy.
   if ((a.coll == Collective::AllToAll || a.coll == Collective::AllToAllV) && a.input.count > 0 &&
       ranges_overlap(in, a.input.count * esz, out, a.output.count * esz)) {
@@ -168,8 +173,6 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
     // Transports and liveness checks know the peer; this adds which call and which rank.
     throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
   }
-  if (reduces && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || a.root == rank_))
-    divide_elements(out, a.output.count, a.dtype, size_);
 }
 
 void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3], const Prepared& p, const MsgHeader& fp) {
@@ -299,6 +302,7 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
                c.is_send ? "sends to" : "expects data from", " it");
   };
   raise_peer_abort_if_any();  // no progress was possible: a peer's abort now explains why
+  if (current_) check_board_mismatch(*current_);  // a peer may be on the board for this call
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);

@@ -50,6 +50,9 @@ class Connection {
   virtual bool progress_recv(RecvCursor& c) = 0;
   virtual bool send_complete(const SendCursor& c, uint64_t payload_bytes) const = 0;
   virtual bool recv_complete(const RecvCursor& c) const = 0;
+  // Between messages: copies the next incoming message's header without consuming it, if one
+  // has arrived (used to spot a peer that runs a different call than this rank).
+  virtual bool peek_header(MsgHeader* h) const { return false; }
   // A descriptor to poll for readiness, or -1 when waking comes through the doorbell.
   virtual int poll_fd() const { return -1; }
   virtual const char* kind() const = 0;

@@ -13,7 +13,9 @@ enum class Collective : uint8_t {
   Send, Recv, AllToAllV, SendRecv, Count
 };
 // Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
-enum class Algo : uint8_t { Auto, Ring, Tree, Direct, Count };
+// OneShot: every rank publishes its whole input on a shared-memory board and every rank reads
+// all of them (one message latency; single-host communicators, small messages).
+enum class Algo : uint8_t { Auto, Ring, Tree, Direct, OneShot, Count };
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);

@@ -18,18 +18,25 @@ constexpr size_t kHeaderBytes = 128;
 RT_PARAM(ShmPieceBytes, "RINGTREE_SHM_PIECE_BYTES", 64 << 10)
 }  // namespace
 
-size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes) {
-  return kHeaderBytes + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+// Layout: header, two board slots, then one ring per sender.
+size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes) {
+  return kHeaderBytes + 2 * (sizeof(BoardSlot) + board_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+}
+
+BoardSlot* ShmSegment::board(int parity) const {
+  return reinterpret_cast<BoardSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
+                                      static_cast<size_t>(parity) * (sizeof(BoardSlot) + board_bytes_));
 }
 
 ShmRing* ShmSegment::ring(int slot) const {
-  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
+  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes + 2 * (sizeof(BoardSlot) + board_bytes_) +
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
-void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes) {
+void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes) {
   ring_bytes_ = ring_bytes;
-  bytes_ = bytes_for(slots, ring_bytes);
+  board_bytes_ = board_bytes;
+  bytes_ = bytes_for(slots, ring_bytes, board_bytes);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
   // Reserve the pages now: a full /dev/shm must fail here, not with SIGBUS mid-collective.
@@ -43,15 +50,17 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes)
   map(fd, name);
   header()->magic = kSegmentMagic;
   header()->sleeping.store(0);
+  for (int parity = 0; parity < 2; ++parity) board(parity)->gen.store(0);
   for (int s = 0; s < slots; ++s) {
     ring(s)->head.store(0);
     ring(s)->tail.store(0);
   }
 }
 
-void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes) {
+void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes) {
   ring_bytes_ = ring_bytes;
-  bytes_ = bytes_for(slots, ring_bytes);
+  board_bytes_ = board_bytes;
+  bytes_ = bytes_for(slots, ring_bytes, board_bytes);
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
   map(fd, name);
@@ -112,6 +121,14 @@ bool ShmConnection::progress_send(SendCursor& c) {
   }
   if (moved) wake_peer();
   return moved;
+}
+
+bool ShmConnection::peek_header(MsgHeader* h) const {
+  const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+  const uint64_t head = in_->head.load(std::memory_order_acquire);
+  if (head - tail < sizeof(MsgHeader)) return false;
+  std::memcpy(h, in_data_ + tail % cap_, sizeof(MsgHeader));
+  return true;
 }
 
 bool ShmConnection::progress_recv(RecvCursor& c) {

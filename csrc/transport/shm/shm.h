@@ -19,6 +19,19 @@ struct alignas(64) ShmSegmentHeader {
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) blocked in poll()
 };
 
+// The one-shot board: each rank publishes a small call's whole input in its own segment, in
+// one of two slots chosen by the call's generation (gen & 1), and every peer reads it there
+// (runtime/board.cc). `gen` is stored last, with release; kWriting marks a slot being
+// rewritten, so a reader that peeks outside the protocol never trusts a torn header.
+struct alignas(64) BoardSlot {
+  static constexpr uint64_t kWriting = ~uint64_t{0};
+  std::atomic<uint64_t> gen;
+  uint64_t pad[7];
+  MsgHeader fp;  // the call's fingerprint
+  // payload follows (64-byte aligned)
+};
+static_assert(sizeof(BoardSlot) == 128, "BoardSlot header must be two cache lines");
+
 struct ShmRing {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (sender)
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (receiver)
@@ -31,20 +44,24 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  static size_t bytes_for(int slots, uint64_t ring_bytes);
-  void create(const std::string& name, int slots, uint64_t ring_bytes);
-  void open(const std::string& name, int slots, uint64_t ring_bytes);
+  static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes);
+  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes);
+  void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes);
   static void unlink(const std::string& name);
 
   ShmSegmentHeader* header() const { return static_cast<ShmSegmentHeader*>(base_); }
   ShmRing* ring(int slot) const;
   uint8_t* ring_data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot)) + sizeof(ShmRing); }
+  // Board slot 0 or 1 (gen & 1); its payload is board_bytes long.
+  BoardSlot* board(int parity) const;
+  static uint8_t* board_data(BoardSlot* slot) { return reinterpret_cast<uint8_t*>(slot) + sizeof(BoardSlot); }
 
  private:
   void map(int fd, const std::string& name);
   void* base_ = nullptr;
   size_t bytes_ = 0;
   uint64_t ring_bytes_ = 0;
+  uint64_t board_bytes_ = 0;
 };
 
 class ShmConnection : public Connection {
@@ -59,6 +76,7 @@ class ShmConnection : public Connection {
   bool recv_complete(const RecvCursor& c) const override {
     return c.header_checked && c.done == stream_bytes(c.payload_bytes);
   }
+  bool peek_header(MsgHeader* h) const override;
   const char* kind() const override { return "shm"; }
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
 

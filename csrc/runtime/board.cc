@@ -1,0 +1,188 @@
+// The one-shot board: small collectives in one message latency on a single host.
+//
+// Each rank's shared-memory segment holds two board slots. Call number `gen` (counting only
+// one-shot calls, identical on every rank) uses slot gen & 1: a rank copies its whole input
+// there with the call's fingerprint and publishes `gen` last; then it waits until every peer
+// has published `gen`, checks each peer's fingerprint, and computes its result straight from
+// the slots, reducing in rank order 0, 1, ..., P-1 so every rank gets identical bits.
+//
+// Why two slots suffice without acknowledgements: a rank publishes `gen` only after it
+// returned from call gen-1, which it could do only after reading every slot of gen-1 ... and,
+// before that, every slot of gen-2. So when a rank starts call gen, every peer that has
+// published gen-1 (all of them: it waited for that in gen-1) is done with slot gen & 1.
+//
+// A rank on the board expects no ring traffic; one in a ring schedule expects no board
+// publication for its call. Each side looks for the other's evidence before it sleeps, so a
+// call whose size sent ranks down different paths is reported as a mismatch, not a hang.
+#include <sched.h>
+#include <algorithm>
+#include <cstring>
+#include "common/check.h"
+#include "common/cpu_relax.h"
+#include "runtime/communicator_impl.h"
+
+
+namespace ringtree {
+
+// block_bytes: the call's per-rank count in bytes (ScheduleKey::count times the element size).
+uint64_t CommunicatorImpl::board_payload_bytes(Collective c, uint64_t block_bytes) const {
+  switch (c) {
+    case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
+      return block_bytes;
+    case Collective::ReduceScatter: case Collective::AllToAll: return block_bytes * static_cast<uint64_t>(size_);
+    case Collective::Barrier: return 0;
+    default: return UINT64_MAX;  // not a board collective
+  }
+}
+
+bool CommunicatorImpl::board_fits(Collective c, uint64_t block_bytes) const {
+  return board_usable_ && board_payload_bytes(c, block_bytes) <= board_bytes_;
+}
+
+void CommunicatorImpl::publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
+  BoardSlot* mine = own_segment_->board(static_cast<int>(gen & 1));
+  mine->gen.store(BoardSlot::kWriting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  mine->fp = fp;
+  mine->fp.payload_bytes = bytes;
+  if (bytes) std::memcpy(ShmSegment::board_data(mine), payload, bytes);
+  mine->gen.store(gen, std::memory_order_release);
+  // Pairs with the fence between a sleeper's flag store and its last look at the board.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && peer_segments_[q]->header()->sleeping.load(std::memory_order_relaxed)) bell_.ring(q);
+}
+
+void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* out) {
+  const CollectiveArgs& a = p.args;
+  const Collective c = a.coll;
+  const size_t esz = dtype_size(a.dtype);
+  const uint64_t gen = ++board_gen_;
+  const int parity = static_cast<int>(gen & 1);
+  const MsgHeader fp = fingerprint(p);
+  current_fp_ = fp;
+  const uint64_t bytes = board_payload_bytes(c, p.count * esz);
+  const bool publishes_data = c != Collective::Barrier && (c != Collective::Broadcast || a.root == rank_);
+  publish_on_board(fp, publishes_data ? in : nullptr, publishes_data ? bytes : 0, gen);
+
+  // Wait for every peer's publication of this call, checking each fingerprint on arrival.
+  const Deadline deadline = Deadline::after_seconds(p.timeout_s);
+  std::fill(board_arrived_.begin(), board_arrived_.end(), 0);
+  board_arrived_[rank_] = 1;
+  int missing = size_ - 1, idle = 0;
+  while (missing > 0) {
+    bool moved = false;
+    for (int q = 0; q < size_; ++q) {
+      if (board_arrived_[q]) continue;
+      const BoardSlot* slot = peer_segments_[q]->board(parity);
+      if (slot->gen.load(std::memory_order_acquire) != gen) continue;
+      const bool sends_data = c != Collective::Barrier && (c != Collective::Broadcast || a.root == q);
+      check_header(slot->fp, fp, sends_data ? bytes : 0, q);
+      board_arrived_[q] = 1;
+      --missing;
+      moved = true;
+    }
+    if (missing == 0) break;
+    if (moved) { idle = 0; continue; }
+    ++idle;
+    if (idle < spin_limit_) { cpu_relax(); continue; }
+    if (idle < spin_limit_ + yield_limit_) { sched_yield(); continue; }
+    board_block(p, deadline, gen);
+    idle = 0;
+  }
+
+  // Every slot of this call is readable until this rank publishes the next one.
+  auto data_of = [&](int q) -> const uint8_t* {
+    return ShmSegment::board_data((q == rank_ ? own_segment_.get() : peer_segments_[q].get())->board(parity));
+  };
+  const uint64_t block = p.count * esz;
+  auto reduce_in_rank_order = [&](uint8_t* dst, uint64_t offset) {
+    const ReduceFn reduce = reduce_fn(a.dtype, a.op);
+    reduce(dst, data_of(0) + offset, data_of(1) + offset, p.count);
+    for (int q = 2; q < size_; ++q) reduce(dst, dst, data_of(q) + offset, p.count);
+  };
+  if (p.count == 0) return;
+  switch (c) {
+    case Collective::AllReduce: reduce_in_rank_order(out, 0); break;
+    case Collective::Reduce: if (a.root == rank_) reduce_in_rank_order(out, 0); break;
+    case Collective::ReduceScatter: reduce_in_rank_order(out, static_cast<uint64_t>(rank_) * block); break;
+    case Collective::AllGather:
+      for (int q = 0; q < size_; ++q) std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q), block);
+      break;
+    case Collective::AllToAll:
+      for (int q = 0; q < size_; ++q)
+        std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q) + static_cast<uint64_t>(rank_) * block, block);
+      break;
+    case Collective::Broadcast: if (a.root != rank_) std::memcpy(out, data_of(a.root), block); break;
+    default: break;
+  }
+}
+
+void CommunicatorImpl::board_block(const Prepared& p, const Deadline& deadline, uint64_t gen) {
+  raise_peer_abort_if_any();
+  for (int q = 0; q < size_; ++q) {
+    if (board_arrived_[q]) continue;
+    if (peer_state_[q] != PeerState::Alive)
+      RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank still expects it in ",
+               describe_current());
+    // A peer that sends ring traffic for this very call chose another algorithm: its call differs.
+    MsgHeader h{};
+    if (conns_[q] && conns_[q]->peek_header(&h) && h.magic == MsgHeader::kMagic &&
+        h.coll != static_cast<uint8_t>(Collective::Send) && h.seq == p.seq)
+      check_header(h, current_fp_, h.payload_bytes, q);
+  }
+  if (deadline.expired()) {
+    std::string waiting;
+    for (int q = 0; q < size_; ++q)
+      if (!board_arrived_[q]) waiting += str_cat(waiting.empty() ? "rank " : ", rank ", q);
+    RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", p.timeout_s,
+             " s waiting for ", waiting, " to publish its input (one-shot)");
+  }
+  ShmSegmentHeader* self = own_segment_->header();
+  self->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const int parity = static_cast<int>(gen & 1);
+  for (int q = 0; q < size_; ++q) {
+    if (!board_arrived_[q] && peer_segments_[q]->board(parity)->gen.load(std::memory_order_acquire) == gen) {
+      self->sleeping.store(0, std::memory_order_relaxed);
+      return;
+    }
+  }
+  pollfds_.clear();
+  pollfd_peer_.clear();
+  pollfds_.push_back({bell_.fd(), POLLIN, 0});
+  pollfd_peer_.push_back(-1);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || mesh_.ctrl_fd[q] < 0) continue;
+    pollfds_.push_back({mesh_.ctrl_fd[q], POLLIN, 0});
+    pollfd_peer_.push_back(q);
+  }
+  // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
+  const int n = poll(pollfds_.data(), pollfds_.size(), deadline.remaining_ms(100));
+  self->sleeping.store(0, std::memory_order_relaxed);
+  if (n <= 0) return;
+  for (size_t i = 0; i < pollfds_.size(); ++i) {
+    if (!pollfds_[i].revents) continue;
+    if (pollfd_peer_[i] == -1) bell_.drain();
+    else handle_ctrl(pollfd_peer_[i]);
+  }
+}
+
+void CommunicatorImpl::check_board_mismatch(const Prepared& p) const {
+  if (!board_usable_) return;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    for (int parity = 0; parity < 2; ++parity) {
+      const BoardSlot* slot = peer_segments_[q]->board(parity);
+      const uint64_t before = slot->gen.load(std::memory_order_acquire);
+      if (before == 0 || before == BoardSlot::kWriting) continue;
+      const MsgHeader h = slot->fp;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (slot->gen.load(std::memory_order_relaxed) != before) continue;  // being rewritten
+      if (h.seq == p.seq && h.coll != static_cast<uint8_t>(Collective::Send))
+        check_header(h, current_fp_, h.payload_bytes, q);
+    }
+  }
+}
+
+}  // namespace ringtree
