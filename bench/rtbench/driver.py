@@ -315,6 +315,7 @@ class Sweep:
             lines += report.footer_lines(wrong, avg_busbw, o.check)
             if subject.algo == "auto":
                 lines += self.auto_choice_lines(coll, rows)
+                lines += self.cost_model_lines(coll, rows)
             lines += self.note_lines(coll, subject.name, rows)
             print("\n".join(lines), flush=True)
 
@@ -338,6 +339,48 @@ class Sweep:
                     spans.append([algo, size, size])
             text = ", ".join(f"{a} {lo}..{hi} B" if lo != hi else f"{a} {lo} B" for a, lo, hi in spans)
             lines.append(f"# auto chose ({dtype_name}): {text}")
+        return lines + ["#"]
+
+    def cost_model_lines(self, coll, rows) -> list[str]:
+        """The cost model against the measurements: every explicit algorithm's measured and
+        predicted time at each size, the measured best, auto's choice, and the measured time of
+        auto's choice over the best's (the goal: within 1.10 at every size)."""
+        estimate = getattr(self.comm, "estimate", None)
+        explicit = [i for i in self.subjects_for(coll) if i.algo not in (None, "auto")]
+        if estimate is None or not explicit:
+            return []
+        placement = IP if coll.name == "broadcast" else OOP
+        head = "".join(f" {i.algo + ' meas':>13s} {'pred':>9s}" for i in explicit)
+        lines = [f"# Cost model vs measured ({coll.name}, {placement}, slowest rank, us): "
+                 f"auto/best = measured time of auto's choice / best measured",
+                 f"#{'size':>12s} {'dtype':>9s}{head} {'best':>8s} {'auto':>8s} {'auto/best':>9s}"]
+        within = total = 0
+        for row in rows:
+            nbytes = row.count * verify.np_dtype(row.dtype).itemsize
+            try:
+                predicted = {a: t for a, t, _ in estimate(coll.name, nbytes, row.dtype)}
+                chosen = self.comm.choose_algo(coll.name, nbytes, "auto", row.dtype)
+            except Exception as exc:  # noqa: BLE001 - the model may not price every call
+                return [f"# cost model: unavailable ({type(exc).__name__}: {exc})", "#"]
+            measured = {}
+            text = ""
+            for impl in explicit:
+                cell = row.cell(impl.name, placement)
+                t = cell.seconds if cell is not None and cell.ran else None
+                if t is not None:
+                    measured[impl.algo] = t
+                pred = predicted.get(impl.algo)
+                text += (f" {t * 1e6:13.1f}" if t is not None else f" {'n/a':>13s}") + (
+                    f" {pred * 1e6:9.1f}" if pred is not None else f" {'n/a':>9s}")
+            if not measured:
+                continue
+            best = min(measured, key=measured.get)
+            ratio = measured[chosen] / measured[best] if chosen in measured else float("nan")
+            total += 1
+            within += ratio <= 1.10
+            # '#'-prefixed like every non-result line, so table parsers skip it
+            lines.append(f"#{row.size:12d} {row.dtype:>9s}{text} {best:>8s} {chosen:>8s} {ratio:9.2f}")
+        lines.append(f"# auto within 10% of the best measured algorithm at {within} of {total} sizes")
         return lines + ["#"]
 
     def note_lines(self, coll, subject_name, rows) -> list[str]:

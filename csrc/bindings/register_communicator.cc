@@ -144,10 +144,21 @@ void register_communicator(py::module_& m) {
              return py::cast(work);
            })
       .def("choose_algo",
-           [](Communicator& c, int coll, int algo, uint64_t bytes) {
+           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype) {
              return static_cast<int>(c.choose_algo(checked_enum(coll, Collective::Count, "collective"),
-                                                   checked_enum(algo, Algo::Count, "algo"), bytes));
+                                                   checked_enum(algo, Algo::Count, "algo"), bytes,
+                                                   checked_enum(dtype, DataType::Count, "dtype")));
+           },
+           py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32))
+      .def("estimate",
+           [](Communicator& c, int coll, uint64_t bytes, int dtype) {
+             std::vector<std::tuple<int, double, std::string>> out;
+             for (const AlgoEstimate& e : c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                                     checked_enum(dtype, DataType::Count, "dtype")))
+               out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
+             return out;
            })
+      .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted);

@@ -291,4 +291,13 @@ void Bootstrap::barrier() {
   }
 }
 
+void Bootstrap::broadcast_from_root(void* data, size_t bytes) {
+  if (size_ == 1) return;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) write_full(star_fd_[r], data, bytes, deadline_);
+  } else {
+    read_full(star_fd_[0], data, bytes, deadline_);
+  }
+}
+
 }  // namespace ringtree

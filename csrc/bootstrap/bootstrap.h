@@ -41,6 +41,8 @@ class Bootstrap {
   Mesh connect(const std::string& host_key, bool force_tcp);
   // A barrier through rank 0; only during setup, before the star is closed.
   void barrier();
+  // Rank 0's bytes to every rank; only during setup.
+  void broadcast_from_root(void* data, size_t bytes);
   void close_star();
 
  private:

@@ -14,11 +14,9 @@
 // A rank on the board expects no ring traffic; one in a ring schedule expects no board
 // publication for its call. Each side looks for the other's evidence before it sleeps, so a
 // call whose size sent ranks down different paths is reported as a mismatch, not a hang.
-#include <sched.h>
 #include <algorithm>
 #include <cstring>
 #include "common/check.h"
-#include "common/cpu_relax.h"
 #include "runtime/communicator_impl.h"
 
 
@@ -69,7 +67,8 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   const Deadline deadline = Deadline::after_seconds(p.timeout_s);
   std::fill(board_arrived_.begin(), board_arrived_.end(), 0);
   board_arrived_[rank_] = 1;
-  int missing = size_ - 1, idle = 0;
+  int missing = size_ - 1;
+  Backoff backoff(wait_);
   while (missing > 0) {
     bool moved = false;
     for (int q = 0; q < size_; ++q) {
@@ -83,12 +82,8 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
       moved = true;
     }
     if (missing == 0) break;
-    if (moved) { idle = 0; continue; }
-    ++idle;
-    if (idle < spin_limit_) { cpu_relax(); continue; }
-    if (idle < spin_limit_ + yield_limit_) { sched_yield(); continue; }
-    board_block(p, deadline, gen);
-    idle = 0;
+    if (moved) { backoff.progressed(); continue; }
+    if (backoff.should_block()) board_block(p, deadline, gen);
   }
 
   // Every slot of this call is readable until this rank publishes the next one.

@@ -18,8 +18,8 @@ namespace {
 
 // Settings (documented in the README's table).
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
-RT_PARAM(TreeThresholdBytes, "RINGTREE_TREE_THRESHOLD", 64 << 10)
-RT_PARAM(SpinIterations, "RINGTREE_SPIN", -1)
+RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
+RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", 2000)
 RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 
 int online_cpus() {
@@ -65,7 +65,6 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
-  tree_threshold_bytes_ = static_cast<uint64_t>(std::max<int64_t>(0, TreeThresholdBytes()));
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
@@ -87,6 +86,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     set_nonblocking(mesh_.ctrl_fd[q]);
   }
   setup_shared_memory(boot);
+  setup_cost_model(boot);
   boot.close_star();
 
   // Spin while every local rank can have a core; when oversubscribed, hand the core over fast.
@@ -94,8 +94,8 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   for (int q = 0; q < size; ++q)
     if (q != rank && mesh_.peers[q].host == mesh_.peers[rank].host) ++local_ranks;
   const bool oversubscribed = local_ranks > online_cpus();
-  spin_limit_ = SpinIterations() >= 0 ? static_cast<int>(SpinIterations()) : (oversubscribed ? 32 : 4000);
-  yield_limit_ = static_cast<int>(env_int("RINGTREE_YIELDS", oversubscribed ? 2 : 16));
+  wait_.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed ? 1 : 1000));
+  wait_.yield_ns = 1000 * std::max<int64_t>(0, YieldMicros());
 }
 
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,
@@ -115,7 +115,7 @@ void CommunicatorImpl::setup_shared_memory(Bootstrap& boot) {
   bool all_local = size_ > 1;
   for (int a = 0; a < size_ && all_local; ++a)
     for (int b = a + 1; b < size_ && all_local; ++b) all_local = !mesh_.pair_uses_tcp(a, b);
-  board_usable_ = all_local;
+  board_usable_ = all_local && BoardBytes() > 0;
   board_bytes_ = all_local ? (std::max<int64_t>(0, BoardBytes()) + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
   if (have_shm_) {
@@ -155,9 +155,14 @@ std::string CommunicatorImpl::transport_to(int peer) const {
   return conns_[peer] ? conns_[peer]->kind() : "closed";
 }
 
-Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes) const {
-  std::vector<Algo> supported = supported_algos(coll);
-  if (board_fits(coll, bytes)) supported.push_back(Algo::OneShot);
+std::vector<Algo> CommunicatorImpl::available_algos(Collective coll, uint64_t bytes) const {
+  std::vector<Algo> algos = supported_algos(coll);
+  if (board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
+  return algos;
+}
+
+Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const {
+  const std::vector<Algo> supported = available_algos(coll, bytes);
   auto is_supported = [&](Algo a) { return std::find(supported.begin(), supported.end(), a) != supported.end(); };
   if (requested != Algo::Auto) {
     if (is_supported(requested)) return requested;
@@ -172,10 +177,53 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
              "; choose from ", names, "auto");
   }
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
-  if (is_supported(Algo::OneShot)) return Algo::OneShot;
-  if (coll == Collective::AllReduce)  // tree: 2 log P message latencies; ring: 2(P-1) but bandwidth-optimal
-    return size_ > 2 && bytes <= tree_threshold_bytes_ ? Algo::Tree : Algo::Ring;
-  return supported.front();
+  if (supported.size() == 1) return supported.front();
+  // The cheapest prediction; ties (and near-ties within 1%) go to the earlier, simpler algorithm.
+  const std::vector<AlgoEstimate> priced = estimate(coll, bytes, dtype);
+  const AlgoEstimate* best = &priced.front();
+  for (const AlgoEstimate& e : priced)
+    if (e.seconds < best->seconds * 0.99) best = &e;
+  return best->algo;
+}
+
+std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t bytes, DataType dtype) const {
+  RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
+  RT_CHECK(dtype < DataType::Count, InvalidArgument, "unknown dtype code ", static_cast<int>(dtype));
+  const std::vector<Algo> algos = available_algos(coll, bytes);
+  std::vector<AlgoEstimate> out;
+  for (const Candidate& c : price(costs_, coll, algos, size_, bytes, dtype,
+                                  pipeline_segment(coll, Algo::Tree, 1)))
+    out.push_back({c.algo, c.seconds, c.terms});
+  return out;
+}
+
+std::string CommunicatorImpl::machine_costs() const {
+  const MachineCosts& m = costs_;
+  return str_cat("source ", m.measured == 1 ? "measured" : m.measured == 2 ? "cached" : "defaults",
+                 "\ncall_us ", m.call_s * 1e6, "\nhop_us ", m.hop_s * 1e6, "\nswitch_us ", m.switch_s * 1e6,
+                 "\ncopy_hot_GBps ", m.copy_hot_Bps / 1e9, "\ncopy_cold_GBps ", m.copy_cold_Bps / 1e9,
+                 "\nreduce_hot_GBps ", m.reduce_hot_Bps / 1e9, "\nreduce_cold_GBps ", m.reduce_cold_Bps / 1e9,
+                 "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp);
+}
+
+// Rank 0 measures (or reads its host's cache) and every rank adopts its figures: choices
+// must agree on every rank, and a per-rank measurement would not.
+void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
+  if (rank_ == 0) {
+    costs_ = env_str("RINGTREE_COST_MODEL", "measure") == "defaults" ? MachineCosts{} : measure_machine(host_identity());
+    if (costs_.measured == 0) costs_.cores = online_cpus();
+    costs_.local_ranks = 0;
+    costs_.any_tcp = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (mesh_.peers[q].host == mesh_.peers[0].host) ++costs_.local_ranks;
+      if (q != rank_ && mesh_.pair_uses_tcp(0, q)) costs_.any_tcp = 1;
+    }
+    for (int a = 0; a < size_; ++a)
+      for (int b = a + 1; b < size_; ++b)
+        if (mesh_.pair_uses_tcp(a, b)) costs_.any_tcp = 1;
+  }
+  static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
+  boot.broadcast_from_root(&costs_, sizeof(costs_));
 }
 
 Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
@@ -305,7 +353,7 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
                " and scatter");
   }
   if (c == Collective::AllReduce && in.ptr == out.ptr) p.args.output = in;
-  p.algo = choose_algo(c, a.algo, p.count * esz);
+  p.algo = choose_algo(c, a.algo, p.count * esz, a.dtype);
   return p;
 }
 

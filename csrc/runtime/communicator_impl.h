@@ -11,6 +11,8 @@
 #include "algorithms/schedule.h"
 #include "bootstrap/bootstrap.h"
 #include "common/clock.h"
+#include "runtime/backoff.h"
+#include "runtime/cost_model.h"
 #include "ringtree/communicator.h"
 #include "transport/shm/shm.h"
 #include "transport/transport.h"
@@ -56,7 +58,9 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return size_; }
   double default_timeout() const override { return default_timeout_; }
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
-  Algo choose_algo(Collective coll, Algo requested, uint64_t bytes) const override;
+  Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const override;
+  std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
+  std::string machine_costs() const override;
   std::string transport_to(int peer) const override;
   void close() override;
   bool is_aborted() const override { return aborted_.load(); }
@@ -78,6 +82,8 @@ class CommunicatorImpl : public Communicator {
   };
 
   void setup_shared_memory(Bootstrap& boot);
+  void setup_cost_model(Bootstrap& boot);
+  std::vector<Algo> available_algos(Collective coll, uint64_t bytes) const;
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
   void execute_traffic(Prepared& p);
@@ -117,12 +123,12 @@ class CommunicatorImpl : public Communicator {
   Doorbell bell_;
   std::unique_ptr<ShmSegment> own_segment_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
-  int spin_limit_ = 0, yield_limit_ = 0;
+  WaitPolicy wait_;
+  MachineCosts costs_;  // rank 0's, so every rank chooses alike
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far (guarded by exec_mu_)
   std::vector<uint8_t> board_arrived_;
-  uint64_t tree_threshold_bytes_;
   Algo forced_algo_ = Algo::Auto;
 
   // Call order state (guarded by queue_mu_).

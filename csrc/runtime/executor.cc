@@ -6,7 +6,7 @@
 // mismatched calls are found on some rank, which then aborts the job for everyone, even when
 // the schedule itself would never have connected the disagreeing ranks.
 //
-// Waiting: spin (pause) while progress is likely, yield a few times, then block in poll() on
+// Waiting (backoff.h): spin, then yield, each for a set time, then block in poll() on
 // the doorbell (shared memory), the TCP sockets with pending work and every peer's control
 // connection (abort notices and liveness). No lost wake-ups: a sleeper raises its flag,
 // fences, and looks at the rings once more before it sleeps; wakers publish, fence, then
@@ -17,7 +17,6 @@
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/cpu_relax.h"
 #include "algorithms/ops.h"
 #include "runtime/communicator_impl.h"
 
@@ -281,16 +280,12 @@ bool CommunicatorImpl::step_done(bool final) const {
 }
 
 void CommunicatorImpl::pump(const Deadline& deadline, bool final) {
-  int idle = 0;
+  Backoff backoff(wait_);
   for (;;) {
     const bool moved = progress_all();
     if (step_done(final)) return;
-    if (moved) { idle = 0; continue; }
-    ++idle;
-    if (idle < spin_limit_) { cpu_relax(); continue; }
-    if (idle < spin_limit_ + yield_limit_) { sched_yield(); continue; }
-    block(deadline, final);
-    idle = 0;
+    if (moved) { backoff.progressed(); continue; }
+    if (backoff.should_block()) block(deadline, final);
   }
 }
 

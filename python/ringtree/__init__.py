@@ -14,12 +14,13 @@ from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidA
 from ._launchers import detect as _detect
 from .bucketing import Bucketer
 from .comm import Communicator, Work
+from .explain import explain
 from .ops import PremulSum, ReduceOp, premul_sum
 
 __all__ = [
     "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
-    "BootstrapError", "DTYPES", "default_timeout",
+    "BootstrapError", "DTYPES", "default_timeout", "explain",
 ]
 __version__ = "0.1.0"
 

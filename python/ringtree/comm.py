@@ -53,6 +53,19 @@ def _counts(counts, name):
     return values
 
 
+def _coll_code(collective) -> int:
+    if collective in _COLL:
+        return _COLL[collective]
+    raise _core.InvalidArgument(f"unknown collective {collective!r}; expected one of {', '.join(_core.COLLECTIVES)}")
+
+
+def _dtype_code(dtype) -> int:
+    name = getattr(dtype, "name", dtype)  # numpy dtypes and names alike
+    if isinstance(name, str) and name in _core.DTYPES:
+        return _core.DTYPES.index(name)
+    raise _core.InvalidArgument(f"unknown dtype {dtype!r}; expected one of {', '.join(_core.DTYPES)}")
+
+
 def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
@@ -95,10 +108,22 @@ class Communicator:
         """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
         return self._core.transport_to(int(peer))
 
-    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto") -> str:
-        """The algorithm a call of `collective` on `nbytes` bytes would use."""
-        code = self._core.choose_algo(_COLL[collective], _algo_code(algo), int(nbytes))
+    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32") -> str:
+        """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole
+        buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
+        all_gather and all_to_all), as in the bench's count column."""
+        code = self._core.choose_algo(_coll_code(collective), _algo_code(algo), int(nbytes), _dtype_code(dtype))
         return _core.ALGOS[code]
+
+    def estimate(self, collective: str, nbytes: int, dtype: str = "float32") -> list:
+        """[(algo, predicted seconds, formula)] for every algorithm available to such a call."""
+        return [(_core.ALGOS[a], t, formula)
+                for a, t, formula in self._core.estimate(_coll_code(collective), int(nbytes), _dtype_code(dtype))]
+
+    def machine_costs(self) -> dict:
+        """The figures the cost model prices with (rank 0's, shared by every rank)."""
+        pairs = (line.split(" ", 1) for line in self._core.machine_costs().splitlines())
+        return {k: (v if k == "source" else float(v)) for k, v in pairs}
 
     # --- the collectives -------------------------------------------------------------------
 

@@ -52,6 +52,13 @@ class Work {
   std::exception_ptr error_;
 };
 
+// One candidate algorithm's predicted time for a call, and the formula behind it.
+struct AlgoEstimate {
+  Algo algo;
+  double seconds;
+  std::string formula;
+};
+
 class Communicator {
  public:
   // timeout_s bounds the setup and is the default for every collective.
@@ -63,8 +70,12 @@ class Communicator {
   virtual double default_timeout() const = 0;
   // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
   virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
-  // Resolves "auto" for a collective of `bytes` bytes, as run() would.
-  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes) const = 0;
+  // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would.
+  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const = 0;
+  // Every algorithm available for such a call, with the cost model's prediction.
+  virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const = 0;
+  // The machine figures the cost model uses ("name value" lines).
+  virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
   virtual std::string transport_to(int peer) const = 0;
   // Finishes queued work, tells the peers this rank is leaving, releases every resource.

@@ -1,0 +1,46 @@
+// The cost model behind algo="auto": each candidate algorithm is priced as
+//   time = call + hops x hop + bytes-on-the-critical-path x cost-per-byte
+// with the machine's figures (copy and reduce bandwidth in and out of cache, the latency of one
+// message handoff between cores, and of a context switch when ranks outnumber cores). The
+// figures are measured once per host by rank 0 (cached on disk) and handed to every rank, so
+// every rank prices alike and chooses alike.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "ringtree/types.h"
+
+namespace ringtree {
+
+struct MachineCosts {
+  double call_s = 2.5e-6;       // per call: Python, validation, schedule lookup (fitted, P=1 from Python)
+  double hop_s = 0.6e-6;        // one message handoff between two running ranks on one host
+  double switch_s = 8e-6;       // a handoff when ranks outnumber cores: the peer must be scheduled
+  double tcp_hop_s = 40e-6;     // one message over TCP (default, not measured)
+  double tcp_Bps = 2e9;         // TCP stream bandwidth (default, not measured)
+  double copy_hot_Bps = 20e9;   // memcpy, working set in cache
+  double copy_cold_Bps = 8e9;   // memcpy, from memory
+  double reduce_hot_Bps = 12e9; // float32 sum, output bytes per second, in cache
+  double reduce_cold_Bps = 6e9;
+  double cache_bytes = 1 << 20; // working sets above this use the cold figures
+  int32_t cores = 1;            // cores available to this host's ranks
+  int32_t local_ranks = 1;      // ranks on this host
+  int32_t any_tcp = 0;          // some pair talks over TCP
+  int32_t measured = 0;         // 0: defaults, 1: measured now, 2: read from the cache file
+};
+
+struct Candidate {
+  Algo algo;
+  double seconds;
+  std::string terms;  // the formula with this call's numbers, for explain()
+};
+
+// Measures this machine (about 20 ms) or reads the per-host cache file; see README settings.
+MachineCosts measure_machine(const std::string& host);
+
+// Prices `algos` for a call whose per-rank block is block_bytes (the fingerprint count times
+// the element size) over P ranks. segment_bytes: the pipeline segment of tree/chain schedules.
+std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vector<Algo>& algos, int P,
+                             uint64_t block_bytes, DataType dtype, uint64_t segment_bytes);
+
+}  // namespace ringtree

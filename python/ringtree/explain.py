@@ -1,0 +1,35 @@
+"""rt.explain: why algo="auto" picks what it picks, in the cost model's own numbers."""
+from __future__ import annotations
+
+import sys
+
+from . import _core
+
+
+def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", file=sys.stdout) -> str:
+    """Prints (and returns) every candidate algorithm's predicted time for a call of
+    `collective` on this communicator, the formula behind each, and the choice.
+
+    nbytes is one rank's block (count x itemsize), as for Communicator.choose_algo.
+    """
+    if comm is None:
+        raise _core.InvalidArgument("explain needs the communicator the call would run on: explain(..., comm=comm)")
+    m = comm.machine_costs()
+    chosen = comm.choose_algo(collective, nbytes, "auto", dtype)
+    where = "one host" if not m["any_tcp"] else "several hosts (TCP between them)"
+    lines = [
+        f"ringtree explain: {collective}, {int(nbytes)} bytes per rank ({dtype}), {comm.size} ranks on {where}, "
+        f"{int(m['local_ranks'])} ranks on {int(m['cores'])} cores here",
+        f"  machine ({m['source']}): call {m['call_us']:.2f} us, hop {m['hop_us']:.2f} us, "
+        f"switch {m['switch_us']:.2f} us, copy {m['copy_hot_GBps']:.1f}/{m['copy_cold_GBps']:.1f} GB/s, "
+        f"reduce {m['reduce_hot_GBps']:.1f}/{m['reduce_cold_GBps']:.1f} GB/s (in cache/from memory)",
+        f"  {'algo':9s} {'predicted':>12s}   formula",
+    ]
+    for algo, seconds, formula in sorted(comm.estimate(collective, nbytes, dtype), key=lambda e: e[1]):
+        mark = "*" if algo == chosen else " "
+        lines.append(f"{mark} {algo:9s} {seconds * 1e6:9.1f} us   {formula}")
+    lines.append(f"  auto chooses {chosen}")
+    text = "\n".join(lines)
+    if file is not None:
+        print(text, file=file)
+    return text
