@@ -2,13 +2,17 @@
 """Markdown summary tables from rt_bench.py output (used to write bench/RESULTS.md).
 
   python bench/make_results.py bench/results/p2.txt [--every 2]
+  python bench/make_results.py --median run1.txt run2.txt run3.txt   # repeated runs, one table
 
 For each collective: one row per size with ringtree (algo=auto, out-of-place where it
 exists, else in place), the fastest explicit algorithm at that size, and every peer's
-time, busbw and ratio (ringtree busbw / peer busbw, > 1: ringtree faster).
+time, busbw and ratio (ringtree busbw / peer busbw, > 1: ringtree faster). With --median,
+the files are repeats of one command: times are the median over the runs, and each ratio is
+the median of the per-run ratios (each one ringtree against a peer measured in the same run).
 """
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -88,11 +92,39 @@ def summarize(tables, every):
     return "\n".join(out)
 
 
+def median_of_runs(runs):
+    """One list of tables from repeated runs: every numeric field is the median over the runs
+    (ratios too: each is a same-run comparison, so their median is one as well)."""
+    merged = []
+    for tables in zip(*runs):
+        keys = {(t["meta"]["collective"], t["meta"]["impl"]) for t in tables}
+        if len(keys) != 1 or len({len(t["rows"]) for t in tables}) != 1:
+            raise SystemExit("--median: the runs differ in tables or sizes; give repeats of one command")
+        rows = []
+        for row_set in zip(*(t["rows"] for t in tables)):
+            row = dict(row_set[0])
+            for key, value in row.items():
+                values = [r[key] for r in row_set]
+                if key not in ("size", "count") and all(measured(v) for v in values):
+                    row[key] = statistics.median(values)
+            rows.append(row)
+        merged.append({"meta": tables[0]["meta"], "rows": rows})
+    return merged
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--every", type=int, default=1, help="keep every k-th size (and the last)")
+    ap.add_argument("--median", action="store_true", help="the files are repeats: one table of medians")
     args = ap.parse_args()
+    if args.median:
+        runs = []
+        for path in args.files:
+            with open(path) as fh:
+                runs.append(parse_tables(fh.read()))
+        print(summarize(median_of_runs(runs), args.every))
+        return
     for path in args.files:
         with open(path) as fh:
             print(summarize(parse_tables(fh.read()), args.every))

@@ -43,9 +43,9 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("nranks,hosts", [(3, 1), (4, 2)])
-def test_sigkill_mid_allreduce_is_reported_fast_on_every_rank(nranks, hosts):
-    world = run_world(nranks, "kill_during_allreduce", dict(victim=1), hosts=hosts, timeout=100)
+@pytest.mark.parametrize("nranks,hosts,elems", [(3, 1, 1 << 23), (4, 2, 1 << 23), (3, 1, 16)])
+def test_sigkill_mid_allreduce_is_reported_fast_on_every_rank(nranks, hosts, elems):
+    world = run_world(nranks, "kill_during_allreduce", dict(victim=1, elems=elems), hosts=hosts, timeout=100)
     assert world.returncodes[1] == -9
     for rank in (q for q in range(nranks) if q != 1):
         res = world.results[rank]

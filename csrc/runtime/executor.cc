@@ -141,10 +141,18 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
     scale_elements(scaled, in, a.input.count, a.dtype, a.premul_factor);
     in = scaled;
   }
-  if (p.algo == Algo::OneShot) {
-    run_board(p, in, out);  // publishes a copy of the input, so in-place needs no staging
-  } else {
-    run_scheduled(p, in, out);
+  try {
+    if (p.algo == Algo::OneShot) {
+      run_board(p, in, out);  // publishes a copy of the input, so in-place needs no staging
+    } else {
+      run_scheduled(p, in, out);
+    }
+  } catch (const PeerFailure& e) {
+    // A peer that aborted explains itself on its control connection, possibly just after its
+    // data connection closed: its reason beats our observation of its absence.
+    raise_pending_peer_abort();
+    // Transports and liveness checks know the peer; this adds which call and which rank.
+    throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
   }
   if (reduces && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || a.root == rank_))
     divide_elements(out, a.output.count, a.dtype, size_);
@@ -163,15 +171,7 @@ void CommunicatorImpl::run_scheduled(Prepared& p, uint8_t* in, uint8_t* out) {
   const Schedule& s = schedule_for(p);
   uint8_t* scratch = s.scratch_elems ? scratch_.ensure(s.scratch_elems * esz) : nullptr;
   uint8_t* const bases[3] = {in, out, scratch};
-  try {
-    run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
-  } catch (const PeerFailure& e) {
-    // A peer that aborted explains itself on its control connection, possibly just after its
-    // data connection closed: its reason beats our observation of its absence.
-    raise_pending_peer_abort();
-    // Transports and liveness checks know the peer; this adds which call and which rank.
-    throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
-  }
+  run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
 }
 
 void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3], const Prepared& p, const MsgHeader& fp) {
