@@ -6,4 +6,5 @@ void register_errors(pybind11::module_& m);
 void register_types(pybind11::module_& m);
 void register_communicator(pybind11::module_& m);
 void register_schedules(pybind11::module_& m);
+void register_kernels(pybind11::module_& m);
 }  // namespace ringtree

@@ -12,5 +12,6 @@ PYBIND11_MODULE(_core, m) {
   ringtree::register_types(m);
   ringtree::register_communicator(m);
   ringtree::register_schedules(m);
+  ringtree::register_kernels(m);
   ringtree::register_cuda(m);
 }

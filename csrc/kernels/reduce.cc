@@ -1,11 +1,16 @@
 // Written as plain loops over restrict-free, branch-free element functions so the compiler
 // vectorizes them; the half conversions are bit manipulations (no per-element library calls).
+// These are the portable kernels. On x86-64 CPUs with AVX2 and F16C the float16/bfloat16 ones
+// give way to reduce_x86.cc's, which round identically; the choice is made once per process.
 #include "kernels/reduce.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include "common/check.h"
+#include "common/env.h"
+#include "kernels/reduce_x86.h"
 
 namespace ringtree {
 
@@ -140,9 +145,41 @@ void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
   }
 }
 
+enum class KernelIsa { Scalar, Avx2F16c };
+
+KernelIsa detect_kernel_isa() {
+  const std::string setting = env_str("RINGTREE_KERNEL_ISA", "auto");
+  RT_CHECK(setting == "auto" || setting == "scalar", InvalidArgument,
+           "RINGTREE_KERNEL_ISA must be auto or scalar, got '", setting, "'");
+#if defined(__x86_64__)
+  if (setting == "auto" && x86::cpu_has_avx2_f16c()) return KernelIsa::Avx2F16c;
+#endif
+  return KernelIsa::Scalar;
+}
+
+KernelIsa kernel_isa() {
+  static const KernelIsa isa = detect_kernel_isa();
+  return isa;
+}
+
+#if defined(__x86_64__)
+// Whether dtype takes the AVX2 + F16C kernels.
+bool vector_half(DataType dtype) {
+  return (dtype == DataType::Float16 || dtype == DataType::BFloat16) && kernel_isa() == KernelIsa::Avx2F16c;
+}
+#endif
+
 }  // namespace
 
+const char* kernel_isa_name() { return kernel_isa() == KernelIsa::Avx2F16c ? "avx2+f16c" : "scalar"; }
+
 ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
+#if defined(__x86_64__)
+  if (vector_half(dtype)) {
+    const ReduceOp base = (op == ReduceOp::Avg || op == ReduceOp::PremulSum) ? ReduceOp::Sum : op;
+    if (ReduceFn fn = x86::half_reduce_fn(dtype, base)) return fn;  // else an invalid op: thrown below
+  }
+#endif
   switch (op) {
     case ReduceOp::Sum: case ReduceOp::Avg: case ReduceOp::PremulSum: return pick<OpSum>(dtype);
     case ReduceOp::Prod: return pick<OpProd>(dtype);
@@ -153,6 +190,9 @@ ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
 }
 
 void scale_elements(void* dst, const void* src, size_t count, DataType dtype, double factor) {
+#if defined(__x86_64__)
+  if (vector_half(dtype)) return x86::half_scale(dst, src, count, dtype, factor);
+#endif
   if (dtype_is_floating(dtype)) {
     map_elements(dst, src, count, dtype, [factor](auto v) { return static_cast<decltype(v)>(v * factor); });
   } else {
@@ -165,6 +205,9 @@ void scale_elements(void* dst, const void* src, size_t count, DataType dtype, do
 }
 
 void divide_elements(void* dst, size_t count, DataType dtype, int64_t divisor) {
+#if defined(__x86_64__)
+  if (vector_half(dtype)) return x86::half_divide(dst, count, dtype, static_cast<double>(divisor));
+#endif
   if (dtype_is_floating(dtype)) {
     const double d = static_cast<double>(divisor);
     map_elements(dst, dst, count, dtype, [d](auto v) { return static_cast<decltype(v)>(v / d); });

@@ -16,6 +16,10 @@ void scale_elements(void* dst, const void* src, size_t count, DataType dtype, do
 // dst[i] = dst[i] / divisor; integers truncate toward zero (as C and NCCL do).
 void divide_elements(void* dst, size_t count, DataType dtype, int64_t divisor);
 
+// The instruction set the half-precision kernels use, chosen once per process: "avx2+f16c" or
+// "scalar" (RINGTREE_KERNEL_ISA=scalar forces the latter).
+const char* kernel_isa_name();
+
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 float bf16_to_float(uint16_t h);

@@ -9,6 +9,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "kernels/reduce.h"
 #include "runtime/communicator_impl.h"
 #include "transport/tcp/tcp.h"
 
@@ -65,6 +66,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
+  kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
