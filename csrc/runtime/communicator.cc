@@ -205,7 +205,7 @@ std::string CommunicatorImpl::machine_costs() const {
                  "\ncall_us ", m.call_s * 1e6, "\nhop_us ", m.hop_s * 1e6, "\nswitch_us ", m.switch_s * 1e6,
                  "\ncopy_hot_GBps ", m.copy_hot_Bps / 1e9, "\ncopy_cold_GBps ", m.copy_cold_Bps / 1e9,
                  "\nreduce_hot_GBps ", m.reduce_hot_Bps / 1e9, "\nreduce_cold_GBps ", m.reduce_cold_Bps / 1e9,
-                 "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp);
+                 "\nl2_KiB ", m.l2_bytes / 1024, "\nl3_KiB ", m.l3_bytes / 1024, "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp);
 }
 
 // Rank 0 measures (or reads its host's cache) and every rank adopts its figures: choices

@@ -28,6 +28,13 @@ constexpr int kCacheVersion = 2;
 // cache-line round trip that the thread ping-pong measures; fitted from P=2 bench runs.
 constexpr double kHandoffOverhead_s = 0.3e-6;
 
+// Microseconds with 3 significant digits, for the formulas explain() prints.
+std::string us(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", seconds * 1e6);
+  return buf;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -178,9 +185,31 @@ void write_cache(const std::string& path, const MachineCosts& m) {
 
 }  // namespace
 
+// Largest cache of each level that cpu0 sees, from sysfs; 0 when unknown.
+static double cache_size(int level) {
+  double best = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = str_cat("/sys/devices/system/cpu/cpu0/cache/index", index, "/");
+    FILE* f = std::fopen((dir + "level").c_str(), "r");
+    if (!f) break;
+    int got = 0;
+    const bool ok = std::fscanf(f, "%d", &got) == 1;
+    std::fclose(f);
+    if (!ok || got != level) continue;
+    f = std::fopen((dir + "size").c_str(), "r");
+    if (!f) continue;
+    double kib = 0;
+    if (std::fscanf(f, "%lfK", &kib) == 1) best = std::max(best, kib * 1024);
+    std::fclose(f);
+  }
+  return best;
+}
+
 MachineCosts measure_machine(const std::string& host) {
   MachineCosts m;
   m.cores = online_cores();
+  if (cache_size(2) > 0) m.l2_bytes = cache_size(2);
+  if (cache_size(3) > m.l2_bytes) m.l3_bytes = cache_size(3);
   const std::string path = cache_path(host);
   if (read_cache(path, m)) {
     m.measured = 2;
@@ -201,12 +230,18 @@ std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vec
                     c == Collective::Gather || c == Collective::Scatter) ? B * P : B;
   // Per-byte costs for this working set (input and output), slowed down when the host's ranks
   // share fewer cores; half types reduce at float32's element rate (twice its cost per byte).
-  const bool hot = 2 * n <= m.cache_bytes;
+  const double working_set = 2 * n;
+  const double cold = working_set <= m.l2_bytes ? 0.0
+                      : working_set >= m.l3_bytes ? 1.0
+                      : std::log(working_set / m.l2_bytes) / std::log(m.l3_bytes / m.l2_bytes);
+  auto per_byte = [cold](double hot_Bps, double cold_Bps) { return (1 - cold) / hot_Bps + cold / cold_Bps; };
   const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
   const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
-  double cp = share / (hot ? m.copy_hot_Bps : m.copy_cold_Bps);
-  double rd = share * half / (hot ? m.reduce_hot_Bps : m.reduce_cold_Bps);
-  double hop = m.local_ranks > m.cores ? m.switch_s : m.hop_s;
+  double cp = share * per_byte(m.copy_hot_Bps, m.copy_cold_Bps);
+  double rd = share * half * per_byte(m.reduce_hot_Bps, m.reduce_cold_Bps);
+  // Oversubscribed, a handoff waits for the peer's turn on a shared core: about one switch
+  // per rank sharing it, there and back (fitted to P=4 on 2 cores).
+  double hop = m.local_ranks > m.cores ? 2 * share * m.switch_s : m.hop_s;
   if (m.any_tcp) {
     hop = m.tcp_hop_s;
     cp = std::max(cp, 1.0 / m.tcp_Bps);
@@ -273,8 +308,9 @@ std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vec
         break;
     }
     if (P == 1) { hops = 0; bytes_cost = n * cp; form = "local copy"; }
-    const double t = m.call_s + hops * hop + bytes_cost;
-    out.push_back({a, t, str_cat(form, " = ", m.call_s * 1e6, " + ", hops, " x ", hop * 1e6, " + ", bytes_cost * 1e6, " us")});
+    const double call = m.call_s * share;  // the call's own CPU time is shared too
+    const double t = call + hops * hop + bytes_cost;
+    out.push_back({a, t, str_cat(form, " = ", us(call), " + ", hops, " x ", us(hop), " + ", us(bytes_cost), " us")});
   }
   return out;
 }

@@ -22,7 +22,8 @@ struct MachineCosts {
   double copy_cold_Bps = 8e9;   // memcpy, from memory
   double reduce_hot_Bps = 12e9; // float32 sum, output bytes per second, in cache
   double reduce_cold_Bps = 6e9;
-  double cache_bytes = 1 << 20; // working sets above this use the cold figures
+  double l2_bytes = 1 << 20;    // working sets up to this use the in-cache figures ...
+  double l3_bytes = 32 << 20;   // ... from this size the from-memory ones, and in between a log blend
   int32_t cores = 1;            // cores available to this host's ranks
   int32_t local_ranks = 1;      // ranks on this host
   int32_t any_tcp = 0;          // some pair talks over TCP
