@@ -22,6 +22,7 @@ RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
 RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", 2000)
 RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
+RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
 
 int online_cpus() {
   cpu_set_t set;
@@ -66,6 +67,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
+  stream_bytes_ = static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes()));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,

@@ -124,6 +124,8 @@ class CommunicatorImpl : public Communicator {
   std::unique_ptr<ShmSegment> own_segment_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
   WaitPolicy wait_;
+  uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
+  bool stream_out_ = false;    // the current call's
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot

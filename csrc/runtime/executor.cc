@@ -18,6 +18,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "algorithms/ops.h"
+#include "kernels/copy.h"
 #include "runtime/communicator_impl.h"
 
 
@@ -171,7 +172,11 @@ void CommunicatorImpl::run_scheduled(Prepared& p, uint8_t* in, uint8_t* out) {
   const Schedule& s = schedule_for(p);
   uint8_t* scratch = s.scratch_elems ? scratch_.ensure(s.scratch_elems * esz) : nullptr;
   uint8_t* const bases[3] = {in, out, scratch};
+  // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
+  const Buffer& result = a.coll == Collective::Broadcast ? a.input : a.output;
+  stream_out_ = stream_bytes_ > 0 && result.count * esz >= stream_bytes_;
   run_schedule(s, bases, p, Deadline::after_seconds(p.timeout_s));
+  if (stream_out_) streaming_copy_fence();
 }
 
 void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3], const Prepared& p, const MsgHeader& fp) {
@@ -198,6 +203,7 @@ void CommunicatorImpl::init_cursor(OpCursor& c, const Op& op, uint8_t* const bas
     c.recv.dst = bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz;
     c.recv.payload_bytes = c.payload_bytes;
     c.recv.elem_size = static_cast<uint32_t>(esz);
+    c.recv.stream = stream_out_;
     if (op.kind == OpKind::RecvReduce) {
       c.recv.local = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
       c.recv.reduce = reduce_fn(p.args.dtype, p.args.op);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include "common/check.h"
 #include "common/env.h"
+#include "kernels/copy.h"
 
 namespace ringtree {
 
@@ -156,6 +157,7 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     if (payload_off < c.payload_bytes) {
       const uint64_t bytes = std::min(n, c.payload_bytes - payload_off);
       if (c.reduce) c.reduce(c.dst + payload_off, c.local + payload_off, src, bytes / c.elem_size);
+      else if (c.stream) streaming_copy(c.dst + payload_off, src, bytes);
       else std::memcpy(c.dst + payload_off, src, bytes);
     }
     in_->tail.store(tail + n, std::memory_order_release);
