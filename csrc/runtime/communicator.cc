@@ -67,6 +67,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
+  for (int c = 0; c < static_cast<int>(Collective::Count); ++c) scheduled_algos_[c] = supported_algos(static_cast<Collective>(c));
   stream_bytes_ = static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes()));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
@@ -160,18 +161,23 @@ std::string CommunicatorImpl::transport_to(int peer) const {
 }
 
 std::vector<Algo> CommunicatorImpl::available_algos(Collective coll, uint64_t bytes) const {
-  std::vector<Algo> algos = supported_algos(coll);
+  std::vector<Algo> algos = scheduled_algos_[static_cast<int>(coll)];
   if (board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
   return algos;
 }
 
 Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const {
-  const std::vector<Algo> supported = available_algos(coll, bytes);
-  auto is_supported = [&](Algo a) { return std::find(supported.begin(), supported.end(), a) != supported.end(); };
+  RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
+  // Runs on every call: no allocation unless the request is refused.
+  const std::vector<Algo>& scheduled = scheduled_algos_[static_cast<int>(coll)];
+  const bool board = board_fits(coll, bytes);
+  auto is_supported = [&](Algo a) {
+    return (a == Algo::OneShot && board) || std::find(scheduled.begin(), scheduled.end(), a) != scheduled.end();
+  };
   if (requested != Algo::Auto) {
     if (is_supported(requested)) return requested;
     std::string names;
-    for (Algo a : supported) names += std::string(algo_name(a)) + ", ";
+    for (Algo a : available_algos(coll, bytes)) names += std::string(algo_name(a)) + ", ";
     if (requested == Algo::OneShot && board_payload_bytes(coll, bytes) != UINT64_MAX)
       RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
                " on one host and at most ", board_bytes_, " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
@@ -181,13 +187,18 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
              "; choose from ", names, "auto");
   }
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
-  if (supported.size() == 1) return supported.front();
-  // The cheapest prediction; ties (and near-ties within 1%) go to the earlier, simpler algorithm.
-  const std::vector<AlgoEstimate> priced = estimate(coll, bytes, dtype);
-  const AlgoEstimate* best = &priced.front();
-  for (const AlgoEstimate& e : priced)
-    if (e.seconds < best->seconds * 0.99) best = &e;
-  return best->algo;
+  if (scheduled.size() == 1 && !board) return scheduled.front();
+  // The cheapest prediction; near-ties (within 1%) go to the earlier, simpler algorithm.
+  const uint64_t segment = pipeline_segment(coll, Algo::Tree, 1);
+  Algo best = scheduled.front();
+  double best_s = predict(costs_, coll, best, size_, bytes, dtype, segment, nullptr);
+  auto consider = [&](Algo a) {
+    const double t = predict(costs_, coll, a, size_, bytes, dtype, segment, nullptr);
+    if (t < best_s * 0.99) best = a, best_s = t;
+  };
+  for (size_t i = 1; i < scheduled.size(); ++i) consider(scheduled[i]);
+  if (board) consider(Algo::OneShot);
+  return best;
 }
 
 std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t bytes, DataType dtype) const {

@@ -132,6 +132,7 @@ class CommunicatorImpl : public Communicator {
   uint64_t board_gen_ = 0;     // one-shot calls so far (guarded by exec_mu_)
   std::vector<uint8_t> board_arrived_;
   Algo forced_algo_ = Algo::Auto;
+  std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
 
   // Call order state (guarded by queue_mu_).
   uint64_t next_seq_ = 0;

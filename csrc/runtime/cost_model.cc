@@ -223,8 +223,8 @@ MachineCosts measure_machine(const std::string& host) {
   return m;
 }
 
-std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vector<Algo>& algos, int P,
-                             uint64_t block_bytes, DataType dtype, uint64_t segment_bytes) {
+double predict(const MachineCosts& m, Collective c, Algo a, int P, uint64_t block_bytes, DataType dtype,
+               uint64_t segment_bytes, std::string* formula) {
   const double B = static_cast<double>(block_bytes);
   const double n = (c == Collective::ReduceScatter || c == Collective::AllGather || c == Collective::AllToAll ||
                     c == Collective::Gather || c == Collective::Scatter) ? B * P : B;
@@ -251,10 +251,9 @@ std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vec
   const double segments = segment_bytes ? std::max(1.0, std::ceil(n / static_cast<double>(segment_bytes))) : 1.0;
   const double steps = P - 1;
 
-  std::vector<Candidate> out;
-  for (Algo a : algos) {
+  {
     double hops = 1, bytes_cost = 0;  // hops: message latencies on the critical path (1: handshake)
-    std::string form;
+    const char* form = "";
     switch (c) {
       case Collective::AllReduce:
         if (a == Algo::Ring) {
@@ -310,7 +309,19 @@ std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vec
     if (P == 1) { hops = 0; bytes_cost = n * cp; form = "local copy"; }
     const double call = m.call_s * share;  // the call's own CPU time is shared too
     const double t = call + hops * hop + bytes_cost;
-    out.push_back({a, t, str_cat(form, " = ", us(call), " + ", hops, " x ", us(hop), " + ", us(bytes_cost), " us")});
+    // Only explain() wants the formula; choosing must stay cheap (it runs on every call).
+    if (formula) *formula = str_cat(form, " = ", us(call), " + ", hops, " x ", us(hop), " + ", us(bytes_cost), " us");
+    return t;
+  }
+}
+
+std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vector<Algo>& algos, int P,
+                             uint64_t block_bytes, DataType dtype, uint64_t segment_bytes) {
+  std::vector<Candidate> out;
+  for (Algo a : algos) {
+    std::string formula;
+    const double t = predict(m, c, a, P, block_bytes, dtype, segment_bytes, &formula);
+    out.push_back({a, t, formula});
   }
   return out;
 }

@@ -39,6 +39,10 @@ struct Candidate {
 // Measures this machine (about 20 ms) or reads the per-host cache file; see README settings.
 MachineCosts measure_machine(const std::string& host);
 
+// The predicted seconds of one algorithm; the formula with this call's numbers if asked.
+double predict(const MachineCosts& m, Collective c, Algo a, int P, uint64_t block_bytes, DataType dtype,
+               uint64_t segment_bytes, std::string* formula);
+
 // Prices `algos` for a call whose per-rank block is block_bytes (the fingerprint count times
 // the element size) over P ranks. segment_bytes: the pipeline segment of tree/chain schedules.
 std::vector<Candidate> price(const MachineCosts& m, Collective c, const std::vector<Algo>& algos, int P,
