@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown summary tables from rt_bench.py output (used to write bench/RESULTS.md).
 
-  python bench/make_results.py bench/results/p2.txt [--every 2]
+  python bench/make_results.py bench/results/p2-openmpi.txt [--every 2]
   python bench/make_results.py --median run1.txt run2.txt run3.txt   # repeated runs, one table
 
 For each collective: one row per size with ringtree (algo=auto, out-of-place where it

@@ -241,9 +241,9 @@ class TorchImpl(Impl):
         size, rank = dist.get_world_size(), dist.get_rank()
         if name == "all_reduce":
             return lambda: dist.all_reduce(tin, op=rop)
+        # torch 2.13 marks these names deprecated; its warnings would land in the result tables.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
         if name == "reduce_scatter":
-            # torch 2.13 marks the name deprecated; the warning would land in the result tables.
-            warnings.filterwarnings("ignore", category=FutureWarning, message=".*reduce_scatter_tensor")
             return lambda: dist.reduce_scatter_tensor(tout, tin, op=rop)
         if name == "all_gather":
             return lambda: dist.all_gather_into_tensor(tout, tin)

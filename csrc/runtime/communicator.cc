@@ -225,7 +225,10 @@ std::string CommunicatorImpl::machine_costs() const {
 // must agree on every rank, and a per-rank measurement would not.
 void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
   if (rank_ == 0) {
-    costs_ = env_str("RINGTREE_COST_MODEL", "measure") == "defaults" ? MachineCosts{} : measure_machine(host_identity());
+    const std::string model = env_str("RINGTREE_COST_MODEL", "measure");
+    RT_CHECK(model == "measure" || model == "defaults", InvalidArgument,
+             "RINGTREE_COST_MODEL must be measure or defaults, got '", model, "'");
+    costs_ = model == "defaults" ? MachineCosts{} : measure_machine(host_identity());
     if (costs_.measured == 0) costs_.cores = online_cpus();
     costs_.local_ranks = 0;
     costs_.any_tcp = 0;
