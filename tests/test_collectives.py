@@ -81,3 +81,13 @@ def test_all_to_all_v(nranks, hosts):
             assert res["mismatch"] == "CollectiveMismatch", (rank, res)
     if nranks > 1:
         assert "sends 8 bytes to rank 1, which expects 12" in results[1]["mismatch_message"], results[1]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3, 5])
+def test_one_shot_board_back_to_back(nranks):
+    """Board slots are reused every other call; broadcasts return before every rank has
+    published. Wrong data would show here if a slot were rewritten too early."""
+    world = run_world(nranks, "board_stress", timeout=100)
+    failures = [f for res in world.check_ok() for f in res["failures"]]
+    assert not failures, failures

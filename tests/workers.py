@@ -515,3 +515,31 @@ def all_to_all_v(salt=0):
             report["mismatch"] = f"{type(exc).__name__}: {exc}"
     comm.close()
     return report
+
+
+def board_stress(rounds=300):
+    """One-shot calls back to back, mixed with ring calls: broadcasts from rotating roots (whose
+    ranks return before the others have published), all_reduce, a large all_gather, barrier.
+    Each result is checked every round, so a board slot rewritten too early shows as wrong data."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    failures = []
+    big = np.empty(P * 70_000, np.float32)
+    for k in range(rounds):
+        root = k % P
+        x = np.full(5, float(r * 1000 + k), np.float64)
+        comm.broadcast(x, root=root)
+        if not np.array_equal(x, np.full(5, float(root * 1000 + k))):
+            failures.append(f"round {k}: broadcast from {root} gave {x[:2]}")
+        y = comm.all_reduce(np.full(3, k + r, np.int64))
+        if not np.array_equal(y, np.full(3, P * k + P * (P - 1) // 2)):
+            failures.append(f"round {k}: all_reduce gave {y}")
+        if k % 50 == 0:  # a ring call between board calls
+            comm.all_gather(np.full(70_000, r + k, np.float32), big)
+            want = np.repeat(np.arange(P, dtype=np.float32) + k, 70_000)
+            if not np.array_equal(big, want):
+                failures.append(f"round {k}: all_gather wrong")
+        if k % 7 == 0:
+            comm.barrier()
+    comm.close()
+    return {"failures": failures[:20]}

@@ -51,10 +51,51 @@ void CommunicatorImpl::publish_on_board(const MsgHeader& fp, const uint8_t* payl
     if (q != rank_ && peer_segments_[q]->header()->sleeping.load(std::memory_order_relaxed)) bell_.ring(q);
 }
 
+// Waits until the ranks in `expected` (1 = wait for it) have published `gen`, checking each
+// one's fingerprint against `fp` as it arrives; `payload_of(q)` is what q must have put there.
+template <typename PayloadOf>
+void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s, PayloadOf payload_of) {
+  const int parity = static_cast<int>(gen & 1);
+  const Deadline deadline = Deadline::after_seconds(timeout_s);
+  int missing = 0;
+  for (int q = 0; q < size_; ++q) missing += board_arrived_[q] == 0;
+  Backoff backoff(wait_);
+  while (missing > 0) {
+    bool moved = false;
+    for (int q = 0; q < size_; ++q) {
+      if (board_arrived_[q]) continue;
+      const BoardSlot* slot = peer_segments_[q]->board(parity);
+      if (slot->gen.load(std::memory_order_acquire) != gen) continue;
+      check_header(slot->fp, fp, payload_of(q), q);
+      board_arrived_[q] = 1;
+      --missing;
+      moved = true;
+    }
+    if (missing == 0) break;
+    if (moved) { backoff.progressed(); continue; }
+    if (backoff.should_block()) board_block(fp, timeout_s, deadline, gen);
+  }
+}
+
+// A one-shot broadcast returns without waiting for the ranks it does not read from (every
+// rank but the root, and for the root everyone). Before this rank rewrites a board slot, or
+// starts another collective, those ranks must have published that broadcast: then they are
+// done with the slot, and their fingerprints are checked here, so a mismatched broadcast
+// raises in the next call, as a ring schedule's early finisher does.
+void CommunicatorImpl::settle_board(double timeout_s) {
+  if (!board_unsettled_gen_) return;
+  const uint64_t gen = board_unsettled_gen_;
+  board_unsettled_gen_ = 0;
+  std::copy(board_unsettled_arrived_.begin(), board_unsettled_arrived_.end(), board_arrived_.begin());
+  const MsgHeader fp = board_unsettled_fp_;
+  await_board(gen, fp, timeout_s, [&](int q) { return q == fp.root ? fp.payload_bytes : 0; });
+}
+
 void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* out) {
   const CollectiveArgs& a = p.args;
   const Collective c = a.coll;
   const size_t esz = dtype_size(a.dtype);
+  settle_board(p.timeout_s);
   const uint64_t gen = ++board_gen_;
   const int parity = static_cast<int>(gen & 1);
   const MsgHeader fp = fingerprint(p);
@@ -63,27 +104,21 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   const bool publishes_data = c != Collective::Barrier && (c != Collective::Broadcast || a.root == rank_);
   publish_on_board(fp, publishes_data ? in : nullptr, publishes_data ? bytes : 0, gen);
 
-  // Wait for every peer's publication of this call, checking each fingerprint on arrival.
-  const Deadline deadline = Deadline::after_seconds(p.timeout_s);
+  // Wait for every peer's publication of this call (a broadcast: the root's only), checking
+  // each fingerprint on arrival.
   std::fill(board_arrived_.begin(), board_arrived_.end(), 0);
   board_arrived_[rank_] = 1;
-  int missing = size_ - 1;
-  Backoff backoff(wait_);
-  while (missing > 0) {
-    bool moved = false;
-    for (int q = 0; q < size_; ++q) {
-      if (board_arrived_[q]) continue;
-      const BoardSlot* slot = peer_segments_[q]->board(parity);
-      if (slot->gen.load(std::memory_order_acquire) != gen) continue;
-      const bool sends_data = c != Collective::Barrier && (c != Collective::Broadcast || a.root == q);
-      check_header(slot->fp, fp, sends_data ? bytes : 0, q);
-      board_arrived_[q] = 1;
-      --missing;
-      moved = true;
-    }
-    if (missing == 0) break;
-    if (moved) { backoff.progressed(); continue; }
-    if (backoff.should_block()) board_block(p, deadline, gen);
+  if (c == Collective::Broadcast) {
+    for (int q = 0; q < size_; ++q) board_arrived_[q] = q != a.root || q == rank_;
+    await_board(gen, fp, p.timeout_s, [&](int q) { return q == a.root ? bytes : 0; });
+    board_unsettled_gen_ = gen;
+    board_unsettled_fp_ = fp;
+    board_unsettled_fp_.payload_bytes = bytes;
+    for (int q = 0; q < size_; ++q) board_unsettled_arrived_[q] = q == rank_ || q == a.root;
+  } else {
+    await_board(gen, fp, p.timeout_s, [&](int q) {
+      return c != Collective::Barrier ? bytes : 0;
+    });
   }
 
   // Every slot of this call is readable until this rank publishes the next one.
@@ -113,24 +148,24 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   }
 }
 
-void CommunicatorImpl::board_block(const Prepared& p, const Deadline& deadline, uint64_t gen) {
+void CommunicatorImpl::board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen) {
   raise_peer_abort_if_any();
   for (int q = 0; q < size_; ++q) {
     if (board_arrived_[q]) continue;
     if (peer_state_[q] != PeerState::Alive)
       RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank still expects it in ",
-               describe_current());
+               describe_header(fp));
     // A peer that sends ring traffic for this very call chose another algorithm: its call differs.
     MsgHeader h{};
     if (conns_[q] && conns_[q]->peek_header(&h) && h.magic == MsgHeader::kMagic &&
-        h.coll != static_cast<uint8_t>(Collective::Send) && h.seq == p.seq)
-      check_header(h, current_fp_, h.payload_bytes, q);
+        h.coll != static_cast<uint8_t>(Collective::Send) && h.seq == fp.seq)
+      check_header(h, fp, h.payload_bytes, q);
   }
   if (deadline.expired()) {
     std::string waiting;
     for (int q = 0; q < size_; ++q)
       if (!board_arrived_[q]) waiting += str_cat(waiting.empty() ? "rank " : ", rank ", q);
-    RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", p.timeout_s,
+    RT_THROW(Timeout, describe_header(fp), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)");
   }
   ShmSegmentHeader* self = own_segment_->header();

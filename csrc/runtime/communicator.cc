@@ -123,6 +123,7 @@ void CommunicatorImpl::setup_shared_memory(Bootstrap& boot) {
   board_usable_ = all_local && BoardBytes() > 0;
   board_bytes_ = all_local ? (std::max<int64_t>(0, BoardBytes()) + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
+  board_unsettled_arrived_.assign(size_, 0);
   if (have_shm_) {
     bell_.open("ringtree." + uid_.secret_hex().substr(0, 16) + "." + std::to_string(uid_.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();

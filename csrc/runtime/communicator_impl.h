@@ -40,6 +40,9 @@ struct Prepared {
   uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
 };
 
+// "all_reduce #3 (count=..., dtype=..., op=..., algo=...)", for errors.
+std::string describe_header(const MsgHeader& h);
+
 struct ScheduleKeyHash {
   size_t operator()(const ScheduleKey& k) const {
     size_t h = static_cast<size_t>(k.coll) * 31 + static_cast<size_t>(k.algo);
@@ -109,7 +112,10 @@ class CommunicatorImpl : public Communicator {
   bool board_fits(Collective c, uint64_t block_bytes) const;
   void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
   void run_board(const Prepared& p, const uint8_t* in, uint8_t* out);
-  void board_block(const Prepared& p, const Deadline& deadline, uint64_t gen);
+  void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
+  template <typename PayloadOf>
+  void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s, PayloadOf payload_of);
+  void settle_board(double timeout_s);
   void check_board_mismatch(const Prepared& p) const;
   std::string describe_current() const;
 
@@ -131,6 +137,10 @@ class CommunicatorImpl : public Communicator {
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far (guarded by exec_mu_)
   std::vector<uint8_t> board_arrived_;
+  // A one-shot broadcast this rank left before every rank had published it (board.cc).
+  uint64_t board_unsettled_gen_ = 0;
+  MsgHeader board_unsettled_fp_{};
+  std::vector<uint8_t> board_unsettled_arrived_;
   Algo forced_algo_ = Algo::Auto;
   std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
 

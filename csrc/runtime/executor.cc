@@ -39,6 +39,8 @@ struct CtrlWire {
 };
 
 
+}  // namespace
+
 std::string describe_header(const MsgHeader& h) {
   const auto coll = static_cast<Collective>(h.coll);
   const char* dtype = dtype_name(static_cast<DataType>(h.dtype));
@@ -48,8 +50,6 @@ std::string describe_header(const MsgHeader& h) {
   if (h.root >= 0) d += str_cat(", root=", h.root);
   return d + str_cat(", algo=", algo_name(static_cast<Algo>(h.algo)), ")");
 }
-
-}  // namespace
 
 MsgHeader CommunicatorImpl::fingerprint(const Prepared& p) const {
   MsgHeader h{};
@@ -143,6 +143,8 @@ void CommunicatorImpl::execute_traffic(Prepared& p) {
     in = scaled;
   }
   try {
+    const bool p2p = a.coll == Collective::Send || a.coll == Collective::Recv || a.coll == Collective::SendRecv;
+    if (!p2p) settle_board(p.timeout_s);  // an earlier one-shot broadcast's stragglers, checked
     if (p.algo == Algo::OneShot) {
       run_board(p, in, out);  // publishes a copy of the input, so in-place needs no staging
     } else {
