@@ -1,7 +1,9 @@
 // Communicator and Work. Every call that can block releases the GIL.
 #include <pybind11/stl.h>
-// Built against NumPy 2 headers, which stay compatible with NumPy 1.x at run time.
+// Built against NumPy 2 headers, targeting the NumPy 1.22 API (the oldest numpy the package
+// accepts), so one build runs on either.
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
 #include <algorithm>
 #include <vector>
