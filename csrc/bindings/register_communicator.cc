@@ -30,9 +30,9 @@ Buffer make_buffer(bool present, uintptr_t ptr, uint64_t count, bool readonly) {
 // dtype and read-only flag in a few hundred nanoseconds, where the Python route costs
 // microseconds. Anything it cannot describe exactly (torch tensors, bfloat16 arrays, strided or
 // byte-swapped arrays, unsupported dtypes) is declined, and the Python path explains the problem.
-// ndarrays first: their struct gives pointer, size, dtype and flags in a few loads, where the
-// buffer protocol costs a few hundred nanoseconds per buffer. Arrays of other dtypes
-// (bfloat16 from ml_dtypes, ...) return false and take the buffer protocol or Python route.
+// The hot path reads ndarrays only: their struct gives pointer, size, dtype and flags in a few
+// loads. Anything else (torch tensors, bfloat16 from ml_dtypes, strided or byte-swapped arrays,
+// other buffer objects) returns false and takes the Python route, which explains problems.
 bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   if (!PyArray_Check(obj)) return false;
   auto* arr = reinterpret_cast<PyArrayObject*>(obj);
@@ -57,47 +57,6 @@ bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   b.readonly = !PyArray_ISWRITEABLE(arr);
   return true;
 }
-
-class BufferView {
- public:
-  ~BufferView() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  bool open(PyObject* obj, Buffer& b, int& dtype) {
-    if (PyObject_GetBuffer(obj, &view_, PyBUF_RECORDS_RO) != 0) {
-      PyErr_Clear();
-      return false;
-    }
-    held_ = true;
-    if (!PyBuffer_IsContiguous(&view_, 'C')) return false;
-    dtype = dtype_of(view_.format, view_.itemsize);
-    if (dtype < 0) return false;
-    b.present = true;
-    b.ptr = view_.buf;
-    b.count = static_cast<uint64_t>(view_.len / view_.itemsize);
-    b.readonly = view_.readonly != 0;
-    return true;
-  }
-
- private:
-  static int dtype_of(const char* format, Py_ssize_t itemsize) {
-    if (!format) return static_cast<int>(DataType::Uint8);  // plain bytes
-    if (*format == '@' || *format == '=' || *format == '<') ++format;  // native order (x86, arm64: little)
-    if (format[0] == '\0' || format[1] != '\0') return -1;
-    switch (format[0]) {
-      case 'b': return static_cast<int>(DataType::Int8);
-      case 'B': return static_cast<int>(DataType::Uint8);
-      case 'e': return static_cast<int>(DataType::Float16);
-      case 'f': return static_cast<int>(DataType::Float32);
-      case 'd': return static_cast<int>(DataType::Float64);
-      case 'i': case 'l': case 'q':
-        return itemsize == 4 ? static_cast<int>(DataType::Int32) : itemsize == 8 ? static_cast<int>(DataType::Int64) : -1;
-      default: return -1;
-    }
-  }
-  Py_buffer view_{};
-  bool held_ = false;
-};
 
 template <typename E>
 E checked_enum(int code, E count, const char* what) {
@@ -156,20 +115,16 @@ void register_communicator(py::module_& m) {
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
           py::arg("recv_peer") = -1,
           py::call_guard<py::gil_scoped_release>())
-      // The hot path for numpy buffers: returns NotImplemented when a buffer needs the Python
+      // The hot path for ndarrays: returns NotImplemented when a buffer needs the Python
       // route, None when a blocking call is done, or the Work of an async call.
       .def("call",
            [](Communicator& c, int coll, py::handle x, py::handle out, int op, double factor, int root, int peer,
               int algo, double timeout, bool async_op) -> py::object {
              CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
-             BufferView in_view, out_view;
              int in_dtype = -1, out_dtype = -1;
              const auto python_route = [] { return py::reinterpret_borrow<py::object>(Py_NotImplemented); };
-             if (!x.is_none() && !open_ndarray(x.ptr(), a.input, in_dtype) && !in_view.open(x.ptr(), a.input, in_dtype))
-               return python_route();
-             if (!out.is_none() && !open_ndarray(out.ptr(), a.output, out_dtype) &&
-                 !out_view.open(out.ptr(), a.output, out_dtype))
-               return python_route();
+             if (!x.is_none() && !open_ndarray(x.ptr(), a.input, in_dtype)) return python_route();
+             if (!out.is_none() && !open_ndarray(out.ptr(), a.output, out_dtype)) return python_route();
              if (in_dtype >= 0 && out_dtype >= 0 && in_dtype != out_dtype) return python_route();
              a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
              std::shared_ptr<Work> work;

@@ -29,6 +29,12 @@ struct Mesh {
   bool pair_uses_tcp(int a, int b) const {
     return peers[a].host != peers[b].host || peers[a].force_tcp || peers[b].force_tcp;
   }
+  bool no_pair_uses_tcp() const {
+    for (size_t a = 0; a < peers.size(); ++a)
+      for (size_t b = a + 1; b < peers.size(); ++b)
+        if (pair_uses_tcp(static_cast<int>(a), static_cast<int>(b))) return false;
+    return true;
+  }
 };
 
 class Bootstrap {

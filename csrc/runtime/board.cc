@@ -42,7 +42,7 @@ void CommunicatorImpl::publish_on_board(const MsgHeader& fp, const uint8_t* payl
   mine->gen.store(BoardSlot::kWriting, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   mine->fp = fp;
-  mine->fp.payload_bytes = bytes;
+  mine->fp.payload_bytes = bytes;  // what this rank put there (check_header's expectation)
   if (bytes) std::memcpy(ShmSegment::board_data(mine), payload, bytes);
   mine->gen.store(gen, std::memory_order_release);
   // Pairs with the fence between a sleeper's flag store and its last look at the board.
@@ -51,10 +51,17 @@ void CommunicatorImpl::publish_on_board(const MsgHeader& fp, const uint8_t* payl
     if (q != rank_ && peer_segments_[q]->header()->sleeping.load(std::memory_order_relaxed)) bell_.ring(q);
 }
 
-// Waits until the ranks in `expected` (1 = wait for it) have published `gen`, checking each
-// one's fingerprint against `fp` as it arrives; `payload_of(q)` is what q must have put there.
-template <typename PayloadOf>
-void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s, PayloadOf payload_of) {
+// What rank q put on the board for the call `fp` describes (fp.payload_bytes: a full input):
+// a broadcast's root its data, the others and every barrier rank nothing.
+static uint64_t board_payload_of(const MsgHeader& fp, int q) {
+  const auto c = static_cast<Collective>(fp.coll);
+  if (c == Collective::Barrier || (c == Collective::Broadcast && q != fp.root)) return 0;
+  return fp.payload_bytes;
+}
+
+// Waits until every rank not yet marked in board_arrived_ has published `gen`, checking each
+// one's fingerprint against `fp` as it arrives.
+void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s) {
   const int parity = static_cast<int>(gen & 1);
   const Deadline deadline = Deadline::after_seconds(timeout_s);
   int missing = 0;
@@ -66,7 +73,7 @@ void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double tim
       if (board_arrived_[q]) continue;
       const BoardSlot* slot = peer_segments_[q]->board(parity);
       if (slot->gen.load(std::memory_order_acquire) != gen) continue;
-      check_header(slot->fp, fp, payload_of(q), q);
+      check_header(slot->fp, fp, board_payload_of(fp, q), q);
       board_arrived_[q] = 1;
       --missing;
       moved = true;
@@ -77,18 +84,18 @@ void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double tim
   }
 }
 
-// A one-shot broadcast returns without waiting for the ranks it does not read from (every
-// rank but the root, and for the root everyone). Before this rank rewrites a board slot, or
-// starts another collective, those ranks must have published that broadcast: then they are
-// done with the slot, and their fingerprints are checked here, so a mismatched broadcast
-// raises in the next call, as a ring schedule's early finisher does.
+// A one-shot broadcast returns once a rank has what it needs: the root at once, the others
+// with the root's data. Before this rank rewrites a board slot, or starts another collective,
+// the ranks it skipped must have published that broadcast: then they are done with the slot,
+// and their fingerprints are checked here, so a mismatched broadcast raises in the next call,
+// as a ring schedule's early finisher does.
 void CommunicatorImpl::settle_board(double timeout_s) {
   if (!board_unsettled_gen_) return;
   const uint64_t gen = board_unsettled_gen_;
   board_unsettled_gen_ = 0;
-  std::copy(board_unsettled_arrived_.begin(), board_unsettled_arrived_.end(), board_arrived_.begin());
-  const MsgHeader fp = board_unsettled_fp_;
-  await_board(gen, fp, timeout_s, [&](int q) { return q == fp.root ? fp.payload_bytes : 0; });
+  const MsgHeader& fp = board_unsettled_fp_;
+  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || q == fp.root;
+  await_board(gen, fp, timeout_s);
 }
 
 void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* out) {
@@ -98,27 +105,20 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   settle_board(p.timeout_s);
   const uint64_t gen = ++board_gen_;
   const int parity = static_cast<int>(gen & 1);
-  const MsgHeader fp = fingerprint(p);
+  MsgHeader fp = fingerprint(p);
+  fp.payload_bytes = board_payload_bytes(c, p.count * esz);
   current_fp_ = fp;
-  const uint64_t bytes = board_payload_bytes(c, p.count * esz);
-  const bool publishes_data = c != Collective::Barrier && (c != Collective::Broadcast || a.root == rank_);
-  publish_on_board(fp, publishes_data ? in : nullptr, publishes_data ? bytes : 0, gen);
+  const uint64_t mine = board_payload_of(fp, rank_);
+  publish_on_board(fp, mine ? in : nullptr, mine, gen);
 
   // Wait for every peer's publication of this call (a broadcast: the root's only), checking
   // each fingerprint on arrival.
-  std::fill(board_arrived_.begin(), board_arrived_.end(), 0);
-  board_arrived_[rank_] = 1;
-  if (c == Collective::Broadcast) {
-    for (int q = 0; q < size_; ++q) board_arrived_[q] = q != a.root || q == rank_;
-    await_board(gen, fp, p.timeout_s, [&](int q) { return q == a.root ? bytes : 0; });
+  const bool broadcast = c == Collective::Broadcast;
+  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || (broadcast && q != a.root);
+  await_board(gen, fp, p.timeout_s);
+  if (broadcast) {
     board_unsettled_gen_ = gen;
     board_unsettled_fp_ = fp;
-    board_unsettled_fp_.payload_bytes = bytes;
-    for (int q = 0; q < size_; ++q) board_unsettled_arrived_[q] = q == rank_ || q == a.root;
-  } else {
-    await_board(gen, fp, p.timeout_s, [&](int q) {
-      return c != Collective::Barrier ? bytes : 0;
-    });
   }
 
   // Every slot of this call is readable until this rank publishes the next one.
@@ -168,34 +168,15 @@ void CommunicatorImpl::board_block(const MsgHeader& fp, double timeout_s, const 
     RT_THROW(Timeout, describe_header(fp), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)");
   }
-  ShmSegmentHeader* self = own_segment_->header();
-  self->sleeping.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
   const int parity = static_cast<int>(gen & 1);
-  for (int q = 0; q < size_; ++q) {
-    if (!board_arrived_[q] && peer_segments_[q]->board(parity)->gen.load(std::memory_order_acquire) == gen) {
-      self->sleeping.store(0, std::memory_order_relaxed);
-      return;
-    }
-  }
   pollfds_.clear();
   pollfd_peer_.clear();
-  pollfds_.push_back({bell_.fd(), POLLIN, 0});
-  pollfd_peer_.push_back(-1);
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_ || mesh_.ctrl_fd[q] < 0) continue;
-    pollfds_.push_back({mesh_.ctrl_fd[q], POLLIN, 0});
-    pollfd_peer_.push_back(q);
-  }
-  // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
-  const int n = poll(pollfds_.data(), pollfds_.size(), deadline.remaining_ms(100));
-  self->sleeping.store(0, std::memory_order_relaxed);
-  if (n <= 0) return;
-  for (size_t i = 0; i < pollfds_.size(); ++i) {
-    if (!pollfds_[i].revents) continue;
-    if (pollfd_peer_[i] == -1) bell_.drain();
-    else handle_ctrl(pollfd_peer_[i]);
-  }
+  doze(deadline, [&] {
+    for (int q = 0; q < size_; ++q)
+      if (!board_arrived_[q] && peer_segments_[q]->board(parity)->gen.load(std::memory_order_acquire) == gen) return true;
+    return false;
+  });
 }
 
 void CommunicatorImpl::check_board_mismatch(const Prepared& p) const {

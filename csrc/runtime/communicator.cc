@@ -117,13 +117,10 @@ void CommunicatorImpl::setup_shared_memory(Bootstrap& boot) {
   };
   const std::vector<int> my_senders = senders_of(rank_);
   // The board needs every rank on this host; every rank derives the same answer from the mesh.
-  bool all_local = size_ > 1;
-  for (int a = 0; a < size_ && all_local; ++a)
-    for (int b = a + 1; b < size_ && all_local; ++b) all_local = !mesh_.pair_uses_tcp(a, b);
+  const bool all_local = size_ > 1 && mesh_.no_pair_uses_tcp();
   board_usable_ = all_local && BoardBytes() > 0;
   board_bytes_ = all_local ? (std::max<int64_t>(0, BoardBytes()) + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
-  board_unsettled_arrived_.assign(size_, 0);
   if (have_shm_) {
     bell_.open("ringtree." + uid_.secret_hex().substr(0, 16) + "." + std::to_string(uid_.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
@@ -232,14 +229,8 @@ void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
     costs_ = model == "defaults" ? MachineCosts{} : measure_machine(host_identity());
     if (costs_.measured == 0) costs_.cores = online_cpus();
     costs_.local_ranks = 0;
-    costs_.any_tcp = 0;
-    for (int q = 0; q < size_; ++q) {
-      if (mesh_.peers[q].host == mesh_.peers[0].host) ++costs_.local_ranks;
-      if (q != rank_ && mesh_.pair_uses_tcp(0, q)) costs_.any_tcp = 1;
-    }
-    for (int a = 0; a < size_; ++a)
-      for (int b = a + 1; b < size_; ++b)
-        if (mesh_.pair_uses_tcp(a, b)) costs_.any_tcp = 1;
+    for (int q = 0; q < size_; ++q) costs_.local_ranks += mesh_.peers[q].host == mesh_.peers[0].host;
+    costs_.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs_, sizeof(costs_));

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -100,6 +101,9 @@ class CommunicatorImpl : public Communicator {
   bool step_done(bool final) const;
   void pump(const Deadline& deadline, bool final);
   void block(const Deadline& deadline, bool final);
+  // Sleeps in poll() on pollfds_ (data descriptors the caller put there), the doorbell and every
+  // peer's control connection, unless `ready` (asked after the sleeping flag is up) says not to.
+  void doze(const Deadline& deadline, const std::function<bool()>& ready);
   void handle_ctrl(int peer);
   void raise_pending_peer_abort();
   void raise_peer_abort_if_any();
@@ -113,8 +117,7 @@ class CommunicatorImpl : public Communicator {
   void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
   void run_board(const Prepared& p, const uint8_t* in, uint8_t* out);
   void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
-  template <typename PayloadOf>
-  void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s, PayloadOf payload_of);
+  void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);
   void settle_board(double timeout_s);
   void check_board_mismatch(const Prepared& p) const;
   std::string describe_current() const;
@@ -140,7 +143,6 @@ class CommunicatorImpl : public Communicator {
   // A one-shot broadcast this rank left before every rank had published it (board.cc).
   uint64_t board_unsettled_gen_ = 0;
   MsgHeader board_unsettled_fp_{};
-  std::vector<uint8_t> board_unsettled_arrived_;
   Algo forced_algo_ = Algo::Auto;
   std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
 

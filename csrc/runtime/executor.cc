@@ -311,18 +311,9 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
   if (hs_recv_pending_) check_departed(hs_recv_);
   if (deadline.expired()) throw_timeout();
 
-  ShmSegmentHeader* self = have_shm_ ? own_segment_->header() : nullptr;
-  if (self) {
-    self->sleeping.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-  if (progress_all() || step_done(final)) {
-    if (self) self->sleeping.store(0, std::memory_order_relaxed);
-    return;
-  }
+  // The data descriptors to wait on (TCP); the doorbell and control connections are added by doze().
   pollfds_.clear();
   pollfd_peer_.clear();
-  if (self) { pollfds_.push_back({bell_.fd(), POLLIN, 0}); pollfd_peer_.push_back(-1); }
   auto watch_data = [&](const OpCursor& c) {
     const int fd = c.conn->poll_fd();
     if (c.done || fd < 0) return;
@@ -332,6 +323,20 @@ void CommunicatorImpl::block(const Deadline& deadline, bool final) {
   for (const OpCursor& c : cursors_) watch_data(c);
   if (hs_send_pending_) watch_data(hs_send_);
   if (hs_recv_pending_) watch_data(hs_recv_);
+  doze(deadline, [&] { return progress_all() || step_done(final); });
+}
+
+void CommunicatorImpl::doze(const Deadline& deadline, const std::function<bool()>& ready) {
+  ShmSegmentHeader* self = have_shm_ ? own_segment_->header() : nullptr;
+  if (self) {
+    self->sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  if (ready()) {
+    if (self) self->sleeping.store(0, std::memory_order_relaxed);
+    return;
+  }
+  if (self) { pollfds_.push_back({bell_.fd(), POLLIN, 0}); pollfd_peer_.push_back(-1); }
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || mesh_.ctrl_fd[q] < 0) continue;
     pollfds_.push_back({mesh_.ctrl_fd[q], POLLIN, 0});
