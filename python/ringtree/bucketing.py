@@ -214,12 +214,8 @@ class Bucketer:
                     start = bucket.offsets[index]
                     flat = bucket.buffer[start:start + self.sizes[index]]
                     grad = bucket.grads.get(index)
-                    if grad is None:
-                        pass
-                    elif _is_contiguous(grad):
-                        _copy_into(grad.reshape(-1), flat)
-                    else:
-                        _copy_back(grad, flat)  # reshape(-1) would be a copy
+                    if grad is not None:
+                        _copy_back(grad, flat)  # a view in grad's shape: no copy for strided grads
                     reduced[index] = flat
             return reduced
         finally:
@@ -231,10 +227,6 @@ class Bucketer:
 
 def _numel(x) -> int:
     return int(x.numel()) if _is_torch(x) else int(np.size(x))
-
-
-def _is_contiguous(x) -> bool:
-    return x.is_contiguous() if _is_torch(x) else bool(x.flags.c_contiguous)
 
 
 def _copy_back(grad, flat):

@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._buffers import buffer_info
+from ._buffers import _DTYPE_CODES, buffer_info
 from .ops import resolve_op
 
 _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
@@ -61,8 +61,8 @@ def _coll_code(collective) -> int:
 
 def _dtype_code(dtype) -> int:
     name = getattr(dtype, "name", dtype)  # numpy dtypes and names alike
-    if isinstance(name, str) and name in _core.DTYPES:
-        return _core.DTYPES.index(name)
+    if isinstance(name, str) and name in _DTYPE_CODES:
+        return _DTYPE_CODES[name]
     raise _core.InvalidArgument(f"unknown dtype {dtype!r}; expected one of {', '.join(_core.DTYPES)}")
 
 

@@ -34,12 +34,16 @@ def _average_in(dtype, state, bucket):
     """All-reduce the bucket converted to `dtype`, averaged; then back into the bucket."""
     group = state.process_group if state is not None else None
     buffer = bucket.buffer()
-    # Divide before converting, so a 16-bit sum of P gradients cannot overflow.
-    payload = buffer.div(dist.get_world_size(group)).to(dtype)
+    # Divide before converting, so a 16-bit sum of P gradients cannot overflow. In place: in
+    # the bucket's own dtype the all_reduce then runs on the bucket itself, with no copy.
+    payload = buffer.div_(dist.get_world_size(group))
+    if payload.dtype != dtype:
+        payload = payload.to(dtype)
     future = dist.all_reduce(payload, group=group, async_op=True).get_future()
 
     def unpack(fut):
-        buffer.copy_(fut.value()[0])
+        if payload is not buffer:
+            buffer.copy_(fut.value()[0])
         return buffer
 
     return future.then(unpack)

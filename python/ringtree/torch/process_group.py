@@ -26,14 +26,15 @@ from torch.futures import Future
 
 import ringtree as rt
 from ringtree.comm import Communicator
+from ringtree._buffers import _TORCH_DTYPES
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME"]
 
 BACKEND_NAME = "ringtree"
 
-# torch dtypes the core reduces natively; anything else is moved as raw bytes.
-_NATIVE_DTYPES = {torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-                  torch.float32, torch.float64}
+# torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
+# moved as raw bytes.
+_NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPES}
 
 _RED_OP = dist.ReduceOp.RedOpType
 _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
@@ -298,7 +299,6 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             self._p2p_up = comm.split(0)
             self._p2p_down = comm.split(0)
         self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
-        self._has_all_to_all_v = hasattr(comm, "all_to_all_v")
 
     # identity ---------------------------------------------------------------------------
 
@@ -573,12 +573,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         """Start one all-to-all with per-rank element counts; every torch all-to-all variant
         goes through here, so ranks that phrase the same exchange differently (with or
         without split sizes) still issue the same ringtree call."""
-        if self._has_all_to_all_v:
-            return self._comm.all_to_all_v(x, out, send_counts, recv_counts, async_op=async_op, timeout=timeout)
-        if len(set(send_counts)) <= 1 and len(set(recv_counts)) <= 1:
-            return self._comm.all_to_all(x, out, async_op=async_op, timeout=timeout)
-        raise NotImplementedError("ringtree: all-to-all with uneven split sizes needs all_to_all_v, which this "
-                                  "build of the ringtree core does not have")
+        return self._comm.all_to_all_v(x, out, send_counts, recv_counts, async_op=async_op, timeout=timeout)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         timeout = self._call_timeout(opts)
