@@ -1,4 +1,5 @@
 // Communicator and Work. Every call that can block releases the GIL.
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 // Built against NumPy 2 headers, targeting the NumPy 1.22 API (the oldest numpy the package
 // accepts), so one build runs on either.
@@ -85,6 +86,13 @@ void register_communicator(py::module_& m) {
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &Work::is_completed);
 
+  py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate",
+                                         "Holds back a call's traffic until open(): see Communicator.run(gate=).")
+      .def(py::init([](std::function<void()> on_done) { return std::make_shared<Gate>(std::move(on_done)); }),
+           py::arg("on_done") = nullptr)
+      .def("open", &Gate::open)
+      .def("fail", &Gate::fail, py::arg("why"));
+
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init([](int rank, int size, const UniqueId& uid, double timeout) {
              return Communicator::create(rank, size, uid, timeout);
@@ -99,7 +107,7 @@ void register_communicator(py::module_& m) {
           [](Communicator& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
              bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
              int peer, int algo, double timeout, bool async_op, std::vector<uint64_t> send_counts,
-             std::vector<uint64_t> recv_counts, int recv_peer) {
+             std::vector<uint64_t> recv_counts, int recv_peer, std::shared_ptr<Gate> gate) {
             CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
             a.dtype = checked_enum(dtype, DataType::Count, "dtype");
             a.input = make_buffer(has_in, in_ptr, in_count, in_ro);
@@ -107,13 +115,14 @@ void register_communicator(py::module_& m) {
             a.send_counts = std::move(send_counts);
             a.recv_counts = std::move(recv_counts);
             a.recv_peer = recv_peer;
+            a.ready = std::move(gate);
             return c.run(a, async_op);
           },
           py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
           py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
           py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
-          py::arg("recv_peer") = -1,
+          py::arg("recv_peer") = -1, py::arg("gate") = std::shared_ptr<Gate>(),
           py::call_guard<py::gil_scoped_release>())
       // The hot path for ndarrays: returns NotImplemented when a buffer needs the Python
       // route, None when a blocking call is done, or the Work of an async call.

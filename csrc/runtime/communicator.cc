@@ -368,6 +368,8 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
 }
 
 std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
+  RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
+           ": a call that waits for its input (a gate) is always async");
   Prepared p = prepare(args);
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (closed_) RT_THROW(Aborted, "the communicator is closed");
@@ -413,6 +415,8 @@ void CommunicatorImpl::worker_loop() {
     } catch (...) {
       error = std::current_exception();
     }
+    // Before finish(): whoever waits on the Work sees the gate's follow-up already done.
+    if (job.prepared.args.ready) job.prepared.args.ready->done();
     job.work->finish(error);
     lock.lock();
     worker_busy_ = false;

@@ -62,6 +62,7 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return size_; }
   double default_timeout() const override { return default_timeout_; }
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
+  void validate(const CollectiveArgs& args) const override { (void)prepare(args); }
   Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const override;
   std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
   std::string machine_costs() const override;

@@ -85,6 +85,18 @@ void CommunicatorImpl::execute(Prepared& p) {
   try {
     if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
     raise_peer_abort_if_any();
+    // Its input is still being produced (device data on their way to the host): the call
+    // already holds its place in the order, and its traffic waits for the data.
+    if (p.args.ready) {
+      bool opened = false;
+      try {
+        opened = p.args.ready->wait_open(p.timeout_s);
+      } catch (const Error& e) {
+        RT_THROW(Error, describe_current(), " failed on rank ", rank_, ": its input could not be staged: ", e.what());
+      }
+      RT_CHECK(opened, Timeout, describe_current(), " timed out on rank ", rank_, " after ", p.timeout_s,
+               " s waiting for its own input: the stream it was issued on did not reach it");
+    }
     execute_traffic(p);
   } catch (const Aborted&) {
     current_ = nullptr;

@@ -4,6 +4,7 @@
 #pragma once
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,29 @@ struct Buffer {
   bool present = false;
 };
 
+// Opened once a call's buffers hold its input. A call whose data are still being produced when
+// it is issued (device data on their way to host staging buffers) takes its place in the
+// communicator's order at once, and its traffic starts when the gate opens.
+class Gate {
+ public:
+  // `on_done` runs on the thread that ran the call, once it has finished or failed.
+  explicit Gate(std::function<void()> on_done = nullptr) : on_done_(std::move(on_done)) {}
+  void open();
+  // The input will never come (the producer failed): the call fails with `why`, on every rank.
+  void fail(const std::string& why);
+  // False if the gate is still closed after timeout_s; throws Error after fail().
+  bool wait_open(double timeout_s);
+  // Runs on_done; a failure there is reported on stderr, never allowed to end the caller.
+  void done() noexcept;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::string failure_;
+  std::function<void()> on_done_;
+};
+
 struct CollectiveArgs {
   Collective coll = Collective::AllReduce;
   DataType dtype = DataType::Float32;
@@ -35,6 +59,8 @@ struct CollectiveArgs {
   // all_to_all_v: elements this rank sends to / receives from each rank; blocks are
   // contiguous in rank order (displacements are the prefix sums).
   std::vector<uint64_t> send_counts, recv_counts;
+  // Non-null: run only once this gate opens (always async; see Gate).
+  std::shared_ptr<Gate> ready;
 };
 
 class Work {
@@ -70,6 +96,8 @@ class Communicator {
   virtual double default_timeout() const = 0;
   // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
   virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
+  // The checks run() makes before any traffic, alone: throws InvalidArgument or returns.
+  virtual void validate(const CollectiveArgs& args) const = 0;
   // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would.
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction.
