@@ -12,7 +12,10 @@
 #include "bindings/bindings.h"
 #include "common/check.h"
 #include "ringtree/types.h"
+#include "ringtree/communicator.h"
+#include "transport/nccl/nccl_library.h"
 #ifdef RINGTREE_HAVE_CUDA
+#include "runtime/cuda_device_comm.h"
 #include "runtime/cuda_local_executor.h"
 #endif
 
@@ -35,12 +38,71 @@ constexpr const char* kRunDoc =
     "input_ptrs/output_ptrs hold one device pointer per rank (0 where a rank needs none);\n"
     "stream is the caller's cudaStream_t as an int. Returns a dict of what was enqueued.";
 
+constexpr const char* kCudaCommDoc =
+    "Collectives on CUDA device buffers for a host Communicator's ranks: staged through pinned host\n"
+    "memory (the default) or handed to NCCL (use_nccl). Enqueued on the caller's stream.";
+
+// NCCL's version and file, or an Error saying what was tried. Works in every build: NCCL is
+// loaded at run time.
+py::dict nccl_library(const std::string& wheel_hint) {
+  std::string why;
+  const NcclApi* api = nullptr;
+  {
+    py::gil_scoped_release release;
+    api = nccl_api(wheel_hint, &why);
+  }
+  if (!api) throw Error(why);
+  py::dict d;
+  d["version"] = api->version;
+  d["path"] = api->path;
+  return d;
+}
+
 }  // namespace
 
 #ifdef RINGTREE_HAVE_CUDA
 
 void register_cuda(py::module_& m) {
+  m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",
+        "Load NCCL (once per process) and return {'version', 'path'}; raises Error saying what was tried.");
   m.def("cuda_built", []() { return true; }, "True when this build contains the CUDA path.");
+  py::class_<DeviceWork, std::shared_ptr<DeviceWork>>(m, "DeviceWork")
+      .def("wait", &DeviceWork::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", &DeviceWork::is_completed);
+  py::class_<CudaComm, std::shared_ptr<CudaComm>>(m, "CudaComm", kCudaCommDoc)
+      .def(py::init([](std::shared_ptr<Communicator> host, std::string nccl_hint) {
+             return CudaComm::create(std::move(host), std::move(nccl_hint));
+           }),
+           py::arg("host"), py::arg("nccl_hint") = "", py::call_guard<py::gil_scoped_release>())
+      .def(
+          "run",
+          [](CudaComm& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool has_out,
+             uintptr_t out_ptr, uint64_t out_count, int op, double factor, int root, int peer, int recv_peer, int algo,
+             double timeout, uintptr_t stream, bool use_nccl, bool async_op, std::vector<uint64_t> send_counts,
+             std::vector<uint64_t> recv_counts) {
+            CollectiveArgs a;
+            a.coll = checked_code(coll, Collective::Count, "collective");
+            a.dtype = checked_code(dtype, DataType::Count, "dtype");
+            a.op = checked_code(op, ReduceOp::Count, "reduce op");
+            a.algo = checked_code(algo, Algo::Count, "algo");
+            a.premul_factor = factor;
+            a.root = root;
+            a.peer = peer;
+            a.recv_peer = recv_peer;
+            a.timeout_s = timeout;
+            a.input = {reinterpret_cast<void*>(in_ptr), in_count, false, has_in};
+            a.output = {reinterpret_cast<void*>(out_ptr), out_count, false, has_out};
+            a.send_counts = std::move(send_counts);
+            a.recv_counts = std::move(recv_counts);
+            return c.run(a, stream, use_nccl, async_op);
+          },
+          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
+          py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("op"), py::arg("factor"),
+          py::arg("root"), py::arg("peer"), py::arg("recv_peer"), py::arg("algo"), py::arg("timeout"),
+          py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
+          py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
+          py::call_guard<py::gil_scoped_release>())
+      .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
   m.def("cuda_available", []() { return cuda_runtime_available(); },
         "True when the CUDA path is built and the CUDA runtime finds a device.");
   m.def("cuda_unavailable_reason", []() {
@@ -109,6 +171,7 @@ void register_cuda(py::module_& m) {
 #else  // no CUDA in this build
 
 namespace {
+struct NoCudaComm {};
 [[noreturn]] void no_cuda(const char* what) {
   RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
            "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
@@ -116,7 +179,13 @@ namespace {
 }  // namespace
 
 void register_cuda(py::module_& m) {
+  m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",
+        "Load NCCL (once per process) and return {'version', 'path'}; raises Error saying what was tried.");
   m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
+  // Same name as in CUDA builds, so callers need no feature check: constructing it explains.
+  py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
+      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
+           py::arg("host"), py::arg("nccl_hint") = "");
   m.def("cuda_available", []() { return false; },
         "True when the CUDA path is built and the CUDA runtime finds a device.");
   m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });

@@ -2,6 +2,8 @@
 // message names the call and cudaGetErrorString's text, so Python sees ringtree.Error.
 #pragma once
 #include <cuda_runtime_api.h>
+#include <cstdint>
+#include <string>
 #include "common/check.h"
 
 namespace ringtree {
@@ -10,6 +12,12 @@ namespace ringtree {
   throw Error(str_cat("CUDA error in ", call, " (", file, ":", line, "): ", cudaGetErrorName(err), ": ",
                       cudaGetErrorString(err)));
 }
+
+// Throws InvalidArgument unless [ptr, ptr + bytes) starts in device (or managed) memory of
+// `device`: catches host pointers and buffers of another GPU before anything is enqueued.
+// `what` names the buffer in the message; `device_hint` follows the wrong-device message.
+void check_device_buffer(uintptr_t ptr, uint64_t bytes, int device, const std::string& what,
+                         const char* device_hint = "");
 
 }  // namespace ringtree
 

@@ -70,39 +70,10 @@ bool spans_overlap(uintptr_t a, uint64_t a_bytes, uintptr_t b, uint64_t b_bytes)
   return a_bytes && b_bytes && a < b + b_bytes && b < a + a_bytes;
 }
 
-std::string hex(uintptr_t p) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(p));
-  return buf;
-}
-
-const char* memory_type_name(cudaMemoryType t) {
-  switch (t) {
-    case cudaMemoryTypeUnregistered: return "unregistered host memory";
-    case cudaMemoryTypeHost: return "pinned host memory";
-    case cudaMemoryTypeDevice: return "device memory";
-    case cudaMemoryTypeManaged: return "managed memory";
-    default: return "unknown memory";
-  }
-}
-
-// Throws InvalidArgument unless [ptr, ptr + bytes) starts in device (or managed) memory of
-// `device`. Catches host pointers and buffers of another GPU before anything is enqueued.
+// Throws InvalidArgument unless [ptr, ptr + bytes) starts in device memory of `device`.
 void check_device_pointer(uintptr_t ptr, uint64_t bytes, int device, const char* what, size_t rank) {
-  if (bytes == 0) return;
-  RT_CHECK(ptr != 0, InvalidArgument, "cuda_local_run: ", what, "[", rank, "] is null but holds ", bytes, " bytes");
-  cudaPointerAttributes attr{};
-  const cudaError_t err = cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(ptr));
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the non-sticky error
-    RT_THROW(InvalidArgument, "cuda_local_run: ", what, "[", rank, "] = ", hex(ptr), " is not a CUDA pointer (", cudaGetErrorString(err), ")");
-  }
-  RT_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, InvalidArgument,
-           "cuda_local_run: ", what, "[", rank, "] = ", hex(ptr), " is ", memory_type_name(attr.type),
-           ", not device memory");
-  RT_CHECK(attr.type == cudaMemoryTypeManaged || attr.device == device, InvalidArgument, "cuda_local_run: ", what, "[",
-           rank, "] lives on device ", attr.device, " but the current device is ", device,
-           " (all ranks of one call share one device)");
+  check_device_buffer(ptr, bytes, device, str_cat("cuda_local_run: ", what, "[", rank, "]"),
+                      " (all ranks of one call share one device)");
 }
 
 // Per-rank resolved buffers: bases[Input], bases[Output] as the schedule sees them.

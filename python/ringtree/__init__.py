@@ -12,6 +12,7 @@ from . import _core
 from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure,
                     Timeout, UniqueId)
 from ._launchers import detect as _detect
+from ._nccl import nccl_info
 from .bucketing import Bucketer
 from .comm import Communicator, Work
 from .explain import explain
@@ -20,11 +21,16 @@ from .ops import PremulSum, ReduceOp, premul_sum
 __all__ = [
     "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
-    "BootstrapError", "DTYPES", "default_timeout", "explain",
+    "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
 ]
 __version__ = "0.1.0"
 
 DTYPES = tuple(_core.DTYPES)
+
+
+def cuda_available() -> bool:
+    """True when this build has the CUDA path and the CUDA runtime finds a device."""
+    return bool(_core.cuda_available())
 
 
 def default_timeout() -> float:

@@ -1,10 +1,14 @@
-"""Turn user arrays into (pointer, element count, dtype code, read-only) without copying.
+"""Turn user arrays into (pointer, element count, dtype code, read-only, device) without copying.
 
-numpy arrays, torch CPU tensors (detected by module, so torch is never imported here), and
-anything with DLPack or the buffer protocol are accepted. Shapes are ignored; buffers must be
+Host: numpy arrays, torch CPU tensors (detected by module, so torch is never imported here),
+and anything with DLPack or the buffer protocol. CUDA: torch CUDA tensors and anything with
+__cuda_array_interface__ (cupy, numba, ...); their `stream` is the producer's current stream
+(torch's or cupy's), on which a collective is enqueued. Shapes are ignored; buffers must be
 contiguous. The returned keepalive object must outlive any async collective using the buffer.
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -18,11 +22,20 @@ _TORCH_DTYPES = {
 }
 
 
-class BufferInfo:
-    __slots__ = ("ptr", "count", "dtype", "readonly", "keepalive")
+HOST, CUDA = 0, 1
+DEVICE_NAMES = ("host", "CUDA")
+# __cuda_array_interface__ typestr kinds and sizes -> ringtree dtype names.
+_CAI_DTYPES = {("i", 1): "int8", ("u", 1): "uint8", ("i", 4): "int32", ("i", 8): "int64", ("f", 2): "float16",
+               ("f", 4): "float32", ("f", 8): "float64"}
+_DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
-    def __init__(self, ptr, count, dtype, readonly, keepalive):
+
+class BufferInfo:
+    __slots__ = ("ptr", "count", "dtype", "readonly", "keepalive", "device", "stream")
+
+    def __init__(self, ptr, count, dtype, readonly, keepalive, device=HOST, stream=0):
         self.ptr, self.count, self.dtype, self.readonly, self.keepalive = ptr, count, dtype, readonly, keepalive
+        self.device, self.stream = device, stream
 
 
 def _invalid(msg: str) -> Exception:
@@ -30,15 +43,53 @@ def _invalid(msg: str) -> Exception:
 
 
 def _from_torch(x, name: str) -> BufferInfo:
-    if x.device.type != "cpu":
-        raise _invalid(f"{name}: {x.device.type} tensors are not supported by this build's host path "
-                       f"(got a tensor on {x.device}); move it to the CPU")
+    if x.device.type not in ("cpu", "cuda"):
+        raise _invalid(f"{name}: {x.device.type} tensors are not supported (got a tensor on {x.device}); "
+                       f"use a CPU or CUDA tensor")
     dtype = _TORCH_DTYPES.get(str(x.dtype))
     if dtype is None:
         raise _invalid(f"{name}: unsupported dtype {x.dtype}; supported: {', '.join(_core.DTYPES)}")
     if not x.is_contiguous():
         raise _invalid(f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})")
+    if x.device.type == "cuda":
+        stream = sys.modules["torch"].cuda.current_stream(x.device).cuda_stream
+        return BufferInfo(x.data_ptr(), x.numel(), _DTYPE_CODES[dtype], False, x, CUDA, stream)
     return BufferInfo(x.data_ptr(), x.numel(), _DTYPE_CODES[dtype], False, x)
+
+
+def _producer_stream(x) -> int:
+    """The stream a CUDA array's library enqueues on now: cupy's current stream, else the
+    legacy default stream (0)."""
+    if type(x).__module__.split(".", 1)[0] == "cupy":
+        return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0
+
+
+def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        typestr = cai["typestr"]
+        ptr, readonly = cai["data"]
+    except (KeyError, TypeError, ValueError):
+        raise _invalid(f"{name}: malformed __cuda_array_interface__ {cai!r}") from None
+    order, kind, size = typestr[0], typestr[1], int(typestr[2:] or 0)
+    if order == ">" and size > 1:
+        raise _invalid(f"{name}: byte-swapped dtype {typestr} is not supported; use native byte order")
+    dtype = _CAI_DTYPES.get((kind, size))
+    if dtype is None:
+        raise _invalid(f"{name}: unsupported dtype {typestr}; supported: {', '.join(_core.DTYPES)} "
+                       f"(bfloat16 on CUDA: use a torch tensor)")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        expected, step = [], size
+        for extent in reversed(shape):
+            expected.append(step)
+            step *= extent
+        expected.reverse()
+        if any(extent > 1 and int(got) != want for extent, got, want in zip(shape, strides, expected)):
+            raise _invalid(f"{name}: array must be C-contiguous (got strides {tuple(strides)} for shape {shape})")
+    return BufferInfo(int(ptr or 0), count, _DTYPE_CODES[dtype], bool(readonly), x, CUDA, _producer_stream(x))
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -60,6 +111,14 @@ def buffer_info(x, name: str) -> BufferInfo:
         raise _invalid(f"{name}: a buffer is required, got None")
     if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
         return _from_torch(x, name)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cuda_array_interface(x, cai, name)
+    if hasattr(x, "__dlpack_device__") and not hasattr(x, "__array_interface__"):
+        device_type = x.__dlpack_device__()[0]
+        if int(device_type) in _DLPACK_CUDA_DEVICES:
+            raise _invalid(f"{name}: a CUDA array must expose __cuda_array_interface__ (cupy, numba and torch "
+                           f"do); got {type(x).__name__}, which offers DLPack only")
     arr = _to_numpy(x, name)
     dtype = arr.dtype.name
     if dtype not in _DTYPE_CODES:

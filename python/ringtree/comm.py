@@ -12,7 +12,8 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._buffers import _DTYPE_CODES, buffer_info
+from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info
+from ._nccl import wheel_library
 from .ops import resolve_op
 
 _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
@@ -69,18 +70,20 @@ def _dtype_code(dtype) -> int:
 def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct' or 'oneshot'")
+    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot' "
+                                f"or (CUDA buffers) 'nccl'")
 
 
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "__weakref__")
+    __slots__ = ("_core", "_cuda", "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
             unique_id = _core.UniqueId.parse(unique_id)
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
+        self._cuda = None  # made at the first call on CUDA buffers
         _LIVE.add(self)
 
     @property
@@ -159,6 +162,9 @@ class Communicator:
         if inb and outb and inb.dtype != outb.dtype:
             raise _core.InvalidArgument(
                 f"{coll}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}")
+        if inb and outb and inb.device != outb.device:
+            raise _core.InvalidArgument(f"{coll}: the input is in {DEVICE_NAMES[inb.device]} memory but the output "
+                                        f"in {DEVICE_NAMES[outb.device]} memory; give both on one side")
         dtype = (inb or outb).dtype if (inb or outb) else 0
         op_code, factor = resolve_op(op)
         if inb:
@@ -168,6 +174,18 @@ class Communicator:
         t = -1.0 if timeout is None else float(timeout)
         if timeout is not None and t <= 0:
             raise _core.InvalidArgument(f"{coll}: timeout must be positive, got {timeout}")
+        on_device = bool((inb or outb) and (inb or outb).device)
+        use_nccl = isinstance(algo, str) and algo.lower() == "nccl"
+        if use_nccl and not on_device:
+            raise _core.InvalidArgument(f"{coll}: algo='nccl' needs CUDA buffers (torch CUDA tensors, cupy arrays); "
+                                        f"host buffers take the ringtree algorithms")
+        if on_device:
+            work = self._cuda_comm().run(
+                _COLL[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0,
+                has_out, outb.ptr if outb else 0, outb.count if outb else 0, op_code, factor, int(root),
+                int(peer), int(recv_peer), 0 if use_nccl else _algo_code(algo), t, (inb or outb).stream,
+                use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"))
+            return Work(work, keep, result) if async_op else result
         work = self._core.run(
             _COLL[coll], dtype,
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
@@ -268,8 +286,15 @@ class Communicator:
         leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
         return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
 
+    def _cuda_comm(self):
+        if self._cuda is None:
+            self._cuda = _core.CudaComm(self._core, wheel_library())
+        return self._cuda
+
     def close(self):
         """Finish queued work, tell the peers this rank is leaving, release everything."""
+        if self._cuda is not None:
+            self._cuda.close()
         self._core.close()
 
     @property

@@ -1,0 +1,668 @@
+// Device-buffer collectives for a host communicator (see cuda_device_comm.h).
+//
+// Staged path, on the caller's stream, for call k of this CudaComm:
+//   1. copy the device input into a pinned staging slot (device to host);
+//   2. a host function opens call k's Gate: the host communicator, which queued call k in its
+//      order when it was issued, starts its traffic on the staging slot;
+//   3. a one-thread kernel waits until the pinned counter `released` reaches k; the host
+//      communicator's worker sets it when call k has finished, whether it succeeded or failed;
+//   4. copy the staging slot back into the device output (host to device).
+// The host function only opens the gate and returns: a host function that waited for the
+// collective could hold up CUDA's callback thread, and with it the gate of an earlier call
+// issued on another stream, until the timeout. Calls finish in issue order, so one counter
+// serves every stream.
+//
+// NCCL path: validated like a host call (the host communicator's own checks), then handed to
+// NCCL on the caller's stream. Each call records an event that the watchdog follows.
+#include <cuda_runtime_api.h>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include "common/check.h"
+#include "kernels/cuda_check.cuh"
+#include "runtime/cuda_device_comm.h"
+#include "runtime/cuda_local_executor.h"
+#include "transport/nccl/nccl_library.h"
+
+namespace ringtree {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The stream's half of the handoff (step 3).
+__global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
+  while (*released < ticket) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(2000);
+#endif
+  }
+}
+
+void CUDART_CB open_gate(void* data) {
+  std::unique_ptr<std::shared_ptr<Gate>> gate(static_cast<std::shared_ptr<Gate>*>(data));
+  (*gate)->open();
+}
+
+int current_device() {
+  int device = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// True once `ev` has completed; a failed query throws its CUDA error.
+bool event_done(cudaEvent_t ev) {
+  const cudaError_t err = cudaEventQuery(ev);
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) return false;
+  throw_cuda_error(err, "cudaEventQuery", __FILE__, __LINE__);
+}
+
+// Waits for `ev` up to timeout_s (< 0: no limit), calling `check` between polls (it throws to
+// end the wait with an error). Polls, sleeping a little longer as the wait grows.
+bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check) {
+  const Clock::time_point start = Clock::now();
+  for (int polls = 0;; ++polls) {
+    if (event_done(ev)) return true;
+    if (check) check();
+    if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));
+  }
+}
+
+cudaEvent_t new_event() {
+  cudaEvent_t ev = nullptr;
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return ev;
+}
+
+// An event owned by one Work: created per async call (blocking calls make none).
+struct OwnedEvent {
+  cudaEvent_t ev = nullptr;
+  explicit OwnedEvent(cudaStream_t stream) : ev(new_event()) {
+    const cudaError_t err = cudaEventRecord(ev, stream);
+    if (err != cudaSuccess) {
+      cudaEventDestroy(ev);
+      throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
+    }
+  }
+  ~OwnedEvent() { (void)cudaEventDestroy(ev); }
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+};
+
+// ---- staging ---------------------------------------------------------------------------------
+
+// Pinned host memory reused across calls; a slot is free again once the device has passed the
+// event recorded after its last copy back.
+class StagingPool {
+ public:
+  struct Slot {
+    uint8_t* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t free_after = nullptr;
+  };
+  ~StagingPool() {
+    for (auto& s : slots_) release(*s);
+  }
+  Slot& acquire(size_t bytes) {
+    for (auto& s : slots_)
+      if (s->bytes >= bytes && event_done(s->free_after)) return *s;
+    // Bound the pool: drop a free slot that is too small before growing.
+    if (slots_.size() >= kMaxSlots) {
+      for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+        if (event_done((*it)->free_after)) {
+          release(**it);
+          slots_.erase(it);
+          break;
+        }
+      }
+    }
+    auto slot = std::make_unique<Slot>();
+    size_t rounded = kMinSlotBytes;
+    while (rounded < bytes) rounded *= 2;  // sizes settle after a few calls
+    void* host = nullptr;
+    RT_CUDA_CHECK(cudaHostAlloc(&host, rounded, cudaHostAllocPortable));
+    slot->host = static_cast<uint8_t*>(host);
+    slot->bytes = rounded;
+    slot->free_after = new_event();
+    slots_.push_back(std::move(slot));
+    return *slots_.back();
+  }
+
+ private:
+  static constexpr size_t kMaxSlots = 8;
+  static constexpr size_t kMinSlotBytes = 64 << 10;
+  static void release(Slot& s) {
+    (void)cudaEventSynchronize(s.free_after);  // the device may still be copying out of it
+    (void)cudaEventDestroy(s.free_after);
+    (void)cudaFreeHost(s.host);
+  }
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+class StagedWork : public DeviceWork {
+ public:
+  StagedWork(std::shared_ptr<Work> host, cudaStream_t stream) : host_(std::move(host)), done_(stream) {}
+  bool wait(double timeout_s) override {
+    if (!wait_event(done_.ev, timeout_s, nullptr)) return false;
+    host_->wait(-1.0);  // finished before the stream was released; rethrows its error
+    return true;
+  }
+  bool is_completed() override { return event_done(done_.ev); }
+
+ private:
+  std::shared_ptr<Work> host_;
+  OwnedEvent done_;
+};
+
+// Where a call's buffers sit in its staging slot: in-place layouts (the same buffer, or one
+// inside the other) keep their relative position, so the host collective sees them in place.
+struct StagingLayout {
+  uint64_t bytes = 0, in_offset = 0, out_offset = 0;
+};
+
+StagingLayout lay_out(uintptr_t in, uint64_t in_bytes, uintptr_t out, uint64_t out_bytes) {
+  StagingLayout l;
+  if (in_bytes && out_bytes && ranges_overlap(reinterpret_cast<void*>(in), in_bytes, reinterpret_cast<void*>(out),
+                                              out_bytes)) {
+    const uintptr_t lo = std::min(in, out);
+    l.bytes = std::max(in + in_bytes, out + out_bytes) - lo;
+    l.in_offset = in - lo;
+    l.out_offset = out - lo;
+  } else {
+    l.in_offset = 0;
+    l.out_offset = (in_bytes + 255) / 256 * 256;
+    l.bytes = l.out_offset + out_bytes;
+  }
+  return l;
+}
+
+// ---- NCCL ------------------------------------------------------------------------------------
+
+int nccl_dtype(DataType t) {
+  switch (t) {
+    case DataType::Int8: return kNcclInt8;
+    case DataType::Uint8: return kNcclUint8;
+    case DataType::Int32: return kNcclInt32;
+    case DataType::Int64: return kNcclInt64;
+    case DataType::Float16: return kNcclFloat16;
+    case DataType::BFloat16: return kNcclBfloat16;
+    case DataType::Float32: return kNcclFloat32;
+    case DataType::Float64: return kNcclFloat64;
+    default: RT_THROW(InvalidArgument, "dtype code ", static_cast<int>(t), " has no NCCL equivalent");
+  }
+}
+
+int nccl_op(ReduceOp op, const char* name) {
+  switch (op) {
+    case ReduceOp::Sum: return kNcclSum;
+    case ReduceOp::Prod: return kNcclProd;
+    case ReduceOp::Min: return kNcclMin;
+    case ReduceOp::Max: return kNcclMax;
+    case ReduceOp::Avg: return kNcclAvg;
+    default:
+      RT_THROW(InvalidArgument, name, ": op ", op_name(op), " is not available with algo='nccl' (use sum, prod, min, ",
+               "max or avg, or a ringtree algorithm)");
+  }
+}
+
+class NcclPath : public std::enable_shared_from_this<NcclPath> {
+ public:
+  NcclPath(std::shared_ptr<Communicator> host, std::string hint) : host_ptr_(std::move(host)), host_(*host_ptr_),
+                                                                     hint_(std::move(hint)) {}
+  ~NcclPath() { close(); }
+
+  std::shared_ptr<DeviceWork> run(const CollectiveArgs& a, cudaStream_t stream, bool want_work);
+  void close();
+  // Throws the sticky failure, if any.
+  void raise_if_failed() {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!failure_.empty()) throw Error(failure_);
+  }
+
+ private:
+  void init(double timeout_s);
+  void enqueue(const CollectiveArgs& a, cudaStream_t stream);
+  void watchdog_loop();
+  void fail_locked(const std::string& why);
+  void check(NcclResult r, const char* call) {
+    if (r != kNcclSuccess && r != kNcclInProgress)
+      RT_THROW(Error, call, " failed on rank ", host_.rank(), ": ", nccl_error_text(*api_, r, comm_));
+  }
+
+  struct Pending {
+    cudaEvent_t ev;
+    Clock::time_point deadline;
+    double timeout_s;
+    std::string what;
+  };
+
+  std::shared_ptr<Communicator> host_ptr_;
+  Communicator& host_;
+  std::string hint_;
+  const NcclApi* api_ = nullptr;
+  NcclComm comm_ = nullptr;
+  int device_ = -1;
+  uint64_t calls_ = 0;
+  // call_mu_ serializes calls into NCCL (one rank's calls enter NCCL in issue order);
+  // state_mu_ guards what the watchdog shares. The watchdog never takes call_mu_: a call
+  // stuck inside NCCL is exactly what it must be able to abort.
+  std::mutex call_mu_;
+  std::mutex state_mu_;
+  std::condition_variable wake_;
+  std::string failure_;  // sticky once NCCL failed, timed out or could not start
+  bool aborted_ = false;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+class NcclWork : public DeviceWork {
+ public:
+  NcclWork(std::shared_ptr<NcclPath> path, cudaStream_t stream) : path_(std::move(path)), done_(stream) {}
+  bool wait(double timeout_s) override {
+    if (!wait_event(done_.ev, timeout_s, [this] { path_->raise_if_failed(); })) return false;
+    path_->raise_if_failed();
+    return true;
+  }
+  bool is_completed() override { return event_done(done_.ev); }
+
+ private:
+  std::shared_ptr<NcclPath> path_;
+  OwnedEvent done_;
+};
+
+void NcclPath::init(double timeout_s) {
+  // Every rank learns whether every rank can start NCCL before any of them enters
+  // ncclCommInitRank, which would wait for a rank that never comes.
+  std::string why;
+  api_ = nccl_api(hint_, &why);
+  int device = -1;
+  const cudaError_t dev_err = cudaGetDevice(&device);
+  if (api_ && dev_err != cudaSuccess) why = str_cat("no usable CUDA device: ", cudaGetErrorString(dev_err));
+  NcclUniqueId uid{};
+  if (why.empty() && host_.rank() == 0) {
+    const NcclResult r = api_->GetUniqueId(&uid);
+    if (r != kNcclSuccess) why = str_cat("ncclGetUniqueId failed: ", nccl_error_text(*api_, r));
+  }
+  const int32_t mine = why.empty() ? 1 : 0;
+  std::vector<int32_t> ready(static_cast<size_t>(host_.size()), 0);
+  CollectiveArgs g;
+  g.coll = Collective::AllGather;
+  g.dtype = DataType::Int32;
+  g.input = {const_cast<int32_t*>(&mine), 1, true, true};
+  g.output = {ready.data(), ready.size(), false, true};
+  g.timeout_s = timeout_s;
+  host_.run(g, false);
+  std::string missing;
+  for (size_t q = 0; q < ready.size(); ++q)
+    if (!ready[q]) missing += str_cat(missing.empty() ? "" : ", ", q);
+  if (!why.empty()) RT_THROW(Error, "algo='nccl' on rank ", host_.rank(), ": ", why);
+  if (!missing.empty())
+    RT_THROW(Error, "algo='nccl': rank(s) ", missing, " could not start NCCL (their errors say why); no NCCL ",
+             "communicator was made");
+  CollectiveArgs b;
+  b.coll = Collective::Broadcast;
+  b.dtype = DataType::Uint8;
+  b.input = {&uid, sizeof(uid), false, true};
+  b.timeout_s = timeout_s;
+  host_.run(b, false);
+  NcclComm comm = nullptr;
+  const NcclResult r = api_->CommInitRank(&comm, host_.size(), uid, host_.rank());
+  if (r != kNcclSuccess)
+    RT_THROW(Error, "ncclCommInitRank failed on rank ", host_.rank(), ": ", nccl_error_text(*api_, r));
+  comm_ = comm;
+  device_ = device;
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t stream, bool want_work) {
+  const char* name = collective_name(a.coll);
+  RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
+  host_.validate(a);  // the host path's checks: counts, roots, peers, overlaps
+  // A dtype or op NCCL lacks is refused here, before the first call's set-up traffic.
+  (void)nccl_dtype(a.dtype);
+  if (is_reduction(a.coll)) (void)nccl_op(a.op, name);
+  const int device = current_device();
+  const size_t esz = dtype_size(a.dtype);
+  if (a.input.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
+  if (a.output.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
+                        str_cat(name, ": output"));
+  const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_.default_timeout();
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  raise_if_failed();
+  if (!comm_) {
+    try {
+      init(timeout_s);
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      failure_ = e.what();  // every rank raised; later calls raise the same at once
+      throw;
+    }
+  }
+  RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
+           " but this communicator's NCCL communicator lives on device ", device_);
+  enqueue(a, stream);
+  std::unique_lock<std::mutex> lock(state_mu_);
+  cudaEvent_t ev = nullptr;
+  if (!spare_events_.empty()) {
+    ev = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    ev = new_event();
+  }
+  RT_CUDA_CHECK(cudaEventRecord(ev, stream));
+  pending_.push_back({ev, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)),
+                      timeout_s, str_cat(name, " #", calls_++, " (algo='nccl')")});
+  lock.unlock();
+  wake_.notify_all();
+  if (!want_work) return nullptr;
+  return std::make_shared<NcclWork>(shared_from_this(), stream);
+}
+
+void NcclPath::enqueue(const CollectiveArgs& a, cudaStream_t s) {
+  const int dt = nccl_dtype(a.dtype);
+  const int op = is_reduction(a.coll) ? nccl_op(a.op, collective_name(a.coll)) : kNcclSum;
+  const int P = host_.size(), me = host_.rank();
+  const size_t esz = dtype_size(a.dtype);
+  auto* in = static_cast<const uint8_t*>(a.input.ptr);
+  auto* out = static_cast<uint8_t*>(a.output.ptr);
+  // Grouped point-to-point for the collectives NCCL has no single call for; this rank's own
+  // block is a device copy.
+  auto grouped = [&](const std::function<void()>& body) {
+    check(api_->GroupStart(), "ncclGroupStart");
+    try {
+      body();
+    } catch (...) {
+      (void)api_->GroupEnd();
+      throw;
+    }
+    check(api_->GroupEnd(), "ncclGroupEnd");
+  };
+  switch (a.coll) {
+    case Collective::AllReduce:
+      check(api_->AllReduce(in, out, a.output.count, dt, op, comm_, s), "ncclAllReduce");
+      break;
+    case Collective::ReduceScatter:
+      check(api_->ReduceScatter(in, out, a.output.count, dt, op, comm_, s), "ncclReduceScatter");
+      break;
+    case Collective::AllGather:
+      check(api_->AllGather(in, out, a.input.count, dt, comm_, s), "ncclAllGather");
+      break;
+    case Collective::Broadcast:  // one buffer, the input
+      check(api_->Broadcast(in, const_cast<uint8_t*>(in), a.input.count, dt, a.root, comm_, s), "ncclBroadcast");
+      break;
+    case Collective::Reduce:
+      check(api_->Reduce(in, out ? out : const_cast<uint8_t*>(in), a.input.count, dt, op, a.root, comm_, s),
+            "ncclReduce");
+      break;
+    case Collective::AllToAll:
+    case Collective::AllToAllV: {
+      const bool v = a.coll == Collective::AllToAllV;
+      const uint64_t n = v ? 0 : a.input.count / static_cast<uint64_t>(P);
+      uint64_t send_at = 0, recv_at = 0;
+      grouped([&] {
+        for (int q = 0; q < P; ++q) {
+          const uint64_t sc = v ? a.send_counts[q] : n, rc = v ? a.recv_counts[q] : n;
+          if (q == me) {
+            if (sc) RT_CUDA_CHECK(cudaMemcpyAsync(out + recv_at * esz, in + send_at * esz, sc * esz,
+                                                  cudaMemcpyDeviceToDevice, s));
+          } else {
+            if (sc) check(api_->Send(in + send_at * esz, sc, dt, q, comm_, s), "ncclSend");
+            if (rc) check(api_->Recv(out + recv_at * esz, rc, dt, q, comm_, s), "ncclRecv");
+          }
+          send_at += sc;
+          recv_at += rc;
+        }
+      });
+      break;
+    }
+    case Collective::Gather: {
+      const uint64_t n = a.input.count;
+      grouped([&] {
+        if (me != a.root) {
+          if (n) check(api_->Send(in, n, dt, a.root, comm_, s), "ncclSend");
+          return;
+        }
+        for (int q = 0; q < P && n; ++q) {
+          if (q == me)
+            RT_CUDA_CHECK(cudaMemcpyAsync(out + q * n * esz, in, n * esz, cudaMemcpyDeviceToDevice, s));
+          else
+            check(api_->Recv(out + q * n * esz, n, dt, q, comm_, s), "ncclRecv");
+        }
+      });
+      break;
+    }
+    case Collective::Scatter: {
+      const uint64_t n = a.output.count;
+      grouped([&] {
+        if (me != a.root) {
+          if (n) check(api_->Recv(out, n, dt, a.root, comm_, s), "ncclRecv");
+          return;
+        }
+        for (int q = 0; q < P && n; ++q) {
+          if (q == me)
+            RT_CUDA_CHECK(cudaMemcpyAsync(out, in + q * n * esz, n * esz, cudaMemcpyDeviceToDevice, s));
+          else
+            check(api_->Send(in + q * n * esz, n, dt, q, comm_, s), "ncclSend");
+        }
+      });
+      break;
+    }
+    case Collective::Send:
+      if (a.input.count) check(api_->Send(in, a.input.count, dt, a.peer, comm_, s), "ncclSend");
+      break;
+    case Collective::Recv:
+      if (a.output.count) check(api_->Recv(out, a.output.count, dt, a.peer, comm_, s), "ncclRecv");
+      break;
+    case Collective::SendRecv:
+      grouped([&] {
+        if (a.input.count) check(api_->Send(in, a.input.count, dt, a.peer, comm_, s), "ncclSend");
+        if (a.output.count) check(api_->Recv(out, a.output.count, dt, a.recv_peer, comm_, s), "ncclRecv");
+      });
+      break;
+    default:
+      RT_THROW(InvalidArgument, collective_name(a.coll), " is not available with algo='nccl'");
+  }
+}
+
+void NcclPath::fail_locked(const std::string& why) {
+  if (failure_.empty()) failure_ = why;
+  if (comm_ && !aborted_) {
+    aborted_ = true;
+    (void)api_->CommAbort(comm_);  // ends NCCL's kernels, so every stream moves on
+  }
+}
+
+void NcclPath::watchdog_loop() {
+  std::unique_lock<std::mutex> lock(state_mu_);
+  while (!stop_) {
+    while (!pending_.empty() && failure_.empty()) {
+      Pending& p = pending_.front();
+      const cudaError_t err = cudaEventQuery(p.ev);
+      if (err == cudaSuccess) {
+        spare_events_.push_back(p.ev);
+        pending_.pop_front();
+        continue;
+      }
+      if (err != cudaErrorNotReady) {
+        fail_locked(str_cat(p.what, " failed on rank ", host_.rank(), ": CUDA error ", cudaGetErrorName(err), ": ",
+                            cudaGetErrorString(err)));
+        break;
+      }
+      NcclResult async_error = kNcclSuccess;
+      if (api_->CommGetAsyncError(comm_, &async_error) == kNcclSuccess && async_error != kNcclSuccess &&
+          async_error != kNcclInProgress) {
+        fail_locked(str_cat(p.what, " failed on rank ", host_.rank(), " in NCCL: ",
+                            nccl_error_text(*api_, async_error, comm_)));
+        break;
+      }
+      if (Clock::now() >= p.deadline)
+        fail_locked(str_cat(p.what, " timed out on rank ", host_.rank(), " after ", p.timeout_s,
+                            " s; the NCCL communicator was aborted"));
+      break;  // the oldest call is still running: the later ones are too
+    }
+    wake_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 200 : 5));
+  }
+}
+
+void NcclPath::close() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  std::lock_guard<std::mutex> lock(state_mu_);
+  for (Pending& p : pending_) {
+    if (!aborted_) (void)cudaEventSynchronize(p.ev);
+    (void)cudaEventDestroy(p.ev);
+  }
+  pending_.clear();
+  for (cudaEvent_t ev : spare_events_) (void)cudaEventDestroy(ev);
+  spare_events_.clear();
+  if (comm_ && !aborted_) (void)api_->CommDestroy(comm_);
+  comm_ = nullptr;
+}
+
+// ---- the communicator ------------------------------------------------------------------------
+
+// The last finished staged call's ticket, in pinned host memory the device reads (step 3).
+struct ReleaseCounter {
+  unsigned long long* host = nullptr;
+  unsigned long long* on_device = nullptr;
+  ReleaseCounter() {
+    void* p = nullptr;
+    RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable));
+    host = static_cast<unsigned long long*>(p);
+    *host = 0;
+    const cudaError_t err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&on_device), p, 0);
+    if (err != cudaSuccess) {
+      (void)cudaFreeHost(p);
+      throw_cuda_error(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+    }
+  }
+  ~ReleaseCounter() { (void)cudaFreeHost(host); }
+  // Called by the host communicator's worker, in ticket order; the staging data it wrote
+  // before are visible to the copy back once the device sees the new value.
+  void release(unsigned long long ticket) { __atomic_store_n(host, ticket, __ATOMIC_RELEASE); }
+};
+
+class CudaCommImpl : public CudaComm {
+ public:
+  CudaCommImpl(std::shared_ptr<Communicator> host, std::string hint)
+      : host_(std::move(host)), hint_(std::move(hint)), released_(std::make_shared<ReleaseCounter>()) {}
+  ~CudaCommImpl() override {
+    close();
+    staging_.reset();  // waits for the device to finish with each slot
+  }
+
+  std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl, bool want_work) override {
+    RT_CHECK(!closed_, Aborted, "the communicator is closed");
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    if (use_nccl) {
+      std::shared_ptr<NcclPath> nccl;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!nccl_) nccl_ = std::make_shared<NcclPath>(host_, hint_);
+        nccl = nccl_;
+      }
+      return nccl->run(args, s, want_work);
+    }
+    return staged(args, s, want_work);
+  }
+
+  void close() override {
+    std::shared_ptr<NcclPath> nccl;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      nccl = std::move(nccl_);
+    }
+    if (nccl) nccl->close();
+  }
+
+ private:
+  std::shared_ptr<DeviceWork> staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work);
+
+  std::shared_ptr<Communicator> host_;
+  std::string hint_;
+  std::mutex mu_;  // one staged call is issued at a time: tickets follow the host order
+  bool closed_ = false;
+  std::unique_ptr<StagingPool> staging_ = std::make_unique<StagingPool>();
+  std::shared_ptr<ReleaseCounter> released_;  // shared with the gates of queued calls
+  unsigned long long next_ticket_ = 0;
+  std::shared_ptr<NcclPath> nccl_;
+};
+
+std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
+  const char* name = collective_name(user.coll);
+  const size_t esz = dtype_size(user.dtype);
+  const int device = current_device();
+  const auto in = reinterpret_cast<uintptr_t>(user.input.ptr), out = reinterpret_cast<uintptr_t>(user.output.ptr);
+  const uint64_t in_bytes = user.input.present ? user.input.count * esz : 0;
+  const uint64_t out_bytes = user.output.present ? user.output.count * esz : 0;
+  check_device_buffer(in, in_bytes, device, str_cat(name, ": input"));
+  check_device_buffer(out, out_bytes, device, str_cat(name, ": output"));
+  host_->validate(user);  // before any staging or traffic
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const StagingLayout layout = lay_out(in, in_bytes, out, out_bytes);
+  StagingPool::Slot& slot = staging_->acquire(layout.bytes);
+  CollectiveArgs host_args = user;
+  host_args.input.ptr = slot.host + layout.in_offset;
+  host_args.output.ptr = slot.host + layout.out_offset;
+  const unsigned long long ticket = next_ticket_ + 1;
+  auto gate = std::make_shared<Gate>([released = released_, ticket] { released->release(ticket); });
+  host_args.ready = gate;
+  std::shared_ptr<Work> host_work = host_->run(host_args, true);  // takes its place in the order
+  next_ticket_ = ticket;
+  // What the collective writes on this rank: its output, and a broadcast's one buffer.
+  const bool broadcast_writes = user.coll == Collective::Broadcast && user.root != host_->rank();
+  try {
+    if (in_bytes)
+      RT_CUDA_CHECK(cudaMemcpyAsync(slot.host + layout.in_offset, user.input.ptr, in_bytes, cudaMemcpyDeviceToHost, stream));
+    auto* gate_ref = new std::shared_ptr<Gate>(gate);
+    const cudaError_t err = cudaLaunchHostFunc(stream, open_gate, gate_ref);
+    if (err != cudaSuccess) {
+      delete gate_ref;
+      throw_cuda_error(err, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    wait_for_release<<<1, 1, 0, stream>>>(released_->on_device, ticket);
+    RT_CUDA_CHECK(cudaGetLastError());
+    if (out_bytes)
+      RT_CUDA_CHECK(cudaMemcpyAsync(user.output.ptr, slot.host + layout.out_offset, out_bytes, cudaMemcpyHostToDevice,
+                                    stream));
+    if (broadcast_writes && in_bytes)
+      RT_CUDA_CHECK(cudaMemcpyAsync(user.input.ptr, slot.host + layout.in_offset, in_bytes, cudaMemcpyHostToDevice,
+                                    stream));
+    RT_CUDA_CHECK(cudaEventRecord(slot.free_after, stream));
+  } catch (const Error& e) {
+    gate->fail(e.what());  // the queued host call fails on every rank instead of timing out
+    throw;
+  }
+  if (!want_work) return nullptr;
+  return std::make_shared<StagedWork>(std::move(host_work), stream);
+}
+
+}  // namespace
+
+std::shared_ptr<CudaComm> CudaComm::create(std::shared_ptr<Communicator> host, std::string nccl_library_hint) {
+  RT_CHECK(host, InvalidArgument, "CudaComm needs a host communicator");
+  std::string why;
+  RT_CHECK(cuda_runtime_available(&why), Error, "CUDA buffers need a CUDA device: ", why);
+  return std::make_shared<CudaCommImpl>(std::move(host), std::move(nccl_library_hint));
+}
+
+}  // namespace ringtree

@@ -1,0 +1,52 @@
+// Collectives on CUDA device buffers for a host communicator's ranks (one process per rank),
+// with NCCL's stream semantics: a call is enqueued on the caller's stream and returns at once;
+// what the caller enqueues on that stream afterwards sees the result. Two ways to move the data:
+//
+//   staged  the default. Device data are copied to pinned host memory on the caller's stream,
+//           the host communicator runs the collective (shared memory or TCP, the same schedules
+//           as host buffers), and the result is copied back on the same stream. The host call
+//           takes its place in the communicator's order when issued, and waits for the stream
+//           to deliver its input (a Gate); the stream waits for the host result with a one-thread
+//           kernel that polls a pinned counter. So the host never waits for the device, and a
+//           dead peer or a timeout still ends the call with an error on every rank. This is also
+//           the host-staged fallback between hosts when NCCL is absent.
+//   nccl    algo="nccl": the whole collective is handed to NCCL (libnccl.so.2 loaded at run
+//           time), for comparison and for GPUs on different hosts. The NCCL communicator is made
+//           at the first such call; its unique id travels over the host communicator. A watchdog
+//           thread turns a call that does not finish within its timeout into an error (and
+//           aborts the NCCL communicator), so a hang inside NCCL is reported, not silent.
+//
+// Plain C++ header (no CUDA types) so the bindings compile with the host compiler.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "ringtree/communicator.h"
+
+namespace ringtree {
+
+// A device collective in flight. wait() blocks the host until the device work is complete.
+class DeviceWork {
+ public:
+  virtual ~DeviceWork() = default;
+  // False if still running after timeout_s (< 0: no limit); rethrows the collective's error.
+  virtual bool wait(double timeout_s) = 0;
+  virtual bool is_completed() = 0;
+};
+
+class CudaComm {
+ public:
+  // `nccl_library_hint`: where the nvidia-nccl wheel keeps libnccl.so.2 ("" if not installed).
+  static std::shared_ptr<CudaComm> create(std::shared_ptr<Communicator> host, std::string nccl_library_hint);
+  virtual ~CudaComm() = default;
+  // args' buffers are device pointers on the current device; enqueued on `stream` (a
+  // cudaStream_t as an integer, 0: the legacy default stream). Invalid arguments throw before
+  // anything is enqueued and before any traffic. want_work=false (blocking calls) returns null.
+  virtual std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl,
+                                          bool want_work) = 0;
+  // Finishes what is queued (the host part), stops the watchdog, releases the NCCL communicator
+  // and the staging memory once the device is done with them.
+  virtual void close() = 0;
+};
+
+}  // namespace ringtree

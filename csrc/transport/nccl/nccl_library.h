@@ -1,0 +1,57 @@
+// NCCL, loaded at run time: ringtree builds and runs without it, and uses whichever
+// libnccl.so.2 the machine has (the nvidia-nccl wheel, torch's, the system's) when asked for
+// algo="nccl". The declarations below are NCCL's stable C ABI (nccl.h since 2.7), written out
+// so that nccl.h is not needed at build time either.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringtree {
+
+struct NcclUniqueId {
+  char internal[128];
+};
+using NcclComm = struct NcclCommOpaque*;
+using NcclStream = void*;  // cudaStream_t
+using NcclResult = int;    // ncclResult_t: 0 is ncclSuccess, 7 is ncclInProgress
+constexpr NcclResult kNcclSuccess = 0;
+constexpr NcclResult kNcclInProgress = 7;
+
+// ncclDataType_t and ncclRedOp_t values.
+enum NcclDataType : int { kNcclInt8 = 0, kNcclUint8 = 1, kNcclInt32 = 2, kNcclInt64 = 4, kNcclFloat16 = 6,
+                          kNcclFloat32 = 7, kNcclFloat64 = 8, kNcclBfloat16 = 9 };
+enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
+
+struct NcclApi {
+  NcclResult (*GetVersion)(int*);
+  const char* (*GetErrorString)(NcclResult);
+  const char* (*GetLastError)(NcclComm);  // may be null (NCCL < 2.13)
+  NcclResult (*GetUniqueId)(NcclUniqueId*);
+  NcclResult (*CommInitRank)(NcclComm*, int, NcclUniqueId, int);
+  NcclResult (*CommDestroy)(NcclComm);
+  NcclResult (*CommAbort)(NcclComm);
+  NcclResult (*CommGetAsyncError)(NcclComm, NcclResult*);
+  NcclResult (*AllReduce)(const void*, void*, size_t, int, int, NcclComm, NcclStream);
+  NcclResult (*Broadcast)(const void*, void*, size_t, int, int, NcclComm, NcclStream);
+  NcclResult (*Reduce)(const void*, void*, size_t, int, int, int, NcclComm, NcclStream);
+  NcclResult (*AllGather)(const void*, void*, size_t, int, NcclComm, NcclStream);
+  NcclResult (*ReduceScatter)(const void*, void*, size_t, int, int, NcclComm, NcclStream);
+  NcclResult (*Send)(const void*, size_t, int, int, NcclComm, NcclStream);
+  NcclResult (*Recv)(void*, size_t, int, int, NcclComm, NcclStream);
+  NcclResult (*GroupStart)();
+  NcclResult (*GroupEnd)();
+  std::string path;  // the file it came from (as dlinfo reports it)
+  int version = 0;   // NCCL_VERSION_CODE: major*10000 + minor*100 + patch
+};
+
+// Loads NCCL once per process and returns its entry points, or nullptr; *why says what was
+// tried and why it failed. Looked for, in order: RINGTREE_NCCL_LIBRARY, a libnccl.so.2
+// already in the process (torch's), `wheel_hint` (the nvidia-nccl wheel's, found by the
+// Python layer), then the system loader's libnccl.so.2. Thread-safe.
+const NcclApi* nccl_api(const std::string& wheel_hint, std::string* why);
+
+// "ncclInvalidUsage: <NCCL's last error>" for a failed call.
+std::string nccl_error_text(const NcclApi& api, NcclResult r, NcclComm comm = nullptr);
+
+}  // namespace ringtree

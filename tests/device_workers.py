@@ -1,0 +1,407 @@
+"""Rank programs for tests/test_device_comm.py: the host half of the device path (gates) runs
+anywhere; the device programs need a CUDA device and torch (CUDA) or cupy."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import ringtree as rt
+from ringtree import _core
+from reference import NUMPY_DTYPES
+from workers import run_case
+
+F32 = list(_core.DTYPES).index("float32")
+ALL_REDUCE = list(_core.COLLECTIVES).index("all_reduce")
+
+
+def gated_all_reduce(comm, x, gate, timeout=-1.0):
+    """An async in-place all_reduce of float32 x that starts its traffic once `gate` opens."""
+    ptr = x.ctypes.data
+    return comm._core.run(ALL_REDUCE, F32, True, ptr, x.size, False, True, ptr, x.size, False, 0, 1.0, 0, -1, 0,
+                          float(timeout), True, gate=gate)
+
+
+def gated_outcome(comm, x, gate, done, timeout=-1.0):
+    """Issues a gated all_reduce and reports how it ended, how long that took, and how many
+    times the gate's on_done ran."""
+    start = time.monotonic()
+    work = gated_all_reduce(comm, x, gate, timeout)
+    try:
+        work.wait(60.0)
+        out = {"raised": None}
+    except rt.Error as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc)}
+    out["seconds"] = time.monotonic() - start
+    out["done_calls"] = len(done)
+    return out
+
+
+def gate_holds_its_place(delay=0.4):
+    """A gated call issued before a blocking one: the blocking one must wait for it (call order),
+    and the gated call's buffer is untouched until its gate opens."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    a = np.full(1000, r + 1, np.float32)
+    b = np.full(5000, 10 * (r + 1), np.float32)
+    done = []
+    gate = _core.Gate(on_done=lambda: done.append(time.monotonic()))
+    seen = {}
+
+    def open_later():
+        seen["a_before_open"] = bool(np.all(a == r + 1))
+        seen["opened_at"] = time.monotonic()
+        gate.open()
+
+    work = gated_all_reduce(comm, a, gate)
+    threading.Timer(delay, open_later).start()
+    comm.all_reduce(b)
+    b_returned = time.monotonic()
+    work.wait(30.0)
+    return {
+        "a_ok": bool(np.all(a == P * (P + 1) / 2)),
+        "b_ok": bool(np.all(b == 10 * P * (P + 1) / 2)),
+        "a_untouched_before_open": seen["a_before_open"],
+        "b_after_open": b_returned >= seen["opened_at"],
+        "done_calls": len(done),
+        "done_after_open": bool(done) and done[0] >= seen["opened_at"],
+    }
+
+
+def gate_never_opens(victim=1, timeout=2.0):
+    """The victim's input never arrives: it raises Timeout naming its own input; the others get
+    an error (its abort notice) instead of waiting out their own timeout, and every rank's
+    on_done still runs (a staged call's stream must never be left waiting)."""
+    comm = rt.init()
+    x = np.ones(256, np.float32)
+    comm.all_reduce(x)
+    done = []
+    gate = _core.Gate(on_done=lambda: done.append(1))
+    if comm.rank != victim:
+        gate.open()
+    return gated_outcome(comm, np.ones(256, np.float32), gate, done, timeout)
+
+
+def gate_fails(victim=0):
+    """The victim's staging failed (gate.fail): it raises with the reason, the others promptly."""
+    comm = rt.init(timeout=30)
+    done = []
+    gate = _core.Gate(on_done=lambda: done.append(1))
+    if comm.rank == victim:
+        threading.Timer(0.2, lambda: gate.fail("device-to-host copy failed (test)")).start()
+    else:
+        gate.open()
+    return gated_outcome(comm, np.ones(64, np.float32), gate, done)
+
+
+class FakeCudaArray:
+    """Describes device memory through __cuda_array_interface__ without any device."""
+
+    def __init__(self, n, typestr="<f4", strides=None, ptr=0x7F0000000000):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+
+
+def device_arguments_without_a_device():
+    """On a machine without a CUDA device: device buffers give a clear error on the rank that
+    passed them, before any traffic, and the communicator stays usable (the next call, made by
+    every rank, is the first traffic and must match)."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+
+    def expect(name, call, kind, words):
+        try:
+            call()
+            report[name] = "no error"
+        except rt.Error as exc:
+            ok = type(exc).__name__ == kind and all(w in str(exc) for w in words)
+            report[name] = "ok" if ok else f"{type(exc).__name__}: {exc}"
+
+    if r == 0:
+        built = _core.cuda_built()
+        words = ["CUDA buffers need a CUDA device"] if built else ["built without CUDA"]
+        expect("device all_reduce", lambda: comm.all_reduce(FakeCudaArray(16)), "Error", words)
+        expect("device all_gather", lambda: comm.all_gather(FakeCudaArray(4), FakeCudaArray(4 * P)), "Error", words)
+        expect("device nccl", lambda: comm.all_reduce(FakeCudaArray(16), algo="nccl"), "Error", words)
+        expect("async device", lambda: comm.broadcast(FakeCudaArray(8), async_op=True), "Error", words)
+        expect("nccl on host", lambda: comm.all_reduce(np.ones(4, np.float32), algo="nccl"), "InvalidArgument",
+               ["algo='nccl' needs CUDA buffers"])
+        expect("mixed", lambda: comm.all_gather(np.ones(4, np.float32), FakeCudaArray(4 * P)), "InvalidArgument",
+               ["host memory", "CUDA memory"])
+        expect("strided", lambda: comm.all_reduce(FakeCudaArray(4, strides=(8,))), "InvalidArgument",
+               ["C-contiguous"])
+        expect("dtype", lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c8")), "InvalidArgument",
+               ["unsupported dtype <c8"])
+    x = np.arange(10, dtype=np.int64) + r
+    comm.all_reduce(x)
+    report["usable after"] = "ok" if np.array_equal(x, P * np.arange(10) + P * (P - 1) // 2) else f"wrong: {x}"
+    return {"report": report}
+
+
+# ---- programs that need a CUDA device --------------------------------------------------------
+
+class DeviceArrays:
+    """torch or cupy as a device-array library; uploads numpy arrays (bfloat16 as raw bits)."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        if lib == "torch":
+            import torch
+            self.torch = torch
+            torch.cuda.set_device(0)
+        else:
+            import cupy
+            self.cp = cupy
+
+    def upload(self, host):
+        if self.lib == "torch":
+            t = self.torch
+            if host.dtype == NUMPY_DTYPES["bfloat16"]:
+                bits = t.from_numpy(np.ascontiguousarray(host).view(np.int16).copy())
+                return bits.to("cuda").view(t.bfloat16)
+            return t.from_numpy(np.ascontiguousarray(host).copy()).to("cuda")
+        return self.cp.asarray(host)
+
+    def download_into(self, dev, host):
+        if self.lib == "torch":
+            if host.dtype == NUMPY_DTYPES["bfloat16"]:
+                host[...] = dev.view(self.torch.int16).cpu().numpy().view(host.dtype)
+            else:
+                host[...] = dev.cpu().numpy()
+        else:
+            host[...] = self.cp.asnumpy(dev)
+
+    def synchronize(self):
+        if self.lib == "torch":
+            self.torch.cuda.synchronize()
+        else:
+            self.cp.cuda.Device().synchronize()
+
+    def sleep_kernel(self, seconds):
+        """Keep the current stream busy for about `seconds`."""
+        if self.lib == "torch":
+            self.torch.cuda._sleep(int(seconds * 2e9))  # cycles; ~2 GHz
+        else:
+            kernel = self.cp.RawKernel(r'''
+extern "C" __global__ void spin(long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {}
+}''', "spin")
+            kernel((1,), (1,), (np.int64(int(seconds * 2e9)),))
+
+
+class OnDevice:
+    """Runs workers.run_case with every buffer on the device: each numpy argument is uploaded
+    (views of another argument stay views, so in-place layouts stay in place), the collective
+    runs on the device buffers, and the results are downloaded into the numpy arrays, which
+    run_case then checks against numpy."""
+
+    def __init__(self, comm, arrays, algo_override=None, async_op=False):
+        self.comm, self.arrays, self.algo_override, self.async_op = comm, arrays, algo_override, async_op
+        self.rank, self.size = comm.rank, comm.size
+
+    def _upload_pair(self, x, out):
+        if x is None and out is None:
+            return None, None
+        if x is not None and out is not None and np.shares_memory(x, out):
+            base, view = (out, x) if out.size >= x.size else (x, out)
+            dev_base = self.arrays.upload(base)
+            offset = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // base.itemsize
+            dev_view = dev_base[offset:offset + view.size]
+            return (dev_view, dev_base) if base is out else (dev_base, dev_view)
+        return (None if x is None else self.arrays.upload(x)), (None if out is None else self.arrays.upload(out))
+
+    def _run(self, name, x, out, result, **kw):
+        if self.algo_override:
+            kw["algo"] = self.algo_override
+        dx, dout = self._upload_pair(x, out)
+        args = [a for a in (dx, dout) if a is not None] if name not in ("gather", "scatter", "reduce") else [dx, dout]
+        if self.async_op:
+            getattr(self.comm, name)(*args, async_op=True, **kw).wait(60.0)
+        else:
+            getattr(self.comm, name)(*args, **kw)
+        # Downloading syncs the stream the call was enqueued on (stream semantics).
+        for dev, host in ((dout, out), (dx, x)):
+            if dev is not None and host is not None and host.flags.writeable:
+                self.arrays.download_into(dev, host)
+        return result
+
+    def all_reduce(self, x, out=None, **kw):
+        return self._run("all_reduce", x, out, x if out is None else out, **kw)
+
+    def reduce_scatter(self, x, out, **kw):
+        return self._run("reduce_scatter", x, out, out, **kw)
+
+    def all_gather(self, x, out, **kw):
+        return self._run("all_gather", x, out, out, **kw)
+
+    def all_to_all(self, x, out, **kw):
+        return self._run("all_to_all", x, out, out, **kw)
+
+    def broadcast(self, x, root=0, **kw):
+        return self._run("broadcast", x, None, x, root=root, **kw)
+
+    def reduce(self, x, out=None, root=0, **kw):
+        if self.rank != root:
+            out = None
+        result = (x if out is None else out) if self.rank == root else None
+        return self._run("reduce", x, out, result, root=root, **kw)
+
+    def gather(self, x, out=None, root=0, **kw):
+        return self._run("gather", x, out if self.rank == root else None, out, root=root, **kw)
+
+    def scatter(self, x, out, root=0, **kw):
+        return self._run("scatter", x if self.rank == root else None, out, out, root=root, **kw)
+
+
+DEVICE_COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather",
+                      "scatter"]
+
+
+def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16", "bfloat16"),
+                 counts=(1, 1000, 70000), async_op=False):
+    """Every collective on device buffers, staged through the host communicator, checked
+    against numpy (workers.run_case), out of place and in place."""
+    arrays = DeviceArrays(lib)
+    comm = rt.init()
+    dev = OnDevice(comm, arrays, async_op=async_op)
+    failures, cases = [], 0
+    for coll in DEVICE_COLLECTIVES:
+        for dtype in dtypes:
+            if dtype == "bfloat16" and lib != "torch":
+                continue
+            ops = ("sum", "max", "avg") if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",)
+            for op in ops:
+                for n in counts:
+                    for in_place in (False, True):
+                        root = comm.size - 1
+                        wrong, desc = run_case(dev, coll, n, dtype, op, algo, in_place, root, salt=cases)
+                        cases += 1
+                        if wrong:
+                            failures.append(f"{desc}: {wrong} wrong")
+    return {"cases": cases, "failures": failures[:20]}
+
+
+def device_stream_semantics(lib="torch", seconds=1.0):
+    """A device collective queued behind a long kernel returns to the host at once; its result
+    is there once the stream gets to it; async works report completion only then."""
+    arrays = DeviceArrays(lib)
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    x = arrays.upload(np.full(1 << 16, r + 1, np.float32))
+    arrays.synchronize()
+    comm.barrier()
+    arrays.sleep_kernel(seconds)
+    start = time.monotonic()
+    work = comm.all_reduce(x, async_op=True)
+    returned_after = time.monotonic() - start
+    completed_early = work.is_completed()
+    work.wait(60.0)
+    host = np.empty(1 << 16, np.float32)
+    arrays.download_into(x, host)
+    return {"returned_after": returned_after, "completed_early": completed_early,
+            "ok": bool(np.all(host == P * (P + 1) / 2))}
+
+
+def device_peer_stalls(lib="torch", victim=1, timeout=3.0):
+    """The victim never makes its call: the others' device work fails within the timeout, and
+    their streams are released (a later synchronize returns)."""
+    arrays = DeviceArrays(lib)
+    comm = rt.init()
+    x = arrays.upload(np.ones(4096, np.float32))
+    comm.all_reduce(x)
+    arrays.synchronize()
+    if comm.rank == victim:
+        time.sleep(timeout * 3)
+        return {"victim": True}
+    start = time.monotonic()
+    work = comm.all_reduce(x, async_op=True, timeout=timeout)
+    try:
+        work.wait(60.0)
+        out = {"raised": None}
+    except rt.Error as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc)}
+    out["seconds"] = time.monotonic() - start
+    arrays.synchronize()
+    out["stream_released_after"] = time.monotonic() - start
+    return out
+
+
+def nccl_world(lib="torch"):
+    """algo='nccl': on one rank every collective matches numpy; on several ranks sharing one
+    GPU NCCL refuses, and every rank must get that error (no hang)."""
+    arrays = DeviceArrays(lib)
+    comm = rt.init()
+    out = {"nccl": rt.nccl_info()["code"]}
+    if comm.size == 1:
+        dev = OnDevice(comm, arrays, algo_override="nccl")
+        failures = []
+        for coll in DEVICE_COLLECTIVES:
+            for dtype in ("float32", "int32", "float16"):
+                wrong, desc = run_case(dev, coll, 1000, dtype, "sum", "nccl", False, 0, salt=1)
+                if wrong:
+                    failures.append(f"{desc}: {wrong} wrong")
+        out["failures"] = failures
+        return out
+    x = arrays.upload(np.ones(1024, np.float32))
+    try:
+        comm.all_reduce(x, algo="nccl")
+        arrays.synchronize()
+        host = np.empty(1024, np.float32)
+        arrays.download_into(x, host)
+        out["raised"] = None
+        out["ok"] = bool(np.all(host == comm.size))
+    except rt.Error as exc:
+        out["raised"] = type(exc).__name__
+        out["message"] = str(exc)
+    y = np.full(8, comm.rank, np.int64)
+    comm.all_reduce(y)  # the host communicator is still usable
+    out["host_ok"] = bool(np.all(y == comm.size * (comm.size - 1) // 2))
+    return out
+
+
+def torch_backend_cuda():
+    """The torch backend with CUDA tensors: collectives against exact expectations, and DDP's
+    averaged gradients against a replica that sees every rank's batch."""
+    import torch
+    import torch.distributed as dist
+    import ringtree.torch as rtt
+    torch.cuda.set_device(0)
+    rtt.init_process_group()
+    r, P = dist.get_rank(), dist.get_world_size()
+    report = {}
+    t = torch.full((1000,), float(r + 1), device="cuda")
+    dist.all_reduce(t)
+    report["all_reduce"] = bool(torch.all(t == P * (P + 1) / 2).item())
+    out = torch.empty(P * 10, dtype=torch.int64, device="cuda")
+    dist.all_gather_into_tensor(out, torch.full((10,), r, dtype=torch.int64, device="cuda"))
+    report["all_gather"] = out.cpu().tolist() == [q for q in range(P) for _ in range(10)]
+    b = torch.full((64,), float(r), dtype=torch.bfloat16, device="cuda")
+    dist.broadcast(b, src=P - 1)
+    report["broadcast_bf16"] = bool(torch.all(b == P - 1).item())
+    rs = torch.empty(7, device="cuda")
+    dist.reduce_scatter_tensor(rs, torch.arange(7 * P, dtype=torch.float32, device="cuda") * (r + 1))
+    want = torch.arange(r * 7, (r + 1) * 7, dtype=torch.float32) * (P * (P + 1) / 2)
+    report["reduce_scatter"] = bool(torch.equal(rs.cpu(), want))
+    work = dist.all_reduce(torch.ones(5, device="cuda"), async_op=True)
+    work.wait()
+    report["async"] = work.is_completed()
+
+    def batch(q):
+        g = torch.Generator().manual_seed(100 + q)
+        return torch.randint(-4, 5, (8, 4), generator=g).float()
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).cuda()
+    replica = torch.nn.Linear(4, 2).cuda()
+    replica.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    ddp(batch(r).cuda()).sum().backward()
+    for q in range(P):
+        replica(batch(q).cuda()).sum().backward()
+    report["ddp"] = all(torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
+                        for p, rp in zip(model.parameters(), replica.parameters()))
+    dist.destroy_process_group()
+    return {"report": report}
