@@ -27,7 +27,7 @@ def test_importing_ringtree_torch_registers_the_backend():
     code = ("import torch.distributed as dist, ringtree.torch; "
             "assert 'ringtree' in dist.Backend.backend_list; "
             "assert dist.Backend.default_device_backend_map.get('cpu') in ('gloo', 'ringtree'); "
-            "assert dist.Backend.backend_capability['ringtree'] == ['cpu']")
+            "assert dist.Backend.backend_capability['ringtree'] == ['cpu', 'cuda']")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -4,7 +4,7 @@ hook, and DDP communication hooks.
     import ringtree.torch                      # registers the backend
     dist.init_process_group("ringtree")        # torchrun / env://, tcp://, or store=...
 
-    model = DistributedDataParallel(model)     # CPU tensors
+    model = DistributedDataParallel(model)     # CPU or CUDA tensors
     model.register_comm_hook(AllReduceState(), fp16_compress_hook)
 
 Importing ringtree alone never imports torch; importing ringtree.torch does.
@@ -30,8 +30,9 @@ __all__ = [
 def _register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return  # registered already (module reloaded)
-    # CPU only for now; "cuda" joins when the GPU path exists.
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+    # CUDA tensors are staged through the host communicator on the caller's stream; a build
+    # without CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
 
 
 _register()

@@ -118,7 +118,8 @@ class RingtreeWork(dist.Work):
                            "the ringtree backend does not support")
 
     def synchronize(self):
-        # CPU tensors: nothing is queued on a stream, so this is a no-op, as for Gloo.
+        # CPU tensors: nothing is queued on a stream. CUDA tensors: the collective was enqueued
+        # on the caller's current stream, so work after it on that stream is already ordered.
         pass
 
 
@@ -211,8 +212,8 @@ class _Staged:
     def __init__(self, tensor, what, reduction=False):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise ValueError(f"ringtree: {what} is on {tensor.device}; this backend is registered for CPU tensors")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"ringtree: {what} is on {tensor.device}; the ringtree backend takes CPU and CUDA tensors")
         if tensor.is_sparse:
             raise ValueError(f"ringtree: {what} is sparse; the ringtree backend supports dense tensors only")
         self.tensor = tensor
@@ -228,6 +229,15 @@ class _Staged:
     def write_back(self):
         if self.copied:
             self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
+
+
+def _cuda_device(outputs):
+    """The CUDA device of a call's outputs (a list of tensors or of tensor lists), or None."""
+    for item in outputs:
+        for t in (item if isinstance(item, (list, tuple)) else [item]):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                return t.device
+    return None
 
 
 def _tensor_list(tensors, what):
@@ -277,7 +287,9 @@ def _rows(tensor):
 
 
 class ProcessGroupRingtree(dist.ProcessGroup):
-    """torch.distributed ProcessGroup backed by a ringtree Communicator (CPU tensors).
+    """torch.distributed ProcessGroup backed by a ringtree Communicator (CPU and CUDA tensors;
+    CUDA collectives are enqueued on the caller's current stream, staged through the host
+    communicator).
 
     Usually made by torch through the registered creator: dist.init_process_group("ringtree")
     or dist.new_group(backend="ringtree"). It can also wrap an existing communicator:
@@ -352,6 +364,15 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         calls (DDP's, async_op=True, p2p) return at once; completion threads finish them.
         Bad arguments raise from issue() either way, before any traffic."""
         work = RingtreeWork(outputs)
+        device = _cuda_device(outputs)
+        if finish is not None and device is not None:
+            copy_back = finish
+
+            def finish():
+                copy_back()
+                # On a completion thread the copies go to that thread's stream, which the caller's
+                # stream knows nothing of: they are done before the work counts as complete.
+                torch.cuda.current_stream(device).synchronize()
         if opts is not None and not getattr(opts, "asyncOp", True):
             issue(False)
             if finish is not None:
@@ -445,7 +466,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             plans.append((outputs, _Staged(x, "allgather input")))
 
         even = all(out.numel() == x.numel() for outputs, x in zip(output_tensors, input_tensors) for out in outputs)
-        flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype) for _, s in plans] if even else []
+        flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype, device=s.tensor.device)
+                 for _, s in plans] if even else []
         staged_outputs = [] if even else [[_Staged(out, "allgather output") for out in outputs] for outputs, _ in plans]
 
         def issue(async_op):
@@ -619,7 +641,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         x = _concat(input_tensors, "alltoall")
         if any(t.dtype != x.dtype for t in output_tensors):
             raise ValueError("ringtree: alltoall: inputs and outputs must share one dtype")
-        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype)
+        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype, device=x.device)
         xb, outb = _as_buffer(x), _as_buffer(out)
         send_counts = [t.numel() * _units(x.dtype) for t in input_tensors]
         recv_counts = [t.numel() * _units(x.dtype) for t in output_tensors]
@@ -646,7 +668,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 raise ValueError("ringtree: gather: every output must match the input's size and dtype")
         elif output_tensors and any(len(o) for o in output_tensors):
             raise ValueError(f"ringtree: gather: only the root (rank {root}) passes output tensors")
-        flat = torch.empty(P * x.tensor.numel(), dtype=x.tensor.dtype) if outputs else None
+        flat = torch.empty(P * x.tensor.numel(), dtype=x.tensor.dtype, device=x.tensor.device) if outputs else None
 
         def issue(async_op):
             out = _as_buffer(flat) if flat is not None else None
