@@ -1,0 +1,193 @@
+// One rank's walk through its schedule over mailboxes in memory every rank can address: the
+// CUDA IPC executor runs it as a kernel (one thread block per rank, buffers and mailboxes mapped
+// through CUDA IPC), and the same source runs on host threads in tests, so the protocol, the
+// chunking and the reduction order are checked on machines without a GPU.
+//
+// Terms:
+//   lane     the two mailboxes between this rank and one peer. Messages to the peer go into the
+//            peer's inbox (`send_slots`, `slots` slots of `slot_bytes`); the peer's messages
+//            arrive in this rank's inbox (`recv_slots`).
+//   chunk    what one slot holds: a message is cut into chunks of slot_bytes, in order, so both
+//            sides agree on every chunk's size without a header.
+//   header   two words per slot, written with the chunk: the call's tag (a hash of its
+//            fingerprint: collective, count, dtype, op, root, algorithm and sequence number)
+//            and the chunk's byte count. The receiver checks both, so ranks that made
+//            different calls stop with a mismatch instead of mixing their data.
+//   counters `sent` and `received` count chunks per lane over the life of the mailboxes. The
+//            sender publishes `sent` in the peer's memory (send_posted) once a chunk is in its
+//            slot; the receiver publishes `received` in the sender's memory (recv_consumed)
+//            once it has read a slot. So a slot is never overwritten before it has been read,
+//            each flag has exactly one writer, and calls need no reset in between.
+//
+// Within a step every op moves one chunk whenever its lane allows, round robin, so a step's
+// sends and receives progress together (a step can hold both directions of an exchange). Two
+// ops of one step on the same lane and direction go in schedule order, one after the other:
+// chunks on a lane are matched by order alone.
+//
+// The Mem policy supplies what differs between the device and the host:
+//   leader()              the one thread that reads and writes flags (all threads on the host)
+//   agree(v)              every thread of the walker gets the leader's v
+//   copy / reduce         data movement by every thread: dst = src; dst = a (op) b
+//   published()           makes this thread group's slot writes / reads complete and visible
+//                         system-wide before the leader's next flag store
+//   load / store          flag accesses with acquire / release semantics
+//   stop()                true when the walk must end (abort flag or deadline)
+//   relax()               back off after a round that moved nothing
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "algorithms/schedule.h"
+
+#if defined(__CUDACC__)
+#define RT_HOST_DEVICE __host__ __device__
+#else
+#define RT_HOST_DEVICE
+#endif
+
+namespace ringtree {
+
+// The most ops one step may hold for the walker (per-op progress lives in a fixed array: shared
+// memory on the device). Larger steps go to another executor.
+constexpr uint32_t kWalkerMaxStepOps = 256;
+
+struct WalkerLane {
+  uint8_t* send_slots = nullptr;          // the peer's inbox for this rank's chunks
+  uint64_t* send_headers = nullptr;       // their headers, 2 words per slot (peer's memory)
+  const uint64_t* recv_headers = nullptr;  // headers of this rank's inbox (this rank's memory)
+  uint64_t* send_posted = nullptr;        // peer's memory: chunks this rank has posted
+  const uint64_t* send_consumed = nullptr;  // this rank's memory: this rank's chunks the peer read
+  const uint8_t* recv_slots = nullptr;    // this rank's inbox for the peer's chunks
+  const uint64_t* recv_posted = nullptr;  // this rank's memory: chunks the peer has posted
+  uint64_t* recv_consumed = nullptr;      // peer's memory: the peer's chunks this rank has read
+  uint64_t* peer_stop = nullptr;          // the peer's stop word (see WalkPlan::stop_word)
+};
+
+struct WalkerCounters {
+  uint64_t sent = 0, received = 0;
+};
+
+struct WalkPlan {
+  const Op* ops = nullptr;
+  const uint32_t* step_end = nullptr;  // as Schedule::step_end
+  uint32_t num_steps = 0;
+  uint8_t* bases[3] = {nullptr, nullptr, nullptr};  // indexed by BufId: input, output, scratch
+  const WalkerLane* lanes = nullptr;                // indexed by peer rank; lanes[rank] is unused
+  uint32_t nranks = 0;
+  // In this rank's memory: set by a peer that stopped on a mismatch, so every rank's walk ends
+  // at once rather than at its timeout.
+  const uint64_t* stop_word = nullptr;
+  WalkerCounters* counters = nullptr;               // indexed by peer rank; updated by the walk
+  uint64_t slot_bytes = 0;
+  uint32_t slots = 0;
+  uint32_t elem_size = 0;
+  uint64_t tag = 0;  // this call's fingerprint hash, carried in every chunk's header
+};
+
+enum class WalkResult : int { Done = 0, Stopped = 1, Mismatch = 2 };
+
+// What a receiver found in a header that did not match its own call.
+struct WalkFault {
+  int32_t peer = -1;
+  uint64_t got_tag = 0, want_tag = 0, got_bytes = 0, want_bytes = 0;
+};
+
+// Progress of a message of no elements that has not moved yet: it still takes one (empty)
+// chunk, so a barrier's messages synchronize and every message keeps its place on its lane.
+constexpr uint64_t kWalkerEmptyPending = ~uint64_t{0};
+
+template <typename Mem>
+RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t* progress, WalkFault* fault) {
+  const uint64_t chunk_elems = plan.slot_bytes / plan.elem_size;
+  const uint64_t esz = plan.elem_size;
+  for (uint32_t k = 0; k < plan.num_steps; ++k) {
+    const uint32_t begin = k == 0 ? 0 : plan.step_end[k - 1], end = plan.step_end[k];
+    // Local copies first: they touch memory no other op of the step touches.
+    for (uint32_t i = begin; i < end; ++i) {
+      const Op& op = plan.ops[i];
+      if (op.kind == OpKind::Copy && op.count)
+        mem.copy(plan.bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz,
+                 plan.bases[static_cast<int>(op.src.buf)] + op.src.offset * esz, op.count * esz);
+      if (mem.leader())
+        progress[i - begin] = op.kind == OpKind::Copy ? op.count : op.count == 0 ? kWalkerEmptyPending : 0;
+    }
+    mem.published();
+    for (;;) {
+      bool all_done = true, moved = false;
+      for (uint32_t i = begin; i < end; ++i) {
+        const Op& op = plan.ops[i];
+        if (progress[i - begin] == op.count) continue;
+        const uint64_t done = progress[i - begin] == kWalkerEmptyPending ? 0 : progress[i - begin];
+        all_done = false;
+        const bool is_send = op.kind == OpKind::Send;
+        // FIFO per lane and direction: wait behind an earlier unfinished op of this step.
+        bool blocked = false;
+        for (uint32_t j = begin; j < i && !blocked; ++j) {
+          const Op& earlier = plan.ops[j];
+          blocked = earlier.kind != OpKind::Copy && earlier.peer == op.peer &&
+                    (earlier.kind == OpKind::Send) == is_send && progress[j - begin] != earlier.count;
+        }
+        if (blocked) continue;
+        const WalkerLane& lane = plan.lanes[op.peer];
+        WalkerCounters& c = plan.counters[op.peer];
+        const uint64_t n = op.count - done < chunk_elems ? op.count - done : chunk_elems;
+        if (is_send) {
+          const bool room = mem.agree(mem.leader() && c.sent - mem.load(lane.send_consumed) < plan.slots);
+          if (!room) continue;
+          const uint64_t index = c.sent % plan.slots;
+          mem.copy(lane.send_slots + index * plan.slot_bytes,
+                   plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + done) * esz, n * esz);
+          if (mem.leader()) {
+            mem.store(lane.send_headers + 2 * index, plan.tag);
+            mem.store(lane.send_headers + 2 * index + 1, n * esz);
+          }
+          mem.published();
+          if (mem.leader()) {
+            c.sent += 1;
+            mem.store(lane.send_posted, c.sent);
+            progress[i - begin] = done + n;
+          }
+        } else {
+          const bool ready = mem.agree(mem.leader() && mem.load(lane.recv_posted) > c.received);
+          if (!ready) continue;
+          const uint64_t index = c.received % plan.slots;
+          bool matches = true;
+          if (mem.leader()) {
+            const uint64_t got_tag = mem.load(lane.recv_headers + 2 * index);
+            const uint64_t got_bytes = mem.load(lane.recv_headers + 2 * index + 1);
+            matches = got_tag == plan.tag && got_bytes == n * esz;
+            if (!matches) *fault = WalkFault{op.peer, got_tag, plan.tag, got_bytes, n * esz};
+          }
+          if (!mem.agree(matches)) {
+            if (mem.leader())
+              for (uint32_t q = 0; q < plan.nranks; ++q)
+                if (plan.lanes[q].peer_stop) mem.store(plan.lanes[q].peer_stop, 1);
+            return WalkResult::Mismatch;
+          }
+          const uint8_t* slot = lane.recv_slots + index * plan.slot_bytes;
+          uint8_t* dst = plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + done) * esz;
+          if (op.kind == OpKind::Recv) {
+            mem.copy(dst, slot, n * esz);
+          } else {  // RecvReduce: dst = local (op) incoming, the host executor's operand order
+            mem.reduce(dst, plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + done) * esz, slot, n);
+          }
+          mem.published();
+          if (mem.leader()) {
+            c.received += 1;
+            mem.store(lane.recv_consumed, c.received);
+            progress[i - begin] = done + n;
+          }
+        }
+        moved = true;
+        mem.published();  // every thread sees the leader's progress before the next decision
+      }
+      if (all_done) break;
+      if (!moved) {
+        if (mem.agree(mem.leader() && (mem.load(plan.stop_word) != 0 || mem.stop()))) return WalkResult::Stopped;
+        mem.relax();
+      }
+    }
+  }
+  return WalkResult::Done;
+}
+
+}  // namespace ringtree

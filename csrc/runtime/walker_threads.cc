@@ -1,0 +1,148 @@
+#include "runtime/walker_threads.h"
+#include <sched.h>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include "common/check.h"
+#include "common/clock.h"
+#include "kernels/reduce.h"
+#include "runtime/step_walker.h"
+
+namespace ringtree {
+
+namespace {
+
+// The host policy: one thread per rank, so that thread is the leader and agreement is trivial.
+struct HostMem {
+  ReduceFn reduce_fn;
+  Deadline deadline;
+  bool leader() const { return true; }
+  bool agree(bool v) const { return v; }
+  void copy(void* dst, const void* src, size_t bytes) const { std::memmove(dst, src, bytes); }
+  void reduce(void* dst, const void* a, const void* b, size_t count) const { reduce_fn(dst, a, b, count); }
+  void published() const { std::atomic_thread_fence(std::memory_order_release); }
+  uint64_t load(const uint64_t* p) const { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+  void store(uint64_t* p, uint64_t v) const { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+  bool stop() const { return deadline.expired(); }
+  void relax() const { sched_yield(); }  // ranks may outnumber cores
+};
+
+}  // namespace
+
+void walk_on_threads(const ThreadWalkArgs& a) {
+  const int P = a.key.nranks;
+  RT_CHECK(P >= 1 && static_cast<int>(a.inputs.size()) == P && static_cast<int>(a.outputs.size()) == P, InvalidArgument,
+           "walk_on_threads: one input and one output pointer per rank");
+  RT_CHECK(a.slots >= 1 && a.slot_bytes >= dtype_size(a.dtype) && a.slot_bytes % dtype_size(a.dtype) == 0,
+           InvalidArgument, "walk_on_threads: slots must hold whole elements");
+  const size_t esz = dtype_size(a.dtype);
+  const bool reduces = is_reduction(a.key.coll);
+  const ReduceOp combine = a.op == ReduceOp::Avg || a.op == ReduceOp::PremulSum ? ReduceOp::Sum : a.op;
+  // Mailboxes. inbox[x][y]: x's slots for chunks from y; posted[x][y] (x's memory): chunks y has
+  // posted to x; consumed[x][y] (x's memory): x's chunks y has read.
+  const size_t PP = static_cast<size_t>(P) * P;
+  std::vector<std::vector<uint8_t>> inbox(PP);
+  std::vector<std::vector<uint64_t>> headers(PP, std::vector<uint64_t>(2 * a.slots, 0));
+  std::vector<uint64_t> posted(PP, 0), consumed(PP, 0), stop_words(P, 0);
+  for (auto& box : inbox) box.assign(a.slot_bytes * a.slots, 0);
+  auto at = [P](int x, int y) { return static_cast<size_t>(x) * P + y; };
+
+  struct RankState {
+    Schedule schedule;
+    std::vector<WalkerLane> lanes;
+    std::vector<WalkerCounters> counters;
+    std::vector<uint8_t> scratch, staged;
+    WalkPlan plan;
+    WalkResult result = WalkResult::Done;
+    WalkFault fault;
+    std::string error;
+  };
+  std::vector<RankState> ranks(P);
+  for (int r = 0; r < P; ++r) {
+    RankState& st = ranks[r];
+    ScheduleKey key = a.key;
+    key.rank = r;
+    st.schedule = build_schedule(key);
+    st.lanes.resize(P);
+    st.counters.resize(P);
+    for (int q = 0; q < P; ++q) {
+      if (q == r) continue;
+      WalkerLane& lane = st.lanes[q];
+      lane.send_slots = inbox[at(q, r)].data();
+      lane.send_headers = headers[at(q, r)].data();
+      lane.recv_headers = headers[at(r, q)].data();
+      lane.send_posted = &posted[at(q, r)];
+      lane.send_consumed = &consumed[at(r, q)];
+      lane.recv_slots = inbox[at(r, q)].data();
+      lane.recv_posted = &posted[at(r, q)];
+      lane.recv_consumed = &consumed[at(q, r)];
+      lane.peer_stop = &stop_words[q];
+    }
+    uint8_t* in = a.inputs[r];
+    uint8_t* out = a.key.coll == Collective::Broadcast ? in : a.outputs[r];
+    const uint64_t in_elems = a.key.coll == Collective::ReduceScatter || a.key.coll == Collective::AllToAll ||
+                                      (a.key.coll == Collective::Scatter && r == a.key.root)
+                                  ? a.key.count * P
+                                  : a.key.count;
+    // As the host executor: premul_sum reduces a scaled copy; in-place all_to_all sends from a copy.
+    if (reduces && a.op == ReduceOp::PremulSum && in) {
+      st.staged.resize(in_elems * esz);
+      scale_elements(st.staged.data(), in, in_elems, a.dtype, a.premul_factor);
+      in = st.staged.data();
+    } else if (a.key.coll == Collective::AllToAll && in && in == out) {
+      st.staged.assign(in, in + in_elems * esz);
+      in = st.staged.data();
+    }
+    st.scratch.resize(st.schedule.scratch_elems * esz + 1);
+    st.plan.ops = st.schedule.ops.data();
+    st.plan.step_end = st.schedule.step_end.data();
+    st.plan.num_steps = static_cast<uint32_t>(st.schedule.num_steps());
+    st.plan.bases[0] = in;
+    st.plan.bases[1] = out;
+    st.plan.bases[2] = st.scratch.data();
+    st.plan.lanes = st.lanes.data();
+    st.plan.nranks = static_cast<uint32_t>(P);
+    st.plan.stop_word = &stop_words[r];
+    st.plan.counters = st.counters.data();
+    st.plan.slot_bytes = a.slot_bytes;
+    st.plan.slots = a.slots;
+    st.plan.elem_size = static_cast<uint32_t>(esz);
+    st.plan.tag = a.tags.empty() ? 1 : a.tags.at(r);
+    for (size_t k = 0; k < st.schedule.num_steps(); ++k)
+      RT_CHECK(st.schedule.step_end[k] - st.schedule.step_begin(k) <= kWalkerMaxStepOps, InvalidArgument,
+               "walk_on_threads: a step holds more than ", kWalkerMaxStepOps, " ops");
+  }
+  const Deadline deadline = Deadline::after_seconds(a.timeout_s);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] {
+      RankState& st = ranks[r];
+      try {
+        HostMem mem{reduce_fn(a.dtype, combine), deadline};
+        std::vector<uint64_t> progress(kWalkerMaxStepOps);
+        st.result = walk_schedule(st.plan, mem, progress.data(), &st.fault);
+      } catch (const std::exception& e) {
+        st.error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) {
+    const WalkFault& f = ranks[r].fault;
+    RT_CHECK(ranks[r].result != WalkResult::Mismatch, CollectiveMismatch, "walk_on_threads: rank ", r,
+             " got a chunk from rank ", f.peer, " with tag ", f.got_tag, " and ", f.got_bytes, " bytes where its call has tag ",
+             f.want_tag, " and ", f.want_bytes, " bytes");
+  }
+  for (int r = 0; r < P; ++r) {
+    RT_CHECK(ranks[r].error.empty(), Error, "walk_on_threads: rank ", r, ": ", ranks[r].error);
+    RT_CHECK(ranks[r].result == WalkResult::Done, Timeout, "walk_on_threads: rank ", r, " was still walking after ",
+             a.timeout_s, " s");
+  }
+  if (reduces && a.op == ReduceOp::Avg) {
+    for (int r = 0; r < P; ++r)  // all_reduce, reduce_scatter and reduce all output key.count elements
+      if (a.key.coll != Collective::Reduce || r == a.key.root) divide_elements(a.outputs[r], a.key.count, a.dtype, P);
+  }
+}
+
+}  // namespace ringtree
