@@ -281,7 +281,7 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
                         cases += 1
                         if wrong:
                             failures.append(f"{desc}: {wrong} wrong")
-    return {"cases": cases, "failures": failures[:20]}
+    return {"cases": cases, "failures": failures[:20], "executor": comm.cuda_executor()}
 
 
 def device_stream_semantics(lib="torch", seconds=1.0):

@@ -131,11 +131,16 @@ def _lib():
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("executor", ["ipc", "staged"])
 @pytest.mark.parametrize("nranks", [2, 4])
-def test_device_collectives_match_numpy(nranks):
-    world = run_world(nranks, "device_sweep", dict(lib=_lib()), module="device_workers", timeout=280)
+def test_device_collectives_match_numpy(nranks, executor):
+    # Several processes share the one GPU of the test machine: CUDA IPC maps memory between
+    # processes on one device as between devices.
+    env = {"RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
+    world = run_world(nranks, "device_sweep", dict(lib=_lib()), module="device_workers", timeout=280, env=env)
     for rank, res in enumerate(world.check_ok()):
         assert res["cases"] > 100 and not res["failures"], (rank, res)
+        assert res["executor"].startswith(executor), (rank, res["executor"])
 
 
 @pytest.mark.gpu

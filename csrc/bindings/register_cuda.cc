@@ -102,6 +102,7 @@ void register_cuda(py::module_& m) {
           py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
           py::call_guard<py::gil_scoped_release>())
+      .def("executor", &CudaComm::executor)
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
   m.def("cuda_available", []() { return cuda_runtime_available(); },
         "True when the CUDA path is built and the CUDA runtime finds a device.");

@@ -16,6 +16,7 @@ namespace {
 using cuda::bf16_t;
 using cuda::f16_t;
 using cuda::Split;
+using cuda::with_storage_type;
 
 constexpr int kThreads = 512;
 constexpr int kBlocksPerSm = 4;  // 2048 resident threads per SM on Hopper when <= 32 registers
@@ -68,22 +69,6 @@ void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStre
   elementwise_kernel<T, F><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), s, f);
   RT_CUDA_CHECK(cudaGetLastError());
-}
-
-// Calls fn(T{}) with the storage type of `dtype`.
-template <typename Fn>
-void with_storage_type(DataType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DataType::Int8: return fn(int8_t{});
-    case DataType::Uint8: return fn(uint8_t{});
-    case DataType::Int32: return fn(int32_t{});
-    case DataType::Int64: return fn(int64_t{});
-    case DataType::Float16: return fn(f16_t{});
-    case DataType::BFloat16: return fn(bf16_t{});
-    case DataType::Float32: return fn(float{});
-    case DataType::Float64: return fn(double{});
-    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
-  }
 }
 
 template <typename Op>

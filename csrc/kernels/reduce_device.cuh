@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include "common/check.h"
+#include "ringtree/types.h"
 
 namespace ringtree {
 namespace cuda {
@@ -140,6 +142,22 @@ __device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
   for (size_t i = tid; i < scalars; i += stride) {
     const size_t idx = i < s.head ? i : tail_start + (i - s.head);
     dst[idx] = f(a[idx], b[idx]);
+  }
+}
+
+// Calls fn(T{}) with the storage type of `dtype` (host side: picks the kernel instance).
+template <typename Fn>
+void with_storage_type(DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::Int8: return fn(int8_t{});
+    case DataType::Uint8: return fn(uint8_t{});
+    case DataType::Int32: return fn(int32_t{});
+    case DataType::Int64: return fn(int64_t{});
+    case DataType::Float16: return fn(f16_t{});
+    case DataType::BFloat16: return fn(bf16_t{});
+    case DataType::Float32: return fn(float{});
+    case DataType::Float64: return fn(double{});
+    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
   }
 }
 

@@ -26,6 +26,7 @@
 #include "common/check.h"
 #include "kernels/cuda_check.cuh"
 #include "runtime/cuda_device_comm.h"
+#include "runtime/cuda_ipc_path.h"
 #include "runtime/cuda_local_executor.h"
 #include "transport/nccl/nccl_library.h"
 
@@ -580,20 +581,41 @@ class CudaCommImpl : public CudaComm {
       }
       return nccl->run(args, s, want_work);
     }
+    if (IpcPath* ipc = ipc_path(); ipc && ipc->takes(args)) return ipc->run(args, stream, want_work);
     return staged(args, s, want_work);
+  }
+
+  std::string executor() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ipc_tried_) return "not set up";
+    return ipc_ ? "ipc" : "staged: " + ipc_unavailable_;
   }
 
   void close() override {
     std::shared_ptr<NcclPath> nccl;
+    std::shared_ptr<IpcPath> ipc;
     {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
       nccl = std::move(nccl_);
+      ipc = std::move(ipc_);
     }
     if (nccl) nccl->close();
+    if (ipc) ipc->close();
   }
 
  private:
+  // The CUDA IPC executor, set up by the first call that may use it: a collective, so every
+  // rank decides at the same call, and every rank gets the same answer.
+  IpcPath* ipc_path() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ipc_tried_) {
+      ipc_tried_ = true;
+      ipc_ = IpcPath::connect(host_, &ipc_unavailable_);
+    }
+    return ipc_.get();
+  }
+
   std::shared_ptr<DeviceWork> staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work);
 
   std::shared_ptr<Communicator> host_;
@@ -604,6 +626,9 @@ class CudaCommImpl : public CudaComm {
   std::shared_ptr<ReleaseCounter> released_;  // shared with the gates of queued calls
   unsigned long long next_ticket_ = 0;
   std::shared_ptr<NcclPath> nccl_;
+  std::shared_ptr<IpcPath> ipc_;
+  bool ipc_tried_ = false;
+  std::string ipc_unavailable_;  // why the staged path serves every call, when it does
 };
 
 std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {

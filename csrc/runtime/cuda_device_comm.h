@@ -1,8 +1,12 @@
 // Collectives on CUDA device buffers for a host communicator's ranks (one process per rank),
 // with NCCL's stream semantics: a call is enqueued on the caller's stream and returns at once;
-// what the caller enqueues on that stream afterwards sees the result. Two ways to move the data:
+// what the caller enqueues on that stream afterwards sees the result. Three ways to move the data:
 //
-//   staged  the default. Device data are copied to pinned host memory on the caller's stream,
+//   ipc     the default when every rank is on this host: the CUDA IPC executor walks the same
+//           schedules as the host in a kernel, over mailboxes in device memory that every rank
+//           maps through CUDA IPC (cuda_ipc_path.h, step_walker.h). It serves the eight
+//           collectives with buffers (all_reduce ... scatter), for algo auto/ring/tree/direct.
+//   staged  everything else (another host, no IPC, p2p, all_to_all_v, algo='oneshot'). Device data are copied to pinned host memory on the caller's stream,
 //           the host communicator runs the collective (shared memory or TCP, the same schedules
 //           as host buffers), and the result is copied back on the same stream. The host call
 //           takes its place in the communicator's order when issued, and waits for the stream
@@ -44,6 +48,8 @@ class CudaComm {
   // anything is enqueued and before any traffic. want_work=false (blocking calls) returns null.
   virtual std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl,
                                           bool want_work) = 0;
+  // "ipc", "staged: <why IPC is not used>", or "not set up" before the first call.
+  virtual std::string executor() = 0;
   // Finishes what is queued (the host part), stops the watchdog, releases the NCCL communicator
   // and the staging memory once the device is done with them.
   virtual void close() = 0;

@@ -286,6 +286,12 @@ class Communicator:
         leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
         return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
 
+    def cuda_executor(self) -> str:
+        """How this communicator moves CUDA buffers: 'ipc' (a kernel walks the schedules over
+        CUDA IPC mailboxes), 'staged: <why not ipc>' (through the host communicator), or
+        'not set up' before its first call on CUDA buffers (that call sets it up, on every rank)."""
+        return "not set up" if self._cuda is None else self._cuda.executor()
+
     def _cuda_comm(self):
         if self._cuda is None:
             self._cuda = _core.CudaComm(self._core, wheel_library())

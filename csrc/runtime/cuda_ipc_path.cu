@@ -1,0 +1,703 @@
+// The CUDA IPC executor (see cuda_ipc_path.h and step_walker.h).
+//
+// Each rank owns one device region, exported through CUDA IPC and mapped by every peer:
+//   inboxes    P x slots x slot_bytes: inbox[q] holds chunks from rank q
+//   headers    P x slots x 2 words: tag and byte count of each inbox slot
+//   posted     P words: posted[q] = chunks rank q has put in inbox[q]       (written by q)
+//   consumed   P words: consumed[q] = this rank's chunks rank q has read     (written by q)
+//   stop       1 word: set by a peer that stopped on a mismatch             (written by peers)
+// All of a rank's IPC calls run in issue order on one internal stream (forked from and joined
+// back to the caller's stream with events), so mailboxes, counters and scratch are never used
+// by two calls at once. A watchdog thread follows each call: past its timeout it sets the abort
+// word the kernel polls and the peers' stop words, so every rank's kernel ends and reports.
+#include <cuda_runtime_api.h>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include "common/check.h"
+#include "common/env.h"
+#include "kernels/cuda_check.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/reduce_device.cuh"
+#include "runtime/cuda_device_comm.h"
+#include "runtime/cuda_ipc_path.h"
+#include "runtime/step_walker.h"
+
+namespace ringtree {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kWalkThreads = 512;
+constexpr uint32_t kStatusRing = 1024;
+constexpr int kMaxIpcRanks = 64;  // 2P+1 ops per step must fit kWalkerMaxStepOps
+
+RT_PARAM(IpcSlotBytes, "RINGTREE_CUDA_IPC_SLOT_BYTES", 512 << 10)
+RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
+RT_PARAM(IpcEnabled, "RINGTREE_CUDA_IPC", 1)
+
+// What a walk ended with, written by the kernel into pinned host memory.
+struct WalkStatus {
+  int32_t result;  // WalkResult, or -1 while running
+  int32_t peer;
+  uint64_t got_tag, want_tag, got_bytes, want_bytes;
+};
+
+template <size_t N> struct RawOf;
+template <> struct RawOf<1> { using type = unsigned char; };
+template <> struct RawOf<2> { using type = unsigned short; };
+template <> struct RawOf<4> { using type = unsigned int; };
+template <> struct RawOf<8> { using type = unsigned long long; };
+
+// The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
+// Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
+template <typename T, typename F>
+struct DeviceMem {
+  F f;
+  const volatile uint32_t* abort;
+
+  __device__ bool leader() const { return threadIdx.x == 0; }
+  __device__ bool agree(bool v) const {
+    __shared__ int decision;
+    if (threadIdx.x == 0) decision = v ? 1 : 0;
+    __syncthreads();
+    const bool out = decision != 0;
+    __syncthreads();
+    return out;
+  }
+  __device__ void copy(void* dst, const void* src, size_t bytes) const {
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (((d | s | bytes) & 15) == 0) {
+      auto* out = static_cast<uint4*>(dst);
+      const auto* in = static_cast<const uint4*>(src);
+      for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) out[i] = __ldcg(in + i);
+    } else {
+      auto* out = static_cast<unsigned char*>(dst);
+      const auto* in = static_cast<const unsigned char*>(src);
+      for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = __ldcg(in + i);
+    }
+  }
+  __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
+    using Raw = typename RawOf<sizeof(T)>::type;
+    T* out = static_cast<T*>(dst);
+    const T* mine = static_cast<const T*>(local);
+    const Raw* theirs = static_cast<const Raw*>(incoming);
+    for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
+      const Raw raw = __ldcg(theirs + i);
+      T value;
+      memcpy(&value, &raw, sizeof(T));
+      out[i] = f(mine[i], value);
+    }
+  }
+  __device__ void published() const {
+    __threadfence_system();
+    __syncthreads();
+  }
+  __device__ uint64_t load(const uint64_t* p) const {
+    const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
+    __threadfence_system();
+    return v;
+  }
+  __device__ void store(uint64_t* p, uint64_t v) const {
+    __threadfence_system();
+    *reinterpret_cast<volatile uint64_t*>(p) = v;
+  }
+  __device__ bool stop() const { return *abort != 0; }
+  __device__ void relax() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(256);
+#endif
+  }
+};
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort,
+                                                             WalkStatus* status) {
+  __shared__ uint64_t progress[kWalkerMaxStepOps];
+  DeviceMem<T, F> mem{f, abort};
+  WalkFault fault;
+  const WalkResult result = walk_schedule(plan, mem, progress, &fault);
+  if (threadIdx.x == 0) {
+    status->peer = fault.peer;
+    status->got_tag = fault.got_tag;
+    status->want_tag = fault.want_tag;
+    status->got_bytes = fault.got_bytes;
+    status->want_bytes = fault.want_bytes;
+    __threadfence_system();
+    *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
+  }
+}
+
+template <typename Op>
+void launch_walk(const WalkPlan& plan, DataType dtype, const volatile uint32_t* abort, WalkStatus* status,
+                 cudaStream_t stream) {
+  cuda::with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    walk_kernel<T, cuda::Combine<T, Op>><<<1, kWalkThreads, 0, stream>>>(plan, cuda::Combine<T, Op>{}, abort, status);
+  });
+  RT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_walk(const WalkPlan& plan, DataType dtype, ReduceOp op, const volatile uint32_t* abort, WalkStatus* status,
+                 cudaStream_t stream) {
+  switch (op) {
+    case ReduceOp::Prod: return launch_walk<cuda::OpProd>(plan, dtype, abort, status, stream);
+    case ReduceOp::Min: return launch_walk<cuda::OpMin>(plan, dtype, abort, status, stream);
+    case ReduceOp::Max: return launch_walk<cuda::OpMax>(plan, dtype, abort, status, stream);
+    default: return launch_walk<cuda::OpSum>(plan, dtype, abort, status, stream);  // sum, avg, premul_sum
+  }
+}
+
+bool event_done(cudaEvent_t ev) {
+  const cudaError_t err = cudaEventQuery(ev);
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) return false;
+  throw_cuda_error(err, "cudaEventQuery", __FILE__, __LINE__);
+}
+
+uint64_t fnv1a(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// A grow-only device buffer, reallocated only once the internal stream is idle.
+struct DeviceScratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  void* ensure(size_t want, cudaStream_t stream) {
+    if (want <= bytes) return ptr;
+    RT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (ptr) (void)cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    RT_CUDA_CHECK(cudaMalloc(&ptr, want));
+    bytes = want;
+    return ptr;
+  }
+  ~DeviceScratch() {
+    if (ptr) (void)cudaFree(ptr);
+  }
+};
+
+struct DeviceSchedule {
+  Op* ops = nullptr;
+  uint32_t* step_end = nullptr;
+  uint32_t num_steps = 0;
+  uint64_t scratch_elems = 0;
+};
+
+struct KeyLess {
+  bool operator()(const ScheduleKey& a, const ScheduleKey& b) const {
+    return std::make_tuple(a.coll, a.algo, a.count, a.root, a.segment) <
+           std::make_tuple(b.coll, b.algo, b.count, b.root, b.segment);
+  }
+};
+
+class IpcPathImpl;
+
+class IpcWork : public DeviceWork {
+ public:
+  IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream);
+  ~IpcWork() override { (void)cudaEventDestroy(done_); }
+  bool wait(double timeout_s) override;
+  bool is_completed() override { return event_done(done_); }
+
+ private:
+  std::shared_ptr<IpcPathImpl> path_;
+  uint64_t seq_;
+  cudaEvent_t done_ = nullptr;
+};
+
+enum class FailureKind { None, Error, Timeout, Mismatch, Stopped };
+
+class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathImpl> {
+ public:
+  IpcPathImpl(std::shared_ptr<Communicator> host) : host_(std::move(host)), P_(host_->size()), rank_(host_->rank()) {}
+  ~IpcPathImpl() override { close(); }
+
+  // Returns "" or why this rank cannot take part.
+  std::string prepare_local();
+  // Exports this rank's region; returns "" or why not.
+  std::string export_handle(cudaIpcMemHandle_t* handle, int32_t* device) {
+    *device = device_;
+    const cudaError_t err = cudaIpcGetMemHandle(handle, region_);
+    if (err == cudaSuccess) return "";
+    (void)cudaGetLastError();
+    return str_cat("cudaIpcGetMemHandle failed: ", cudaGetErrorString(err));
+  }
+  // Opens the peers' regions; returns "" or why not.
+  std::string open_peers(const std::vector<cudaIpcMemHandle_t>& handles);
+  void finish_setup();
+
+  bool takes(const CollectiveArgs& a) const override {
+    switch (a.coll) {
+      case Collective::AllReduce: case Collective::ReduceScatter: case Collective::AllGather:
+      case Collective::AllToAll: case Collective::Broadcast: case Collective::Reduce: case Collective::Gather:
+      case Collective::Scatter:
+        return a.algo != Algo::OneShot;
+      default:
+        return false;
+    }
+  }
+  std::shared_ptr<DeviceWork> run(const CollectiveArgs& a, uintptr_t stream, bool want_work) override;
+  void close() override;
+
+  void raise_if_failed() {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    throw_failure_locked();
+  }
+  // The failure a finished call recorded, if any (the kernel's status for seq).
+  void check_finished(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    note_status_locked(seq, describe_seq(seq));
+    throw_failure_locked();
+  }
+
+ private:
+  size_t inbox_off(int from) const { return static_cast<size_t>(from) * slots_ * slot_bytes_; }
+  size_t headers_off(int from) const { return inbox_off(P_) + static_cast<size_t>(from) * slots_ * 16; }
+  size_t posted_off(int from) const { return headers_off(P_) + static_cast<size_t>(from) * 8; }
+  size_t consumed_off(int to) const { return posted_off(P_) + static_cast<size_t>(to) * 8; }
+  size_t stop_off() const { return consumed_off(P_); }
+  size_t region_bytes() const { return stop_off() + 8; }
+
+  const DeviceSchedule& schedule_for(const ScheduleKey& key);
+  std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
+  void throw_failure_locked() const;
+  void note_status_locked(uint64_t seq, const std::string& what);
+  void fail_locked(FailureKind kind, const std::string& why);
+  void watchdog_loop();
+
+  struct Pending {
+    cudaEvent_t ev;
+    uint64_t seq;
+    Clock::time_point deadline;
+    double timeout_s;
+    std::string what;
+  };
+
+  std::shared_ptr<Communicator> host_;
+  int P_, rank_;
+  int device_ = -1;
+  uint64_t slot_bytes_ = 0;
+  uint32_t slots_ = 0;
+  uint8_t* region_ = nullptr;
+  std::vector<uint8_t*> peer_regions_;
+  WalkerLane* lanes_on_device_ = nullptr;
+  WalkerCounters* counters_on_device_ = nullptr;
+  cudaStream_t stream_ = nullptr, poison_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  uint32_t* abort_ = nullptr;  // pinned, mapped: the kernel's abort word
+  uint32_t* abort_on_device_ = nullptr;
+  WalkStatus* status_ = nullptr;  // pinned, mapped ring, one entry per call
+  WalkStatus* status_on_device_ = nullptr;
+  uint64_t* one_ = nullptr;  // pinned: the value written into the peers' stop words
+  DeviceScratch scratch_, premul_, staged_;
+  std::map<ScheduleKey, DeviceSchedule, KeyLess> schedules_;
+  uint64_t seq_ = 0;
+  bool closed_ = false;
+
+  std::mutex call_mu_;   // one call is enqueued at a time, in issue order
+  std::mutex state_mu_;  // what the watchdog shares
+  std::condition_variable wake_;
+  FailureKind failure_kind_ = FailureKind::None;
+  std::string failure_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+std::string IpcPathImpl::prepare_local() {
+  if (!IpcEnabled()) return "RINGTREE_CUDA_IPC=0";
+  if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
+  for (int q = 0; q < P_; ++q)
+    if (q != rank_ && host_->transport_to(q) != "shm") return str_cat("rank ", q, " is on another host");
+  slot_bytes_ = static_cast<uint64_t>(IpcSlotBytes()) / 16 * 16;
+  slots_ = static_cast<uint32_t>(IpcSlots());
+  if (slot_bytes_ < 16 || slots_ < 1) return "RINGTREE_CUDA_IPC_SLOT_BYTES / RINGTREE_CUDA_IPC_SLOTS are too small";
+  try {
+    RT_CUDA_CHECK(cudaGetDevice(&device_));
+    void* region = nullptr;
+    RT_CUDA_CHECK(cudaMalloc(&region, region_bytes()));
+    region_ = static_cast<uint8_t*>(region);
+    RT_CUDA_CHECK(cudaMemset(region_, 0, region_bytes()));
+    RT_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer can write into it
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string IpcPathImpl::open_peers(const std::vector<cudaIpcMemHandle_t>& handles) {
+  peer_regions_.assign(P_, nullptr);
+  for (int q = 0; q < P_; ++q) {
+    if (q == rank_) continue;
+    void* p = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, handles[q], cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return str_cat("cudaIpcOpenMemHandle for rank ", q, "'s memory failed: ", cudaGetErrorString(err));
+    }
+    peer_regions_[q] = static_cast<uint8_t*>(p);
+  }
+  return "";
+}
+
+void IpcPathImpl::finish_setup() {
+  std::vector<WalkerLane> lanes(P_);
+  for (int q = 0; q < P_; ++q) {
+    if (q == rank_) continue;
+    uint8_t* peer = peer_regions_[q];
+    WalkerLane& l = lanes[q];
+    l.send_slots = peer + inbox_off(rank_);
+    l.send_headers = reinterpret_cast<uint64_t*>(peer + headers_off(rank_));
+    l.recv_headers = reinterpret_cast<const uint64_t*>(region_ + headers_off(q));
+    l.send_posted = reinterpret_cast<uint64_t*>(peer + posted_off(rank_));
+    l.send_consumed = reinterpret_cast<const uint64_t*>(region_ + consumed_off(q));
+    l.recv_slots = region_ + inbox_off(q);
+    l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q));
+    l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_));
+    l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
+  }
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * P_));
+  RT_CUDA_CHECK(cudaMemcpy(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * P_, cudaMemcpyHostToDevice));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * P_));
+  RT_CUDA_CHECK(cudaMemset(counters_on_device_, 0, sizeof(WalkerCounters) * P_));
+  RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  RT_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  void* p = nullptr;
+  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+  abort_ = static_cast<uint32_t*>(p);
+  *abort_ = 0;
+  RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_on_device_), p, 0));
+  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing, cudaHostAllocMapped | cudaHostAllocPortable));
+  status_ = static_cast<WalkStatus*>(p);
+  std::memset(status_, 0, sizeof(WalkStatus) * kStatusRing);
+  RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
+  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
+  one_ = static_cast<uint64_t*>(p);
+  *one_ = 1;
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
+  auto it = schedules_.find(key);
+  if (it != schedules_.end()) return it->second;
+  if (schedules_.size() >= 256) {  // bound the cache; the stream must be done with what it frees
+    RT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& kv : schedules_) {
+      (void)cudaFree(kv.second.ops);
+      (void)cudaFree(kv.second.step_end);
+    }
+    schedules_.clear();
+  }
+  const Schedule s = build_schedule(key);
+  for (size_t k = 0; k < s.num_steps(); ++k)
+    RT_CHECK(s.step_end[k] - s.step_begin(k) <= kWalkerMaxStepOps, Error, "internal error: a step of ",
+             s.step_end[k] - s.step_begin(k), " ops exceeds the CUDA IPC walker's ", kWalkerMaxStepOps);
+  DeviceSchedule d;
+  d.num_steps = static_cast<uint32_t>(s.num_steps());
+  d.scratch_elems = s.scratch_elems;
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.ops), sizeof(Op) * (s.ops.size() + 1)));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.step_end), sizeof(uint32_t) * (s.step_end.size() + 1)));
+  if (!s.ops.empty())
+    RT_CUDA_CHECK(cudaMemcpy(d.ops, s.ops.data(), sizeof(Op) * s.ops.size(), cudaMemcpyHostToDevice));
+  if (!s.step_end.empty())
+    RT_CUDA_CHECK(cudaMemcpy(d.step_end, s.step_end.data(), sizeof(uint32_t) * s.step_end.size(),
+                             cudaMemcpyHostToDevice));
+  return schedules_.emplace(key, d).first->second;
+}
+
+std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t stream, bool want_work) {
+  const char* name = collective_name(a.coll);
+  host_->validate(a);
+  const size_t esz = dtype_size(a.dtype);
+  int device = -1;
+  RT_CUDA_CHECK(cudaGetDevice(&device));
+  RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
+           " but this communicator's CUDA IPC mailboxes live on device ", device_);
+  if (a.input.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
+  if (a.output.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
+                        str_cat(name, ": output"));
+  const Collective c = a.coll;
+  const std::vector<Algo> supported = supported_algos(c);
+  const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
+  const uint64_t P = static_cast<uint64_t>(P_);
+  uint64_t count = a.input.count;  // ScheduleKey::count
+  switch (c) {
+    case Collective::ReduceScatter: case Collective::Scatter: count = a.output.count; break;
+    case Collective::AllToAll: count = a.input.count / P; break;
+    default: break;
+  }
+  ScheduleKey key{c, algo, P_, rank_, count, is_rooted(c) ? a.root : 0, pipeline_segment(c, algo, esz), -1};
+  const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_->default_timeout();
+  cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
+
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  RT_CHECK(!closed_, Aborted, "the communicator is closed");
+  raise_if_failed();
+  const DeviceSchedule& ds = schedule_for(key);
+  const uint64_t seq = seq_++;
+  RT_CUDA_CHECK(cudaEventRecord(fork_, caller));
+  RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+  auto* in = static_cast<uint8_t*>(a.input.ptr);
+  auto* out = c == Collective::Broadcast ? in : static_cast<uint8_t*>(a.output.ptr);
+  // As the host executor: premul_sum reduces a scaled copy; in-place all_to_all sends from a copy.
+  if (is_reduction(c) && a.op == ReduceOp::PremulSum && a.input.count) {
+    void* scaled = premul_.ensure(a.input.count * esz, stream_);
+    cuda_scale(scaled, in, a.input.count, a.dtype, a.premul_factor, stream_);
+    in = static_cast<uint8_t*>(scaled);
+  } else if (c == Collective::AllToAll && a.input.count &&
+             ranges_overlap(in, a.input.count * esz, out, a.output.count * esz)) {
+    void* copy = staged_.ensure(a.input.count * esz, stream_);
+    RT_CUDA_CHECK(cudaMemcpyAsync(copy, in, a.input.count * esz, cudaMemcpyDeviceToDevice, stream_));
+    in = static_cast<uint8_t*>(copy);
+  }
+  WalkPlan plan;
+  plan.ops = ds.ops;
+  plan.step_end = ds.step_end;
+  plan.num_steps = ds.num_steps;
+  plan.bases[0] = in;
+  plan.bases[1] = out;
+  plan.bases[2] = static_cast<uint8_t*>(scratch_.ensure(ds.scratch_elems * esz + 16, stream_));
+  plan.lanes = lanes_on_device_;
+  plan.nranks = static_cast<uint32_t>(P_);
+  plan.stop_word = reinterpret_cast<const uint64_t*>(region_ + stop_off());
+  plan.counters = counters_on_device_;
+  plan.slot_bytes = slot_bytes_ / esz * esz;
+  plan.slots = slots_;
+  plan.elem_size = static_cast<uint32_t>(esz);
+  uint64_t tag = 1469598103934665603ull;
+  for (uint64_t v : {static_cast<uint64_t>(c), static_cast<uint64_t>(algo), static_cast<uint64_t>(a.dtype),
+                     static_cast<uint64_t>(is_reduction(c) ? a.op : ReduceOp::Sum),
+                     static_cast<uint64_t>(is_rooted(c) ? a.root : 0), count, seq})
+    tag = fnv1a(tag, v);
+  plan.tag = tag | 1;  // never 0, the value of a header nobody wrote
+  status_[seq % kStatusRing].result = -1;
+  launch_walk(plan, a.dtype, a.op, abort_on_device_, status_on_device_ + seq % kStatusRing, stream_);
+  if (is_reduction(c) && a.op == ReduceOp::Avg && (c != Collective::Reduce || a.root == rank_) && a.output.count)
+    cuda_divide(out, a.output.count, a.dtype, P_, stream_);
+  RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
+  RT_CUDA_CHECK(cudaStreamWaitEvent(caller, join_, 0));
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    cudaEvent_t ev = nullptr;
+    if (!spare_events_.empty()) {
+      ev = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    }
+    RT_CUDA_CHECK(cudaEventRecord(ev, stream_));
+    pending_.push_back({ev, seq,
+                        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)),
+                        timeout_s, str_cat(name, " ", describe_seq(seq))});
+  }
+  wake_.notify_all();
+  if (!want_work) return nullptr;
+  return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
+}
+
+void IpcPathImpl::throw_failure_locked() const {
+  switch (failure_kind_) {
+    case FailureKind::None: return;
+    case FailureKind::Timeout: throw Timeout(failure_);
+    case FailureKind::Mismatch: throw CollectiveMismatch(failure_);
+    case FailureKind::Stopped: throw PeerFailure(failure_);
+    default: throw Error(failure_);
+  }
+}
+
+void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
+  const WalkStatus& s = status_[seq % kStatusRing];
+  const int32_t result = *reinterpret_cast<const volatile int32_t*>(&s.result);
+  if (result == static_cast<int32_t>(WalkResult::Mismatch))
+    fail_locked(FailureKind::Mismatch,
+                str_cat(what, " on rank ", rank_, ": rank ", s.peer, " sent a chunk of another call (tag ", s.got_tag,
+                        ", ", s.got_bytes, " bytes; this call: tag ", s.want_tag, ", ", s.want_bytes,
+                        " bytes): the ranks called different collectives or counts"));
+  else if (result == static_cast<int32_t>(WalkResult::Stopped))
+    fail_locked(FailureKind::Stopped, str_cat(what, " on rank ", rank_, " was stopped: ",
+                                              *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
+}
+
+void IpcPathImpl::fail_locked(FailureKind kind, const std::string& why) {
+  if (failure_kind_ == FailureKind::None) {
+    failure_kind_ = kind;
+    failure_ = why;
+  }
+  if (!*abort_) {
+    // End this rank's queued and running walks, and the peers' (their stop words), so every
+    // rank reports instead of waiting out its own timeout.
+    __atomic_store_n(abort_, 1u, __ATOMIC_RELEASE);
+    for (int q = 0; q < P_; ++q)
+      if (q != rank_ && peer_regions_[q])
+        (void)cudaMemcpyAsync(peer_regions_[q] + stop_off(), one_, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                              poison_stream_);
+  }
+}
+
+void IpcPathImpl::watchdog_loop() {
+  std::unique_lock<std::mutex> lock(state_mu_);
+  while (!stop_) {
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      const cudaError_t err = cudaEventQuery(p.ev);
+      if (err == cudaSuccess) {
+        note_status_locked(p.seq, p.what);
+        spare_events_.push_back(p.ev);
+        pending_.pop_front();
+        continue;
+      }
+      if (err != cudaErrorNotReady) {
+        fail_locked(FailureKind::Error, str_cat(p.what, " failed on rank ", rank_, ": CUDA error ",
+                                                cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+      } else if (Clock::now() >= p.deadline) {
+        fail_locked(FailureKind::Timeout, str_cat(p.what, " timed out on rank ", rank_, " after ", p.timeout_s, " s"));
+      }
+      break;  // the oldest call is still running: the later ones are too
+    }
+    wake_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 200 : 2));
+  }
+}
+
+void IpcPathImpl::close() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  closed_ = true;
+  if (stream_) (void)cudaStreamSynchronize(stream_);
+  if (poison_stream_) (void)cudaStreamSynchronize(poison_stream_);
+  for (Pending& p : pending_) (void)cudaEventDestroy(p.ev);
+  pending_.clear();
+  for (cudaEvent_t ev : spare_events_) (void)cudaEventDestroy(ev);
+  spare_events_.clear();
+  for (auto& kv : schedules_) {
+    (void)cudaFree(kv.second.ops);
+    (void)cudaFree(kv.second.step_end);
+  }
+  schedules_.clear();
+  for (uint8_t* p : peer_regions_)
+    if (p) (void)cudaIpcCloseMemHandle(p);
+  peer_regions_.clear();
+  if (lanes_on_device_) (void)cudaFree(lanes_on_device_);
+  if (counters_on_device_) (void)cudaFree(counters_on_device_);
+  if (region_) (void)cudaFree(region_);
+  if (fork_) (void)cudaEventDestroy(fork_);
+  if (join_) (void)cudaEventDestroy(join_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+  if (poison_stream_) (void)cudaStreamDestroy(poison_stream_);
+  if (abort_) (void)cudaFreeHost(abort_);
+  if (status_) (void)cudaFreeHost(status_);
+  if (one_) (void)cudaFreeHost(one_);
+  lanes_on_device_ = nullptr;
+  counters_on_device_ = nullptr;
+  region_ = nullptr;
+  fork_ = join_ = nullptr;
+  stream_ = poison_stream_ = nullptr;
+  abort_ = nullptr;
+  status_ = nullptr;
+  one_ = nullptr;
+}
+
+IpcWork::IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream)
+    : path_(std::move(path)), seq_(seq) {
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  RT_CUDA_CHECK(cudaEventRecord(done_, stream));
+}
+
+bool IpcWork::wait(double timeout_s) {
+  const Clock::time_point start = Clock::now();
+  for (int polls = 0;; ++polls) {
+    if (event_done(done_)) break;
+    path_->raise_if_failed();
+    if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));
+  }
+  path_->check_finished(seq_);
+  return true;
+}
+
+// Exchanged over the host communicator at connect.
+struct ConnectRecord {
+  int32_t ok;
+  int32_t device;
+  cudaIpcMemHandle_t handle;
+};
+
+// every rank's `ok`, by all_gather over the host communicator.
+std::vector<int32_t> gather_flags(Communicator& host, int32_t ok) {
+  std::vector<int32_t> all(static_cast<size_t>(host.size()), 0);
+  CollectiveArgs g;
+  g.coll = Collective::AllGather;
+  g.dtype = DataType::Int32;
+  g.input = {&ok, 1, true, true};
+  g.output = {all.data(), all.size(), false, true};
+  host.run(g, false);
+  return all;
+}
+
+std::string first_failure(const std::vector<int32_t>& flags, int me, const std::string& mine) {
+  for (size_t q = 0; q < flags.size(); ++q)
+    if (!flags[q])
+      return static_cast<int>(q) == me ? str_cat("rank ", q, ": ", mine)
+                                       : str_cat("rank ", q, " cannot (its log says why)");
+  return "";
+}
+
+}  // namespace
+
+std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, std::string* why) {
+  auto path = std::make_shared<IpcPathImpl>(host);
+  const int P = host->size(), me = host->rank();
+  ConnectRecord rec{};
+  std::string mine = path->prepare_local();
+  if (mine.empty()) mine = path->export_handle(&rec.handle, &rec.device);
+  rec.ok = mine.empty() ? 1 : 0;
+  // Round 1: every rank's exported mailboxes, or its refusal.
+  std::vector<ConnectRecord> all(static_cast<size_t>(P));
+  CollectiveArgs g;
+  g.coll = Collective::AllGather;
+  g.dtype = DataType::Uint8;
+  g.input = {&rec, sizeof(rec), true, true};
+  g.output = {all.data(), sizeof(rec) * all.size(), false, true};
+  host->run(g, false);
+  std::vector<int32_t> oks(static_cast<size_t>(P));
+  for (int q = 0; q < P; ++q) oks[q] = all[q].ok;
+  std::string failed = first_failure(oks, me, mine);
+  if (failed.empty()) {
+    std::vector<cudaIpcMemHandle_t> handles(static_cast<size_t>(P));
+    for (int q = 0; q < P; ++q) handles[q] = all[q].handle;
+    mine = path->open_peers(handles);
+    // Round 2: could every rank map every peer's mailboxes? Nobody writes into a peer's
+    // mailboxes before every rank has answered here.
+    failed = first_failure(gather_flags(*host, mine.empty() ? 1 : 0), me, mine);
+  }
+  if (!failed.empty()) {
+    path->close();
+    if (why) *why = failed;
+    return nullptr;
+  }
+  path->finish_setup();
+  return path;
+}
+
+}  // namespace ringtree
