@@ -118,10 +118,20 @@ stage env 30 bash -c env_report
 stage configure 90 bash -c configure
 stage build 240 cmake --build "$BUILD" -j "$JOBS"
 stage package 30 bash -c stage_package
-stage gpu_tests 200 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
-stage cpu_schedules 90 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider
+stage gpu_tests 150 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
+# Multi-process device collectives: the CUDA IPC executor, the staged path, algo='nccl', the
+# torch backend on CUDA tensors; then the same walker on host threads.
+stage device_tests 200 "$PY" -m pytest tests/test_device_comm.py -v -rs -p no:cacheprovider
+stage walker_tests 30 "$PY" -m pytest -q tests/test_step_walker.py -p no:cacheprovider
+# Device collectives across processes sharing the GPU (IPC executor), then staged, then NCCL
+# on one rank (NCCL refuses two ranks on one GPU).
+stage comm_bench_ipc2 60 "$PY" -m ringtree.launch -n 2 --timeout 55 bench/gpu_comm_bench.py -b 4K -e 64M -f 16
+stage comm_bench_ipc4 60 "$PY" -m ringtree.launch -n 4 --timeout 55 bench/gpu_comm_bench.py -b 4K -e 64M -f 16 --algos auto
+stage comm_bench_staged 45 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 16M -f 64 --algos auto
+stage comm_bench_nccl1 45 "$PY" -m ringtree.launch -n 1 --timeout 40 bench/gpu_comm_bench.py -b 8 -e 64M -f 64 --algos auto,nccl
 # shellcheck disable=SC2086
-stage bench 200 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
+stage bench 120 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
+stage cpu_schedules 60 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider
 
 set +x
 {
@@ -130,12 +140,16 @@ set +x
   for n in "${NAMES[@]}"; do printf '  %-14s %s\n' "$n" "${RESULT[$n]}"; done
   echo "-- device:"; grep -m1 '^GPU:' "$OUT/env.log" 2>/dev/null | sed 's/^/   /'
   echo "-- tests:"
-  for t in gpu_tests cpu_schedules; do
+  for t in gpu_tests device_tests walker_tests cpu_schedules; do
     [ -f "$OUT/$t.log" ] && printf '   %-14s %s\n' "$t" "$(grep -E '(passed|failed|error|skipped)' "$OUT/$t.log" | tail -n 1)"
   done
-  grep -E '^(FAILED|ERROR) ' "$OUT/gpu_tests.log" 2>/dev/null | head -n 20 | sed 's/^/   /'
+  grep -hE '^(FAILED|ERROR) ' "$OUT/gpu_tests.log" "$OUT/device_tests.log" 2>/dev/null | head -n 20 | sed 's/^/   /'
   echo "-- bench (largest all_reduce per P/algo):"
   grep -E '^#   P=|^# verification|NCCL' "$OUT/bench.log" 2>/dev/null | sed 's/^/   /'
+  echo "-- multi-process device bench (largest size per collective/algo):"
+  for b in comm_bench_ipc2 comm_bench_ipc4 comm_bench_staged comm_bench_nccl1; do
+    [ -f "$OUT/$b.log" ] && echo "   $b:" && grep -E '^  +[0-9]' "$OUT/$b.log" | sort -k1,1n | tail -n 4 | sed 's/^/    /'
+  done
 } | tee "$OUT/summary.txt"
 
 for n in "${NAMES[@]}"; do
