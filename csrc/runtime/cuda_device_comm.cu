@@ -57,6 +57,9 @@ int current_device() {
 }
 
 // True once `ev` has completed; a failed query throws its CUDA error.
+// For close(), which must not throw: a failed query counts as finished.
+bool still_running(cudaEvent_t ev) { return cudaEventQuery(ev) == cudaErrorNotReady; }
+
 bool event_done(cudaEvent_t ev) {
   const cudaError_t err = cudaEventQuery(ev);
   if (err == cudaSuccess) return true;
@@ -527,7 +530,11 @@ void NcclPath::close() {
   std::lock_guard<std::mutex> call_lock(call_mu_);
   std::lock_guard<std::mutex> lock(state_mu_);
   for (Pending& p : pending_) {
-    if (!aborted_) (void)cudaEventSynchronize(p.ev);
+    // Calls still running get until their deadline, then NCCL is aborted (which ends them).
+    while (!aborted_ && still_running(p.ev) && Clock::now() < p.deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!aborted_ && still_running(p.ev))
+      fail_locked(str_cat(p.what, " was still running on rank ", host_.rank(), " at close; NCCL was aborted"));
     (void)cudaEventDestroy(p.ev);
   }
   pending_.clear();

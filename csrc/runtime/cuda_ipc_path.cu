@@ -153,6 +153,9 @@ void launch_walk(const WalkPlan& plan, DataType dtype, ReduceOp op, const volati
   }
 }
 
+// For close(), which must not throw: a failed query counts as finished.
+bool still_running(cudaEvent_t ev) { return cudaEventQuery(ev) == cudaErrorNotReady; }
+
 bool event_done(cudaEvent_t ev) {
   const cudaError_t err = cudaEventQuery(ev);
   if (err == cudaSuccess) return true;
@@ -584,6 +587,18 @@ void IpcPathImpl::close() {
   if (watchdog_.joinable()) watchdog_.join();
   std::lock_guard<std::mutex> call_lock(call_mu_);
   closed_ = true;
+  {
+    // Calls still running get until their deadline; then their kernels are stopped, so the
+    // synchronization below cannot wait for ever on a peer that is gone.
+    std::lock_guard<std::mutex> lock(state_mu_);
+    for (const Pending& p : pending_) {
+      while (still_running(p.ev) && Clock::now() < p.deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (still_running(p.ev)) {
+        fail_locked(FailureKind::Timeout, str_cat(p.what, " was still running on rank ", rank_, " at close"));
+        break;
+      }
+    }
+  }
   if (stream_) (void)cudaStreamSynchronize(stream_);
   if (poison_stream_) (void)cudaStreamSynchronize(poison_stream_);
   for (Pending& p : pending_) (void)cudaEventDestroy(p.ev);
