@@ -16,6 +16,8 @@ RINGTREE_CUDA_IPC=0 in the environment measures the staged executor instead of t
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -42,8 +44,21 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("--collectives", default="all_reduce,reduce_scatter,all_gather,broadcast")
     p.add_argument("--algos", default="auto,nccl")
+    p.add_argument("--if-gpu", action="store_true",
+                   help="exit quietly (status 0) when there is no usable GPU, instead of failing")
     a = p.parse_args()
-    import torch
+    why_not = None if rt.cuda_available() else "ringtree finds no CUDA device (or was built without CUDA)"
+    if why_not is None:
+        try:
+            import torch
+            if not torch.cuda.is_available():
+                why_not = "torch has no CUDA (a CPU build of torch?)"
+        except ImportError:
+            why_not = "torch is not installed"
+    if why_not is not None:
+        if os.environ.get("RINGTREE_RANK", "0") == "0":
+            print(f"# gpu_comm_bench: no device bench on this machine: {why_not}")
+        return 0 if a.if_gpu else 1
     comm = rt.init()
     r, P = comm.rank, comm.size
     torch.cuda.set_device(r % torch.cuda.device_count())
@@ -80,6 +95,7 @@ def main():
                     print(f"  {nbytes:>12} {algo:>8} {executor:>9} {t * 1e6:>10.1f} {algbw:>8.2f} {busbw:>8.2f} "
                           f"{copybw:>8.2f} {busbw / copybw:>8.2f} {wrong:>7}")
     comm.close()
+    return 0
 
 
 def timed(fn, a, comm, torch):
@@ -132,4 +148,4 @@ def measure(coll, algo, n, a, comm, torch, dev):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
