@@ -18,7 +18,7 @@ OP = {name: code for code, name in enumerate(_core.OPS)}
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 
 
-def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segment=0, salt=0):
+def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segment=0, salt=0, channels=1):
     """Runs the walk; returns (per-rank outputs, per-rank expectations)."""
     in_n = N * P if coll in ("reduce_scatter", "all_to_all") or coll == "scatter" else N
     out_n = N * P if coll in ("all_gather", "all_to_all", "gather") else N
@@ -26,7 +26,8 @@ def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segm
     outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
     ins = [x.copy() for x in inputs]
     _core.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, segment, DTYPE[dtype], OP[op], 1.0,
-                          [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], slot_bytes, slots, 60.0)
+                          [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], slot_bytes, slots, 60.0,
+                          channels=channels)
     wants = []
     for r in range(P):
         block = slice(r * N, (r + 1) * N)
@@ -67,9 +68,12 @@ CASES = [(c, a) for c in ("all_reduce", "reduce_scatter", "all_gather", "all_to_
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("coll,algo", CASES)
 @pytest.mark.parametrize("P", [1, 2, 3, 4, 5, 8])
-def test_walker_matches_numpy(coll, algo, P):
+def test_walker_matches_numpy(coll, algo, P, channels):
+    # Three channels split every op into slices (some empty for tiny counts) that meet at a
+    # barrier after each step; the results must be the same.
     ops = ("sum", "max", "prod") if coll in REDUCTIONS else ("sum",)
     for i, (N, dtype) in enumerate([(1, "int32"), (37, "float32"), (250, "float16"), (1000, "bfloat16"),
                                     (3 * P + 1, "int8")]):
@@ -77,16 +81,16 @@ def test_walker_matches_numpy(coll, algo, P):
             continue
         for op in ops:
             # Segments smaller than the buffer make the tree and chain pipeline.
-            check(coll, algo, P, N, dtype, op, root=(i % P), segment=16, salt=i)
+            check(coll, algo, P, N, dtype, op, root=(i % P), segment=16, salt=i, channels=channels)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("slot_bytes,slots", [(16, 1), (48, 3), (4096, 8)])
-def test_walker_slot_shapes(slot_bytes, slots):
+@pytest.mark.parametrize("slot_bytes,slots,channels", [(16, 1, 1), (48, 3, 2), (4096, 8, 4)])
+def test_walker_slot_shapes(slot_bytes, slots, channels):
     # One slot forces strict lockstep; odd sizes split elements across chunk boundaries never
     # (slots hold whole elements) but leave short last chunks.
     for coll, algo in (("all_reduce", "ring"), ("all_reduce", "tree"), ("all_to_all", "direct"), ("broadcast", "tree")):
-        check(coll, algo, 4, 301, "float32", slot_bytes=slot_bytes, slots=slots, segment=40)
+        check(coll, algo, 4, 301, "float32", slot_bytes=slot_bytes, slots=slots, segment=40, channels=channels)
 
 
 def test_walker_avg_divides_after_the_walk():
@@ -95,8 +99,9 @@ def test_walker_avg_divides_after_the_walk():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("channels", [1, 2])
 @pytest.mark.parametrize("coll,algo", [("all_reduce", "ring"), ("all_gather", "ring"), ("broadcast", "tree")])
-def test_walker_mismatched_tags_stop_every_rank_with_a_mismatch(coll, algo):
+def test_walker_mismatched_tags_stop_every_rank_with_a_mismatch(coll, algo, channels):
     # Rank 2 made a different call (another tag): its receivers see it in the first header and
     # stop every rank through the stop words, long before the 30 s deadline.
     P, N = 4, 64
@@ -105,7 +110,8 @@ def test_walker_mismatched_tags_stop_every_rank_with_a_mismatch(coll, algo):
     tags = [7, 7, 8, 7]
     with pytest.raises(_core.CollectiveMismatch, match="tag 8"):
         _core.walk_on_threads(COLL[coll], ALGO[algo], P, N, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
-                              [a.ctypes.data for a in x], [a.ctypes.data for a in o], 64, 2, 30.0, tags)
+                              [a.ctypes.data for a in x], [a.ctypes.data for a in o], 64, 2, 30.0, tags,
+                              channels=channels)
 
 
 def test_walker_timeout_is_reported():

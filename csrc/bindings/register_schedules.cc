@@ -13,7 +13,7 @@ void register_schedules(py::module_& m) {
       "walk_on_threads",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int dtype, int op, double factor,
          std::vector<uintptr_t> inputs, std::vector<uintptr_t> outputs, uint64_t slot_bytes, uint32_t slots,
-         double timeout, std::vector<uint64_t> tags) {
+         double timeout, std::vector<uint64_t> tags, uint32_t channels) {
         ThreadWalkArgs a;
         a.key = ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
         a.dtype = static_cast<DataType>(dtype);
@@ -25,12 +25,13 @@ void register_schedules(py::module_& m) {
         a.slots = slots;
         a.timeout_s = timeout;
         a.tags = std::move(tags);
+        a.channels = channels;
         walk_on_threads(a);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root"), py::arg("segment"),
       py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("inputs"), py::arg("outputs"),
       py::arg("slot_bytes"), py::arg("slots"), py::arg("timeout") = 60.0,
-      py::arg("tags") = std::vector<uint64_t>{}, py::call_guard<py::gil_scoped_release>(),
+      py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1, py::call_guard<py::gil_scoped_release>(),
       "Every rank's schedule walked by the CUDA IPC executor's step walker, on host threads over in-memory\n"
       "mailboxes (one thread per rank). inputs/outputs: one pointer per rank, as the host executor takes them.");
   m.def(

@@ -1,16 +1,20 @@
 // The CUDA IPC executor (see cuda_ipc_path.h and step_walker.h).
 //
-// Each rank owns one device region, exported through CUDA IPC and mapped by every peer:
-//   inboxes    P x slots x slot_bytes: inbox[q] holds chunks from rank q
-//   headers    P x slots x 2 words: tag and byte count of each inbox slot
-//   posted     P words: posted[q] = chunks rank q has put in inbox[q]       (written by q)
-//   consumed   P words: consumed[q] = this rank's chunks rank q has read     (written by q)
-//   stop       1 word: set by a peer that stopped on a mismatch             (written by peers)
+// Each rank owns one device region, exported through CUDA IPC and mapped by every peer; every
+// mailbox exists once per channel (C thread blocks per rank, see WalkPlan::nchannels):
+//   inboxes    P x C x slots x slot_bytes: inbox[q][c] holds chunks from rank q, channel c
+//   headers    P x C x slots x 2 words: tag and byte count of each inbox slot
+//   posted     P x C words: posted[q][c] = chunks rank q has put in inbox[q][c]   (written by q)
+//   consumed   P x C words: consumed[q][c] = this rank's chunks rank q has read    (written by q)
+//   stop       1 word: set by a walker that stopped on a mismatch              (written by anyone)
+// The C blocks of a walk are launched cooperatively (all resident at once), as they meet at a
+// barrier after every step.
 // All of a rank's IPC calls run in issue order on one internal stream (forked from and joined
 // back to the caller's stream with events), so mailboxes, counters and scratch are never used
 // by two calls at once. A watchdog thread follows each call: past its timeout it sets the abort
 // word the kernel polls and the peers' stop words, so every rank's kernel ends and reports.
 #include <cuda_runtime_api.h>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -37,8 +41,15 @@ constexpr int kWalkThreads = 512;
 constexpr uint32_t kStatusRing = 1024;
 constexpr int kMaxIpcRanks = 64;  // 2P+1 ops per step must fit kWalkerMaxStepOps
 
-RT_PARAM(IpcSlotBytes, "RINGTREE_CUDA_IPC_SLOT_BYTES", 512 << 10)
+RT_PARAM(IpcSlotBytes, "RINGTREE_CUDA_IPC_SLOT_BYTES", 256 << 10)
 RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
+RT_PARAM(IpcChannels, "RINGTREE_CUDA_IPC_CHANNELS", 4)
+constexpr int kMaxChannels = 32;
+
+// Where the C blocks of a walk meet after each step (device memory, zeroed once).
+struct ChannelBarrier {
+  unsigned arrived, generation;
+};
 RT_PARAM(IpcEnabled, "RINGTREE_CUDA_IPC", 1)
 
 // What a walk ended with, written by the kernel into pinned host memory.
@@ -60,6 +71,7 @@ template <typename T, typename F>
 struct DeviceMem {
   F f;
   const volatile uint32_t* abort;
+  ChannelBarrier* barrier;
 
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ bool agree(bool v) const {
@@ -84,14 +96,16 @@ struct DeviceMem {
   }
   __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
     using Raw = typename RawOf<sizeof(T)>::type;
+    // Both operands through L2: another channel (block) may have written the local one.
     T* out = static_cast<T*>(dst);
-    const T* mine = static_cast<const T*>(local);
+    const Raw* mine = static_cast<const Raw*>(local);
     const Raw* theirs = static_cast<const Raw*>(incoming);
     for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
-      const Raw raw = __ldcg(theirs + i);
-      T value;
-      memcpy(&value, &raw, sizeof(T));
-      out[i] = f(mine[i], value);
+      const Raw a = __ldcg(mine + i), b = __ldcg(theirs + i);
+      T x, y;
+      memcpy(&x, &a, sizeof(T));
+      memcpy(&y, &b, sizeof(T));
+      out[i] = f(x, y);
     }
   }
   __device__ void published() const {
@@ -108,6 +122,32 @@ struct DeviceMem {
     *reinterpret_cast<volatile uint64_t*>(p) = v;
   }
   __device__ bool stop() const { return *abort != 0; }
+  __device__ bool step_barrier(const uint64_t* stop_word) const {
+    __shared__ int passed;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      passed = 1;
+      volatile unsigned* generation = &barrier->generation;
+      const unsigned gen = *generation;
+      __threadfence();
+      if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
+        atomicExch(&barrier->arrived, 0u);
+        __threadfence();
+        atomicAdd(&barrier->generation, 1u);
+      } else {
+        while (*generation == gen) {
+          if (*reinterpret_cast<const volatile uint64_t*>(stop_word) != 0 || stop()) {
+            passed = 0;
+            break;
+          }
+          relax();
+        }
+      }
+      __threadfence();
+    }
+    __syncthreads();
+    return passed != 0;
+  }
   __device__ void relax() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(256);
@@ -115,13 +155,16 @@ struct DeviceMem {
   }
 };
 
+// One block per channel; status[blockIdx.x] gets each channel's outcome.
 template <typename T, typename F>
 __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort,
-                                                             WalkStatus* status) {
+                                                             WalkStatus* statuses, ChannelBarrier* barrier) {
   __shared__ uint64_t progress[kWalkerMaxStepOps];
-  DeviceMem<T, F> mem{f, abort};
+  plan.channel = blockIdx.x;
+  DeviceMem<T, F> mem{f, abort, barrier};
   WalkFault fault;
   const WalkResult result = walk_schedule(plan, mem, progress, &fault);
+  WalkStatus* status = statuses + blockIdx.x;
   if (threadIdx.x == 0) {
     status->peer = fault.peer;
     status->got_tag = fault.got_tag;
@@ -133,23 +176,33 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, 
   }
 }
 
+struct LaunchArgs {
+  WalkPlan plan;
+  const volatile uint32_t* abort;
+  WalkStatus* statuses;
+  ChannelBarrier* barrier;
+  cudaStream_t stream;
+};
+
 template <typename Op>
-void launch_walk(const WalkPlan& plan, DataType dtype, const volatile uint32_t* abort, WalkStatus* status,
-                 cudaStream_t stream) {
+void launch_walk(LaunchArgs& l, DataType dtype) {
   cuda::with_storage_type(dtype, [&](auto tag) {
     using T = decltype(tag);
-    walk_kernel<T, cuda::Combine<T, Op>><<<1, kWalkThreads, 0, stream>>>(plan, cuda::Combine<T, Op>{}, abort, status);
+    using F = cuda::Combine<T, Op>;
+    F f{};
+    void* args[] = {&l.plan, &f, &l.abort, &l.statuses, &l.barrier};
+    // Cooperative: every channel's block is resident at once, as they wait for each other.
+    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&walk_kernel<T, F>),
+                                              dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0, l.stream));
   });
-  RT_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_walk(const WalkPlan& plan, DataType dtype, ReduceOp op, const volatile uint32_t* abort, WalkStatus* status,
-                 cudaStream_t stream) {
+void launch_walk(LaunchArgs& l, DataType dtype, ReduceOp op) {
   switch (op) {
-    case ReduceOp::Prod: return launch_walk<cuda::OpProd>(plan, dtype, abort, status, stream);
-    case ReduceOp::Min: return launch_walk<cuda::OpMin>(plan, dtype, abort, status, stream);
-    case ReduceOp::Max: return launch_walk<cuda::OpMax>(plan, dtype, abort, status, stream);
-    default: return launch_walk<cuda::OpSum>(plan, dtype, abort, status, stream);  // sum, avg, premul_sum
+    case ReduceOp::Prod: return launch_walk<cuda::OpProd>(l, dtype);
+    case ReduceOp::Min: return launch_walk<cuda::OpMin>(l, dtype);
+    case ReduceOp::Max: return launch_walk<cuda::OpMax>(l, dtype);
+    default: return launch_walk<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
   }
 }
 
@@ -265,12 +318,21 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   }
 
  private:
-  size_t inbox_off(int from) const { return static_cast<size_t>(from) * slots_ * slot_bytes_; }
-  size_t headers_off(int from) const { return inbox_off(P_) + static_cast<size_t>(from) * slots_ * 16; }
-  size_t posted_off(int from) const { return headers_off(P_) + static_cast<size_t>(from) * 8; }
-  size_t consumed_off(int to) const { return posted_off(P_) + static_cast<size_t>(to) * 8; }
-  size_t stop_off() const { return consumed_off(P_); }
+  // Region layout (see the top of this file); `c` is the channel.
+  size_t box(int peer, uint32_t c) const { return static_cast<size_t>(peer) * channels_ + c; }
+  size_t inbox_off(int from, uint32_t c) const { return box(from, c) * slots_ * slot_bytes_; }
+  size_t headers_off(int from, uint32_t c) const { return inbox_off(P_, 0) + box(from, c) * slots_ * 16; }
+  size_t posted_off(int from, uint32_t c) const { return headers_off(P_, 0) + box(from, c) * 8; }
+  size_t consumed_off(int to, uint32_t c) const { return posted_off(P_, 0) + box(to, c) * 8; }
+  size_t stop_off() const { return consumed_off(P_, 0); }
   size_t region_bytes() const { return stop_off() + 8; }
+
+ public:
+  uint32_t channels() const { return channels_; }
+  // Every rank uses the smallest channel count any rank offered (its region is large enough).
+  void use_channels(uint32_t c) { channels_ = c; }
+
+ private:
 
   const DeviceSchedule& schedule_for(const ScheduleKey& key);
   std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
@@ -292,6 +354,8 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   int device_ = -1;
   uint64_t slot_bytes_ = 0;
   uint32_t slots_ = 0;
+  uint32_t channels_ = 1;
+  ChannelBarrier* barrier_ = nullptr;  // device memory
   uint8_t* region_ = nullptr;
   std::vector<uint8_t*> peer_regions_;
   WalkerLane* lanes_on_device_ = nullptr;
@@ -329,6 +393,12 @@ std::string IpcPathImpl::prepare_local() {
   if (slot_bytes_ < 16 || slots_ < 1) return "RINGTREE_CUDA_IPC_SLOT_BYTES / RINGTREE_CUDA_IPC_SLOTS are too small";
   try {
     RT_CUDA_CHECK(cudaGetDevice(&device_));
+    int cooperative = 0, sms = 1;
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device_));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+    if (!cooperative) return "the device cannot launch cooperative kernels";
+    const int64_t wanted = IpcChannels() < 1 ? 1 : IpcChannels();
+    channels_ = static_cast<uint32_t>(std::min<int64_t>({wanted, kMaxChannels, sms}));
     void* region = nullptr;
     RT_CUDA_CHECK(cudaMalloc(&region, region_bytes()));
     region_ = static_cast<uint8_t*>(region);
@@ -356,25 +426,31 @@ std::string IpcPathImpl::open_peers(const std::vector<cudaIpcMemHandle_t>& handl
 }
 
 void IpcPathImpl::finish_setup() {
-  std::vector<WalkerLane> lanes(P_);
+  std::vector<WalkerLane> lanes(static_cast<size_t>(P_) * channels_);
   for (int q = 0; q < P_; ++q) {
     if (q == rank_) continue;
     uint8_t* peer = peer_regions_[q];
     WalkerLane& l = lanes[q];
-    l.send_slots = peer + inbox_off(rank_);
-    l.send_headers = reinterpret_cast<uint64_t*>(peer + headers_off(rank_));
-    l.recv_headers = reinterpret_cast<const uint64_t*>(region_ + headers_off(q));
-    l.send_posted = reinterpret_cast<uint64_t*>(peer + posted_off(rank_));
-    l.send_consumed = reinterpret_cast<const uint64_t*>(region_ + consumed_off(q));
-    l.recv_slots = region_ + inbox_off(q);
-    l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q));
-    l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_));
-    l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
+    for (uint32_t c = 0; c < channels_; ++c) {
+      WalkerLane& l = lanes[box(q, c)];
+      l.send_slots = peer + inbox_off(rank_, c);
+      l.send_headers = reinterpret_cast<uint64_t*>(peer + headers_off(rank_, c));
+      l.recv_headers = reinterpret_cast<const uint64_t*>(region_ + headers_off(q, c));
+      l.send_posted = reinterpret_cast<uint64_t*>(peer + posted_off(rank_, c));
+      l.send_consumed = reinterpret_cast<const uint64_t*>(region_ + consumed_off(q, c));
+      l.recv_slots = region_ + inbox_off(q, c);
+      l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q, c));
+      l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_, c));
+      l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
+    }
   }
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * P_));
-  RT_CUDA_CHECK(cudaMemcpy(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * P_, cudaMemcpyHostToDevice));
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * P_));
-  RT_CUDA_CHECK(cudaMemset(counters_on_device_, 0, sizeof(WalkerCounters) * P_));
+  const size_t boxes = static_cast<size_t>(P_) * channels_;
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
+  RT_CUDA_CHECK(cudaMemcpy(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
+  RT_CUDA_CHECK(cudaMemset(counters_on_device_, 0, sizeof(WalkerCounters) * boxes));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
+  RT_CUDA_CHECK(cudaMemset(barrier_, 0, sizeof(ChannelBarrier)));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
@@ -384,9 +460,10 @@ void IpcPathImpl::finish_setup() {
   abort_ = static_cast<uint32_t*>(p);
   *abort_ = 0;
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_on_device_), p, 0));
-  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing, cudaHostAllocMapped | cudaHostAllocPortable));
+  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing * channels_,
+                              cudaHostAllocMapped | cudaHostAllocPortable));
   status_ = static_cast<WalkStatus*>(p);
-  std::memset(status_, 0, sizeof(WalkStatus) * kStatusRing);
+  std::memset(status_, 0, sizeof(WalkStatus) * kStatusRing * channels_);
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
   one_ = static_cast<uint64_t*>(p);
@@ -478,7 +555,8 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   plan.bases[2] = static_cast<uint8_t*>(scratch_.ensure(ds.scratch_elems * esz + 16, stream_));
   plan.lanes = lanes_on_device_;
   plan.nranks = static_cast<uint32_t>(P_);
-  plan.stop_word = reinterpret_cast<const uint64_t*>(region_ + stop_off());
+  plan.nchannels = channels_;
+  plan.stop_word = reinterpret_cast<uint64_t*>(region_ + stop_off());
   plan.counters = counters_on_device_;
   plan.slot_bytes = slot_bytes_ / esz * esz;
   plan.slots = slots_;
@@ -489,8 +567,10 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
                      static_cast<uint64_t>(is_rooted(c) ? a.root : 0), count, seq})
     tag = fnv1a(tag, v);
   plan.tag = tag | 1;  // never 0, the value of a header nobody wrote
-  status_[seq % kStatusRing].result = -1;
-  launch_walk(plan, a.dtype, a.op, abort_on_device_, status_on_device_ + seq % kStatusRing, stream_);
+  WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
+  for (uint32_t ch = 0; ch < channels_; ++ch) statuses[ch].result = -1;
+  LaunchArgs launch{plan, abort_on_device_, status_on_device_ + (seq % kStatusRing) * channels_, barrier_, stream_};
+  launch_walk(launch, a.dtype, a.op);
   if (is_reduction(c) && a.op == ReduceOp::Avg && (c != Collective::Reduce || a.root == rank_) && a.output.count)
     cuda_divide(out, a.output.count, a.dtype, P_, stream_);
   RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
@@ -525,7 +605,19 @@ void IpcPathImpl::throw_failure_locked() const {
 }
 
 void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
-  const WalkStatus& s = status_[seq % kStatusRing];
+  // The first channel that did not finish says why (a mismatch wins over a stop it caused).
+  const WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
+  const WalkStatus* worst = statuses;
+  for (uint32_t ch = 0; ch < channels_; ++ch) {
+    const int32_t r = *reinterpret_cast<const volatile int32_t*>(&statuses[ch].result);
+    if (r == static_cast<int32_t>(WalkResult::Mismatch)) {
+      worst = statuses + ch;
+      break;
+    }
+    if (r != static_cast<int32_t>(WalkResult::Done) && worst->result == static_cast<int32_t>(WalkResult::Done))
+      worst = statuses + ch;
+  }
+  const WalkStatus& s = *worst;
   const int32_t result = *reinterpret_cast<const volatile int32_t*>(&s.result);
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
     fail_locked(FailureKind::Mismatch,
@@ -614,6 +706,8 @@ void IpcPathImpl::close() {
     if (p) (void)cudaIpcCloseMemHandle(p);
   peer_regions_.clear();
   if (lanes_on_device_) (void)cudaFree(lanes_on_device_);
+  if (barrier_) (void)cudaFree(barrier_);
+  barrier_ = nullptr;
   if (counters_on_device_) (void)cudaFree(counters_on_device_);
   if (region_) (void)cudaFree(region_);
   if (fork_) (void)cudaEventDestroy(fork_);
@@ -655,6 +749,7 @@ bool IpcWork::wait(double timeout_s) {
 struct ConnectRecord {
   int32_t ok;
   int32_t device;
+  int32_t channels;
   cudaIpcMemHandle_t handle;
 };
 
@@ -687,6 +782,7 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
   std::string mine = path->prepare_local();
   if (mine.empty()) mine = path->export_handle(&rec.handle, &rec.device);
   rec.ok = mine.empty() ? 1 : 0;
+  rec.channels = static_cast<int32_t>(path->channels());
   // Round 1: every rank's exported mailboxes, or its refusal.
   std::vector<ConnectRecord> all(static_cast<size_t>(P));
   CollectiveArgs g;
@@ -696,7 +792,12 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
   g.output = {all.data(), sizeof(rec) * all.size(), false, true};
   host->run(g, false);
   std::vector<int32_t> oks(static_cast<size_t>(P));
-  for (int q = 0; q < P; ++q) oks[q] = all[q].ok;
+  int32_t channels = kMaxChannels;
+  for (int q = 0; q < P; ++q) {
+    oks[q] = all[q].ok;
+    if (all[q].ok) channels = std::min(channels, all[q].channels);
+  }
+  path->use_channels(static_cast<uint32_t>(std::max(channels, 1)));
   std::string failed = first_failure(oks, me, mine);
   if (failed.empty()) {
     std::vector<cudaIpcMemHandle_t> handles(static_cast<size_t>(P));

@@ -33,6 +33,7 @@
 //   load / store          flag accesses with acquire / release semantics
 //   stop()                true when the walk must end (abort flag or deadline)
 //   relax()               back off after a round that moved nothing
+//   step_barrier(w)       waits for this rank's other channels; false if *w or stop() ends it
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -71,12 +72,16 @@ struct WalkPlan {
   const uint32_t* step_end = nullptr;  // as Schedule::step_end
   uint32_t num_steps = 0;
   uint8_t* bases[3] = {nullptr, nullptr, nullptr};  // indexed by BufId: input, output, scratch
-  const WalkerLane* lanes = nullptr;                // indexed by peer rank; lanes[rank] is unused
   uint32_t nranks = 0;
-  // In this rank's memory: set by a peer that stopped on a mismatch, so every rank's walk ends
-  // at once rather than at its timeout.
-  const uint64_t* stop_word = nullptr;
-  WalkerCounters* counters = nullptr;               // indexed by peer rank; updated by the walk
+  // Channels: walkers of one rank that share its schedule, each moving its own slice of every
+  // op (slice_of) over its own lanes, and meeting at a barrier after every step (a later step
+  // may read what another channel wrote). Every element keeps the schedule's reduction order.
+  uint32_t channel = 0, nchannels = 1;
+  const WalkerLane* lanes = nullptr;   // [peer * nchannels + channel]; the rank's own are unused
+  WalkerCounters* counters = nullptr;  // same indexing; updated by the walk
+  // In this rank's memory: set by a walker (of any rank) that stopped on a mismatch, so every
+  // walker ends at once rather than at its timeout.
+  uint64_t* stop_word = nullptr;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
   uint32_t elem_size = 0;
@@ -92,50 +97,73 @@ struct WalkFault {
 };
 
 // Progress of a message of no elements that has not moved yet: it still takes one (empty)
-// chunk, so a barrier's messages synchronize and every message keeps its place on its lane.
+// chunk on channel 0, so a barrier's messages synchronize and keep their place on the lane.
 constexpr uint64_t kWalkerEmptyPending = ~uint64_t{0};
+
+// The elements [first, first + count) of an op of `count` elements that channel `c` of `n`
+// moves: contiguous slices, 16-byte aligned where the op is, so copies stay vectorized. Sender
+// and receiver of a message compute the same slices from the same count.
+struct Slice {
+  uint64_t first, count;
+};
+RT_HOST_DEVICE inline Slice slice_of(uint64_t count, uint32_t c, uint32_t n, uint32_t elem_size) {
+  const uint64_t align = elem_size >= 16 ? 1 : 16 / elem_size;
+  uint64_t per = (count + n - 1) / n;
+  per = (per + align - 1) / align * align;
+  const uint64_t first = per * c < count ? per * c : count;
+  const uint64_t last = per * (c + 1) < count ? per * (c + 1) : count;
+  return {first, last - first};
+}
 
 template <typename Mem>
 RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t* progress, WalkFault* fault) {
   const uint64_t chunk_elems = plan.slot_bytes / plan.elem_size;
   const uint64_t esz = plan.elem_size;
+  const uint32_t C = plan.nchannels, ch = plan.channel;
+  auto lane_index = [&](int32_t peer) { return static_cast<uint64_t>(peer) * C + ch; };
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     const uint32_t begin = k == 0 ? 0 : plan.step_end[k - 1], end = plan.step_end[k];
     // Local copies first: they touch memory no other op of the step touches.
     for (uint32_t i = begin; i < end; ++i) {
       const Op& op = plan.ops[i];
-      if (op.kind == OpKind::Copy && op.count)
-        mem.copy(plan.bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz,
-                 plan.bases[static_cast<int>(op.src.buf)] + op.src.offset * esz, op.count * esz);
-      if (mem.leader())
-        progress[i - begin] = op.kind == OpKind::Copy ? op.count : op.count == 0 ? kWalkerEmptyPending : 0;
+      const Slice sl = slice_of(op.count, ch, C, plan.elem_size);
+      if (op.kind == OpKind::Copy && sl.count)
+        mem.copy(plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + sl.first) * esz,
+                 plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + sl.first) * esz, sl.count * esz);
+      if (mem.leader()) {
+        const bool empty_message = op.kind != OpKind::Copy && op.count == 0 && ch == 0;
+        progress[i - begin] = op.kind == OpKind::Copy ? sl.count : empty_message ? kWalkerEmptyPending : 0;
+      }
     }
     mem.published();
     for (;;) {
       bool all_done = true, moved = false;
       for (uint32_t i = begin; i < end; ++i) {
         const Op& op = plan.ops[i];
-        if (progress[i - begin] == op.count) continue;
-        const uint64_t done = progress[i - begin] == kWalkerEmptyPending ? 0 : progress[i - begin];
+        const Slice sl = slice_of(op.count, ch, C, plan.elem_size);
+        if (progress[i - begin] == sl.count) continue;
         all_done = false;
+        const uint64_t done = progress[i - begin] == kWalkerEmptyPending ? 0 : progress[i - begin];
         const bool is_send = op.kind == OpKind::Send;
         // FIFO per lane and direction: wait behind an earlier unfinished op of this step.
         bool blocked = false;
         for (uint32_t j = begin; j < i && !blocked; ++j) {
           const Op& earlier = plan.ops[j];
           blocked = earlier.kind != OpKind::Copy && earlier.peer == op.peer &&
-                    (earlier.kind == OpKind::Send) == is_send && progress[j - begin] != earlier.count;
+                    (earlier.kind == OpKind::Send) == is_send &&
+                    progress[j - begin] != slice_of(earlier.count, ch, C, plan.elem_size).count;
         }
         if (blocked) continue;
-        const WalkerLane& lane = plan.lanes[op.peer];
-        WalkerCounters& c = plan.counters[op.peer];
-        const uint64_t n = op.count - done < chunk_elems ? op.count - done : chunk_elems;
+        const WalkerLane& lane = plan.lanes[lane_index(op.peer)];
+        WalkerCounters& c = plan.counters[lane_index(op.peer)];
+        const uint64_t n = sl.count - done < chunk_elems ? sl.count - done : chunk_elems;
+        const uint64_t at = sl.first + done;  // element offset within the op
         if (is_send) {
           const bool room = mem.agree(mem.leader() && c.sent - mem.load(lane.send_consumed) < plan.slots);
           if (!room) continue;
           const uint64_t index = c.sent % plan.slots;
           mem.copy(lane.send_slots + index * plan.slot_bytes,
-                   plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + done) * esz, n * esz);
+                   plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + at) * esz, n * esz);
           if (mem.leader()) {
             mem.store(lane.send_headers + 2 * index, plan.tag);
             mem.store(lane.send_headers + 2 * index + 1, n * esz);
@@ -158,17 +186,20 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
             if (!matches) *fault = WalkFault{op.peer, got_tag, plan.tag, got_bytes, n * esz};
           }
           if (!mem.agree(matches)) {
-            if (mem.leader())
+            if (mem.leader()) {
+              mem.store(plan.stop_word, 1);  // this rank's other channels
               for (uint32_t q = 0; q < plan.nranks; ++q)
-                if (plan.lanes[q].peer_stop) mem.store(plan.lanes[q].peer_stop, 1);
+                if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
+                  mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, 1);
+            }
             return WalkResult::Mismatch;
           }
           const uint8_t* slot = lane.recv_slots + index * plan.slot_bytes;
-          uint8_t* dst = plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + done) * esz;
+          uint8_t* dst = plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + at) * esz;
           if (op.kind == OpKind::Recv) {
             mem.copy(dst, slot, n * esz);
           } else {  // RecvReduce: dst = local (op) incoming, the host executor's operand order
-            mem.reduce(dst, plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + done) * esz, slot, n);
+            mem.reduce(dst, plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + at) * esz, slot, n);
           }
           mem.published();
           if (mem.leader()) {
@@ -186,6 +217,8 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
         mem.relax();
       }
     }
+    // Every channel has finished step k before any starts step k + 1.
+    if (C > 1 && !mem.step_barrier(plan.stop_word)) return WalkResult::Stopped;
   }
   return WalkResult::Done;
 }

@@ -13,10 +13,17 @@ namespace ringtree {
 
 namespace {
 
-// The host policy: one thread per rank, so that thread is the leader and agreement is trivial.
+// The channels of one rank meet here after every step (a sense-reversing barrier).
+struct RankBarrier {
+  std::atomic<uint32_t> arrived{0}, generation{0};
+  uint32_t parties = 1;
+};
+
+// The host policy: one thread per channel, so that thread is the leader and agreement is trivial.
 struct HostMem {
   ReduceFn reduce_fn;
   Deadline deadline;
+  RankBarrier* barrier;
   bool leader() const { return true; }
   bool agree(bool v) const { return v; }
   void copy(void* dst, const void* src, size_t bytes) const { std::memmove(dst, src, bytes); }
@@ -26,6 +33,19 @@ struct HostMem {
   void store(uint64_t* p, uint64_t v) const { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
   bool stop() const { return deadline.expired(); }
   void relax() const { sched_yield(); }  // ranks may outnumber cores
+  bool step_barrier(const uint64_t* stop_word) const {
+    const uint32_t gen = barrier->generation.load(std::memory_order_acquire);
+    if (barrier->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == barrier->parties) {
+      barrier->arrived.store(0, std::memory_order_relaxed);
+      barrier->generation.fetch_add(1, std::memory_order_release);
+      return true;
+    }
+    while (barrier->generation.load(std::memory_order_acquire) == gen) {
+      if (load(stop_word) != 0 || stop()) return false;
+      sched_yield();
+    }
+    return true;
+  }
 };
 
 }  // namespace
@@ -36,27 +56,31 @@ void walk_on_threads(const ThreadWalkArgs& a) {
            "walk_on_threads: one input and one output pointer per rank");
   RT_CHECK(a.slots >= 1 && a.slot_bytes >= dtype_size(a.dtype) && a.slot_bytes % dtype_size(a.dtype) == 0,
            InvalidArgument, "walk_on_threads: slots must hold whole elements");
+  RT_CHECK(a.channels >= 1 && a.channels <= 64, InvalidArgument, "walk_on_threads: 1 to 64 channels");
+  const uint32_t C = a.channels;
   const size_t esz = dtype_size(a.dtype);
   const bool reduces = is_reduction(a.key.coll);
   const ReduceOp combine = a.op == ReduceOp::Avg || a.op == ReduceOp::PremulSum ? ReduceOp::Sum : a.op;
-  // Mailboxes. inbox[x][y]: x's slots for chunks from y; posted[x][y] (x's memory): chunks y has
-  // posted to x; consumed[x][y] (x's memory): x's chunks y has read.
-  const size_t PP = static_cast<size_t>(P) * P;
-  std::vector<std::vector<uint8_t>> inbox(PP);
-  std::vector<std::vector<uint64_t>> headers(PP, std::vector<uint64_t>(2 * a.slots, 0));
-  std::vector<uint64_t> posted(PP, 0), consumed(PP, 0), stop_words(P, 0);
+  // Mailboxes, per channel. inbox[x][y]: x's slots for chunks from y; posted[x][y] (x's memory):
+  // chunks y has posted to x; consumed[x][y] (x's memory): x's chunks y has read.
+  const size_t PPC = static_cast<size_t>(P) * P * C;
+  std::vector<std::vector<uint8_t>> inbox(PPC);
+  std::vector<std::vector<uint64_t>> headers(PPC, std::vector<uint64_t>(2 * a.slots, 0));
+  std::vector<uint64_t> posted(PPC, 0), consumed(PPC, 0), stop_words(P, 0);
   for (auto& box : inbox) box.assign(a.slot_bytes * a.slots, 0);
-  auto at = [P](int x, int y) { return static_cast<size_t>(x) * P + y; };
+  auto at = [P, C](int x, int y, uint32_t ch) { return (static_cast<size_t>(x) * P + y) * C + ch; };
+  std::vector<RankBarrier> barriers(P);
+  for (auto& b : barriers) b.parties = C;
 
   struct RankState {
     Schedule schedule;
     std::vector<WalkerLane> lanes;
     std::vector<WalkerCounters> counters;
     std::vector<uint8_t> scratch, staged;
-    WalkPlan plan;
-    WalkResult result = WalkResult::Done;
-    WalkFault fault;
-    std::string error;
+    WalkPlan plan;  // channel 0's; the others differ only in `channel`
+    std::vector<WalkResult> result;
+    std::vector<WalkFault> fault;
+    std::vector<std::string> error;
   };
   std::vector<RankState> ranks(P);
   for (int r = 0; r < P; ++r) {
@@ -64,20 +88,25 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     ScheduleKey key = a.key;
     key.rank = r;
     st.schedule = build_schedule(key);
-    st.lanes.resize(P);
-    st.counters.resize(P);
+    st.lanes.resize(static_cast<size_t>(P) * C);
+    st.counters.resize(static_cast<size_t>(P) * C);
+    st.result.assign(C, WalkResult::Done);
+    st.fault.assign(C, WalkFault{});
+    st.error.assign(C, "");
     for (int q = 0; q < P; ++q) {
       if (q == r) continue;
-      WalkerLane& lane = st.lanes[q];
-      lane.send_slots = inbox[at(q, r)].data();
-      lane.send_headers = headers[at(q, r)].data();
-      lane.recv_headers = headers[at(r, q)].data();
-      lane.send_posted = &posted[at(q, r)];
-      lane.send_consumed = &consumed[at(r, q)];
-      lane.recv_slots = inbox[at(r, q)].data();
-      lane.recv_posted = &posted[at(r, q)];
-      lane.recv_consumed = &consumed[at(q, r)];
-      lane.peer_stop = &stop_words[q];
+      for (uint32_t ch = 0; ch < C; ++ch) {
+        WalkerLane& lane = st.lanes[static_cast<size_t>(q) * C + ch];
+        lane.send_slots = inbox[at(q, r, ch)].data();
+        lane.send_headers = headers[at(q, r, ch)].data();
+        lane.recv_headers = headers[at(r, q, ch)].data();
+        lane.send_posted = &posted[at(q, r, ch)];
+        lane.send_consumed = &consumed[at(r, q, ch)];
+        lane.recv_slots = inbox[at(r, q, ch)].data();
+        lane.recv_posted = &posted[at(r, q, ch)];
+        lane.recv_consumed = &consumed[at(q, r, ch)];
+        lane.peer_stop = &stop_words[q];
+      }
     }
     uint8_t* in = a.inputs[r];
     uint8_t* out = a.key.coll == Collective::Broadcast ? in : a.outputs[r];
@@ -103,6 +132,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     st.plan.bases[2] = st.scratch.data();
     st.plan.lanes = st.lanes.data();
     st.plan.nranks = static_cast<uint32_t>(P);
+    st.plan.nchannels = C;
     st.plan.stop_word = &stop_words[r];
     st.plan.counters = st.counters.data();
     st.plan.slot_bytes = a.slot_bytes;
@@ -116,28 +146,36 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   const Deadline deadline = Deadline::after_seconds(a.timeout_s);
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r) {
-    threads.emplace_back([&, r] {
-      RankState& st = ranks[r];
-      try {
-        HostMem mem{reduce_fn(a.dtype, combine), deadline};
-        std::vector<uint64_t> progress(kWalkerMaxStepOps);
-        st.result = walk_schedule(st.plan, mem, progress.data(), &st.fault);
-      } catch (const std::exception& e) {
-        st.error = e.what();
-      }
-    });
+    for (uint32_t ch = 0; ch < C; ++ch) {
+      threads.emplace_back([&, r, ch] {
+        RankState& st = ranks[r];
+        try {
+          HostMem mem{reduce_fn(a.dtype, combine), deadline, &barriers[r]};
+          std::vector<uint64_t> progress(kWalkerMaxStepOps);
+          WalkPlan plan = st.plan;
+          plan.channel = ch;
+          st.result[ch] = walk_schedule(plan, mem, progress.data(), &st.fault[ch]);
+        } catch (const std::exception& e) {
+          st.error[ch] = e.what();
+        }
+      });
+    }
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r) {
-    const WalkFault& f = ranks[r].fault;
-    RT_CHECK(ranks[r].result != WalkResult::Mismatch, CollectiveMismatch, "walk_on_threads: rank ", r,
-             " got a chunk from rank ", f.peer, " with tag ", f.got_tag, " and ", f.got_bytes, " bytes where its call has tag ",
-             f.want_tag, " and ", f.want_bytes, " bytes");
+    for (uint32_t ch = 0; ch < C; ++ch) {
+      const WalkFault& f = ranks[r].fault[ch];
+      RT_CHECK(ranks[r].result[ch] != WalkResult::Mismatch, CollectiveMismatch, "walk_on_threads: rank ", r,
+               " got a chunk from rank ", f.peer, " with tag ", f.got_tag, " and ", f.got_bytes,
+               " bytes where its call has tag ", f.want_tag, " and ", f.want_bytes, " bytes");
+    }
   }
   for (int r = 0; r < P; ++r) {
-    RT_CHECK(ranks[r].error.empty(), Error, "walk_on_threads: rank ", r, ": ", ranks[r].error);
-    RT_CHECK(ranks[r].result == WalkResult::Done, Timeout, "walk_on_threads: rank ", r, " was still walking after ",
-             a.timeout_s, " s");
+    for (uint32_t ch = 0; ch < C; ++ch) {
+      RT_CHECK(ranks[r].error[ch].empty(), Error, "walk_on_threads: rank ", r, ": ", ranks[r].error[ch]);
+      RT_CHECK(ranks[r].result[ch] == WalkResult::Done, Timeout, "walk_on_threads: rank ", r,
+               " was still walking after ", a.timeout_s, " s");
+    }
   }
   if (reduces && a.op == ReduceOp::Avg) {
     for (int r = 0; r < P; ++r)  // all_reduce, reduce_scatter and reduce all output key.count elements

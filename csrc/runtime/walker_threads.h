@@ -1,5 +1,5 @@
 // The step walker (step_walker.h) on host threads: every rank of a collective as a thread of
-// this process, each walking its own schedule over in-memory mailboxes. It is the CUDA IPC
+// this process (one per channel), each walking its own schedule over in-memory mailboxes. It is the CUDA IPC
 // executor's protocol without a GPU, for tests (ringtree._core.walk_on_threads).
 #pragma once
 #include <cstdint>
@@ -16,6 +16,7 @@ struct ThreadWalkArgs {
   std::vector<uint8_t*> inputs, outputs;  // one per rank, as the host executor's bases
   uint64_t slot_bytes = 1 << 16;
   uint32_t slots = 4;
+  uint32_t channels = 1;  // walkers (threads) per rank
   double timeout_s = 60;
   std::vector<uint64_t> tags;  // per rank; empty: every rank the same. Differing tags model
                                // ranks that made different calls (a mismatch to detect).
