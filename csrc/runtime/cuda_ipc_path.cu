@@ -335,6 +335,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
  private:
 
   const DeviceSchedule& schedule_for(const ScheduleKey& key);
+  // Everything one call puts on the streams (run() holds call_mu_).
+  void enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, const ScheduleKey& key, uint64_t seq,
+               cudaStream_t caller, double timeout_s);
   std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
@@ -531,6 +534,26 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   raise_if_failed();
   const DeviceSchedule& ds = schedule_for(key);
   const uint64_t seq = seq_++;
+  try {
+    enqueue(a, ds, key, seq, caller, timeout_s);
+  } catch (const Error& e) {
+    // This rank's call sequence is now out of step with its peers': nothing more can run here.
+    std::lock_guard<std::mutex> lock(state_mu_);
+    fail_locked(FailureKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
+                                            ": ", e.what()));
+    throw;
+  }
+  wake_.notify_all();
+  if (!want_work) return nullptr;
+  return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
+}
+
+void IpcPathImpl::enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, const ScheduleKey& key, uint64_t seq,
+                          cudaStream_t caller, double timeout_s) {
+  const Collective c = a.coll;
+  const Algo algo = key.algo;
+  const uint64_t count = key.count;
+  const size_t esz = dtype_size(a.dtype);
   RT_CUDA_CHECK(cudaEventRecord(fork_, caller));
   RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
   auto* in = static_cast<uint8_t*>(a.input.ptr);
@@ -587,11 +610,8 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
     RT_CUDA_CHECK(cudaEventRecord(ev, stream_));
     pending_.push_back({ev, seq,
                         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)),
-                        timeout_s, str_cat(name, " ", describe_seq(seq))});
+                        timeout_s, str_cat(collective_name(c), " ", describe_seq(seq))});
   }
-  wake_.notify_all();
-  if (!want_work) return nullptr;
-  return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
 }
 
 void IpcPathImpl::throw_failure_locked() const {
