@@ -25,6 +25,7 @@
 #include <vector>
 #include "common/check.h"
 #include "kernels/cuda_check.cuh"
+#include "runtime/cuda_call_watch.cuh"
 #include "runtime/cuda_device_comm.h"
 #include "runtime/cuda_ipc_path.h"
 #include "runtime/cuda_local_executor.h"
@@ -57,9 +58,6 @@ int current_device() {
 }
 
 // True once `ev` has completed; a failed query throws its CUDA error.
-// For close(), which must not throw: a failed query counts as finished.
-bool still_running(cudaEvent_t ev) { return cudaEventQuery(ev) == cudaErrorNotReady; }
-
 bool event_done(cudaEvent_t ev) {
   const cudaError_t err = cudaEventQuery(ev);
   if (err == cudaSuccess) return true;
@@ -226,26 +224,19 @@ class NcclPath : public std::enable_shared_from_this<NcclPath> {
   void close();
   // Throws the sticky failure, if any.
   void raise_if_failed() {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    std::lock_guard<std::mutex> lock(watch_.mutex());
     if (!failure_.empty()) throw Error(failure_);
   }
 
  private:
   void init(double timeout_s);
   void enqueue(const CollectiveArgs& a, cudaStream_t stream);
-  void watchdog_loop();
+  void start_watch();
   void fail_locked(const std::string& why);
   void check(NcclResult r, const char* call) {
     if (r != kNcclSuccess && r != kNcclInProgress)
       RT_THROW(Error, call, " failed on rank ", host_.rank(), ": ", nccl_error_text(*api_, r, comm_));
   }
-
-  struct Pending {
-    cudaEvent_t ev;
-    Clock::time_point deadline;
-    double timeout_s;
-    std::string what;
-  };
 
   std::shared_ptr<Communicator> host_ptr_;
   Communicator& host_;
@@ -254,18 +245,14 @@ class NcclPath : public std::enable_shared_from_this<NcclPath> {
   NcclComm comm_ = nullptr;
   int device_ = -1;
   uint64_t calls_ = 0;
-  // call_mu_ serializes calls into NCCL (one rank's calls enter NCCL in issue order);
-  // state_mu_ guards what the watchdog shares. The watchdog never takes call_mu_: a call
-  // stuck inside NCCL is exactly what it must be able to abort.
+  // call_mu_ serializes calls into NCCL (one rank's calls enter NCCL in issue order); the
+  // watch's mutex guards the failure state. The watch never takes call_mu_: a call stuck
+  // inside NCCL is exactly what it must be able to abort.
   std::mutex call_mu_;
-  std::mutex state_mu_;
-  std::condition_variable wake_;
   std::string failure_;  // sticky once NCCL failed, timed out or could not start
   bool aborted_ = false;
-  std::deque<Pending> pending_;
-  std::vector<cudaEvent_t> spare_events_;
-  bool stop_ = false;
-  std::thread watchdog_;
+  bool closed_ = false;
+  CallWatch watch_;
 };
 
 class NcclWork : public DeviceWork {
@@ -324,7 +311,7 @@ void NcclPath::init(double timeout_s) {
     RT_THROW(Error, "ncclCommInitRank failed on rank ", host_.rank(), ": ", nccl_error_text(*api_, r));
   comm_ = comm;
   device_ = device;
-  watchdog_ = std::thread([this] { watchdog_loop(); });
+  start_watch();
 }
 
 std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t stream, bool want_work) {
@@ -348,7 +335,7 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t 
     try {
       init(timeout_s);
     } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      std::lock_guard<std::mutex> lock(watch_.mutex());
       failure_ = e.what();  // every rank raised; later calls raise the same at once
       throw;
     }
@@ -356,19 +343,8 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t 
   RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
            " but this communicator's NCCL communicator lives on device ", device_);
   enqueue(a, stream);
-  std::unique_lock<std::mutex> lock(state_mu_);
-  cudaEvent_t ev = nullptr;
-  if (!spare_events_.empty()) {
-    ev = spare_events_.back();
-    spare_events_.pop_back();
-  } else {
-    ev = new_event();
-  }
-  RT_CUDA_CHECK(cudaEventRecord(ev, stream));
-  pending_.push_back({ev, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)),
-                      timeout_s, str_cat(name, " #", calls_++, " (algo='nccl')")});
-  lock.unlock();
-  wake_.notify_all();
+  const uint64_t seq = calls_++;
+  watch_.track(stream, seq, timeout_s, str_cat(name, " #", seq, " (algo='nccl')"));
   if (!want_work) return nullptr;
   return std::make_shared<NcclWork>(shared_from_this(), stream);
 }
@@ -487,59 +463,26 @@ void NcclPath::fail_locked(const std::string& why) {
   }
 }
 
-void NcclPath::watchdog_loop() {
-  std::unique_lock<std::mutex> lock(state_mu_);
-  while (!stop_) {
-    while (!pending_.empty() && failure_.empty()) {
-      Pending& p = pending_.front();
-      const cudaError_t err = cudaEventQuery(p.ev);
-      if (err == cudaSuccess) {
-        spare_events_.push_back(p.ev);
-        pending_.pop_front();
-        continue;
-      }
-      if (err != cudaErrorNotReady) {
-        fail_locked(str_cat(p.what, " failed on rank ", host_.rank(), ": CUDA error ", cudaGetErrorName(err), ": ",
-                            cudaGetErrorString(err)));
-        break;
-      }
-      NcclResult async_error = kNcclSuccess;
-      if (api_->CommGetAsyncError(comm_, &async_error) == kNcclSuccess && async_error != kNcclSuccess &&
-          async_error != kNcclInProgress) {
-        fail_locked(str_cat(p.what, " failed on rank ", host_.rank(), " in NCCL: ",
-                            nccl_error_text(*api_, async_error, comm_)));
-        break;
-      }
-      if (Clock::now() >= p.deadline)
-        fail_locked(str_cat(p.what, " timed out on rank ", host_.rank(), " after ", p.timeout_s,
-                            " s; the NCCL communicator was aborted"));
-      break;  // the oldest call is still running: the later ones are too
-    }
-    wake_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 200 : 5));
-  }
+void NcclPath::start_watch() {
+  CallWatch::Hooks hooks;
+  hooks.running = [this](const CallWatch::Call& c) {
+    NcclResult async_error = kNcclSuccess;
+    if (failure_.empty() && api_->CommGetAsyncError(comm_, &async_error) == kNcclSuccess &&
+        async_error != kNcclSuccess && async_error != kNcclInProgress)
+      fail_locked(str_cat(c.what, " failed on rank ", host_.rank(), " in NCCL: ",
+                          nccl_error_text(*api_, async_error, comm_)));
+  };
+  hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool) {
+    fail_locked(str_cat(c.what, " on rank ", host_.rank(), ": ", why, "; the NCCL communicator was aborted"));
+  };
+  watch_.start(std::move(hooks));
 }
 
 void NcclPath::close() {
-  {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
-  wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
   std::lock_guard<std::mutex> call_lock(call_mu_);
-  std::lock_guard<std::mutex> lock(state_mu_);
-  for (Pending& p : pending_) {
-    // Calls still running get until their deadline, then NCCL is aborted (which ends them).
-    while (!aborted_ && still_running(p.ev) && Clock::now() < p.deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (!aborted_ && still_running(p.ev))
-      fail_locked(str_cat(p.what, " was still running on rank ", host_.rank(), " at close; NCCL was aborted"));
-    (void)cudaEventDestroy(p.ev);
-  }
-  pending_.clear();
-  for (cudaEvent_t ev : spare_events_) (void)cudaEventDestroy(ev);
-  spare_events_.clear();
+  if (closed_) return;
+  closed_ = true;
+  watch_.finish();  // calls still running get until their deadline, then NCCL is aborted
   if (comm_ && !aborted_) (void)api_->CommDestroy(comm_);
   comm_ = nullptr;
 }

@@ -28,6 +28,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/reduce_device.cuh"
+#include "runtime/cuda_call_watch.cuh"
 #include "runtime/cuda_device_comm.h"
 #include "runtime/cuda_ipc_path.h"
 #include "runtime/step_walker.h"
@@ -206,9 +207,6 @@ void launch_walk(LaunchArgs& l, DataType dtype, ReduceOp op) {
   }
 }
 
-// For close(), which must not throw: a failed query counts as finished.
-bool still_running(cudaEvent_t ev) { return cudaEventQuery(ev) == cudaErrorNotReady; }
-
 bool event_done(cudaEvent_t ev) {
   const cudaError_t err = cudaEventQuery(ev);
   if (err == cudaSuccess) return true;
@@ -307,12 +305,12 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   void close() override;
 
   void raise_if_failed() {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    std::lock_guard<std::mutex> lock(watch_.mutex());
     throw_failure_locked();
   }
   // The failure a finished call recorded, if any (the kernel's status for seq).
   void check_finished(uint64_t seq) {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    std::lock_guard<std::mutex> lock(watch_.mutex());
     note_status_locked(seq, describe_seq(seq));
     throw_failure_locked();
   }
@@ -342,15 +340,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
   void fail_locked(FailureKind kind, const std::string& why);
-  void watchdog_loop();
-
-  struct Pending {
-    cudaEvent_t ev;
-    uint64_t seq;
-    Clock::time_point deadline;
-    double timeout_s;
-    std::string what;
-  };
+  void start_watch();
 
   std::shared_ptr<Communicator> host_;
   int P_, rank_;
@@ -375,15 +365,11 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   uint64_t seq_ = 0;
   bool closed_ = false;
 
-  std::mutex call_mu_;   // one call is enqueued at a time, in issue order
-  std::mutex state_mu_;  // what the watchdog shares
-  std::condition_variable wake_;
+  std::mutex call_mu_;  // one call is enqueued at a time, in issue order
+  // The failure state below is guarded by the watch's mutex.
   FailureKind failure_kind_ = FailureKind::None;
   std::string failure_;
-  std::deque<Pending> pending_;
-  std::vector<cudaEvent_t> spare_events_;
-  bool stop_ = false;
-  std::thread watchdog_;
+  CallWatch watch_;
 };
 
 std::string IpcPathImpl::prepare_local() {
@@ -471,7 +457,7 @@ void IpcPathImpl::finish_setup() {
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
   one_ = static_cast<uint64_t*>(p);
   *one_ = 1;
-  watchdog_ = std::thread([this] { watchdog_loop(); });
+  start_watch();
 }
 
 const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
@@ -538,12 +524,11 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
     enqueue(a, ds, key, seq, caller, timeout_s);
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
-    std::lock_guard<std::mutex> lock(state_mu_);
+    std::lock_guard<std::mutex> lock(watch_.mutex());
     fail_locked(FailureKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
                                             ": ", e.what()));
     throw;
   }
-  wake_.notify_all();
   if (!want_work) return nullptr;
   return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
 }
@@ -598,20 +583,7 @@ void IpcPathImpl::enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, con
     cuda_divide(out, a.output.count, a.dtype, P_, stream_);
   RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
   RT_CUDA_CHECK(cudaStreamWaitEvent(caller, join_, 0));
-  {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    cudaEvent_t ev = nullptr;
-    if (!spare_events_.empty()) {
-      ev = spare_events_.back();
-      spare_events_.pop_back();
-    } else {
-      RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    }
-    RT_CUDA_CHECK(cudaEventRecord(ev, stream_));
-    pending_.push_back({ev, seq,
-                        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)),
-                        timeout_s, str_cat(collective_name(c), " ", describe_seq(seq))});
-  }
+  watch_.track(stream_, seq, timeout_s, str_cat(collective_name(c), " ", describe_seq(seq)));
 }
 
 void IpcPathImpl::throw_failure_locked() const {
@@ -665,58 +637,24 @@ void IpcPathImpl::fail_locked(FailureKind kind, const std::string& why) {
   }
 }
 
-void IpcPathImpl::watchdog_loop() {
-  std::unique_lock<std::mutex> lock(state_mu_);
-  while (!stop_) {
-    while (!pending_.empty()) {
-      Pending& p = pending_.front();
-      const cudaError_t err = cudaEventQuery(p.ev);
-      if (err == cudaSuccess) {
-        note_status_locked(p.seq, p.what);
-        spare_events_.push_back(p.ev);
-        pending_.pop_front();
-        continue;
-      }
-      if (err != cudaErrorNotReady) {
-        fail_locked(FailureKind::Error, str_cat(p.what, " failed on rank ", rank_, ": CUDA error ",
-                                                cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-      } else if (Clock::now() >= p.deadline) {
-        fail_locked(FailureKind::Timeout, str_cat(p.what, " timed out on rank ", rank_, " after ", p.timeout_s, " s"));
-      }
-      break;  // the oldest call is still running: the later ones are too
-    }
-    wake_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 200 : 2));
-  }
+void IpcPathImpl::start_watch() {
+  CallWatch::Hooks hooks;
+  hooks.completed = [this](const CallWatch::Call& c) { note_status_locked(c.seq, c.what); };
+  hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool timed_out) {
+    fail_locked(timed_out ? FailureKind::Timeout : FailureKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
+  };
+  watch_.start(std::move(hooks));
 }
 
 void IpcPathImpl::close() {
-  {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
-  wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  if (closed_) return;
   closed_ = true;
-  {
-    // Calls still running get until their deadline; then their kernels are stopped, so the
-    // synchronization below cannot wait for ever on a peer that is gone.
-    std::lock_guard<std::mutex> lock(state_mu_);
-    for (const Pending& p : pending_) {
-      while (still_running(p.ev) && Clock::now() < p.deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (still_running(p.ev)) {
-        fail_locked(FailureKind::Timeout, str_cat(p.what, " was still running on rank ", rank_, " at close"));
-        break;
-      }
-    }
-  }
+  // Calls still running get until their deadline; then their kernels are stopped, so the
+  // synchronization below cannot wait for ever on a peer that is gone.
+  watch_.finish();
   if (stream_) (void)cudaStreamSynchronize(stream_);
   if (poison_stream_) (void)cudaStreamSynchronize(poison_stream_);
-  for (Pending& p : pending_) (void)cudaEventDestroy(p.ev);
-  pending_.clear();
-  for (cudaEvent_t ev : spare_events_) (void)cudaEventDestroy(ev);
-  spare_events_.clear();
   for (auto& kv : schedules_) {
     (void)cudaFree(kv.second.ops);
     (void)cudaFree(kv.second.step_end);
