@@ -129,6 +129,7 @@ stage comm_bench_ipc2 60 "$PY" -m ringtree.launch -n 2 --timeout 55 bench/gpu_co
 stage comm_bench_ipc4 60 "$PY" -m ringtree.launch -n 4 --timeout 55 bench/gpu_comm_bench.py -b 4K -e 64M -f 16 --algos auto
 stage comm_bench_staged 45 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 16M -f 64 --algos auto
 stage comm_bench_nccl1 45 "$PY" -m ringtree.launch -n 1 --timeout 40 bench/gpu_comm_bench.py -b 8 -e 64M -f 64 --algos auto,nccl
+stage rt_bench_cuda 60 "$PY" -m ringtree.launch -n 2 --timeout 55 bench/rt_bench.py -b 8 -e 64M -f 64 --device cuda --collective all_reduce,all_gather,broadcast --vs nccl,memcpy --no-progress
 # shellcheck disable=SC2086
 stage bench 120 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
 stage cpu_schedules 60 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import collectives as colls
+from . import device as device_mod
 from . import impls as impls_mod
 from . import options as options_mod
 from . import report
@@ -111,6 +112,8 @@ class Sweep:
         self.notes: dict[tuple, str] = {}     # (collective, impl, dtype, op) -> n/a reason
         self.total_wrong = 0
         self.busbw_all: list[float] = []
+        # --device cuda: device twins of the host buffers (see rtbench/device.py).
+        self.dev = device_mod.DeviceBuffers(self.rank) if opts.device == "cuda" else None
 
     # ------------------------------------------------------------------ setup
     def open_peers(self):
@@ -139,7 +142,7 @@ class Sweep:
         ]
         host = socket.gethostname()
         for r, pid in enumerate(pids):
-            lines.append(f"#  Rank {r:2d} Pid {int(pid):7d} on {host} device cpu")
+            lines.append(f"#  Rank {r:2d} Pid {int(pid):7d} on {host} device {o.device}")
         transport_to = getattr(self.comm, "transport_to", None)
         if transport_to is not None and self.nranks > 1:
             kinds = sorted({transport_to(p) for p in range(1, self.nranks)})
@@ -167,13 +170,23 @@ class Sweep:
     def run_cell(self, impl, coll, placement, bufs, n, op, dtype_name, input_vals, expected, tol):
         """(local seconds, local #wrong or None) or (None, reason) when the call was rejected."""
         o = self.opts
-        send_buf, recv_buf = bufs
+        send_buf, recv_buf = bufs[0], bufs[1]
         inp, out = coll.views(placement, send_buf, recv_buf, n, self.nranks, self.rank)
-        call = impl.make_call(coll, placement, inp, out, n, op, o.root)
+        dinp = dout = None
+        if self.dev is not None:  # the call runs on the device twins of the same views
+            dinp, dout = coll.views(placement, bufs[2], bufs[3], n, self.nranks, self.rank)
+        call = impl.make_call(coll, placement, inp if dinp is None else dinp, out if dout is None else dout, n, op,
+                              o.root)
         self.fill(coll, placement, inp, out, input_vals, dtype_name)
+        if self.dev is not None:
+            self.dev.upload(bufs[2], send_buf)
+            self.dev.upload(bufs[3], recv_buf)
         failure = None
         try:
             call()
+            if self.dev is not None:
+                self.dev.synchronize()
+                self.dev.download(out, dout)
         except impl.skippable as exc:
             failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         if self.ranks.any(failure is not None):
@@ -187,10 +200,14 @@ class Sweep:
             wrong = 0  # this rank holds no defined output (non-root of reduce/gather)
         for _ in range(o.warmup):
             call()
+        if self.dev is not None:
+            self.dev.synchronize()
         impl.barrier()
         start = time.perf_counter()
         for _ in range(o.iters):
             call()
+        if self.dev is not None:
+            self.dev.synchronize()
         return (time.perf_counter() - start) / o.iters, wrong
 
     def run_memcpy(self, impl, coll, bufs, n):
@@ -199,14 +216,18 @@ class Sweep:
         self.comm.barrier()
         seconds = None
         if self.rank == 0:
-            send_buf, recv_buf = bufs
+            send_buf, recv_buf = (bufs[0], bufs[1]) if self.dev is None else (bufs[2], bufs[3])
             inp, out = coll.views(OOP, send_buf, recv_buf, n, self.nranks, self.rank)
             call = impl.make_call(coll, OOP, inp, out, n, None, 0)
             for _ in range(o.warmup + 1):
                 call()
+            if self.dev is not None:
+                self.dev.synchronize()
             start = time.perf_counter()
             for _ in range(o.iters):
                 call()
+            if self.dev is not None:
+                self.dev.synchronize()
             seconds = (time.perf_counter() - start) / o.iters
         self.comm.barrier()
         return seconds
@@ -257,7 +278,10 @@ class Sweep:
         n_max = max(coll.count_for_bytes(s, dt.itemsize, self.nranks) for s in self.opts.sizes)
         send_count = max(coll.send_count(n_max, self.nranks), coll.recv_count(n_max, self.nranks))
         # zeros, not empty: garbage floats could be denormals or NaNs and skew the first timings.
-        return (np.zeros(send_count, dtype=dt), np.zeros(coll.recv_count(n_max, self.nranks), dtype=dt))
+        host = (np.zeros(send_count, dtype=dt), np.zeros(coll.recv_count(n_max, self.nranks), dtype=dt))
+        if self.dev is None:
+            return host
+        return host + (self.dev.like(host[0]), self.dev.like(host[1]))
 
     def cell_count(self) -> int:
         total = 0
@@ -447,11 +471,6 @@ def env_rank() -> int | None:
 def main(argv=None) -> int:
     opts = options_mod.parse_args(argv)
     quiet = env_rank() not in (None, 0)
-    if opts.device == "cuda":
-        if not quiet:
-            eprint("rt_bench: --device cuda is not available yet: ringtree's GPU path is not built; "
-                   "use --device cpu")
-        return EXIT_USAGE
     try:
         import ringtree as rt
     except ImportError as exc:
@@ -459,6 +478,12 @@ def main(argv=None) -> int:
             eprint(f"rt_bench: cannot import ringtree ({exc}); install it with "
                    "`pip install -e . --no-build-isolation` from the repository root")
         return EXIT_ERROR
+    if opts.device == "cuda":
+        why = device_mod.why_no_cuda(rt)
+        if why is not None:
+            if not quiet:
+                eprint(f"rt_bench: --device cuda cannot run here: {why}; use --device cpu")
+            return EXIT_USAGE
     for name in opts.dtypes:
         try:
             verify.np_dtype(name)

@@ -7,8 +7,10 @@ datatypes, op objects) happens in make_call, outside the timed loop.
 Peers run in the same processes on the same numpy buffers as ringtree:
   mpi     mpi4py over whichever MPI it loads (MPICH, Open MPI); needs mpiexec
   gloo    torch.distributed Gloo, initialised from a TCP store on a free port
-  nccl    torch.distributed NCCL; needs GPUs (absent on CPU)
-  memcpy  numpy.copyto in one process (rank 0): the copy bandwidth of the machine
+  nccl    torch.distributed NCCL; needs --device cuda and one GPU per rank
+  memcpy  numpy.copyto in one process (rank 0): the copy bandwidth of the machine; with
+          --device cuda, a device-to-device torch copy_ instead
+With --device cuda, mpi and gloo are absent (they take host buffers).
 A peer that cannot run is reported absent with the reason, never silently dropped.
 """
 from __future__ import annotations
@@ -205,7 +207,10 @@ def open_mpi(rank, nranks):
 # ---------------------------------------------------------------------------- torch
 
 def _torch_view(torch, arr):
-    """A tensor sharing arr's memory (bfloat16 goes through its 16-bit pattern)."""
+    """A tensor sharing arr's memory (bfloat16 goes through its 16-bit pattern); device
+    tensors (--device cuda) are used as they are."""
+    if isinstance(arr, torch.Tensor):
+        return arr
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
@@ -289,6 +294,12 @@ def open_gloo(rank, nranks, share_port, timeout_s):
     torch, dist, reason = _import_torch()
     if reason is None and not dist.is_gloo_available():
         reason = "this torch build has no Gloo"
+    return _open_torch_backend("gloo", torch, dist, reason, rank, nranks, share_port, timeout_s)
+
+
+def _open_torch_backend(backend, torch, dist, reason, rank, nranks, share_port, timeout_s):
+    """A torch.distributed process group for the peer `backend`, rendezvousing through a TCP
+    store rank 0 opens; `reason` (why it cannot run here) must agree on every rank."""
     if reason is None and dist.is_initialized():
         reason = "a torch.distributed process group already exists in this process"
     # Every rank must agree before touching the store, or rank 0 would wait alone.
@@ -299,34 +310,39 @@ def open_gloo(rank, nranks, share_port, timeout_s):
             store = dist.TCPStore(_store_host(), 0, nranks, True, wait_for_workers=False,
                                   timeout=datetime.timedelta(seconds=timeout_s))
             port = store.port
-        except Exception as exc:  # any failure to listen makes Gloo absent on all ranks
+        except Exception as exc:  # any failure to listen makes this peer absent on all ranks
             reason = f"cannot start a TCP store: {exc}"
     port = share_port(port if reason is None else -1)
     if port < 0:
-        return None, reason or "Gloo could not start on another rank"
+        return None, reason or f"{backend} could not start on another rank"
     if _store_host().startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may not resolve to loopback
     if store is None:
         store = dist.TCPStore(_store_host(), port, nranks, False,
                               timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=nranks,
+    dist.init_process_group(backend, store=store, rank=rank, world_size=nranks,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return TorchImpl("gloo", torch, dist, f"torch {torch.__version__} Gloo"), None
+    if backend == "nccl":
+        version = ".".join(str(v) for v in torch.cuda.nccl.version())
+        return TorchImpl("nccl", torch, dist, f"torch {torch.__version__} NCCL {version}"), None
+    return TorchImpl(backend, torch, dist, f"torch {torch.__version__} Gloo"), None
 
 
 def _store_host():
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
 
 
-def open_nccl(device):
+def open_nccl(rank, nranks, share_port, device, timeout_s):
     torch, dist, reason = _import_torch()
-    if reason:
-        return None, reason
-    if not torch.cuda.is_available():
-        return None, "no GPU"
-    if device != "cuda":
-        return None, "needs --device cuda (GPU buffers)"
-    return None, "ringtree's GPU path is not available yet"
+    if reason is None and device != "cuda":
+        reason = "needs --device cuda (GPU buffers)"
+    if reason is None and not torch.cuda.is_available():
+        reason = "no GPU"
+    if reason is None and not dist.is_nccl_available():
+        reason = "this torch build has no NCCL"
+    if reason is None and torch.cuda.device_count() < nranks:
+        reason = f"NCCL needs one GPU per rank: {nranks} ranks, {torch.cuda.device_count()} GPU(s) here"
+    return _open_torch_backend("nccl", torch, dist, reason, rank, nranks, share_port, timeout_s)
 
 
 # ---------------------------------------------------------------------------- memcpy
@@ -358,18 +374,41 @@ class MemcpyImpl(Impl):
         pass
 
 
+class DeviceCopyImpl(MemcpyImpl):
+    """--device cuda: one device-to-device copy of size bytes (torch copy_), rank 0 alone."""
+    description = "torch device-to-device copy_ of the same number of bytes, rank 0 alone"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.src = self.dst = torch.zeros(0, dtype=torch.uint8, device="cuda")
+
+    def reserve(self, nbytes):
+        if self.src.numel() < nbytes:
+            self.src = self.torch.ones(nbytes, dtype=self.torch.uint8, device="cuda")
+            self.dst = self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        nbytes = max(inp.numel() * inp.element_size(), out.numel() * out.element_size())
+        self.reserve(nbytes)
+        src, dst = self.src[:nbytes], self.dst[:nbytes]
+        return lambda: dst.copy_(src)
+
+
 def open_peers(names, rank, nranks, share_port, device, timeout_s):
     """Open each requested peer: (list of Impl, {name: description}, {name: absence reason})."""
     opened, described, absent = [], {}, {}
     for name in names:
-        if name == "mpi":
+        if name in ("mpi", "gloo") and device == "cuda":
+            impl, reason = None, "takes host buffers only (this run is --device cuda)"
+        elif name == "mpi":
             impl, reason = open_mpi(rank, nranks)
         elif name == "gloo":
             impl, reason = open_gloo(rank, nranks, share_port, timeout_s)
         elif name == "nccl":
-            impl, reason = open_nccl(device)
+            impl, reason = open_nccl(rank, nranks, share_port, device, timeout_s)
         elif name == "memcpy":
-            impl, reason = MemcpyImpl(), None
+            impl, reason = (DeviceCopyImpl() if device == "cuda" else MemcpyImpl()), None
         else:
             raise ValueError(name)
         if impl is None:
