@@ -405,3 +405,45 @@ def torch_backend_cuda():
                         for p, rp in zip(model.parameters(), replica.parameters()))
     dist.destroy_process_group()
     return {"report": report}
+
+
+def data_parallel_cuda(steps=3):
+    """DataParallelHook on a CUDA model: after each backward every rank's gradients equal the
+    mean of what each rank's batch gives alone (a replica that sees every batch), including a
+    parameter that gets no gradient (its bucket is made on the device on every rank)."""
+    import torch
+    import ringtree.torch as rtt
+    torch.cuda.set_device(0)
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(4, 3)
+            self.unused = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    def batch(step, q):
+        g = torch.Generator().manual_seed(1000 * step + q)
+        return torch.randint(-3, 4, (6, 4), generator=g).float().cuda()
+
+    torch.manual_seed(0)
+    model = Net().cuda()
+    replica = Net().cuda()
+    replica.load_state_dict(model.state_dict())
+    hook = rtt.DataParallelHook(model, comm, bucket_cap_mb=0.0001)
+    ok = []
+    for step in range(steps):
+        model.zero_grad()
+        replica.zero_grad()
+        model(batch(step, r)).sum().backward()
+        for q in range(P):
+            replica(batch(step, q)).sum().backward()
+        ok.append(all(torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
+                      for p, rp in zip(model.used.parameters(), replica.used.parameters())))
+    hook.remove()
+    comm.close()
+    return {"ok": ok, "executor": comm.cuda_executor()}

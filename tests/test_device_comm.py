@@ -255,3 +255,13 @@ def test_torch_backend_with_cuda_tensors():
     world = run_world(2, "torch_backend_cuda", module="device_workers", timeout=180)
     for rank, res in enumerate(world.check_ok()):
         assert all(res["report"].values()), (rank, res["report"])
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(200)
+def test_data_parallel_hook_on_a_cuda_model():
+    if "torch" not in _libs()[0]:
+        pytest.skip(_libs()[1] or "torch has no CUDA")
+    world = run_world(2, "data_parallel_cuda", module="device_workers", timeout=180)
+    for rank, res in enumerate(world.check_ok()):
+        assert all(res["ok"]), (rank, res)

@@ -107,6 +107,9 @@ class Bucketer:
     bucket_cap_mb: bucket size cap in MiB (25, like DistributedDataParallel).
     first_bucket_cap_mb: a smaller cap for the first bucket (default: bucket_cap_mb).
     op: the reduction, any op the communicator accepts ("avg" averages over ranks).
+    device: where a bucket whose gradients never arrived on this rank is made (torch dtypes
+        only; e.g. "cuda:0" when the gradients live there), so every rank's call for that
+        bucket takes the same path. Default: the CPU.
 
     Per step: start_step(comm), then mark_ready(index, grad) for each gradient (a bucket's
     all_reduce starts the moment its last gradient is marked), then finish(), which launches
@@ -114,11 +117,12 @@ class Bucketer:
     waits for every bucket and copies the reduced values back into the gradients.
     """
 
-    __slots__ = ("sizes", "dtypes", "itemsizes", "bucket_cap_bytes", "buckets", "bucket_of", "op",
+    __slots__ = ("sizes", "dtypes", "itemsizes", "bucket_cap_bytes", "buckets", "bucket_of", "op", "device",
                  "_comm", "_next_launch", "_active", "_timeout")
 
     def __init__(self, sizes, dtypes=None, bucket_cap_mb: float = 25.0, first_bucket_cap_mb: float | None = None,
-                 op="avg"):
+                 op="avg", device=None):
+        self.device = device
         self.sizes = [int(s) for s in sizes]
         if any(s < 0 for s in self.sizes):
             raise ValueError(f"gradient sizes must be non-negative, got {self.sizes}")
@@ -187,7 +191,7 @@ class Bucketer:
                 return
             if bucket.buffer is None:
                 # No gradient of this bucket arrived on this rank: take part with zeros.
-                bucket.buffer = _zeros(bucket.count, self.dtypes[bucket.indices[0]])
+                bucket.buffer = _zeros(bucket.count, self.dtypes[bucket.indices[0]], self.device)
             for index in bucket.pending:
                 start = bucket.offsets[index]
                 _zero(bucket.buffer[start:start + self.sizes[index]])
@@ -236,8 +240,8 @@ def _copy_back(grad, flat):
         np.copyto(grad, flat.reshape(grad.shape))
 
 
-def _zeros(count, dtype):
+def _zeros(count, dtype, device=None):
     if type(dtype).__module__.startswith("torch"):
         # A torch dtype means torch is already imported; reach it without importing it here.
-        return sys.modules["torch"].zeros(count, dtype=dtype)
+        return sys.modules["torch"].zeros(count, dtype=dtype, device=device)
     return np.zeros(count, dtype=dtype)

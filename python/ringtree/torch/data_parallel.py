@@ -28,7 +28,8 @@ __all__ = ["DataParallelHook"]
 class DataParallelHook:
     """Average a module's gradients over a ringtree communicator during backward.
 
-    model: a torch.nn.Module with CPU parameters.
+    model: a torch.nn.Module whose parameters are all on the CPU or all on one CUDA device
+        (CUDA gradients are all-reduced on the device path, see the README's GPU section).
     comm: a ringtree Communicator, or a ProcessGroupRingtree (its communicator is used);
         default: ringtree.init().
     bucket_cap_mb: bucket size cap in MiB (25, like DDP).
@@ -51,11 +52,12 @@ class DataParallelHook:
         self.accumulation_steps = int(accumulation_steps)
         self.finish_in_backward = bool(finish_in_backward)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        for p in self.params:
-            if p.device.type != "cpu":
-                raise ValueError(f"DataParallelHook: parameter on {p.device}; only CPU parameters are supported")
+        devices = sorted({str(p.device) for p in self.params})
+        if len(devices) > 1 or (devices and not (devices[0] == "cpu" or devices[0].startswith("cuda"))):
+            raise ValueError(f"DataParallelHook: parameters must all be on the CPU or all on one CUDA device, got "
+                             f"{', '.join(devices)}")
         self.bucketer = Bucketer([p.numel() for p in self.params], dtypes=[p.dtype for p in self.params],
-                                 bucket_cap_mb=bucket_cap_mb, op="avg")
+                                 bucket_cap_mb=bucket_cap_mb, op="avg", device=devices[0] if devices else None)
         if broadcast_from is not None:
             self._broadcast_state(broadcast_from)
         self._backward_count = 0
