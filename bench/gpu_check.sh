@@ -118,20 +118,20 @@ stage env 30 bash -c env_report
 stage configure 90 bash -c configure
 stage build 240 cmake --build "$BUILD" -j "$JOBS"
 stage package 30 bash -c stage_package
-stage gpu_tests 150 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
-# Multi-process device collectives: the CUDA IPC executor, the staged path, algo='nccl', the
-# torch backend on CUDA tensors; then the same walker on host threads.
-stage device_tests 200 "$PY" -m pytest tests/test_device_comm.py -v -rs -p no:cacheprovider
+# The multi-process device path first: it has never run on a GPU (the thread-rank executor of
+# test_gpu.py has). Later stages are skipped, and say so, once the global budget is spent.
+stage device_tests 240 "$PY" -m pytest tests/test_device_comm.py -v -rs -p no:cacheprovider
 stage walker_tests 30 "$PY" -m pytest -q tests/test_step_walker.py -p no:cacheprovider
-# Device collectives across processes sharing the GPU (IPC executor), then staged, then NCCL
-# on one rank (NCCL refuses two ranks on one GPU).
-stage comm_bench_ipc2 60 "$PY" -m ringtree.launch -n 2 --timeout 55 bench/gpu_comm_bench.py -b 4K -e 64M -f 16
-stage comm_bench_ipc4 60 "$PY" -m ringtree.launch -n 4 --timeout 55 bench/gpu_comm_bench.py -b 4K -e 64M -f 16 --algos auto
-stage comm_bench_staged 45 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 16M -f 64 --algos auto
-stage comm_bench_nccl1 45 "$PY" -m ringtree.launch -n 1 --timeout 40 bench/gpu_comm_bench.py -b 8 -e 64M -f 64 --algos auto,nccl
-stage rt_bench_cuda 60 "$PY" -m ringtree.launch -n 2 --timeout 55 bench/rt_bench.py -b 8 -e 64M -f 64 --device cuda --collective all_reduce,all_gather,broadcast --vs nccl,memcpy --no-progress
+# Device collectives across processes sharing the GPU (IPC executor), then the nccl-tests sweep
+# on CUDA buffers, then staged, then NCCL on one rank (NCCL refuses two ranks on one GPU).
+stage comm_bench_ipc2 45 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 64M -f 16
+stage rt_bench_cuda 45 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/rt_bench.py -b 8 -e 64M -f 64 --device cuda --collective all_reduce,all_gather,broadcast --vs nccl,memcpy --no-progress
+stage gpu_tests 120 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
+stage comm_bench_ipc4 45 "$PY" -m ringtree.launch -n 4 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 64M -f 16 --algos auto
+stage comm_bench_staged 40 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 35 bench/gpu_comm_bench.py -b 4K -e 16M -f 64 --algos auto
+stage comm_bench_nccl1 40 "$PY" -m ringtree.launch -n 1 --timeout 35 bench/gpu_comm_bench.py -b 8 -e 64M -f 64 --algos auto,nccl
 # shellcheck disable=SC2086
-stage bench 120 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
+stage bench 90 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
 stage cpu_schedules 60 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider
 
 set +x

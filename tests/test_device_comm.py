@@ -185,16 +185,19 @@ def _lib():
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("executor", ["ipc", "staged"])
+@pytest.mark.parametrize("executor", ["ipc", "staged", "staged between hosts"])
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_device_collectives_match_numpy(nranks, executor):
     # Several processes share the one GPU of the test machine: CUDA IPC maps memory between
-    # processes on one device as between devices.
-    env = {"RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
-    world = run_world(nranks, "device_sweep", dict(lib=_lib()), module="device_workers", timeout=280, env=env)
+    # processes on one device as between devices. Two emulated hosts put TCP between the
+    # halves, which sends device buffers through host staging.
+    env = {"RINGTREE_CUDA_IPC": "0" if executor == "staged" else "1"}
+    hosts = 2 if executor == "staged between hosts" else 1
+    world = run_world(nranks, "device_sweep", dict(lib=_lib()), module="device_workers", timeout=280, env=env,
+                      hosts=hosts)
     for rank, res in enumerate(world.check_ok()):
         assert res["cases"] > 100 and not res["failures"], (rank, res)
-        assert res["executor"].startswith(executor), (rank, res["executor"])
+        assert res["executor"].startswith(executor.split()[0]), (rank, res["executor"])
 
 
 @pytest.mark.gpu
