@@ -23,17 +23,23 @@ def gated_all_reduce(comm, x, gate, timeout=-1.0):
                           float(timeout), True, gate=gate)
 
 
-def gated_outcome(comm, x, gate, done, timeout=-1.0):
-    """Issues a gated all_reduce and reports how it ended, how long that took, and how many
-    times the gate's on_done ran."""
-    start = time.monotonic()
-    work = gated_all_reduce(comm, x, gate, timeout)
+def outcome(work, start):
+    """How an issued call ended ({'raised': None} or its error type and message), and the
+    seconds since `start`."""
     try:
         work.wait(60.0)
         out = {"raised": None}
     except rt.Error as exc:
         out = {"raised": type(exc).__name__, "message": str(exc)}
     out["seconds"] = time.monotonic() - start
+    return out
+
+
+def gated_outcome(comm, x, gate, done, timeout=-1.0):
+    """Issues a gated all_reduce and reports how it ended, how long that took, and how many
+    times the gate's on_done ran."""
+    start = time.monotonic()
+    out = outcome(gated_all_reduce(comm, x, gate, timeout), start)
     out["done_calls"] = len(done)
     return out
 
@@ -317,13 +323,7 @@ def device_peer_stalls(lib="torch", victim=1, timeout=3.0):
         time.sleep(timeout * 3)
         return {"victim": True}
     start = time.monotonic()
-    work = comm.all_reduce(x, async_op=True, timeout=timeout)
-    try:
-        work.wait(60.0)
-        out = {"raised": None}
-    except rt.Error as exc:
-        out = {"raised": type(exc).__name__, "message": str(exc)}
-    out["seconds"] = time.monotonic() - start
+    out = outcome(comm.all_reduce(x, async_op=True, timeout=timeout), start)
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     return out

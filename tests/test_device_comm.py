@@ -175,6 +175,13 @@ def _libs():
     return usable, "; ".join(why)
 
 
+def _torch_lib():
+    """Skips unless torch with CUDA can run in rank processes."""
+    usable, why = _libs()
+    if "torch" not in usable:
+        pytest.skip(why or "torch has no CUDA")
+
+
 def _lib():
     usable, why = _libs()
     if not usable:
@@ -253,8 +260,7 @@ def test_nccl_algo(nranks):
 @pytest.mark.gpu
 @pytest.mark.timeout(200)
 def test_torch_backend_with_cuda_tensors():
-    if "torch" not in _libs()[0]:
-        pytest.skip(_libs()[1] or "torch has no CUDA")
+    _torch_lib()
     world = run_world(2, "torch_backend_cuda", module="device_workers", timeout=180)
     for rank, res in enumerate(world.check_ok()):
         assert all(res["report"].values()), (rank, res["report"])
@@ -263,8 +269,7 @@ def test_torch_backend_with_cuda_tensors():
 @pytest.mark.gpu
 @pytest.mark.timeout(200)
 def test_data_parallel_hook_on_a_cuda_model():
-    if "torch" not in _libs()[0]:
-        pytest.skip(_libs()[1] or "torch has no CUDA")
+    _torch_lib()
     world = run_world(2, "data_parallel_cuda", module="device_workers", timeout=180)
     for rank, res in enumerate(world.check_ok()):
         assert all(res["ok"]), (rank, res)

@@ -68,6 +68,16 @@ struct ScheduleKey {
   }
 };
 
+// For executors that cache schedules by key.
+struct ScheduleKeyHash {
+  size_t operator()(const ScheduleKey& k) const {
+    size_t h = static_cast<size_t>(k.coll) * 31 + static_cast<size_t>(k.algo);
+    h = h * 1000003 + static_cast<size_t>(k.count);
+    h = h * 1000003 + static_cast<size_t>(k.root) * 7 + static_cast<size_t>(k.peer);
+    return h * 1000003 + static_cast<size_t>(k.segment);
+  }
+};
+
 // Which concrete algorithms a collective supports; the first is its default.
 std::vector<Algo> supported_algos(Collective coll);
 

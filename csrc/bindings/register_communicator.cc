@@ -27,10 +27,6 @@ Buffer make_buffer(bool present, uintptr_t ptr, uint64_t count, bool readonly) {
   return b;
 }
 
-// A view of an object that exports the buffer protocol (numpy arrays): pointer, element count,
-// dtype and read-only flag in a few hundred nanoseconds, where the Python route costs
-// microseconds. Anything it cannot describe exactly (torch tensors, bfloat16 arrays, strided or
-// byte-swapped arrays, unsupported dtypes) is declined, and the Python path explains the problem.
 // The hot path reads ndarrays only: their struct gives pointer, size, dtype and flags in a few
 // loads. Anything else (torch tensors, bfloat16 from ml_dtypes, strided or byte-swapped arrays,
 // other buffer objects) returns false and takes the Python route, which explains problems.

@@ -76,8 +76,8 @@ void register_cuda(py::module_& m) {
            py::arg("host"), py::arg("nccl_hint") = "", py::call_guard<py::gil_scoped_release>())
       .def(
           "run",
-          [](CudaComm& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool has_out,
-             uintptr_t out_ptr, uint64_t out_count, int op, double factor, int root, int peer, int recv_peer, int algo,
+          [](CudaComm& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
+             bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root, int peer, int recv_peer, int algo,
              double timeout, uintptr_t stream, bool use_nccl, bool async_op, std::vector<uint64_t> send_counts,
              std::vector<uint64_t> recv_counts) {
             CollectiveArgs a;
@@ -90,14 +90,14 @@ void register_cuda(py::module_& m) {
             a.peer = peer;
             a.recv_peer = recv_peer;
             a.timeout_s = timeout;
-            a.input = {reinterpret_cast<void*>(in_ptr), in_count, false, has_in};
-            a.output = {reinterpret_cast<void*>(out_ptr), out_count, false, has_out};
+            a.input = {reinterpret_cast<void*>(in_ptr), in_count, in_ro, has_in};
+            a.output = {reinterpret_cast<void*>(out_ptr), out_count, out_ro, has_out};
             a.send_counts = std::move(send_counts);
             a.recv_counts = std::move(recv_counts);
             return c.run(a, stream, use_nccl, async_op);
           },
-          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
-          py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("op"), py::arg("factor"),
+          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
+          py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
           py::arg("root"), py::arg("peer"), py::arg("recv_peer"), py::arg("algo"), py::arg("timeout"),
           py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},

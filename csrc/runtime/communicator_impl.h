@@ -44,15 +44,6 @@ struct Prepared {
 // "all_reduce #3 (count=..., dtype=..., op=..., algo=...)", for errors.
 std::string describe_header(const MsgHeader& h);
 
-struct ScheduleKeyHash {
-  size_t operator()(const ScheduleKey& k) const {
-    size_t h = static_cast<size_t>(k.coll) * 31 + static_cast<size_t>(k.algo);
-    h = h * 1000003 + static_cast<size_t>(k.count);
-    h = h * 1000003 + static_cast<size_t>(k.root) * 7 + static_cast<size_t>(k.peer);
-    return h * 1000003 + static_cast<size_t>(k.segment);
-  }
-};
-
 class CommunicatorImpl : public Communicator {
  public:
   CommunicatorImpl(int rank, int size, const UniqueId& uid, double timeout_s);
@@ -62,7 +53,10 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return size_; }
   double default_timeout() const override { return default_timeout_; }
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
-  void validate(const CollectiveArgs& args) const override { (void)prepare(args); }
+  ValidatedCall validate(const CollectiveArgs& args) const override {
+    const Prepared p = prepare(args);
+    return {p.args.input, p.args.output, p.count};
+  }
   Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const override;
   std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
   std::string machine_costs() const override;

@@ -5,6 +5,69 @@
 
 namespace ringtree {
 
+namespace {
+using Clock = CallWatch::Clock;
+}  // namespace
+
+int current_device() {
+  int device = 0;
+  RT_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+bool event_done(cudaEvent_t ev) {
+  const cudaError_t err = cudaEventQuery(ev);
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) return false;
+  throw_cuda_error(err, "cudaEventQuery", __FILE__, __LINE__);
+}
+
+bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check) {
+  const Clock::time_point start = Clock::now();
+  for (int polls = 0;; ++polls) {
+    if (event_done(ev)) return true;
+    if (check) check();
+    if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));  // longer as the wait grows
+  }
+}
+
+OwnedEvent::OwnedEvent(cudaStream_t stream) {
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  const cudaError_t err = cudaEventRecord(ev, stream);
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(ev);
+    throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
+  }
+}
+
+void check_device_buffers(const CollectiveArgs& a, int device) {
+  const char* name = collective_name(a.coll);
+  const size_t esz = dtype_size(a.dtype);
+  if (a.input.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
+  if (a.output.present)
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
+                        str_cat(name, ": output"));
+}
+
+std::string first_rank_unable(Communicator& host, const std::string& why, double timeout_s) {
+  const int32_t able = why.empty() ? 1 : 0;
+  std::vector<int32_t> all(static_cast<size_t>(host.size()), 0);
+  CollectiveArgs g;
+  g.coll = Collective::AllGather;
+  g.dtype = DataType::Int32;
+  g.input = {const_cast<int32_t*>(&able), 1, true, true};
+  g.output = {all.data(), all.size(), false, true};
+  g.timeout_s = timeout_s;
+  host.run(g, false);
+  for (size_t q = 0; q < all.size(); ++q)
+    if (!all[q])
+      return static_cast<int>(q) == host.rank() ? str_cat("rank ", q, ": ", why)
+                                                : str_cat("rank ", q, " cannot (its own error says why)");
+  return "";
+}
+
 void CallWatch::start(Hooks hooks) {
   hooks_ = std::move(hooks);
   thread_ = std::thread([this] { loop(); });

@@ -1,6 +1,7 @@
-// The watchdog of a device executor (NCCL, CUDA IPC): it follows the calls the executor put on
-// streams, oldest first, on a thread of its own, and reports a call that fails or runs past its
-// deadline, so a hang on the device becomes an error on the host. Include from .cu files only.
+// What the device executors (staged, NCCL, CUDA IPC) share: the events of their calls, the
+// checks of a call's device buffers, and the watchdog, which follows the calls an executor put
+// on streams, oldest first, on a thread of its own, and reports a call that fails or runs past
+// its deadline, so a hang on the device becomes an error on the host. Include from .cu files.
 #pragma once
 #include <cuda_runtime_api.h>
 #include <chrono>
@@ -12,8 +13,33 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "ringtree/communicator.h"
 
 namespace ringtree {
+
+int current_device();
+// True once `ev` has completed; a failed query throws its CUDA error.
+bool event_done(cudaEvent_t ev);
+// Waits for `ev` up to timeout_s (< 0: no limit), calling `check` between polls (it throws to
+// end the wait with an error). False if the time ran out.
+bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check);
+
+// An event recorded on a stream when made, owned by one Work.
+struct OwnedEvent {
+  cudaEvent_t ev = nullptr;
+  explicit OwnedEvent(cudaStream_t stream);
+  ~OwnedEvent() { (void)cudaEventDestroy(ev); }
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+};
+
+// InvalidArgument unless the call's buffers lie in device memory of `device`.
+void check_device_buffers(const CollectiveArgs& a, int device);
+
+// Every rank says, over the host communicator, whether it can go on (`why` empty) before any
+// of them starts something that would wait for all. Returns "" when every rank can, else the
+// first rank that cannot: "rank q: <why>" for this rank, or a pointer to that rank's error.
+std::string first_rank_unable(Communicator& host, const std::string& why, double timeout_s = 0);
 
 class CallWatch {
  public:

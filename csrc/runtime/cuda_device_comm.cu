@@ -51,53 +51,6 @@ void CUDART_CB open_gate(void* data) {
   (*gate)->open();
 }
 
-int current_device() {
-  int device = 0;
-  RT_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-// True once `ev` has completed; a failed query throws its CUDA error.
-bool event_done(cudaEvent_t ev) {
-  const cudaError_t err = cudaEventQuery(ev);
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) return false;
-  throw_cuda_error(err, "cudaEventQuery", __FILE__, __LINE__);
-}
-
-// Waits for `ev` up to timeout_s (< 0: no limit), calling `check` between polls (it throws to
-// end the wait with an error). Polls, sleeping a little longer as the wait grows.
-bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check) {
-  const Clock::time_point start = Clock::now();
-  for (int polls = 0;; ++polls) {
-    if (event_done(ev)) return true;
-    if (check) check();
-    if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));
-  }
-}
-
-cudaEvent_t new_event() {
-  cudaEvent_t ev = nullptr;
-  RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  return ev;
-}
-
-// An event owned by one Work: created per async call (blocking calls make none).
-struct OwnedEvent {
-  cudaEvent_t ev = nullptr;
-  explicit OwnedEvent(cudaStream_t stream) : ev(new_event()) {
-    const cudaError_t err = cudaEventRecord(ev, stream);
-    if (err != cudaSuccess) {
-      cudaEventDestroy(ev);
-      throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
-    }
-  }
-  ~OwnedEvent() { (void)cudaEventDestroy(ev); }
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
-};
-
 // ---- staging ---------------------------------------------------------------------------------
 
 // Pinned host memory reused across calls; a slot is free again once the device has passed the
@@ -132,7 +85,7 @@ class StagingPool {
     RT_CUDA_CHECK(cudaHostAlloc(&host, rounded, cudaHostAllocPortable));
     slot->host = static_cast<uint8_t*>(host);
     slot->bytes = rounded;
-    slot->free_after = new_event();
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&slot->free_after, cudaEventDisableTiming));
     slots_.push_back(std::move(slot));
     return *slots_.back();
   }
@@ -283,22 +236,8 @@ void NcclPath::init(double timeout_s) {
     const NcclResult r = api_->GetUniqueId(&uid);
     if (r != kNcclSuccess) why = str_cat("ncclGetUniqueId failed: ", nccl_error_text(*api_, r));
   }
-  const int32_t mine = why.empty() ? 1 : 0;
-  std::vector<int32_t> ready(static_cast<size_t>(host_.size()), 0);
-  CollectiveArgs g;
-  g.coll = Collective::AllGather;
-  g.dtype = DataType::Int32;
-  g.input = {const_cast<int32_t*>(&mine), 1, true, true};
-  g.output = {ready.data(), ready.size(), false, true};
-  g.timeout_s = timeout_s;
-  host_.run(g, false);
-  std::string missing;
-  for (size_t q = 0; q < ready.size(); ++q)
-    if (!ready[q]) missing += str_cat(missing.empty() ? "" : ", ", q);
-  if (!why.empty()) RT_THROW(Error, "algo='nccl' on rank ", host_.rank(), ": ", why);
-  if (!missing.empty())
-    RT_THROW(Error, "algo='nccl': rank(s) ", missing, " could not start NCCL (their errors say why); no NCCL ",
-             "communicator was made");
+  const std::string unable = first_rank_unable(host_, why, timeout_s);
+  RT_CHECK(unable.empty(), Error, "algo='nccl': ", unable, "; no NCCL communicator was made");
   CollectiveArgs b;
   b.coll = Collective::Broadcast;
   b.dtype = DataType::Uint8;
@@ -314,20 +253,18 @@ void NcclPath::init(double timeout_s) {
   start_watch();
 }
 
-std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t stream, bool want_work) {
-  const char* name = collective_name(a.coll);
-  RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
-  host_.validate(a);  // the host path's checks: counts, roots, peers, overlaps
+std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
+  const char* name = collective_name(user.coll);
+  RT_CHECK(user.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
+  const ValidatedCall v = host_.validate(user);  // the host path's checks: counts, roots, peers, overlaps
+  CollectiveArgs a = user;                       // with the buffers as the collective uses them
+  a.input = v.input;
+  a.output = v.output;
   // A dtype or op NCCL lacks is refused here, before the first call's set-up traffic.
   (void)nccl_dtype(a.dtype);
   if (is_reduction(a.coll)) (void)nccl_op(a.op, name);
   const int device = current_device();
-  const size_t esz = dtype_size(a.dtype);
-  if (a.input.present)
-    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
-  if (a.output.present)
-    check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
-                        str_cat(name, ": output"));
+  check_device_buffers(a, device);
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_.default_timeout();
   std::lock_guard<std::mutex> call_lock(call_mu_);
   raise_if_failed();
@@ -378,12 +315,11 @@ void NcclPath::enqueue(const CollectiveArgs& a, cudaStream_t s) {
     case Collective::AllGather:
       check(api_->AllGather(in, out, a.input.count, dt, comm_, s), "ncclAllGather");
       break;
-    case Collective::Broadcast:  // one buffer, the input
-      check(api_->Broadcast(in, const_cast<uint8_t*>(in), a.input.count, dt, a.root, comm_, s), "ncclBroadcast");
+    case Collective::Broadcast:  // one buffer: validate() made it input and output
+      check(api_->Broadcast(in, out, a.input.count, dt, a.root, comm_, s), "ncclBroadcast");
       break;
-    case Collective::Reduce:
-      check(api_->Reduce(in, out ? out : const_cast<uint8_t*>(in), a.input.count, dt, op, a.root, comm_, s),
-            "ncclReduce");
+    case Collective::Reduce:  // out: null off the root (NCCL ignores it there), in place on it
+      check(api_->Reduce(in, out, a.input.count, dt, op, a.root, comm_, s), "ncclReduce");
       break;
     case Collective::AllToAll:
     case Collective::AllToAllV: {
@@ -584,12 +520,10 @@ class CudaCommImpl : public CudaComm {
 std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
   const char* name = collective_name(user.coll);
   const size_t esz = dtype_size(user.dtype);
-  const int device = current_device();
   const auto in = reinterpret_cast<uintptr_t>(user.input.ptr), out = reinterpret_cast<uintptr_t>(user.output.ptr);
   const uint64_t in_bytes = user.input.present ? user.input.count * esz : 0;
   const uint64_t out_bytes = user.output.present ? user.output.count * esz : 0;
-  check_device_buffer(in, in_bytes, device, str_cat(name, ": input"));
-  check_device_buffer(out, out_bytes, device, str_cat(name, ": output"));
+  check_device_buffers(user, current_device());
   host_->validate(user);  // before any staging or traffic
 
   std::lock_guard<std::mutex> lock(mu_);

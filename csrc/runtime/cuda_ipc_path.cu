@@ -19,9 +19,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 #include "common/check.h"
 #include "common/env.h"
@@ -42,6 +42,7 @@ constexpr int kWalkThreads = 512;
 constexpr uint32_t kStatusRing = 1024;
 constexpr int kMaxIpcRanks = 64;  // 2P+1 ops per step must fit kWalkerMaxStepOps
 
+RT_PARAM(IpcEnabled, "RINGTREE_CUDA_IPC", 1)
 RT_PARAM(IpcSlotBytes, "RINGTREE_CUDA_IPC_SLOT_BYTES", 256 << 10)
 RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
 RT_PARAM(IpcChannels, "RINGTREE_CUDA_IPC_CHANNELS", 4)
@@ -51,13 +52,11 @@ constexpr int kMaxChannels = 32;
 struct ChannelBarrier {
   unsigned arrived, generation;
 };
-RT_PARAM(IpcEnabled, "RINGTREE_CUDA_IPC", 1)
 
 // What a walk ended with, written by the kernel into pinned host memory.
 struct WalkStatus {
   int32_t result;  // WalkResult, or -1 while running
-  int32_t peer;
-  uint64_t got_tag, want_tag, got_bytes, want_bytes;
+  WalkFault fault;
 };
 
 template <size_t N> struct RawOf;
@@ -167,11 +166,7 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, 
   const WalkResult result = walk_schedule(plan, mem, progress, &fault);
   WalkStatus* status = statuses + blockIdx.x;
   if (threadIdx.x == 0) {
-    status->peer = fault.peer;
-    status->got_tag = fault.got_tag;
-    status->want_tag = fault.want_tag;
-    status->got_bytes = fault.got_bytes;
-    status->want_bytes = fault.want_bytes;
+    status->fault = fault;
     __threadfence_system();
     *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
   }
@@ -205,13 +200,6 @@ void launch_walk(LaunchArgs& l, DataType dtype, ReduceOp op) {
     case ReduceOp::Max: return launch_walk<cuda::OpMax>(l, dtype);
     default: return launch_walk<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
   }
-}
-
-bool event_done(cudaEvent_t ev) {
-  const cudaError_t err = cudaEventQuery(ev);
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) return false;
-  throw_cuda_error(err, "cudaEventQuery", __FILE__, __LINE__);
 }
 
 uint64_t fnv1a(uint64_t h, uint64_t v) {
@@ -248,26 +236,19 @@ struct DeviceSchedule {
   uint64_t scratch_elems = 0;
 };
 
-struct KeyLess {
-  bool operator()(const ScheduleKey& a, const ScheduleKey& b) const {
-    return std::make_tuple(a.coll, a.algo, a.count, a.root, a.segment) <
-           std::make_tuple(b.coll, b.algo, b.count, b.root, b.segment);
-  }
-};
-
 class IpcPathImpl;
 
 class IpcWork : public DeviceWork {
  public:
-  IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream);
-  ~IpcWork() override { (void)cudaEventDestroy(done_); }
+  IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream)
+      : path_(std::move(path)), seq_(seq), done_(stream) {}
   bool wait(double timeout_s) override;
-  bool is_completed() override { return event_done(done_); }
+  bool is_completed() override { return event_done(done_.ev); }
 
  private:
   std::shared_ptr<IpcPathImpl> path_;
   uint64_t seq_;
-  cudaEvent_t done_ = nullptr;
+  OwnedEvent done_;
 };
 
 enum class FailureKind { None, Error, Timeout, Mismatch, Stopped };
@@ -280,8 +261,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   // Returns "" or why this rank cannot take part.
   std::string prepare_local();
   // Exports this rank's region; returns "" or why not.
-  std::string export_handle(cudaIpcMemHandle_t* handle, int32_t* device) {
-    *device = device_;
+  std::string export_handle(cudaIpcMemHandle_t* handle) {
     const cudaError_t err = cudaIpcGetMemHandle(handle, region_);
     if (err == cudaSuccess) return "";
     (void)cudaGetLastError();
@@ -290,6 +270,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   // Opens the peers' regions; returns "" or why not.
   std::string open_peers(const std::vector<cudaIpcMemHandle_t>& handles);
   void finish_setup();
+  uint32_t channels() const { return channels_; }
+  // Every rank uses the smallest channel count any rank offered (its region is large enough).
+  void use_channels(uint32_t c) { channels_ = c; }
 
   bool takes(const CollectiveArgs& a) const override {
     switch (a.coll) {
@@ -325,13 +308,6 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   size_t stop_off() const { return consumed_off(P_, 0); }
   size_t region_bytes() const { return stop_off() + 8; }
 
- public:
-  uint32_t channels() const { return channels_; }
-  // Every rank uses the smallest channel count any rank offered (its region is large enough).
-  void use_channels(uint32_t c) { channels_ = c; }
-
- private:
-
   const DeviceSchedule& schedule_for(const ScheduleKey& key);
   // Everything one call puts on the streams (run() holds call_mu_).
   void enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, const ScheduleKey& key, uint64_t seq,
@@ -361,7 +337,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   WalkStatus* status_on_device_ = nullptr;
   uint64_t* one_ = nullptr;  // pinned: the value written into the peers' stop words
   DeviceScratch scratch_, premul_, staged_;
-  std::map<ScheduleKey, DeviceSchedule, KeyLess> schedules_;
+  std::unordered_map<ScheduleKey, DeviceSchedule, ScheduleKeyHash> schedules_;
   uint64_t seq_ = 0;
   bool closed_ = false;
 
@@ -419,7 +395,6 @@ void IpcPathImpl::finish_setup() {
   for (int q = 0; q < P_; ++q) {
     if (q == rank_) continue;
     uint8_t* peer = peer_regions_[q];
-    WalkerLane& l = lanes[q];
     for (uint32_t c = 0; c < channels_; ++c) {
       WalkerLane& l = lanes[box(q, c)];
       l.send_slots = peer + inbox_off(rank_, c);
@@ -452,7 +427,7 @@ void IpcPathImpl::finish_setup() {
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing * channels_,
                               cudaHostAllocMapped | cudaHostAllocPortable));
   status_ = static_cast<WalkStatus*>(p);
-  std::memset(status_, 0, sizeof(WalkStatus) * kStatusRing * channels_);
+  std::fill_n(status_, kStatusRing * channels_, WalkStatus{});
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
   one_ = static_cast<uint64_t*>(p);
@@ -488,30 +463,20 @@ const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
   return schedules_.emplace(key, d).first->second;
 }
 
-std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t stream, bool want_work) {
-  const char* name = collective_name(a.coll);
-  host_->validate(a);
+std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& user, uintptr_t stream, bool want_work) {
+  const char* name = collective_name(user.coll);
+  const ValidatedCall v = host_->validate(user);
+  CollectiveArgs a = user;  // with the buffers as the collective uses them
+  a.input = v.input;
+  a.output = v.output;
   const size_t esz = dtype_size(a.dtype);
-  int device = -1;
-  RT_CUDA_CHECK(cudaGetDevice(&device));
+  const int device = current_device();
   RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
            " but this communicator's CUDA IPC mailboxes live on device ", device_);
-  if (a.input.present)
-    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
-  if (a.output.present)
-    check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
-                        str_cat(name, ": output"));
+  check_device_buffers(user, device);
   const Collective c = a.coll;
-  const std::vector<Algo> supported = supported_algos(c);
-  const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
-  const uint64_t P = static_cast<uint64_t>(P_);
-  uint64_t count = a.input.count;  // ScheduleKey::count
-  switch (c) {
-    case Collective::ReduceScatter: case Collective::Scatter: count = a.output.count; break;
-    case Collective::AllToAll: count = a.input.count / P; break;
-    default: break;
-  }
-  ScheduleKey key{c, algo, P_, rank_, count, is_rooted(c) ? a.root : 0, pipeline_segment(c, algo, esz), -1};
+  const Algo algo = a.algo == Algo::Auto ? supported_algos(c).front() : a.algo;
+  ScheduleKey key{c, algo, P_, rank_, v.count, is_rooted(c) ? a.root : 0, pipeline_segment(c, algo, esz), -1};
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_->default_timeout();
   cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
 
@@ -542,7 +507,7 @@ void IpcPathImpl::enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, con
   RT_CUDA_CHECK(cudaEventRecord(fork_, caller));
   RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
   auto* in = static_cast<uint8_t*>(a.input.ptr);
-  auto* out = c == Collective::Broadcast ? in : static_cast<uint8_t*>(a.output.ptr);
+  auto* out = static_cast<uint8_t*>(a.output.ptr);
   // As the host executor: premul_sum reduces a scaled copy; in-place all_to_all sends from a copy.
   if (is_reduction(c) && a.op == ReduceOp::PremulSum && a.input.count) {
     void* scaled = premul_.ensure(a.input.count * esz, stream_);
@@ -599,22 +564,21 @@ void IpcPathImpl::throw_failure_locked() const {
 void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
   // The first channel that did not finish says why (a mismatch wins over a stop it caused).
   const WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
-  const WalkStatus* worst = statuses;
+  int32_t result = static_cast<int32_t>(WalkResult::Done);
+  WalkFault f;
   for (uint32_t ch = 0; ch < channels_; ++ch) {
     const int32_t r = *reinterpret_cast<const volatile int32_t*>(&statuses[ch].result);
     if (r == static_cast<int32_t>(WalkResult::Mismatch)) {
-      worst = statuses + ch;
+      result = r;
+      f = statuses[ch].fault;
       break;
     }
-    if (r != static_cast<int32_t>(WalkResult::Done) && worst->result == static_cast<int32_t>(WalkResult::Done))
-      worst = statuses + ch;
+    if (result == static_cast<int32_t>(WalkResult::Done)) result = r;
   }
-  const WalkStatus& s = *worst;
-  const int32_t result = *reinterpret_cast<const volatile int32_t*>(&s.result);
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
     fail_locked(FailureKind::Mismatch,
-                str_cat(what, " on rank ", rank_, ": rank ", s.peer, " sent a chunk of another call (tag ", s.got_tag,
-                        ", ", s.got_bytes, " bytes; this call: tag ", s.want_tag, ", ", s.want_bytes,
+                str_cat(what, " on rank ", rank_, ": rank ", f.peer, " sent a chunk of another call (tag ", f.got_tag,
+                        ", ", f.got_bytes, " bytes; this call: tag ", f.want_tag, ", ", f.want_bytes,
                         " bytes): the ranks called different collectives or counts"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
     fail_locked(FailureKind::Stopped, str_cat(what, " on rank ", rank_, " was stopped: ",
@@ -685,85 +649,47 @@ void IpcPathImpl::close() {
   one_ = nullptr;
 }
 
-IpcWork::IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream)
-    : path_(std::move(path)), seq_(seq) {
-  RT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  RT_CUDA_CHECK(cudaEventRecord(done_, stream));
-}
-
 bool IpcWork::wait(double timeout_s) {
-  const Clock::time_point start = Clock::now();
-  for (int polls = 0;; ++polls) {
-    if (event_done(done_)) break;
-    path_->raise_if_failed();
-    if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));
-  }
+  if (!wait_event(done_.ev, timeout_s, [this] { path_->raise_if_failed(); })) return false;
   path_->check_finished(seq_);
   return true;
 }
 
-// Exchanged over the host communicator at connect.
+// What each rank publishes at connect, once every rank has its mailboxes.
 struct ConnectRecord {
-  int32_t ok;
-  int32_t device;
   int32_t channels;
   cudaIpcMemHandle_t handle;
 };
-
-// every rank's `ok`, by all_gather over the host communicator.
-std::vector<int32_t> gather_flags(Communicator& host, int32_t ok) {
-  std::vector<int32_t> all(static_cast<size_t>(host.size()), 0);
-  CollectiveArgs g;
-  g.coll = Collective::AllGather;
-  g.dtype = DataType::Int32;
-  g.input = {&ok, 1, true, true};
-  g.output = {all.data(), all.size(), false, true};
-  host.run(g, false);
-  return all;
-}
-
-std::string first_failure(const std::vector<int32_t>& flags, int me, const std::string& mine) {
-  for (size_t q = 0; q < flags.size(); ++q)
-    if (!flags[q])
-      return static_cast<int>(q) == me ? str_cat("rank ", q, ": ", mine)
-                                       : str_cat("rank ", q, " cannot (its log says why)");
-  return "";
-}
 
 }  // namespace
 
 std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, std::string* why) {
   auto path = std::make_shared<IpcPathImpl>(host);
-  const int P = host->size(), me = host->rank();
+  const int P = host->size();
   ConnectRecord rec{};
   std::string mine = path->prepare_local();
-  if (mine.empty()) mine = path->export_handle(&rec.handle, &rec.device);
-  rec.ok = mine.empty() ? 1 : 0;
+  if (mine.empty()) mine = path->export_handle(&rec.handle);
   rec.channels = static_cast<int32_t>(path->channels());
-  // Round 1: every rank's exported mailboxes, or its refusal.
-  std::vector<ConnectRecord> all(static_cast<size_t>(P));
-  CollectiveArgs g;
-  g.coll = Collective::AllGather;
-  g.dtype = DataType::Uint8;
-  g.input = {&rec, sizeof(rec), true, true};
-  g.output = {all.data(), sizeof(rec) * all.size(), false, true};
-  host->run(g, false);
-  std::vector<int32_t> oks(static_cast<size_t>(P));
-  int32_t channels = kMaxChannels;
-  for (int q = 0; q < P; ++q) {
-    oks[q] = all[q].ok;
-    if (all[q].ok) channels = std::min(channels, all[q].channels);
-  }
-  path->use_channels(static_cast<uint32_t>(std::max(channels, 1)));
-  std::string failed = first_failure(oks, me, mine);
+  // Round 1: can every rank allocate and export its mailboxes?
+  std::string failed = first_rank_unable(*host, mine);
   if (failed.empty()) {
+    std::vector<ConnectRecord> all(static_cast<size_t>(P));
+    CollectiveArgs g;
+    g.coll = Collective::AllGather;
+    g.dtype = DataType::Uint8;
+    g.input = {&rec, sizeof(rec), true, true};
+    g.output = {all.data(), sizeof(rec) * all.size(), false, true};
+    host->run(g, false);
+    int32_t channels = kMaxChannels;
     std::vector<cudaIpcMemHandle_t> handles(static_cast<size_t>(P));
-    for (int q = 0; q < P; ++q) handles[q] = all[q].handle;
-    mine = path->open_peers(handles);
+    for (int q = 0; q < P; ++q) {
+      channels = std::min(channels, all[q].channels);
+      handles[q] = all[q].handle;
+    }
+    path->use_channels(static_cast<uint32_t>(std::max(channels, 1)));
     // Round 2: could every rank map every peer's mailboxes? Nobody writes into a peer's
     // mailboxes before every rank has answered here.
-    failed = first_failure(gather_flags(*host, mine.empty() ? 1 : 0), me, mine);
+    failed = first_rank_unable(*host, path->open_peers(handles));
   }
   if (!failed.empty()) {
     path->close();

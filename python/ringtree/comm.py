@@ -181,8 +181,9 @@ class Communicator:
                                         f"host buffers take the ringtree algorithms")
         if on_device:
             work = self._cuda_comm().run(
-                _COLL[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0,
-                has_out, outb.ptr if outb else 0, outb.count if outb else 0, op_code, factor, int(root),
+                _COLL[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
+                has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
+                op_code, factor, int(root),
                 int(peer), int(recv_peer), 0 if use_nccl else _algo_code(algo), t, (inb or outb).stream,
                 use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"))
             return Work(work, keep, result) if async_op else result

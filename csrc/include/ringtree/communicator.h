@@ -63,6 +63,15 @@ struct CollectiveArgs {
   std::shared_ptr<Gate> ready;
 };
 
+// A call as validate() sees it: its buffers as the collective uses them (broadcast: the one
+// buffer is input and output; a root reducing in place: the output is the input) and its
+// schedule count (elements: the whole buffer for all_reduce, broadcast and reduce, one rank's
+// block for the others).
+struct ValidatedCall {
+  Buffer input, output;
+  uint64_t count = 0;
+};
+
 class Work {
  public:
   // Waits up to timeout_s (< 0: without limit). Returns false if still running then; rethrows
@@ -96,8 +105,9 @@ class Communicator {
   virtual double default_timeout() const = 0;
   // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
   virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
-  // The checks run() makes before any traffic, alone: throws InvalidArgument or returns.
-  virtual void validate(const CollectiveArgs& args) const = 0;
+  // The checks run() makes before any traffic, alone: throws InvalidArgument or returns what
+  // they made of the call.
+  virtual ValidatedCall validate(const CollectiveArgs& args) const = 0;
   // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would.
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction.
