@@ -122,14 +122,15 @@ stage package 30 bash -c stage_package
 # test_gpu.py has). Later stages are skipped, and say so, once the global budget is spent.
 stage device_tests 240 "$PY" -m pytest tests/test_device_comm.py -v -rs -p no:cacheprovider
 stage walker_tests 30 "$PY" -m pytest -q tests/test_step_walker.py -p no:cacheprovider
-# Device collectives across processes sharing the GPU (IPC executor), then the nccl-tests sweep
-# on CUDA buffers, then staged, then NCCL on one rank (NCCL refuses two ranks on one GPU).
-stage comm_bench_ipc2 45 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 64M -f 16
-stage rt_bench_cuda 45 "$PY" -m ringtree.launch -n 2 --timeout 40 bench/rt_bench.py -b 8 -e 64M -f 64 --device cuda --collective all_reduce,all_gather,broadcast --vs nccl,memcpy --no-progress
+# The nccl-tests sweep on CUDA buffers across processes sharing the GPU: the IPC executor at 2
+# ranks (next to a device-to-device copy; NCCL refuses two ranks on one GPU and says so).
+RTB=(bench/rt_bench.py --device cuda --no-progress --collective all_reduce,all_gather,broadcast)
+stage rt_bench_ipc2 45 "$PY" -m ringtree.launch -n 2 --timeout 40 "${RTB[@]}" -b 8 -e 64M -f 16 --vs nccl,memcpy
 stage gpu_tests 120 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
-stage comm_bench_ipc4 45 "$PY" -m ringtree.launch -n 4 --timeout 40 bench/gpu_comm_bench.py -b 4K -e 64M -f 16 --algos auto
-stage comm_bench_staged 40 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 35 bench/gpu_comm_bench.py -b 4K -e 16M -f 64 --algos auto
-stage comm_bench_nccl1 40 "$PY" -m ringtree.launch -n 1 --timeout 35 bench/gpu_comm_bench.py -b 8 -e 64M -f 64 --algos auto,nccl
+# 4 ranks, the staged path, and one rank next to NCCL (which needs one GPU per rank).
+stage rt_bench_ipc4 45 "$PY" -m ringtree.launch -n 4 --timeout 40 "${RTB[@]}" -b 4K -e 64M -f 16 --vs memcpy
+stage rt_bench_staged 40 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 35 "${RTB[@]}" -b 4K -e 16M -f 64
+stage rt_bench_nccl1 40 "$PY" -m ringtree.launch -n 1 --timeout 35 "${RTB[@]}" -b 8 -e 64M -f 64 --vs nccl,memcpy
 # shellcheck disable=SC2086
 stage bench 90 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
 stage cpu_schedules 60 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider
@@ -147,9 +148,9 @@ set +x
   grep -hE '^(FAILED|ERROR) ' "$OUT/gpu_tests.log" "$OUT/device_tests.log" 2>/dev/null | head -n 20 | sed 's/^/   /'
   echo "-- bench (largest all_reduce per P/algo):"
   grep -E '^#   P=|^# verification|NCCL' "$OUT/bench.log" 2>/dev/null | sed 's/^/   /'
-  echo "-- multi-process device bench (largest size per collective/algo):"
-  for b in comm_bench_ipc2 comm_bench_ipc4 comm_bench_staged comm_bench_nccl1; do
-    [ -f "$OUT/$b.log" ] && echo "   $b:" && grep -E '^  +[0-9]' "$OUT/$b.log" | sort -k1,1n | tail -n 4 | sed 's/^/    /'
+  echo "-- rt_bench on CUDA buffers (executor, correctness, mean busbw; tables in the logs):"
+  for b in rt_bench_ipc2 rt_bench_ipc4 rt_bench_staged rt_bench_nccl1; do
+    [ -f "$OUT/$b.log" ] && echo "   $b:" && grep -E '^# (CUDA executor|Out of bounds|Avg bus|peer check)|absent' "$OUT/$b.log" | sed 's/^/    /'
   done
 } | tee "$OUT/summary.txt"
 

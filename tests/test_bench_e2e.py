@@ -132,6 +132,11 @@ def test_cuda_device_without_a_gpu_is_refused_clearly():
     assert proc.returncode == 2
     assert "--device cuda cannot run here: ringtree finds no CUDA device" in proc.stderr
     assert proc.stdout == ""
+    # --if-gpu (the README's main command): the same reason, as a note, and success.
+    proc = subprocess.run([sys.executable, DRIVER, "--device", "cuda", "--if-gpu"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "no device sweep on this machine: ringtree finds no CUDA device" in proc.stdout
 
 
 @pytest.mark.timeout(60)

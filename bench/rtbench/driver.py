@@ -440,6 +440,8 @@ class Sweep:
             avg = sum(self.busbw_all) / len(self.busbw_all) if self.busbw_all else 0.0
             print("# Summary over all tables", flush=True)
             print("\n".join(report.footer_lines(wrong, avg, o.check)), flush=True)
+            if self.dev is not None:
+                print(f"# CUDA executor: {self.comm.cuda_executor()}", flush=True)
             if o.json_path:
                 header = {"nranks": self.nranks, "launcher": impls_mod.launcher_name(),
                           "options": {k: v for k, v in vars(o).items() if k != "extra"},
@@ -481,6 +483,10 @@ def main(argv=None) -> int:
     if opts.device == "cuda":
         why = device_mod.why_no_cuda(rt)
         if why is not None:
+            if opts.if_gpu:
+                if not quiet:
+                    print(f"# rt_bench --device cuda: no device sweep on this machine: {why}", flush=True)
+                return EXIT_OK
             if not quiet:
                 eprint(f"rt_bench: --device cuda cannot run here: {why}; use --device cpu")
             return EXIT_USAGE

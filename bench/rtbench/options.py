@@ -105,6 +105,7 @@ class Options:
     peers: list[str]
     plot_path: str | None
     device: str
+    if_gpu: bool
     progress: bool
     inject_error: bool = False
     extra: dict = field(default_factory=dict)
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vs", default="", help="peers measured side by side: mpi, gloo, nccl, memcpy (comma list)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write busbw vs size plots")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where buffers live")
+    p.add_argument("--if-gpu", action="store_true",
+                   help="with --device cuda: where no GPU is usable, say why and exit 0 instead of 2")
     p.add_argument("--no-progress", action="store_true", help="no progress on rank 0's stderr")
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
@@ -182,5 +185,5 @@ def parse_args(argv=None) -> Options:
                    step_bytes=step, iters=a.iters, warmup=a.warmup_iters, check=bool(a.check),
                    ops=ops, dtypes=dtypes, root=a.root, average=a.average, json_path=a.json,
                    timeout=a.timeout, algos=algos, collectives=collectives, peers=peers,
-                   plot_path=a.plot, device=a.device, progress=not a.no_progress,
+                   plot_path=a.plot, device=a.device, if_gpu=a.if_gpu, progress=not a.no_progress,
                    inject_error=a.inject_error)
