@@ -288,8 +288,7 @@ def _rows(tensor):
 
 class ProcessGroupRingtree(dist.ProcessGroup):
     """torch.distributed ProcessGroup backed by a ringtree Communicator (CPU and CUDA tensors;
-    CUDA collectives are enqueued on the caller's current stream, staged through the host
-    communicator).
+    CUDA collectives are enqueued on the caller's current stream, see the README's GPU section).
 
     Usually made by torch through the registered creator: dist.init_process_group("ringtree")
     or dist.new_group(backend="ringtree"). It can also wrap an existing communicator:
@@ -364,6 +363,12 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         calls (DDP's, async_op=True, p2p) return at once; completion threads finish them.
         Bad arguments raise from issue() either way, before any traffic."""
         work = RingtreeWork(outputs)
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            issue(False)
+            if finish is not None:
+                finish()  # on the caller's stream, after the collective: nothing to wait for
+            work._complete(None)
+            return work
         device = _cuda_device(outputs)
         if finish is not None and device is not None:
             copy_back = finish
@@ -373,12 +378,6 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 # On a completion thread the copies go to that thread's stream, which the caller's
                 # stream knows nothing of: they are done before the work counts as complete.
                 torch.cuda.current_stream(device).synchronize()
-        if opts is not None and not getattr(opts, "asyncOp", True):
-            issue(False)
-            if finish is not None:
-                finish()
-            work._complete(None)
-            return work
         self._completer.submit(issue(True), finish, work)
         return work
 
