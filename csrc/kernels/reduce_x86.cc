@@ -96,21 +96,26 @@ RT_AVX2 inline void reduce_block(uint16_t* d, const uint16_t* x, const uint16_t*
   Format::store(d, {Op::apply(a.lo, b.lo), Op::apply(a.hi, b.hi)});
 }
 
-template <typename Format, typename Op>
-RT_AVX2 void reduce_half(void* dst, const void* a, const void* b, size_t n) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
+// block(d, x, y) over n elements, kBlock at a time; the last partial block runs on zero-padded
+// copies, so the block code never touches memory past n.
+template <typename Block>
+RT_AVX2 inline void by_blocks(uint16_t* d, const uint16_t* x, const uint16_t* y, size_t n, Block block) {
   size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) reduce_block<Format, Op>(d + i, x + i, y + i);
+  for (; i + kBlock <= n; i += kBlock) block(d + i, x + i, y + i);
   if (i < n) {
     uint16_t tx[kBlock] = {}, ty[kBlock] = {}, td[kBlock];
     const size_t bytes = (n - i) * sizeof(uint16_t);
     std::memcpy(tx, x + i, bytes);
     std::memcpy(ty, y + i, bytes);
-    reduce_block<Format, Op>(td, tx, ty);
+    block(td, tx, ty);
     std::memcpy(d + i, td, bytes);
   }
+}
+
+template <typename Format, typename Op>
+RT_AVX2 void reduce_half(void* dst, const void* a, const void* b, size_t n) {
+  by_blocks(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
+            [](uint16_t* d, const uint16_t* x, const uint16_t* y) RT_AVX2 { reduce_block<Format, Op>(d, x, y); });
 }
 
 // The element first, as the scalar map's v * factor: its NaN wins over a NaN factor (see Sum).
@@ -139,18 +144,10 @@ RT_AVX2 inline void map_block(uint16_t* d, const uint16_t* s, __m256d k) {
 
 template <typename Format, typename Op>
 RT_AVX2 void map_half(void* dst, const void* src, size_t n, double operand) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* s = static_cast<const uint16_t*>(src);
   const __m256d k = _mm256_set1_pd(operand);
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) map_block<Format, Op>(d + i, s + i, k);
-  if (i < n) {
-    uint16_t ts[kBlock] = {}, td[kBlock];
-    const size_t bytes = (n - i) * sizeof(uint16_t);
-    std::memcpy(ts, s + i, bytes);
-    map_block<Format, Op>(td, ts, k);
-    std::memcpy(d + i, td, bytes);
-  }
+  const auto* s = static_cast<const uint16_t*>(src);
+  by_blocks(static_cast<uint16_t*>(dst), s, s, n,
+            [k](uint16_t* d, const uint16_t* x, const uint16_t*) RT_AVX2 { map_block<Format, Op>(d, x, k); });
 }
 
 template <typename Format>
