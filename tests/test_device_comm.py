@@ -1,4 +1,4 @@
-"""Collectives on CUDA buffers over a multi-process communicator (csrc/runtime/cuda_device_comm):
+"""Collectives on CUDA buffers over a multi-process communicator (csrc/exec/cuda/device_comm):
 staged through the host communicator, or handed to NCCL with algo='nccl'.
 
 Everywhere: the host half of the staged path (a Gate holds a call's place in the order until its

@@ -1,4 +1,4 @@
-"""The CUDA IPC executor's step walker (csrc/runtime/step_walker.h), run on host threads: every
+"""The CUDA IPC executor's step walker (csrc/exec/step_walker.h), run on host threads: every
 rank a thread walking its own schedule over in-memory mailboxes with the very code the kernel
 runs. Small slots and few of them force many chunks per message and slot reuse, so the
 protocol (chunking, flags, lane order within a step, reduction order) is checked here, on

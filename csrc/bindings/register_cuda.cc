@@ -15,8 +15,8 @@
 #include "ringtree/communicator.h"
 #include "transport/nccl/nccl_library.h"
 #ifdef RINGTREE_HAVE_CUDA
-#include "runtime/cuda_device_comm.h"
-#include "runtime/cuda_local_executor.h"
+#include "exec/cuda/device_comm.h"
+#include "exec/cuda/local_executor.h"
 #endif
 
 namespace py = pybind11;

@@ -2,7 +2,7 @@
 // take raw addresses (e.g. numpy's arr.ctypes.data), so the caller answers for sizes and lifetimes.
 #include "bindings/bindings.h"
 #include "common/check.h"
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 
 namespace py = pybind11;
 

@@ -2,7 +2,7 @@
 #include <pybind11/stl.h>
 #include "algorithms/schedule.h"
 #include "bindings/bindings.h"
-#include "runtime/walker_threads.h"
+#include "exec/testing/walker_threads.h"
 
 namespace py = pybind11;
 

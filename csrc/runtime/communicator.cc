@@ -9,7 +9,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
 #include "transport/tcp/tcp.h"
 

@@ -12,7 +12,7 @@
 #include "algorithms/schedule.h"
 #include "bootstrap/bootstrap.h"
 #include "common/clock.h"
-#include "runtime/backoff.h"
+#include "exec/host/backoff.h"
 #include "runtime/cost_model.h"
 #include "ringtree/communicator.h"
 #include "transport/shm/shm.h"

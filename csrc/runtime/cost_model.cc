@@ -17,7 +17,7 @@
 #include "common/check.h"
 #include "common/cpu_relax.h"
 #include "common/env.h"
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 
 namespace ringtree {
 

@@ -6,7 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 
 namespace ringtree {
 

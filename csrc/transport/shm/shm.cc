@@ -9,7 +9,7 @@
 #include <cstring>
 #include "common/check.h"
 #include "common/env.h"
-#include "kernels/copy.h"
+#include "kernels/host/copy.h"
 
 namespace ringtree {
 

@@ -5,9 +5,9 @@
 // range splits into scalar head, 16-byte packs and scalar tail (see Split in reduce_device.cuh)
 // and sizes the grid from the SM count, so one launch streams the whole range with grid-stride
 // loops; a few blocks per SM keep enough 128-bit loads in flight to saturate HBM.
-#include "kernels/cuda_check.cuh"
-#include "kernels/reduce.cuh"
-#include "kernels/reduce_device.cuh"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/reduce_device.cuh"
 
 namespace ringtree {
 

@@ -1,4 +1,4 @@
-// The single-process, multi-rank GPU executor (see cuda_local_executor.h).
+// The single-process, multi-rank GPU executor (see local_executor.h).
 //
 // It runs the very schedules the host executor runs (build_schedule, same key, same chunk
 // boundaries, same reduction order) for P ranks whose buffers share one GPU, from one host
@@ -42,12 +42,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include "algorithms/rendezvous.h"
+#include "algorithms/verify/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
-#include "kernels/cuda_check.cuh"
-#include "kernels/reduce.cuh"
-#include "runtime/cuda_local_executor.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "exec/cuda/local_executor.h"
 
 namespace ringtree {
 

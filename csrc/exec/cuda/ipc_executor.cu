@@ -1,4 +1,4 @@
-// The CUDA IPC executor (see cuda_ipc_path.h and step_walker.h).
+// The CUDA IPC executor (see ipc_executor.h and step_walker.h).
 //
 // Each rank owns one device region, exported through CUDA IPC and mapped by every peer; every
 // mailbox exists once per channel (C thread blocks per rank, see WalkPlan::nchannels):
@@ -25,13 +25,13 @@
 #include <vector>
 #include "common/check.h"
 #include "common/env.h"
-#include "kernels/cuda_check.cuh"
-#include "kernels/reduce.cuh"
-#include "kernels/reduce_device.cuh"
-#include "runtime/cuda_call_watch.cuh"
-#include "runtime/cuda_device_comm.h"
-#include "runtime/cuda_ipc_path.h"
-#include "runtime/step_walker.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/reduce_device.cuh"
+#include "exec/cuda/call_watch.cuh"
+#include "exec/cuda/device_comm.h"
+#include "exec/cuda/ipc_executor.h"
+#include "exec/step_walker.h"
 
 namespace ringtree {
 

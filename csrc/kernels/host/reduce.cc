@@ -2,7 +2,7 @@
 // vectorizes them; the half conversions are bit manipulations (no per-element library calls).
 // These are the portable kernels. On x86-64 CPUs with AVX2 and F16C the float16/bfloat16 ones
 // give way to reduce_x86.cc's, which round identically; the choice is made once per process.
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <string>
 #include "common/check.h"
 #include "common/env.h"
-#include "kernels/reduce_x86.h"
+#include "kernels/host/reduce_x86.h"
 
 namespace ringtree {
 

@@ -2,7 +2,7 @@
 // ones in reduce.cc. Call them only where cpu_has_avx2_f16c(); reduce.cc chooses once per process.
 #pragma once
 #if defined(__x86_64__)
-#include "kernels/reduce.h"
+#include "kernels/host/reduce.h"
 
 namespace ringtree::x86 {
 

@@ -1,7 +1,7 @@
-#include "runtime/cuda_call_watch.cuh"
+#include "exec/cuda/call_watch.cuh"
 #include <cstdio>
 #include "common/check.h"
-#include "kernels/cuda_check.cuh"
+#include "kernels/cuda/cuda_check.cuh"
 
 namespace ringtree {
 

@@ -4,7 +4,7 @@
 //
 //   ipc     the default when every rank is on this host: the CUDA IPC executor walks the same
 //           schedules as the host in a kernel, over mailboxes in device memory that every rank
-//           maps through CUDA IPC (cuda_ipc_path.h, step_walker.h). It serves the eight
+//           maps through CUDA IPC (ipc_executor.h, step_walker.h). It serves the eight
 //           collectives with buffers (all_reduce ... scatter), for algo auto/ring/tree/direct.
 //   staged  everything else (another host, no IPC, p2p, all_to_all_v, algo='oneshot'). Device data are copied to pinned host memory on the caller's stream,
 //           the host communicator runs the collective (shared memory or TCP, the same schedules

@@ -5,7 +5,7 @@
 // permits); a send completes only when its receiver's current step holds the matching recv.
 #include <algorithm>
 #include <map>
-#include "algorithms/rendezvous.h"
+#include "algorithms/verify/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
 

@@ -12,7 +12,7 @@
 //    map does; a float multiply would round once instead of twice and differ on rare inputs.
 //  - Tails run the same 16-element block on zero-padded copies, so every element goes through
 //    the same instructions whatever the count.
-#include "kernels/reduce_x86.h"
+#include "kernels/host/reduce_x86.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

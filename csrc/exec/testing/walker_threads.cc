@@ -1,4 +1,4 @@
-#include "runtime/walker_threads.h"
+#include "exec/testing/walker_threads.h"
 #include <sched.h>
 #include <atomic>
 #include <cstring>
@@ -6,8 +6,8 @@
 #include <thread>
 #include "common/check.h"
 #include "common/clock.h"
-#include "kernels/reduce.h"
-#include "runtime/step_walker.h"
+#include "kernels/host/reduce.h"
+#include "exec/step_walker.h"
 
 namespace ringtree {
 

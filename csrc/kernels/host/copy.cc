@@ -1,4 +1,4 @@
-#include "kernels/copy.h"
+#include "kernels/host/copy.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -18,7 +18,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "algorithms/ops.h"
-#include "kernels/copy.h"
+#include "kernels/host/copy.h"
 #include "runtime/communicator_impl.h"
 
 

@@ -1,4 +1,4 @@
-#include "algorithms/rendezvous.h"
+#include "algorithms/verify/rendezvous.h"
 
 #include <algorithm>
 #include "common/check.h"

@@ -10,7 +10,7 @@
 //                 (so overflow wraps without undefined behaviour, as in kernels/reduce.cc).
 //   pack          16 bytes of consecutive elements, moved with one 128-bit load or store.
 //
-// Every rule here mirrors csrc/kernels/reduce.cc element for element, so a schedule run on the
+// Every rule here mirrors csrc/kernels/host/reduce.cc element for element, so a schedule run on the
 // GPU produces the same bits as on the host (NaN payloads of half types aside: the hardware
 // conversion picks its own canonical NaN).
 #pragma once

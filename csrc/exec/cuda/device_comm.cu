@@ -1,4 +1,4 @@
-// Device-buffer collectives for a host communicator (see cuda_device_comm.h).
+// Device-buffer collectives for a host communicator (see device_comm.h).
 //
 // Staged path, on the caller's stream, for call k of this CudaComm:
 //   1. copy the device input into a pinned staging slot (device to host);
@@ -24,11 +24,11 @@
 #include <thread>
 #include <vector>
 #include "common/check.h"
-#include "kernels/cuda_check.cuh"
-#include "runtime/cuda_call_watch.cuh"
-#include "runtime/cuda_device_comm.h"
-#include "runtime/cuda_ipc_path.h"
-#include "runtime/cuda_local_executor.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "exec/cuda/call_watch.cuh"
+#include "exec/cuda/device_comm.h"
+#include "exec/cuda/ipc_executor.h"
+#include "exec/cuda/local_executor.h"
 #include "transport/nccl/nccl_library.h"
 
 namespace ringtree {
