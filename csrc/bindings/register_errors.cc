@@ -1,4 +1,4 @@
-// C++ exception classes map class-for-class onto Python classes. Each also derives from the
+// C++ errors map kind-for-class onto Python classes. Each also derives from the
 // closest built-in, so `except TimeoutError` or `except ValueError` work as users expect.
 #include <pybind11/pybind11.h>
 #include "bindings/bindings.h"
@@ -10,41 +10,45 @@ namespace ringtree {
 
 namespace {
 
-PyObject* make_class(py::module_& m, const char* name, std::initializer_list<PyObject*> bases, const char* doc) {
+PyObject* make_class(py::module_& m, const char* name, std::initializer_list<PyObject*> bases, const char* doc,
+                     ErrorKind kind) {
   py::tuple t(bases.size());
   size_t i = 0;
   for (PyObject* b : bases) t[i++] = py::reinterpret_borrow<py::object>(b);
   std::string qualified = std::string("ringtree.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, t.ptr(), nullptr);
   if (!cls) throw py::error_already_set();
-  m.add_object(name, py::reinterpret_borrow<py::object>(cls));
+  py::object obj = py::reinterpret_borrow<py::object>(cls);
+  obj.attr("kind") = error_kind_name(kind);  // err.kind names the class, one to one
+  m.add_object(name, obj);
   return cls;
 }
 
-PyObject *py_error, *py_invalid, *py_timeout, *py_peer, *py_mismatch, *py_aborted, *py_bootstrap;
+// The Python class of each ErrorKind, by code.
+PyObject* py_class_of[static_cast<int>(ErrorKind::Count)] = {};
 
 }  // namespace
 
 void register_errors(py::module_& m) {
-  py_error = make_class(m, "Error", {PyExc_RuntimeError}, "Base class of every ringtree error.");
-  py_invalid = make_class(m, "InvalidArgument", {py_error, PyExc_ValueError},
-                          "A bad argument, raised before any traffic; the communicator stays usable.");
-  py_timeout = make_class(m, "Timeout", {py_error, PyExc_TimeoutError}, "A collective or wait did not complete in time.");
-  py_peer = make_class(m, "PeerFailure", {py_error, PyExc_ConnectionError}, "A peer died or its connection broke.");
-  py_mismatch = make_class(m, "CollectiveMismatch", {py_error},
-                           "Ranks called different collectives, or the same one with different arguments.");
-  py_aborted = make_class(m, "Aborted", {py_error}, "The communicator was aborted by an earlier error or closed.");
-  py_bootstrap = make_class(m, "BootstrapError", {py_error}, "Setting up the job failed.");
+  auto add = [&](const char* name, std::initializer_list<PyObject*> bases, const char* doc, ErrorKind kind) {
+    return py_class_of[static_cast<int>(kind)] = make_class(m, name, bases, doc, kind);
+  };
+  PyObject* error = add("Error", {PyExc_RuntimeError}, "Base class of every ringtree error; err.kind names its class.",
+                        ErrorKind::Error);
+  add("InvalidArgument", {error, PyExc_ValueError},
+      "A bad argument, raised before any traffic; the communicator stays usable.", ErrorKind::InvalidArgument);
+  add("Timeout", {error, PyExc_TimeoutError}, "A collective or wait did not complete in time.", ErrorKind::Timeout);
+  add("PeerFailure", {error, PyExc_ConnectionError}, "A peer died or its connection broke.", ErrorKind::PeerFailure);
+  add("CollectiveMismatch", {error}, "Ranks called different collectives, or the same one with different arguments.",
+      ErrorKind::CollectiveMismatch);
+  add("Aborted", {error}, "The communicator was aborted by an earlier error or closed.", ErrorKind::Aborted);
+  add("BootstrapError", {error}, "Setting up the job failed.", ErrorKind::Bootstrap);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const InvalidArgument& e) { PyErr_SetString(py_invalid, e.what());
-    } catch (const Timeout& e) { PyErr_SetString(py_timeout, e.what());
-    } catch (const PeerFailure& e) { PyErr_SetString(py_peer, e.what());
-    } catch (const CollectiveMismatch& e) { PyErr_SetString(py_mismatch, e.what());
-    } catch (const Aborted& e) { PyErr_SetString(py_aborted, e.what());
-    } catch (const BootstrapError& e) { PyErr_SetString(py_bootstrap, e.what());
-    } catch (const Error& e) { PyErr_SetString(py_error, e.what());
+    } catch (const Error& e) {
+      const int k = static_cast<int>(e.kind());
+      PyErr_SetString(py_class_of[k < static_cast<int>(ErrorKind::Count) ? k : 0], e.what());
     }
   });
 }

@@ -1,6 +1,7 @@
 #include <cerrno>
 #include <cstring>
 #include "common/check.h"
+#include "common/collective.h"
 #include "ringtree/types.h"
 
 namespace ringtree {
@@ -24,13 +25,9 @@ bool dtype_is_floating(DataType t) {
   return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
 }
 
-bool is_reduction(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-}
+bool is_reduction(Collective c) { return c < Collective::Count && collective_traits(c).reduction; }
 
-bool is_rooted(Collective c) {
-  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
-}
+bool is_rooted(Collective c) { return c < Collective::Count && collective_traits(c).rooted; }
 
 const char* op_name(ReduceOp op) {
   static const char* names[] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
@@ -47,6 +44,27 @@ const char* algo_name(Algo a) {
   static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot"};
   return a < Algo::Count ? names[static_cast<int>(a)] : "invalid-algo";
 }
+
+const char* error_kind_name(ErrorKind k) {
+  static const char* names[] = {"error", "invalid_argument", "timeout", "peer_failure", "collective_mismatch", "aborted",
+                                "bootstrap"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(ErrorKind::Count), "one name per kind");
+  return k < ErrorKind::Count ? names[static_cast<int>(k)] : "error";
+}
+
+std::exception_ptr make_error(ErrorKind kind, const std::string& what) {
+  switch (kind) {
+    case ErrorKind::InvalidArgument: return std::make_exception_ptr(InvalidArgument(what));
+    case ErrorKind::Timeout: return std::make_exception_ptr(Timeout(what));
+    case ErrorKind::PeerFailure: return std::make_exception_ptr(PeerFailure(what));
+    case ErrorKind::CollectiveMismatch: return std::make_exception_ptr(CollectiveMismatch(what));
+    case ErrorKind::Aborted: return std::make_exception_ptr(Aborted(what));
+    case ErrorKind::Bootstrap: return std::make_exception_ptr(BootstrapError(what));
+    default: return std::make_exception_ptr(Error(what));
+  }
+}
+
+void throw_error(ErrorKind kind, const std::string& what) { std::rethrow_exception(make_error(kind, what)); }
 
 void throw_system_error(const std::string& what, int err) {
   throw Error(what + ": " + std::strerror(err));

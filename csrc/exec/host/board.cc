@@ -17,13 +17,13 @@
 #include <algorithm>
 #include <cstring>
 #include "common/check.h"
-#include "runtime/communicator_impl.h"
+#include "exec/host/host_executor.h"
 
 
 namespace ringtree {
 
 // block_bytes: the call's per-rank count in bytes (ScheduleKey::count times the element size).
-uint64_t CommunicatorImpl::board_payload_bytes(Collective c, uint64_t block_bytes) const {
+uint64_t HostExecutor::board_payload_bytes(Collective c, uint64_t block_bytes) const {
   switch (c) {
     case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
       return block_bytes;
@@ -33,11 +33,11 @@ uint64_t CommunicatorImpl::board_payload_bytes(Collective c, uint64_t block_byte
   }
 }
 
-bool CommunicatorImpl::board_fits(Collective c, uint64_t block_bytes) const {
+bool HostExecutor::board_fits(Collective c, uint64_t block_bytes) const {
   return board_usable_ && board_payload_bytes(c, block_bytes) <= board_bytes_;
 }
 
-void CommunicatorImpl::publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
+void HostExecutor::publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
   BoardSlot* mine = own_segment_->board(static_cast<int>(gen & 1));
   mine->gen.store(BoardSlot::kWriting, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -61,7 +61,7 @@ static uint64_t board_payload_of(const MsgHeader& fp, int q) {
 
 // Waits until every rank not yet marked in board_arrived_ has published `gen`, checking each
 // one's fingerprint against `fp` as it arrives.
-void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s) {
+void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s) {
   const int parity = static_cast<int>(gen & 1);
   const Deadline deadline = Deadline::after_seconds(timeout_s);
   int missing = 0;
@@ -89,7 +89,7 @@ void CommunicatorImpl::await_board(uint64_t gen, const MsgHeader& fp, double tim
 // the ranks it skipped must have published that broadcast: then they are done with the slot,
 // and their fingerprints are checked here, so a mismatched broadcast raises in the next call,
 // as a ring schedule's early finisher does.
-void CommunicatorImpl::settle_board(double timeout_s) {
+void HostExecutor::settle_board(double timeout_s) {
   if (!board_unsettled_gen_) return;
   const uint64_t gen = board_unsettled_gen_;
   board_unsettled_gen_ = 0;
@@ -98,15 +98,16 @@ void CommunicatorImpl::settle_board(double timeout_s) {
   await_board(gen, fp, timeout_s);
 }
 
-void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* out) {
-  const CollectiveArgs& a = p.args;
-  const Collective c = a.coll;
-  const size_t esz = dtype_size(a.dtype);
+void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
+  const CallPlan& p = current_->plan;
+  const Collective c = p.key.coll;
+  const int root = p.key.root;
+  const size_t esz = p.elem_size();
   // execute_traffic() has settled any earlier broadcast, so slot gen & 1 is free to rewrite.
   const uint64_t gen = ++board_gen_;
   const int parity = static_cast<int>(gen & 1);
-  MsgHeader fp = fingerprint(p);
-  fp.payload_bytes = board_payload_bytes(c, p.count * esz);
+  MsgHeader fp = current_fp_;
+  fp.payload_bytes = board_payload_bytes(c, p.key.count * esz);
   current_fp_ = fp;
   const uint64_t mine = board_payload_of(fp, rank_);
   publish_on_board(fp, mine ? in : nullptr, mine, gen);
@@ -114,7 +115,7 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   // Wait for every peer's publication of this call (a broadcast: the root's only), checking
   // each fingerprint on arrival.
   const bool broadcast = c == Collective::Broadcast;
-  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || (broadcast && q != a.root);
+  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || (broadcast && q != root);
   await_board(gen, fp, p.timeout_s);
   if (broadcast) {
     board_unsettled_gen_ = gen;
@@ -125,16 +126,16 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
   auto data_of = [&](int q) -> const uint8_t* {
     return ShmSegment::board_data((q == rank_ ? own_segment_.get() : peer_segments_[q].get())->board(parity));
   };
-  const uint64_t block = p.count * esz;
+  const uint64_t block = p.key.count * esz;
   auto reduce_in_rank_order = [&](uint8_t* dst, uint64_t offset) {
-    const ReduceFn reduce = reduce_fn(a.dtype, a.op);
-    reduce(dst, data_of(0) + offset, data_of(1) + offset, p.count);
-    for (int q = 2; q < size_; ++q) reduce(dst, dst, data_of(q) + offset, p.count);
+    const ReduceFn reduce = reduce_fn(p.dtype, p.combine);
+    reduce(dst, data_of(0) + offset, data_of(1) + offset, p.key.count);
+    for (int q = 2; q < size_; ++q) reduce(dst, dst, data_of(q) + offset, p.key.count);
   };
-  if (p.count == 0) return;
+  if (p.key.count == 0) return;
   switch (c) {
     case Collective::AllReduce: reduce_in_rank_order(out, 0); break;
-    case Collective::Reduce: if (a.root == rank_) reduce_in_rank_order(out, 0); break;
+    case Collective::Reduce: if (root == rank_) reduce_in_rank_order(out, 0); break;
     case Collective::ReduceScatter: reduce_in_rank_order(out, static_cast<uint64_t>(rank_) * block); break;
     case Collective::AllGather:
       for (int q = 0; q < size_; ++q) std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q), block);
@@ -143,18 +144,18 @@ void CommunicatorImpl::run_board(const Prepared& p, const uint8_t* in, uint8_t* 
       for (int q = 0; q < size_; ++q)
         std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q) + static_cast<uint64_t>(rank_) * block, block);
       break;
-    case Collective::Broadcast: if (a.root != rank_) std::memcpy(out, data_of(a.root), block); break;
+    case Collective::Broadcast: if (root != rank_) std::memcpy(out, data_of(root), block); break;
     default: break;
   }
 }
 
-void CommunicatorImpl::board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen) {
-  raise_peer_abort_if_any();
+void HostExecutor::board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen) {
+  ctrl_.raise_notice_if_any();
   for (int q = 0; q < size_; ++q) {
     if (board_arrived_[q]) continue;
-    if (peer_state_[q] != PeerState::Alive)
+    if (!ctrl_.alive(q))
       RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank still expects it in ",
-               describe_header(fp));
+               describe(fingerprint_of(fp)));
     // A peer that sends ring traffic for this very call chose another algorithm: its call differs.
     MsgHeader h{};
     if (conns_[q] && conns_[q]->peek_header(&h) && h.magic == MsgHeader::kMagic &&
@@ -165,7 +166,7 @@ void CommunicatorImpl::board_block(const MsgHeader& fp, double timeout_s, const 
     std::string waiting;
     for (int q = 0; q < size_; ++q)
       if (!board_arrived_[q]) waiting += str_cat(waiting.empty() ? "rank " : ", rank ", q);
-    RT_THROW(Timeout, describe_header(fp), " timed out on rank ", rank_, " after ", timeout_s,
+    RT_THROW(Timeout, describe(fingerprint_of(fp)), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)");
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
@@ -179,8 +180,8 @@ void CommunicatorImpl::board_block(const MsgHeader& fp, double timeout_s, const 
   });
 }
 
-void CommunicatorImpl::check_board_mismatch(const Prepared& p) const {
-  if (!board_usable_) return;
+void HostExecutor::check_board_mismatch() const {
+  if (!board_usable_ || !current_) return;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     for (int parity = 0; parity < 2; ++parity) {
@@ -190,7 +191,7 @@ void CommunicatorImpl::check_board_mismatch(const Prepared& p) const {
       const MsgHeader h = slot->fp;
       std::atomic_thread_fence(std::memory_order_acquire);
       if (slot->gen.load(std::memory_order_relaxed) != before) continue;  // being rewritten
-      if (h.seq == p.seq && h.coll != static_cast<uint8_t>(Collective::Send))
+      if (h.seq == current_fp_.seq && h.coll != static_cast<uint8_t>(Collective::Send))
         check_header(h, current_fp_, h.payload_bytes, q);
     }
   }

@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "kernels/host/reduce.h"
+#include "exec/plan.h"
 #include "exec/step_walker.h"
 
 namespace ringtree {
@@ -48,6 +49,18 @@ struct HostMem {
   }
 };
 
+// The pre- and post-steps of exec/plan.h on host memory, as the host executor runs them.
+struct HostPolicy {
+  std::vector<uint8_t>* temp_storage;
+  uint8_t* temp(size_t bytes) {
+    temp_storage->resize(bytes);
+    return temp_storage->data();
+  }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) { scale_elements(dst, src, n, t, factor); }
+  void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  void divide(void* dst, uint64_t n, DataType t, int64_t divisor) { divide_elements(dst, n, t, divisor); }
+};
+
 }  // namespace
 
 void walk_on_threads(const ThreadWalkArgs& a) {
@@ -59,8 +72,6 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   RT_CHECK(a.channels >= 1 && a.channels <= 64, InvalidArgument, "walk_on_threads: 1 to 64 channels");
   const uint32_t C = a.channels;
   const size_t esz = dtype_size(a.dtype);
-  const bool reduces = is_reduction(a.key.coll);
-  const ReduceOp combine = a.op == ReduceOp::Avg || a.op == ReduceOp::PremulSum ? ReduceOp::Sum : a.op;
   // Mailboxes, per channel. inbox[x][y]: x's slots for chunks from y; posted[x][y] (x's memory):
   // chunks y has posted to x; consumed[x][y] (x's memory): x's chunks y has read.
   const size_t PPC = static_cast<size_t>(P) * P * C;
@@ -73,11 +84,13 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   for (auto& b : barriers) b.parties = C;
 
   struct RankState {
+    CollectiveArgs args;
+    CallPlan plan;  // what lower() made of this rank's call, as every executor gets it
     Schedule schedule;
     std::vector<WalkerLane> lanes;
     std::vector<WalkerCounters> counters;
     std::vector<uint8_t> scratch, staged;
-    WalkPlan plan;  // channel 0's; the others differ only in `channel`
+    WalkPlan walk;  // channel 0's; the others differ only in `channel`
     std::vector<WalkResult> result;
     std::vector<WalkFault> fault;
     std::vector<std::string> error;
@@ -85,9 +98,22 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   std::vector<RankState> ranks(P);
   for (int r = 0; r < P; ++r) {
     RankState& st = ranks[r];
-    ScheduleKey key = a.key;
-    key.rank = r;
-    st.schedule = build_schedule(key);
+    // This rank's call as a user would make it, validated and lowered by the shipping code.
+    const CollectiveTraits& traits = collective_traits(a.key.coll);
+    const bool is_root = traits.rooted && a.key.root == r;
+    const BufferSizes sizes = traits.sizes(a.key.count, P, is_root);
+    st.args.coll = a.key.coll;
+    st.args.algo = a.key.algo;
+    st.args.dtype = a.dtype;
+    st.args.op = a.op;
+    st.args.premul_factor = a.premul_factor;
+    st.args.root = a.key.root;
+    st.args.input = {a.inputs[r], sizes.input, false, traits.needs_input(is_root)};
+    st.args.output = {a.outputs[r], sizes.output, false, traits.needs_output(is_root)};
+    const ValidatedCall v = validate_call(st.args, r, P);
+    st.plan = lower(st.args, v, r, P, a.key.algo, a.timeout_s);
+    st.plan.key.segment = a.key.segment;  // the test's segment, as given
+    st.schedule = build_schedule(st.plan.key);
     st.lanes.resize(static_cast<size_t>(P) * C);
     st.counters.resize(static_cast<size_t>(P) * C);
     st.result.assign(C, WalkResult::Done);
@@ -108,37 +134,25 @@ void walk_on_threads(const ThreadWalkArgs& a) {
         lane.peer_stop = &stop_words[q];
       }
     }
-    uint8_t* in = a.inputs[r];
-    uint8_t* out = a.key.coll == Collective::Broadcast ? in : a.outputs[r];
-    const uint64_t in_elems = a.key.coll == Collective::ReduceScatter || a.key.coll == Collective::AllToAll ||
-                                      (a.key.coll == Collective::Scatter && r == a.key.root)
-                                  ? a.key.count * P
-                                  : a.key.count;
-    // As the host executor: premul_sum reduces a scaled copy; in-place all_to_all sends from a copy.
-    if (reduces && a.op == ReduceOp::PremulSum && in) {
-      st.staged.resize(in_elems * esz);
-      scale_elements(st.staged.data(), in, in_elems, a.dtype, a.premul_factor);
-      in = st.staged.data();
-    } else if (a.key.coll == Collective::AllToAll && in && in == out) {
-      st.staged.assign(in, in + in_elems * esz);
-      in = st.staged.data();
-    }
+    HostPolicy device{&st.staged};
+    uint8_t* in = run_pre_step(st.plan, device);
+    uint8_t* out = static_cast<uint8_t*>(st.plan.output.ptr);
     st.scratch.resize(st.schedule.scratch_elems * esz + 1);
-    st.plan.ops = st.schedule.ops.data();
-    st.plan.step_end = st.schedule.step_end.data();
-    st.plan.num_steps = static_cast<uint32_t>(st.schedule.num_steps());
-    st.plan.bases[0] = in;
-    st.plan.bases[1] = out;
-    st.plan.bases[2] = st.scratch.data();
-    st.plan.lanes = st.lanes.data();
-    st.plan.nranks = static_cast<uint32_t>(P);
-    st.plan.nchannels = C;
-    st.plan.stop_word = &stop_words[r];
-    st.plan.counters = st.counters.data();
-    st.plan.slot_bytes = a.slot_bytes;
-    st.plan.slots = a.slots;
-    st.plan.elem_size = static_cast<uint32_t>(esz);
-    st.plan.tag = a.tags.empty() ? 1 : a.tags.at(r);
+    st.walk.ops = st.schedule.ops.data();
+    st.walk.step_end = st.schedule.step_end.data();
+    st.walk.num_steps = static_cast<uint32_t>(st.schedule.num_steps());
+    st.walk.bases[0] = in;
+    st.walk.bases[1] = out;
+    st.walk.bases[2] = st.scratch.data();
+    st.walk.lanes = st.lanes.data();
+    st.walk.nranks = static_cast<uint32_t>(P);
+    st.walk.nchannels = C;
+    st.walk.stop_word = &stop_words[r];
+    st.walk.counters = st.counters.data();
+    st.walk.slot_bytes = a.slot_bytes;
+    st.walk.slots = a.slots;
+    st.walk.elem_size = static_cast<uint32_t>(esz);
+    st.walk.tag = a.tags.empty() ? st.plan.fingerprint(0).tag() : a.tags.at(r);
     for (size_t k = 0; k < st.schedule.num_steps(); ++k)
       RT_CHECK(st.schedule.step_end[k] - st.schedule.step_begin(k) <= kWalkerMaxStepOps, InvalidArgument,
                "walk_on_threads: a step holds more than ", kWalkerMaxStepOps, " ops");
@@ -150,11 +164,11 @@ void walk_on_threads(const ThreadWalkArgs& a) {
       threads.emplace_back([&, r, ch] {
         RankState& st = ranks[r];
         try {
-          HostMem mem{reduce_fn(a.dtype, combine), deadline, &barriers[r]};
+          HostMem mem{reduce_fn(a.dtype, st.plan.combine), deadline, &barriers[r]};
           std::vector<uint64_t> progress(kWalkerMaxStepOps);
-          WalkPlan plan = st.plan;
-          plan.channel = ch;
-          st.result[ch] = walk_schedule(plan, mem, progress.data(), &st.fault[ch]);
+          WalkPlan walk = st.walk;
+          walk.channel = ch;
+          st.result[ch] = walk_schedule(walk, mem, progress.data(), &st.fault[ch]);
         } catch (const std::exception& e) {
           st.error[ch] = e.what();
         }
@@ -177,9 +191,9 @@ void walk_on_threads(const ThreadWalkArgs& a) {
                " was still walking after ", a.timeout_s, " s");
     }
   }
-  if (reduces && a.op == ReduceOp::Avg) {
-    for (int r = 0; r < P; ++r)  // all_reduce, reduce_scatter and reduce all output key.count elements
-      if (a.key.coll != Collective::Reduce || r == a.key.root) divide_elements(a.outputs[r], a.key.count, a.dtype, P);
+  for (RankState& st : ranks) {
+    HostPolicy device{&st.staged};
+    run_post_step(st.plan, device);
   }
 }
 

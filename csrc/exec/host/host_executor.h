@@ -1,0 +1,146 @@
+// The host executor: runs lowered calls (exec/plan.h) over this rank's connections, with a
+// progress engine that spins briefly, then blocks in poll() on the doorbell, the TCP sockets it
+// waits for and every peer's control connection; and the one-shot board (board.cc) for small
+// calls when every rank shares this host.
+//
+// It knows connections, not communicators: the call order, validation, the algorithm choice and
+// what happens after a failure belong to the communicator (runtime/) that drives it.
+#pragma once
+#include <poll.h>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+#include "algorithms/schedule.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/control_plane.h"
+#include "common/clock.h"
+#include "exec/host/backoff.h"
+#include "exec/plan.h"
+#include "transport/doorbell.h"
+#include "transport/shm/shm.h"
+#include "transport/transport.h"
+
+namespace ringtree {
+
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(data_); }
+  uint8_t* ensure(size_t bytes);
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// One call as the host executor runs it: the plan, the arguments it was lowered from (peers and
+// the per-call sizes of sendrecv and all_to_all_v) and its place in the call order.
+struct HostCall {
+  CallPlan plan;
+  const CollectiveArgs* args = nullptr;
+  uint64_t seq = 0;
+  uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
+};
+
+// The wire header of a fingerprint, and back.
+MsgHeader header_of(const Fingerprint& fp, int sender);
+Fingerprint fingerprint_of(const MsgHeader& h);
+
+class HostExecutor {
+ public:
+  HostExecutor(int rank, int size, ControlPlane& ctrl) : rank_(rank), size_(size), ctrl_(ctrl) {}
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  // Takes the mesh's TCP data connections and sets up shared memory with the ranks on this host
+  // (a collective over `boot`). board_bytes: the one-shot board's capacity (0: no board).
+  void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t board_bytes);
+  void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
+  void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
+
+  // Runs the call; throws the typed error of the first failure.
+  void run(const HostCall& call);
+  // "all_reduce #3 (...)" with the peers of a point-to-point call; "no collective" between calls.
+  std::string describe_current() const;
+
+  // The board (board.cc): what a call would put there per rank, and whether it fits.
+  uint64_t board_payload_bytes(Collective c, uint64_t block_bytes) const;
+  bool board_fits(Collective c, uint64_t block_bytes) const;
+  bool board_usable() const { return board_usable_; }
+  uint64_t board_bytes() const { return board_bytes_; }
+
+  std::string transport_to(int peer) const;
+  // Releases connections and shared memory.
+  void close();
+
+ private:
+  struct OpCursor {
+    const Op* op;
+    Connection* conn;
+    int peer;
+    bool is_send;
+    bool done;
+    uint64_t payload_bytes;
+    SendCursor send;
+    RecvCursor recv;
+    MsgHeader expect;  // receives: the header this message must carry
+  };
+  struct Device;  // run_plan's device policy over this executor
+
+  void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes);
+  void walk(uint8_t* in, uint8_t* out);
+  void run_scheduled(uint8_t* in, uint8_t* out);
+  const Schedule& schedule_for(const HostCall& c);
+  void run_schedule(const Schedule& s, uint8_t* const bases[3], const Deadline& deadline);
+  void init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3]);
+  bool progress_all();
+  bool progress_recv_checked(OpCursor& c);
+  bool step_done(bool final) const;
+  void pump(const Deadline& deadline, bool final);
+  void block(const Deadline& deadline, bool final);
+  // Sleeps in poll() on pollfds_ (data descriptors the caller put there), the doorbell and every
+  // peer's control connection, unless `ready` (asked after the sleeping flag is up) says not to.
+  void doze(const Deadline& deadline, const std::function<bool()>& ready);
+  void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
+  [[noreturn]] void throw_timeout() const;
+  // The one-shot board (board.cc).
+  void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
+  void run_board(const uint8_t* in, uint8_t* out);
+  void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
+  void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);
+  void settle_board(double timeout_s);
+  void check_board_mismatch() const;
+
+  int rank_, size_;
+  ControlPlane& ctrl_;
+  std::vector<std::unique_ptr<Connection>> conns_;
+  bool have_shm_ = false;
+  Doorbell bell_;
+  std::unique_ptr<ShmSegment> own_segment_;
+  std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
+  WaitPolicy wait_;
+  uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
+  bool stream_out_ = false;    // the current call's
+  bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
+  uint64_t board_bytes_ = 0;   // payload capacity of a board slot
+  uint64_t board_gen_ = 0;     // one-shot calls so far
+  std::vector<uint8_t> board_arrived_;
+  // A one-shot broadcast this rank left before every rank had published it (board.cc).
+  uint64_t board_unsettled_gen_ = 0;
+  MsgHeader board_unsettled_fp_{};
+
+  std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
+  AlignedBuffer scratch_, temp_;
+  Schedule per_call_schedule_;  // sendrecv and all_to_all_v: per-call sizes are not a cache key
+  std::vector<OpCursor> cursors_;
+  OpCursor hs_send_{}, hs_recv_{};
+  bool hs_send_pending_ = false, hs_recv_pending_ = false;
+  std::vector<pollfd> pollfds_;
+  std::vector<int> pollfd_peer_;
+  const HostCall* current_ = nullptr;
+  MsgHeader current_fp_{};
+};
+
+}  // namespace ringtree
