@@ -31,6 +31,7 @@
 #include "exec/cuda/call_watch.cuh"
 #include "exec/cuda/device_comm.h"
 #include "exec/cuda/ipc_executor.h"
+#include "exec/plan.h"
 #include "exec/step_walker.h"
 
 namespace ringtree {
@@ -202,14 +203,6 @@ void launch_walk(LaunchArgs& l, DataType dtype, ReduceOp op) {
   }
 }
 
-uint64_t fnv1a(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 // A grow-only device buffer, reallocated only once the internal stream is idle.
 struct DeviceScratch {
   void* ptr = nullptr;
@@ -250,8 +243,6 @@ class IpcWork : public DeviceWork {
   uint64_t seq_;
   OwnedEvent done_;
 };
-
-enum class FailureKind { None, Error, Timeout, Mismatch, Stopped };
 
 class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathImpl> {
  public:
@@ -310,12 +301,12 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 
   const DeviceSchedule& schedule_for(const ScheduleKey& key);
   // Everything one call puts on the streams (run() holds call_mu_).
-  void enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, const ScheduleKey& key, uint64_t seq,
-               cudaStream_t caller, double timeout_s);
+  void enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64_t seq, cudaStream_t caller);
+  struct Device;  // run_plan's device policy: the internal stream and the walk kernel
   std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
-  void fail_locked(FailureKind kind, const std::string& why);
+  void fail_locked(ErrorKind kind, const std::string& why);
   void start_watch();
 
   std::shared_ptr<Communicator> host_;
@@ -336,14 +327,15 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   WalkStatus* status_ = nullptr;  // pinned, mapped ring, one entry per call
   WalkStatus* status_on_device_ = nullptr;
   uint64_t* one_ = nullptr;  // pinned: the value written into the peers' stop words
-  DeviceScratch scratch_, premul_, staged_;
+  DeviceScratch scratch_, temp_;
   std::unordered_map<ScheduleKey, DeviceSchedule, ScheduleKeyHash> schedules_;
   uint64_t seq_ = 0;
   bool closed_ = false;
 
   std::mutex call_mu_;  // one call is enqueued at a time, in issue order
   // The failure state below is guarded by the watch's mutex.
-  FailureKind failure_kind_ = FailureKind::None;
+  bool failed_ = false;
+  ErrorKind failure_kind_ = ErrorKind::Error;
   std::string failure_;
   CallWatch watch_;
 };
@@ -463,102 +455,90 @@ const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
   return schedules_.emplace(key, d).first->second;
 }
 
-std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& user, uintptr_t stream, bool want_work) {
-  const char* name = collective_name(user.coll);
-  const ValidatedCall v = host_->validate(user);
-  CollectiveArgs a = user;  // with the buffers as the collective uses them
-  a.input = v.input;
-  a.output = v.output;
-  const size_t esz = dtype_size(a.dtype);
+std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t stream, bool want_work) {
+  const char* name = collective_name(a.coll);
+  const ValidatedCall v = validate_call(a, rank_, P_);
   const int device = current_device();
   RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
            " but this communicator's CUDA IPC mailboxes live on device ", device_);
-  check_device_buffers(user, device);
-  const Collective c = a.coll;
-  const Algo algo = a.algo == Algo::Auto ? supported_algos(c).front() : a.algo;
-  ScheduleKey key{c, algo, P_, rank_, v.count, is_rooted(c) ? a.root : 0, pipeline_segment(c, algo, esz), -1};
+  check_device_buffers(a, device);
+  // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
+  const uint64_t bytes = v.count * dtype_size(a.dtype);
+  const Algo algo = a.algo == Algo::Auto ? supported_algos(a.coll).front() : host_->choose_algo(a.coll, a.algo, bytes, a.dtype);
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_->default_timeout();
+  const CallPlan plan = lower(a, v, rank_, P_, algo, timeout_s);
   cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
 
   std::lock_guard<std::mutex> call_lock(call_mu_);
   RT_CHECK(!closed_, Aborted, "the communicator is closed");
   raise_if_failed();
-  const DeviceSchedule& ds = schedule_for(key);
+  const DeviceSchedule& ds = schedule_for(plan.key);
   const uint64_t seq = seq_++;
   try {
-    enqueue(a, ds, key, seq, caller, timeout_s);
+    enqueue(plan, ds, seq, caller);
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    fail_locked(FailureKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
-                                            ": ", e.what()));
+    fail_locked(ErrorKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
+                                          ": ", e.what()));
     throw;
   }
   if (!want_work) return nullptr;
   return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
 }
 
-void IpcPathImpl::enqueue(const CollectiveArgs& a, const DeviceSchedule& ds, const ScheduleKey& key, uint64_t seq,
-                          cudaStream_t caller, double timeout_s) {
-  const Collective c = a.coll;
-  const Algo algo = key.algo;
-  const uint64_t count = key.count;
-  const size_t esz = dtype_size(a.dtype);
+// The plan's steps on the internal stream: the pre- and post-steps as stream work, the walk as
+// the kernel.
+struct IpcPathImpl::Device {
+  IpcPathImpl& path;
+  const DeviceSchedule& ds;
+  uint64_t seq;
+  uint8_t* temp(size_t bytes) { return static_cast<uint8_t*>(path.temp_.ensure(bytes, path.stream_)); }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) {
+    cuda_scale(dst, src, n, t, factor, path.stream_);
+  }
+  void copy(void* dst, const void* src, size_t bytes) {
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, path.stream_));
+  }
+  void divide(void* dst, uint64_t n, DataType t, int64_t divisor) { cuda_divide(dst, n, t, divisor, path.stream_); }
+  void walk(const CallPlan& plan, uint8_t* in, uint8_t* out) {
+    const size_t esz = plan.elem_size();
+    WalkPlan w;
+    w.ops = ds.ops;
+    w.step_end = ds.step_end;
+    w.num_steps = ds.num_steps;
+    w.bases[0] = in;
+    w.bases[1] = out;
+    w.bases[2] = static_cast<uint8_t*>(path.scratch_.ensure(ds.scratch_elems * esz + 16, path.stream_));
+    w.lanes = path.lanes_on_device_;
+    w.nranks = static_cast<uint32_t>(path.P_);
+    w.nchannels = path.channels_;
+    w.stop_word = reinterpret_cast<uint64_t*>(path.region_ + path.stop_off());
+    w.counters = path.counters_on_device_;
+    w.slot_bytes = path.slot_bytes_ / esz * esz;
+    w.slots = path.slots_;
+    w.elem_size = static_cast<uint32_t>(esz);
+    w.tag = plan.fingerprint(seq).tag();
+    WalkStatus* statuses = path.status_ + (seq % kStatusRing) * path.channels_;
+    for (uint32_t ch = 0; ch < path.channels_; ++ch) statuses[ch].result = -1;
+    LaunchArgs launch{w, path.abort_on_device_, path.status_on_device_ + (seq % kStatusRing) * path.channels_,
+                      path.barrier_, path.stream_};
+    launch_walk(launch, plan.dtype, plan.combine);
+  }
+};
+
+void IpcPathImpl::enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64_t seq, cudaStream_t caller) {
   RT_CUDA_CHECK(cudaEventRecord(fork_, caller));
   RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
-  auto* in = static_cast<uint8_t*>(a.input.ptr);
-  auto* out = static_cast<uint8_t*>(a.output.ptr);
-  // As the host executor: premul_sum reduces a scaled copy; in-place all_to_all sends from a copy.
-  if (is_reduction(c) && a.op == ReduceOp::PremulSum && a.input.count) {
-    void* scaled = premul_.ensure(a.input.count * esz, stream_);
-    cuda_scale(scaled, in, a.input.count, a.dtype, a.premul_factor, stream_);
-    in = static_cast<uint8_t*>(scaled);
-  } else if (c == Collective::AllToAll && a.input.count &&
-             ranges_overlap(in, a.input.count * esz, out, a.output.count * esz)) {
-    void* copy = staged_.ensure(a.input.count * esz, stream_);
-    RT_CUDA_CHECK(cudaMemcpyAsync(copy, in, a.input.count * esz, cudaMemcpyDeviceToDevice, stream_));
-    in = static_cast<uint8_t*>(copy);
-  }
-  WalkPlan plan;
-  plan.ops = ds.ops;
-  plan.step_end = ds.step_end;
-  plan.num_steps = ds.num_steps;
-  plan.bases[0] = in;
-  plan.bases[1] = out;
-  plan.bases[2] = static_cast<uint8_t*>(scratch_.ensure(ds.scratch_elems * esz + 16, stream_));
-  plan.lanes = lanes_on_device_;
-  plan.nranks = static_cast<uint32_t>(P_);
-  plan.nchannels = channels_;
-  plan.stop_word = reinterpret_cast<uint64_t*>(region_ + stop_off());
-  plan.counters = counters_on_device_;
-  plan.slot_bytes = slot_bytes_ / esz * esz;
-  plan.slots = slots_;
-  plan.elem_size = static_cast<uint32_t>(esz);
-  uint64_t tag = 1469598103934665603ull;
-  for (uint64_t v : {static_cast<uint64_t>(c), static_cast<uint64_t>(algo), static_cast<uint64_t>(a.dtype),
-                     static_cast<uint64_t>(is_reduction(c) ? a.op : ReduceOp::Sum),
-                     static_cast<uint64_t>(is_rooted(c) ? a.root : 0), count, seq})
-    tag = fnv1a(tag, v);
-  plan.tag = tag | 1;  // never 0, the value of a header nobody wrote
-  WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
-  for (uint32_t ch = 0; ch < channels_; ++ch) statuses[ch].result = -1;
-  LaunchArgs launch{plan, abort_on_device_, status_on_device_ + (seq % kStatusRing) * channels_, barrier_, stream_};
-  launch_walk(launch, a.dtype, a.op);
-  if (is_reduction(c) && a.op == ReduceOp::Avg && (c != Collective::Reduce || a.root == rank_) && a.output.count)
-    cuda_divide(out, a.output.count, a.dtype, P_, stream_);
+  Device dev{*this, ds, seq};
+  run_plan(plan, dev);
   RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
   RT_CUDA_CHECK(cudaStreamWaitEvent(caller, join_, 0));
-  watch_.track(stream_, seq, timeout_s, str_cat(collective_name(c), " ", describe_seq(seq)));
+  watch_.track(stream_, seq, plan.timeout_s, str_cat(collective_name(plan.key.coll), " ", describe_seq(seq)));
 }
 
 void IpcPathImpl::throw_failure_locked() const {
-  switch (failure_kind_) {
-    case FailureKind::None: return;
-    case FailureKind::Timeout: throw Timeout(failure_);
-    case FailureKind::Mismatch: throw CollectiveMismatch(failure_);
-    case FailureKind::Stopped: throw PeerFailure(failure_);
-    default: throw Error(failure_);
-  }
+  if (failed_) throw_error(failure_kind_, failure_);
 }
 
 void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
@@ -576,17 +556,18 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
     if (result == static_cast<int32_t>(WalkResult::Done)) result = r;
   }
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
-    fail_locked(FailureKind::Mismatch,
+    fail_locked(ErrorKind::CollectiveMismatch,
                 str_cat(what, " on rank ", rank_, ": rank ", f.peer, " sent a chunk of another call (tag ", f.got_tag,
                         ", ", f.got_bytes, " bytes; this call: tag ", f.want_tag, ", ", f.want_bytes,
                         " bytes): the ranks called different collectives or counts"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
-    fail_locked(FailureKind::Stopped, str_cat(what, " on rank ", rank_, " was stopped: ",
+    fail_locked(ErrorKind::PeerFailure, str_cat(what, " on rank ", rank_, " was stopped: ",
                                               *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
 }
 
-void IpcPathImpl::fail_locked(FailureKind kind, const std::string& why) {
-  if (failure_kind_ == FailureKind::None) {
+void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
+  if (!failed_) {
+    failed_ = true;
     failure_kind_ = kind;
     failure_ = why;
   }
@@ -605,7 +586,7 @@ void IpcPathImpl::start_watch() {
   CallWatch::Hooks hooks;
   hooks.completed = [this](const CallWatch::Call& c) { note_status_locked(c.seq, c.what); };
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool timed_out) {
-    fail_locked(timed_out ? FailureKind::Timeout : FailureKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
+    fail_locked(timed_out ? ErrorKind::Timeout : ErrorKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
   };
   watch_.start(std::move(hooks));
 }

@@ -48,27 +48,12 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "exec/cuda/local_executor.h"
+#include "exec/plan.h"
 
 namespace ringtree {
 
 namespace {
 
-
-// Elements of each rank's input and output buffer for a per-rank count N (as simulate.cc).
-struct Sizes { uint64_t input, output; };
-Sizes buffer_elems(Collective c, uint64_t P, uint64_t N) {
-  switch (c) {
-    case Collective::ReduceScatter: return {N * P, N};
-    case Collective::AllGather: case Collective::Gather: return {N, N * P};
-    case Collective::AllToAll: return {N * P, N * P};
-    case Collective::Scatter: return {N * P, N};
-    default: return {N, N};
-  }
-}
-
-bool spans_overlap(uintptr_t a, uint64_t a_bytes, uintptr_t b, uint64_t b_bytes) {
-  return a_bytes && b_bytes && a < b + b_bytes && b < a + a_bytes;
-}
 
 // Throws InvalidArgument unless [ptr, ptr + bytes) starts in device memory of `device`.
 void check_device_pointer(uintptr_t ptr, uint64_t bytes, int device, const char* what, size_t rank) {
@@ -76,14 +61,16 @@ void check_device_pointer(uintptr_t ptr, uint64_t bytes, int device, const char*
                       " (all ranks of one call share one device)");
 }
 
-// Per-rank resolved buffers: bases[Input], bases[Output] as the schedule sees them.
-struct RankBuffers {
-  uintptr_t input = 0, output = 0;
+// One rank's call: the arguments as a user of the communicator would give them (a pointer of 0
+// is an absent buffer), validated and lowered by the code every executor uses.
+struct RankCall {
+  CollectiveArgs args;
+  CallPlan plan;
+  uintptr_t root_source = 0;  // broadcast root: data to copy into its buffer first (0: none)
 };
 
-// Everything cuda_local_run checks before touching the device; fills the resolved algorithm and
-// per-rank buffers. Mirrors CommunicatorImpl::prepare where the two paths overlap.
-Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
+// Everything cuda_local_run checks before touching the device: one plan per rank.
+std::vector<RankCall> lower_ranks(const CudaLocalArgs& a) {
   const size_t P = a.inputs.size();
   RT_CHECK(P >= 1, InvalidArgument, "cuda_local_run: give one input pointer per rank (got none)");
   RT_CHECK(P <= 4096, InvalidArgument, "cuda_local_run: at most 4096 ranks, got ", P);
@@ -94,21 +81,14 @@ Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
   const char* name = collective_name(a.coll);
   switch (a.coll) {
     case Collective::Barrier: case Collective::Send: case Collective::Recv: case Collective::AllToAllV:
+    case Collective::SendRecv:
       RT_THROW(InvalidArgument, "cuda_local_run: ", name, " is not available on the local GPU executor yet");
     default: break;
   }
   RT_CHECK(a.dtype < DataType::Count, InvalidArgument, name, ": unsupported dtype code ", static_cast<int>(a.dtype));
-  if (is_reduction(a.coll)) {
-    RT_CHECK(a.op < ReduceOp::Count, InvalidArgument, name, ": unknown reduce op code ", static_cast<int>(a.op));
-    RT_CHECK(a.op != ReduceOp::PremulSum || std::isfinite(a.premul_factor), InvalidArgument, name,
-             ": premul_sum factor must be finite, got ", a.premul_factor);
-  }
-  if (is_rooted(a.coll))
-    RT_CHECK(a.root >= 0 && static_cast<size_t>(a.root) < P, InvalidArgument, name, ": root must be in [0, ", P,
-             "), got ", a.root);
   RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
   const std::vector<Algo> supported = supported_algos(a.coll);
-  Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
+  const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
   if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
     std::string names;
     for (Algo s : supported) names += std::string(algo_name(s)) + ", ";
@@ -117,49 +97,34 @@ Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
   const uint64_t esz = dtype_size(a.dtype);
   RT_CHECK(a.count <= (uint64_t{1} << 62) / esz / P, InvalidArgument, name, ": count ", a.count, " x ", P,
            " ranks overflows");
-  const Sizes sz = buffer_elems(a.coll, P, a.count);
-
-  bufs.assign(P, RankBuffers{});
+  const CollectiveTraits& t = collective_traits(a.coll);
+  std::vector<RankCall> calls(P);
   for (size_t r = 0; r < P; ++r) {
-    const bool is_root = static_cast<size_t>(a.root) == r;
+    RankCall& rc = calls[r];
+    const bool is_root = t.rooted && static_cast<size_t>(a.root) == r;
+    const BufferSizes sz = t.sizes(a.count, static_cast<int>(P), is_root);
     uintptr_t in = a.inputs[r], out = a.outputs.empty() ? 0 : a.outputs[r];
-    bool need_in = true, need_out = true;
-    switch (a.coll) {
-      case Collective::Broadcast:  // one buffer; the root's data come from its input
-        need_in = is_root;
-        need_out = false;
-        if (out == 0) out = in;
-        RT_CHECK(out != 0 || sz.output == 0, InvalidArgument, name, ": rank ", r, " gives neither an input nor an output");
-        break;
-      case Collective::Reduce:
-        need_out = false;
-        if (is_root && out == 0) out = in;  // the root reduces in place
-        break;
-      case Collective::Gather: need_out = is_root; break;
-      case Collective::Scatter: need_in = is_root; break;
-      default: break;
+    if (a.coll == Collective::Broadcast) {
+      // One buffer: the output (the input where no output is given); the root's data come from
+      // its input, copied in first when the two differ.
+      const uintptr_t buffer = out ? out : in;
+      if (is_root && in && in != buffer) rc.root_source = in;
+      in = buffer;
+      out = 0;
     }
-    if (need_in) RT_CHECK(in != 0 || sz.input == 0, InvalidArgument, name, ": rank ", r, " needs an input pointer");
-    if (need_out) RT_CHECK(out != 0 || sz.output == 0, InvalidArgument, name, ": rank ", r, " needs an output pointer");
-    if (!need_in && a.coll != Collective::Broadcast) in = 0;
-    if (!need_out && a.coll != Collective::Broadcast && !(a.coll == Collective::Reduce && is_root)) out = 0;
-    // Out-of-place buffers may not overlap, except in the in-place layouts NCCL allows.
-    const uint64_t in_bytes = in ? sz.input * esz : 0, out_bytes = out ? sz.output * esz : 0;
-    const uint64_t block = a.count * esz;
-    const bool same = in == out;
-    const bool in_is_out_block = (a.coll == Collective::AllGather || (a.coll == Collective::Gather && is_root)) &&
-                                 in == out + r * block;
-    const bool out_is_in_block = (a.coll == Collective::ReduceScatter || (a.coll == Collective::Scatter && is_root)) &&
-                                 out == in + r * block;
-    const bool allowed = (same && a.coll != Collective::AllGather && a.coll != Collective::ReduceScatter &&
-                          a.coll != Collective::AllToAll && a.coll != Collective::Gather && a.coll != Collective::Scatter) ||
-                         in_is_out_block || out_is_in_block || (a.coll == Collective::Broadcast && (same || !is_root));
-    RT_CHECK(allowed || !spans_overlap(in, in_bytes, out, out_bytes), InvalidArgument, name, ": rank ", r,
-             "'s input and output overlap without being an in-place layout (same buffer for all_reduce/reduce,",
-             " input = output block r for all_gather/gather, output = input block r for reduce_scatter/scatter)");
-    bufs[r] = {in, out};
+    CollectiveArgs& args = rc.args;
+    args.coll = a.coll;
+    args.algo = algo;
+    args.dtype = a.dtype;
+    args.op = a.op;
+    args.premul_factor = a.premul_factor;
+    args.root = a.root;
+    args.input = {reinterpret_cast<void*>(in), sz.input, false, in != 0 || sz.input == 0};
+    args.output = {reinterpret_cast<void*>(out), sz.output, false, out != 0 || (sz.output == 0 && t.needs_output(is_root))};
+    const ValidatedCall v = validate_call(args, static_cast<int>(r), static_cast<int>(P));
+    rc.plan = lower(args, v, static_cast<int>(r), static_cast<int>(P), algo, 0, a.segment_bytes);
   }
-  return algo;
+  return calls;
 }
 
 struct DeviceBuffer {
@@ -179,30 +144,21 @@ class Executor {
  public:
   explicit Executor(int device) : device_(device) {}
 
-  CudaLocalStats run(const CudaLocalArgs& a, Algo algo, const std::vector<RankBuffers>& bufs) {
+  CudaLocalStats run(const CudaLocalArgs& a, const std::vector<RankCall>& calls) {
     std::lock_guard<std::mutex> lock(mu_);
-    const int P = static_cast<int>(bufs.size());
+    const int P = static_cast<int>(calls.size());
     const size_t esz = dtype_size(a.dtype);
-    const Sizes sz = buffer_elems(a.coll, static_cast<uint64_t>(P), a.count);
     stats_ = CudaLocalStats{};
     next_event_ = 0;
     ensure_streams(P);
     cudaStream_t caller = reinterpret_cast<cudaStream_t>(a.stream);
 
-    ScheduleKey key{a.coll, algo, P, 0, a.count, is_rooted(a.coll) ? a.root : 0, 0, -1};
-    key.segment = pipeline_segment(a.coll, algo, esz, a.segment_bytes);
     std::vector<RankRun> ranks(P);
-    uint64_t scratch_elems = 0;
-    for (int r = 0; r < P; ++r) {
-      key.rank = r;
-      ranks[r].sched = build_schedule(key);
-      scratch_elems = std::max(scratch_elems, ranks[r].sched.scratch_elems);
-    }
-    const bool premul = is_reduction(a.coll) && a.op == ReduceOp::PremulSum && sz.input > 0;
+    for (int r = 0; r < P; ++r) ranks[r].sched = build_schedule(calls[r].plan.key);
     // Buffers may have to grow; growing waits for earlier calls that still use the old ones.
     for (int r = 0; r < P; ++r) {
       ensure_buffer(scratch_, r, ranks[r].sched.scratch_elems * esz);
-      if (premul && bufs[r].input) ensure_buffer(premul_, r, sz.input * esz);
+      ensure_buffer(temp_, r, calls[r].plan.temp_bytes());
     }
 
     // Fork: every rank stream starts after what the caller already enqueued.
@@ -211,26 +167,17 @@ class Executor {
 
     for (int r = 0; r < P; ++r) {
       RankRun& st = ranks[r];
-      uint8_t* in = reinterpret_cast<uint8_t*>(bufs[r].input);
-      uint8_t* out = reinterpret_cast<uint8_t*>(bufs[r].output);
-      if (a.coll == Collective::Broadcast) {
-        // The schedule broadcasts the output buffer; the root's data come from its input.
-        if (r == a.root && in != out) enqueue_copy(out, in, sz.output * esz, streams_[r]);
-        in = out;
-      }
-      // premul_sum scales this rank's contribution once, before it enters the reduction.
-      if (premul && in) {
-        uint8_t* scaled = static_cast<uint8_t*>(premul_[r].ptr);
-        cuda_scale(scaled, in, sz.input, a.dtype, a.premul_factor, streams_[r]);
-        count_kernel(2 * sz.input * esz);
-        in = scaled;
-      }
-      st.base[static_cast<int>(BufId::Input)] = in;
-      st.base[static_cast<int>(BufId::Output)] = out;
+      const CallPlan& plan = calls[r].plan;
+      if (calls[r].root_source)
+        enqueue_copy(plan.output.ptr, reinterpret_cast<const void*>(calls[r].root_source), plan.output.count * esz,
+                     streams_[r]);
+      RankDevice dev{*this, r};
+      st.base[static_cast<int>(BufId::Input)] = run_pre_step(plan, dev);
+      st.base[static_cast<int>(BufId::Output)] = static_cast<uint8_t*>(plan.output.ptr);
       st.base[static_cast<int>(BufId::Scratch)] = static_cast<uint8_t*>(scratch_[r].ptr);
     }
 
-    walk(ranks, a, esz);
+    walk(ranks, a, calls.front().plan.combine, esz);
 
     for (int r = 0; r < P; ++r) {
       RankRun& st = ranks[r];
@@ -238,11 +185,8 @@ class Executor {
       // rewrites an output a peer may still be reading).
       for (cudaEvent_t e : st.sends_done) wait(streams_[r], e);
       st.sends_done.clear();
-      if (is_reduction(a.coll) && a.op == ReduceOp::Avg && (a.coll != Collective::Reduce || r == a.root) &&
-          sz.output > 0) {
-        cuda_divide(st.base[static_cast<int>(BufId::Output)], sz.output, a.dtype, P, streams_[r]);
-        count_kernel(2 * sz.output * esz);
-      }
+      RankDevice dev{*this, r};
+      run_post_step(calls[r].plan, dev);
       // Join: the caller's stream continues after every rank stream.
       wait(caller, record(streams_[r]));
     }
@@ -257,19 +201,20 @@ class Executor {
  private:
   // The host-side walk described at the top of this file: the shared rendezvous walk, with
   // entering a step and matching a send to a receive turned into stream work.
-  void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, size_t esz) {
+  void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, ReduceOp combine, size_t esz) {
     struct Enqueue : RendezvousVisitor {
       Executor& ex;
       std::vector<RankRun>& ranks;
-      const CudaLocalArgs& a;
+      DataType dtype;
+      ReduceOp combine;
       size_t esz;
-      Enqueue(Executor& e, std::vector<RankRun>& r, const CudaLocalArgs& args, size_t size)
-          : ex(e), ranks(r), a(args), esz(size) {}
+      Enqueue(Executor& e, std::vector<RankRun>& r, DataType t, ReduceOp op, size_t size)
+          : ex(e), ranks(r), dtype(t), combine(op), esz(size) {}
       void enter_step(int r, size_t step) override { ex.enter(ranks[r], r, step, esz); }
       void transfer(int from, const Op& snd, int to, const Op& rcv) override {
-        ex.transfer(ranks[from], snd, ranks[to], rcv, to, a, esz);
+        ex.transfer(ranks[from], snd, ranks[to], rcv, to, dtype, combine, esz);
       }
-    } enqueue(*this, ranks, a, esz);
+    } enqueue(*this, ranks, a.dtype, combine, esz);
     std::vector<const Schedule*> schedules;
     for (const RankRun& st : ranks) schedules.push_back(&st.sched);
     // The schedules are proven by simulate_schedules; this guards the executor.
@@ -295,7 +240,7 @@ class Executor {
     }
   }
 
-  void transfer(RankRun& from, const Op& snd, RankRun& to, const Op& rcv, int to_rank, const CudaLocalArgs& a,
+  void transfer(RankRun& from, const Op& snd, RankRun& to, const Op& rcv, int to_rank, DataType dtype, ReduceOp combine,
                 size_t esz) {
     if (snd.count == 0) return;  // nothing moves; the match alone keeps the walk in step
     cudaStream_t s = streams_[to_rank];
@@ -306,12 +251,28 @@ class Executor {
     if (rcv.kind == OpKind::Recv) {
       enqueue_copy(dst, incoming, bytes, s);
     } else {
-      cuda_reduce(dst, at(to, rcv.src, esz), incoming, snd.count, a.dtype, a.op, s);
+      cuda_reduce(dst, at(to, rcv.src, esz), incoming, snd.count, dtype, combine, s);
       count_kernel(3 * bytes);
     }
     stats_.transfers++;
     from.sends_done.push_back(record(s));
   }
+
+  // run_plan's device for rank r: its stream and its temp buffer, counted in the stats.
+  struct RankDevice {
+    Executor& ex;
+    int r;
+    uint8_t* temp(size_t) { return static_cast<uint8_t*>(ex.temp_[r].ptr); }
+    void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) {
+      cuda_scale(dst, src, n, t, factor, ex.streams_[r]);
+      ex.count_kernel(2 * n * dtype_size(t));
+    }
+    void copy(void* dst, const void* src, size_t bytes) { ex.enqueue_copy(dst, src, bytes, ex.streams_[r]); }
+    void divide(void* dst, uint64_t n, DataType t, int64_t divisor) {
+      cuda_divide(dst, n, t, divisor, ex.streams_[r]);
+      ex.count_kernel(2 * n * dtype_size(t));
+    }
+  };
 
   static uint8_t* at(const RankRun& st, BufRef ref, size_t esz) {
     return st.base[static_cast<int>(ref.buf)] + ref.offset * esz;
@@ -356,7 +317,7 @@ class Executor {
       streams_.push_back(s);
     }
     if (static_cast<int>(scratch_.size()) < P) scratch_.resize(P);
-    if (static_cast<int>(premul_.size()) < P) premul_.resize(P);
+    if (static_cast<int>(temp_.size()) < P) temp_.resize(P);
   }
 
   void ensure_buffer(std::vector<DeviceBuffer>& pool, int r, size_t bytes) {
@@ -380,7 +341,7 @@ class Executor {
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_;
   size_t next_event_ = 0;
-  std::vector<DeviceBuffer> scratch_, premul_;
+  std::vector<DeviceBuffer> scratch_, temp_;
   CudaLocalStats stats_;
 };
 
@@ -427,18 +388,20 @@ int cuda_device_count() {
 }
 
 CudaLocalStats cuda_local_run(const CudaLocalArgs& args) {
-  std::vector<RankBuffers> bufs;
-  const Algo algo = validate(args, bufs);
+  const std::vector<RankCall> calls = lower_ranks(args);
   require_device("cuda_local_run");
   int dev = 0;
   RT_CUDA_CHECK(cudaGetDevice(&dev));
-  const Sizes sz = buffer_elems(args.coll, bufs.size(), args.count);
   const uint64_t esz = dtype_size(args.dtype);
-  for (size_t r = 0; r < bufs.size(); ++r) {
-    check_device_pointer(bufs[r].input, bufs[r].input ? sz.input * esz : 0, dev, "input_ptrs", r);
-    check_device_pointer(bufs[r].output, bufs[r].output ? sz.output * esz : 0, dev, "output_ptrs", r);
+  for (size_t r = 0; r < calls.size(); ++r) {
+    const CallPlan& p = calls[r].plan;
+    check_device_pointer(reinterpret_cast<uintptr_t>(p.input.ptr), p.input.ptr ? p.input.count * esz : 0, dev,
+                         "input_ptrs", r);
+    check_device_pointer(reinterpret_cast<uintptr_t>(p.output.ptr), p.output.ptr ? p.output.count * esz : 0, dev,
+                         "output_ptrs", r);
+    check_device_pointer(calls[r].root_source, calls[r].root_source ? p.output.count * esz : 0, dev, "input_ptrs", r);
   }
-  return executor_for_current_device(true)->run(args, algo, bufs);
+  return executor_for_current_device(true)->run(args, calls);
 }
 
 void cuda_local_synchronize() {
