@@ -1,4 +1,5 @@
 #include "exec/cuda/call_watch.cuh"
+#include "exec/cuda/device_comm.h"
 #include <cstdio>
 #include "common/check.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -29,15 +30,6 @@ bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& c
     if (check) check();
     if (timeout_s >= 0 && std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 20 : 500));  // longer as the wait grows
-  }
-}
-
-OwnedEvent::OwnedEvent(cudaStream_t stream) {
-  RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  const cudaError_t err = cudaEventRecord(ev, stream);
-  if (err != cudaSuccess) {
-    (void)cudaEventDestroy(ev);
-    throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
   }
 }
 
@@ -152,5 +144,27 @@ void CallWatch::finish() {
   for (cudaEvent_t ev : spare_) (void)cudaEventDestroy(ev);
   spare_.clear();
 }
+
+DeviceWork::DeviceWork(uintptr_t stream, std::function<void()> check, std::function<void()> finish)
+    : check_(std::move(check)), finish_(std::move(finish)) {
+  cudaEvent_t ev = nullptr;
+  RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  const cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(ev);
+    throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
+  }
+  event_ = ev;
+}
+
+DeviceWork::~DeviceWork() { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+bool DeviceWork::wait(double timeout_s) {
+  if (!wait_event(static_cast<cudaEvent_t>(event_), timeout_s, check_)) return false;
+  if (finish_) finish_();
+  return true;
+}
+
+bool DeviceWork::is_completed() { return event_done(static_cast<cudaEvent_t>(event_)); }
 
 }  // namespace ringtree

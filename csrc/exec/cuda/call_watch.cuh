@@ -24,15 +24,6 @@ bool event_done(cudaEvent_t ev);
 // end the wait with an error). False if the time ran out.
 bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check);
 
-// An event recorded on a stream when made, owned by one Work.
-struct OwnedEvent {
-  cudaEvent_t ev = nullptr;
-  explicit OwnedEvent(cudaStream_t stream);
-  ~OwnedEvent() { (void)cudaEventDestroy(ev); }
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
-};
-
 // InvalidArgument unless the call's buffers lie in device memory of `device`.
 void check_device_buffers(const CollectiveArgs& a, int device);
 

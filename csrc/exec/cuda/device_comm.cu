@@ -25,10 +25,12 @@
 #include <vector>
 #include "common/check.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "exec/cuda/call_watch.cuh"
 #include "exec/cuda/device_comm.h"
 #include "exec/cuda/ipc_executor.h"
 #include "exec/cuda/local_executor.h"
+#include "exec/plan.h"
 #include "transport/nccl/nccl_library.h"
 
 namespace ringtree {
@@ -101,21 +103,6 @@ class StagingPool {
   std::vector<std::unique_ptr<Slot>> slots_;
 };
 
-class StagedWork : public DeviceWork {
- public:
-  StagedWork(std::shared_ptr<Work> host, cudaStream_t stream) : host_(std::move(host)), done_(stream) {}
-  bool wait(double timeout_s) override {
-    if (!wait_event(done_.ev, timeout_s, nullptr)) return false;
-    host_->wait(-1.0);  // finished before the stream was released; rethrows its error
-    return true;
-  }
-  bool is_completed() override { return event_done(done_.ev); }
-
- private:
-  std::shared_ptr<Work> host_;
-  OwnedEvent done_;
-};
-
 // Where a call's buffers sit in its staging slot: in-place layouts (the same buffer, or one
 // inside the other) keep their relative position, so the host collective sees them in place.
 struct StagingLayout {
@@ -154,16 +141,14 @@ int nccl_dtype(DataType t) {
   }
 }
 
-int nccl_op(ReduceOp op, const char* name) {
-  switch (op) {
-    case ReduceOp::Sum: return kNcclSum;
+// The op NCCL reduces with: the plan's combine (avg and premul_sum are sums between the plan's
+// pre- and post-steps, so they mean what they mean on every other executor).
+int nccl_op(ReduceOp combine) {
+  switch (combine) {
     case ReduceOp::Prod: return kNcclProd;
     case ReduceOp::Min: return kNcclMin;
     case ReduceOp::Max: return kNcclMax;
-    case ReduceOp::Avg: return kNcclAvg;
-    default:
-      RT_THROW(InvalidArgument, name, ": op ", op_name(op), " is not available with algo='nccl' (use sum, prod, min, ",
-               "max or avg, or a ringtree algorithm)");
+    default: return kNcclSum;
   }
 }
 
@@ -183,7 +168,8 @@ class NcclPath : public std::enable_shared_from_this<NcclPath> {
 
  private:
   void init(double timeout_s);
-  void enqueue(const CollectiveArgs& a, cudaStream_t stream);
+  struct Device;  // run_plan's device policy: the caller's stream and NCCL
+  void walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t* in, uint8_t* out, cudaStream_t s);
   void start_watch();
   void fail_locked(const std::string& why);
   void check(NcclResult r, const char* call) {
@@ -206,21 +192,6 @@ class NcclPath : public std::enable_shared_from_this<NcclPath> {
   bool aborted_ = false;
   bool closed_ = false;
   CallWatch watch_;
-};
-
-class NcclWork : public DeviceWork {
- public:
-  NcclWork(std::shared_ptr<NcclPath> path, cudaStream_t stream) : path_(std::move(path)), done_(stream) {}
-  bool wait(double timeout_s) override {
-    if (!wait_event(done_.ev, timeout_s, [this] { path_->raise_if_failed(); })) return false;
-    path_->raise_if_failed();
-    return true;
-  }
-  bool is_completed() override { return event_done(done_.ev); }
-
- private:
-  std::shared_ptr<NcclPath> path_;
-  OwnedEvent done_;
 };
 
 void NcclPath::init(double timeout_s) {
@@ -253,19 +224,44 @@ void NcclPath::init(double timeout_s) {
   start_watch();
 }
 
-std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
-  const char* name = collective_name(user.coll);
-  RT_CHECK(user.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
-  const ValidatedCall v = host_.validate(user);  // the host path's checks: counts, roots, peers, overlaps
-  CollectiveArgs a = user;                       // with the buffers as the collective uses them
-  a.input = v.input;
-  a.output = v.output;
-  // A dtype or op NCCL lacks is refused here, before the first call's set-up traffic.
+// Stream-ordered: a temp lives from its allocation to its free on the caller's stream, so calls
+// on different streams never share one.
+struct NcclPath::Device {
+  NcclPath& path;
+  const CollectiveArgs& args;
+  cudaStream_t stream;
+  void* temp_ptr = nullptr;
+  uint8_t* temp(size_t bytes) {
+    RT_CUDA_CHECK(cudaMallocAsync(&temp_ptr, bytes, stream));
+    return static_cast<uint8_t*>(temp_ptr);
+  }
+  void release_temp() {
+    if (temp_ptr) RT_CUDA_CHECK(cudaFreeAsync(temp_ptr, stream));
+    temp_ptr = nullptr;
+  }
+  ~Device() {
+    if (temp_ptr) (void)cudaFreeAsync(temp_ptr, stream);
+  }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) { cuda_scale(dst, src, n, t, factor, stream); }
+  void copy(void* dst, const void* src, size_t bytes) {
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  void divide(void* dst, uint64_t n, DataType t, int64_t divisor) { cuda_divide(dst, n, t, divisor, stream); }
+  void walk(const CallPlan& plan, uint8_t* in, uint8_t* out) { path.walk(plan, args, in, out, stream); }
+};
+
+std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, cudaStream_t stream, bool want_work) {
+  const char* name = collective_name(a.coll);
+  RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
+  const ValidatedCall v = validate_call(a, host_.rank(), host_.size());
+  // A dtype NCCL lacks is refused here, before the first call's set-up traffic.
   (void)nccl_dtype(a.dtype);
-  if (is_reduction(a.coll)) (void)nccl_op(a.op, name);
   const int device = current_device();
   check_device_buffers(a, device);
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_.default_timeout();
+  // NCCL runs whole collectives; the plan's key names the direct schedules it walks as grouped
+  // point-to-point calls for the collectives it has no single call for.
+  const CallPlan plan = lower(a, v, host_.rank(), host_.size(), supported_algos(a.coll).front(), timeout_s);
   std::lock_guard<std::mutex> call_lock(call_mu_);
   raise_if_failed();
   if (!comm_) {
@@ -279,116 +275,71 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& user, cudaStream
   }
   RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
            " but this communicator's NCCL communicator lives on device ", device_);
-  enqueue(a, stream);
+  Device dev{*this, a, stream};
+  run_plan(plan, dev);
+  dev.release_temp();
   const uint64_t seq = calls_++;
   watch_.track(stream, seq, timeout_s, str_cat(name, " #", seq, " (algo='nccl')"));
   if (!want_work) return nullptr;
-  return std::make_shared<NcclWork>(shared_from_this(), stream);
+  auto self = shared_from_this();
+  auto check = [self] { self->raise_if_failed(); };
+  return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream), check, check);
 }
 
-void NcclPath::enqueue(const CollectiveArgs& a, cudaStream_t s) {
-  const int dt = nccl_dtype(a.dtype);
-  const int op = is_reduction(a.coll) ? nccl_op(a.op, collective_name(a.coll)) : kNcclSum;
-  const int P = host_.size(), me = host_.rank();
-  const size_t esz = dtype_size(a.dtype);
-  auto* in = static_cast<const uint8_t*>(a.input.ptr);
-  auto* out = static_cast<uint8_t*>(a.output.ptr);
-  // Grouped point-to-point for the collectives NCCL has no single call for; this rank's own
-  // block is a device copy.
-  auto grouped = [&](const std::function<void()>& body) {
-    check(api_->GroupStart(), "ncclGroupStart");
-    try {
-      body();
-    } catch (...) {
-      (void)api_->GroupEnd();
-      throw;
-    }
-    check(api_->GroupEnd(), "ncclGroupEnd");
-  };
-  switch (a.coll) {
+void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t* in, uint8_t* out, cudaStream_t s) {
+  const int dt = nccl_dtype(plan.dtype);
+  const int op = nccl_op(plan.combine);
+  const int root = plan.key.root;
+  switch (plan.key.coll) {
     case Collective::AllReduce:
-      check(api_->AllReduce(in, out, a.output.count, dt, op, comm_, s), "ncclAllReduce");
-      break;
+      check(api_->AllReduce(in, out, plan.output.count, dt, op, comm_, s), "ncclAllReduce");
+      return;
     case Collective::ReduceScatter:
-      check(api_->ReduceScatter(in, out, a.output.count, dt, op, comm_, s), "ncclReduceScatter");
-      break;
+      check(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter");
+      return;
     case Collective::AllGather:
-      check(api_->AllGather(in, out, a.input.count, dt, comm_, s), "ncclAllGather");
-      break;
-    case Collective::Broadcast:  // one buffer: validate() made it input and output
-      check(api_->Broadcast(in, out, a.input.count, dt, a.root, comm_, s), "ncclBroadcast");
-      break;
+      check(api_->AllGather(in, out, plan.input.count, dt, comm_, s), "ncclAllGather");
+      return;
+    case Collective::Broadcast:  // one buffer: the plan's input and output
+      check(api_->Broadcast(in, out, plan.input.count, dt, root, comm_, s), "ncclBroadcast");
+      return;
     case Collective::Reduce:  // out: null off the root (NCCL ignores it there), in place on it
-      check(api_->Reduce(in, out, a.input.count, dt, op, a.root, comm_, s), "ncclReduce");
-      break;
-    case Collective::AllToAll:
-    case Collective::AllToAllV: {
-      const bool v = a.coll == Collective::AllToAllV;
-      const uint64_t n = v ? 0 : a.input.count / static_cast<uint64_t>(P);
-      uint64_t send_at = 0, recv_at = 0;
-      grouped([&] {
-        for (int q = 0; q < P; ++q) {
-          const uint64_t sc = v ? a.send_counts[q] : n, rc = v ? a.recv_counts[q] : n;
-          if (q == me) {
-            if (sc) RT_CUDA_CHECK(cudaMemcpyAsync(out + recv_at * esz, in + send_at * esz, sc * esz,
-                                                  cudaMemcpyDeviceToDevice, s));
-          } else {
-            if (sc) check(api_->Send(in + send_at * esz, sc, dt, q, comm_, s), "ncclSend");
-            if (rc) check(api_->Recv(out + recv_at * esz, rc, dt, q, comm_, s), "ncclRecv");
-          }
-          send_at += sc;
-          recv_at += rc;
-        }
-      });
-      break;
-    }
-    case Collective::Gather: {
-      const uint64_t n = a.input.count;
-      grouped([&] {
-        if (me != a.root) {
-          if (n) check(api_->Send(in, n, dt, a.root, comm_, s), "ncclSend");
-          return;
-        }
-        for (int q = 0; q < P && n; ++q) {
-          if (q == me)
-            RT_CUDA_CHECK(cudaMemcpyAsync(out + q * n * esz, in, n * esz, cudaMemcpyDeviceToDevice, s));
-          else
-            check(api_->Recv(out + q * n * esz, n, dt, q, comm_, s), "ncclRecv");
-        }
-      });
-      break;
-    }
-    case Collective::Scatter: {
-      const uint64_t n = a.output.count;
-      grouped([&] {
-        if (me != a.root) {
-          if (n) check(api_->Recv(out, n, dt, a.root, comm_, s), "ncclRecv");
-          return;
-        }
-        for (int q = 0; q < P && n; ++q) {
-          if (q == me)
-            RT_CUDA_CHECK(cudaMemcpyAsync(out, in + q * n * esz, n * esz, cudaMemcpyDeviceToDevice, s));
-          else
-            check(api_->Send(in + q * n * esz, n, dt, q, comm_, s), "ncclSend");
-        }
-      });
-      break;
-    }
-    case Collective::Send:
-      if (a.input.count) check(api_->Send(in, a.input.count, dt, a.peer, comm_, s), "ncclSend");
-      break;
-    case Collective::Recv:
-      if (a.output.count) check(api_->Recv(out, a.output.count, dt, a.peer, comm_, s), "ncclRecv");
-      break;
-    case Collective::SendRecv:
-      grouped([&] {
-        if (a.input.count) check(api_->Send(in, a.input.count, dt, a.peer, comm_, s), "ncclSend");
-        if (a.output.count) check(api_->Recv(out, a.output.count, dt, a.recv_peer, comm_, s), "ncclRecv");
-      });
-      break;
-    default:
-      RT_THROW(InvalidArgument, collective_name(a.coll), " is not available with algo='nccl'");
+      check(api_->Reduce(in, out, plan.input.count, dt, op, root, comm_, s), "ncclReduce");
+      return;
+    default: break;
   }
+  // Everything else is a direct schedule (all_to_all, gather, scatter, all_to_all_v, p2p): its
+  // sends and receives go to NCCL as one group, its local copies to the stream. Direct
+  // schedules' ops touch disjoint memory and never reduce, so one group keeps their meaning.
+  Schedule sched;
+  if (plan.key.coll == Collective::AllToAllV) {
+    direct_all_to_all_v(sched, host_.size(), host_.rank(), a.send_counts, a.recv_counts);
+  } else if (plan.key.coll == Collective::SendRecv) {
+    sched.add({OpKind::Send, a.peer, plan.input.count, {}, {BufId::Input, 0}});
+    sched.add({OpKind::Recv, a.recv_peer, plan.output.count, {BufId::Output, 0}, {}});
+    sched.end_step();
+  } else {
+    sched = build_schedule(plan.key);
+  }
+  const size_t esz = plan.elem_size();
+  uint8_t* const bases[3] = {const_cast<uint8_t*>(in), out, nullptr};
+  check(api_->GroupStart(), "ncclGroupStart");
+  try {
+    for (const Op& o : sched.ops) {
+      RT_CHECK(o.kind != OpKind::RecvReduce && !(o.kind == OpKind::Copy && o.src.buf == BufId::Scratch), Error,
+               "internal error: algo='nccl' walks only direct schedules, not ", collective_name(plan.key.coll), "'s");
+      if (o.count == 0) continue;
+      uint8_t* dst = bases[static_cast<int>(o.dst.buf)] + o.dst.offset * esz;
+      const uint8_t* src = bases[static_cast<int>(o.src.buf)] + o.src.offset * esz;
+      if (o.kind == OpKind::Send) check(api_->Send(src, o.count, dt, o.peer, comm_, s), "ncclSend");
+      else if (o.kind == OpKind::Recv) check(api_->Recv(dst, o.count, dt, o.peer, comm_, s), "ncclRecv");
+      else if (dst != src) RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, o.count * esz, cudaMemcpyDeviceToDevice, s));
+    }
+  } catch (...) {
+    (void)api_->GroupEnd();
+    throw;
+  }
+  check(api_->GroupEnd(), "ncclGroupEnd");
 }
 
 void NcclPath::fail_locked(const std::string& why) {
@@ -562,7 +513,9 @@ std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cud
     throw;
   }
   if (!want_work) return nullptr;
-  return std::make_shared<StagedWork>(std::move(host_work), stream);
+  // Finished before the stream was released: its wait returns at once and rethrows its error.
+  return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream), nullptr,
+                                      [host_work] { host_work->wait(-1.0); });
 }
 
 }  // namespace

@@ -23,19 +23,30 @@
 // Plain C++ header (no CUDA types) so the bindings compile with the host compiler.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include "ringtree/communicator.h"
 
 namespace ringtree {
 
-// A device collective in flight. wait() blocks the host until the device work is complete.
+// A device collective in flight, whichever executor enqueued it: complete once the device passes
+// the point its stream was at when the call was enqueued. wait() blocks the host until then.
 class DeviceWork {
  public:
-  virtual ~DeviceWork() = default;
+  // `check` runs between polls while waiting (it throws to report a failure early);
+  // `finish` runs once the device is done (it throws the call's error, if it had one).
+  DeviceWork(uintptr_t stream, std::function<void()> check, std::function<void()> finish);
+  ~DeviceWork();
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
   // False if still running after timeout_s (< 0: no limit); rethrows the collective's error.
-  virtual bool wait(double timeout_s) = 0;
-  virtual bool is_completed() = 0;
+  bool wait(double timeout_s);
+  bool is_completed();
+
+ private:
+  void* event_ = nullptr;  // a cudaEvent_t
+  std::function<void()> check_, finish_;
 };
 
 class CudaComm {

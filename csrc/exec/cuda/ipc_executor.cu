@@ -231,19 +231,6 @@ struct DeviceSchedule {
 
 class IpcPathImpl;
 
-class IpcWork : public DeviceWork {
- public:
-  IpcWork(std::shared_ptr<IpcPathImpl> path, uint64_t seq, cudaStream_t stream)
-      : path_(std::move(path)), seq_(seq), done_(stream) {}
-  bool wait(double timeout_s) override;
-  bool is_completed() override { return event_done(done_.ev); }
-
- private:
-  std::shared_ptr<IpcPathImpl> path_;
-  uint64_t seq_;
-  OwnedEvent done_;
-};
-
 class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathImpl> {
  public:
   IpcPathImpl(std::shared_ptr<Communicator> host) : host_(std::move(host)), P_(host_->size()), rank_(host_->rank()) {}
@@ -484,7 +471,9 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
     throw;
   }
   if (!want_work) return nullptr;
-  return std::make_shared<IpcWork>(shared_from_this(), seq, stream_);
+  auto self = shared_from_this();
+  return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream_), [self] { self->raise_if_failed(); },
+                                      [self, seq] { self->check_finished(seq); });
 }
 
 // The plan's steps on the internal stream: the pre- and post-steps as stream work, the walk as
@@ -628,12 +617,6 @@ void IpcPathImpl::close() {
   abort_ = nullptr;
   status_ = nullptr;
   one_ = nullptr;
-}
-
-bool IpcWork::wait(double timeout_s) {
-  if (!wait_event(done_.ev, timeout_s, [this] { path_->raise_if_failed(); })) return false;
-  path_->check_finished(seq_);
-  return true;
 }
 
 // What each rank publishes at connect, once every rank has its mailboxes.
