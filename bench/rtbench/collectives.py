@@ -13,36 +13,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ringtree as rt
+
 OOP, IP = "oop", "ip"
 PLACEMENTS = (OOP, IP)
 
 
 @dataclass(frozen=True)
 class Collective:
+    """A collective as the bench drives it, built from ringtree's own description of it
+    (rt.collective_info), so buffer shapes and busbw factors are never re-derived here."""
     name: str
-    reduction: bool   # takes an op
-    rooted: bool      # takes a root
-    blocked: bool     # buffers are P blocks of N elements
-    send_blocks: int  # send count = N * (P if send_blocks else 1)
-    recv_blocks: int  # recv count = N * (P if recv_blocks else 1)
+    info: rt.CollectiveInfo
+
+    @property
+    def reduction(self) -> bool:
+        return self.info.reduction
+
+    @property
+    def rooted(self) -> bool:
+        return self.info.rooted
+
+    @property
+    def blocked(self) -> bool:
+        return self.info.blocked
 
     def busbw_factor(self, nranks: int) -> float:
         """algbw -> busbw: the fraction of the data each rank's link must carry (DESIGN.md)."""
-        if self.name == "all_reduce":
-            return 2.0 * (nranks - 1) / nranks
-        if self.name in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
-            return (nranks - 1) / nranks
-        return 1.0  # broadcast, reduce, sendrecv
+        return self.info.busbw_factor(nranks)
 
     def count_for_bytes(self, nbytes: int, itemsize: int, nranks: int) -> int:
         """N for a requested size; rounded down, so the printed size can be smaller."""
         return nbytes // (itemsize * nranks) if self.blocked else nbytes // itemsize
 
+    def _sizes(self, n: int, nranks: int) -> tuple[int, int]:
+        # The root's (or every rank's) buffers; sendrecv's free sizes are n each way.
+        if self.info.point_to_point:
+            return n, n
+        return self.info.buffer_sizes(n, nranks, True)
+
     def send_count(self, n: int, nranks: int) -> int:
-        return n * nranks if self.send_blocks else n
+        return self._sizes(n, nranks)[0]
 
     def recv_count(self, n: int, nranks: int) -> int:
-        return n * nranks if self.recv_blocks else n
+        # broadcast has one buffer: what the root sends is what the others receive
+        return self._sizes(n, nranks)[1] or self._sizes(n, nranks)[0]
 
     def size_bytes(self, n: int, itemsize: int, nranks: int) -> int:
         return max(self.send_count(n, nranks), self.recv_count(n, nranks)) * itemsize
@@ -51,11 +66,11 @@ class Collective:
         """(input, output) views of one buffer for the in-place variant."""
         own = slice(rank * n, (rank + 1) * n)
         whole = slice(0, n * nranks)
-        if self.name in ("reduce_scatter", "scatter"):
+        if self.info.in_place == "output_is_input_block":
             return buf[whole], buf[own]
-        if self.name in ("all_gather", "gather"):
+        if self.info.in_place == "input_is_output_block":
             return buf[own], buf[whole]
-        if self.name == "all_to_all":
+        if self.info.in_place == "staged_same_buffer":
             return buf[whole], buf[whole]
         return buf[:n], buf[:n]
 
@@ -66,21 +81,14 @@ class Collective:
         return send_buf[:self.send_count(n, nranks)], recv_buf[:self.recv_count(n, nranks)]
 
     def output_checked_on(self, rank: int, root: int) -> bool:
-        """Rooted collectives define the output on the root only (reduce, gather)."""
-        return rank == root if self.name in ("reduce", "gather") else True
+        """Rooted collectives without an output off the root define it on the root only (reduce, gather)."""
+        return rank == root if self.rooted and self.info.output_elsewhere == "none" and \
+            self.info.output_on_root != "none" else True
 
 
-COLLECTIVE_SPECS = {c.name: c for c in (
-    Collective("all_reduce", True, False, False, 0, 0),
-    Collective("reduce_scatter", True, False, True, 1, 0),
-    Collective("all_gather", False, False, True, 0, 1),
-    Collective("all_to_all", False, False, True, 1, 1),
-    Collective("broadcast", False, True, False, 0, 0),
-    Collective("reduce", True, True, False, 0, 0),
-    Collective("gather", False, True, True, 0, 1),
-    Collective("scatter", False, True, True, 1, 0),
-    Collective("sendrecv", False, False, False, 0, 0),
-)}
+BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather",
+                     "scatter", "sendrecv")
+COLLECTIVE_SPECS = {name: Collective(name, rt.collective_info(name)) for name in BENCH_COLLECTIVES}
 
 
 def get(name: str) -> Collective:

@@ -1,6 +1,7 @@
 // Names of the enums, in code order, so Python maps names to codes without a second table.
 #include <pybind11/stl.h>
 #include "bindings/bindings.h"
+#include "common/collective.h"
 #include "ringtree/types.h"
 #include "ringtree/unique_id.h"
 
@@ -18,6 +19,40 @@ void register_types(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("COLLECTIVES") = colls;
   m.attr("ALGOS") = algos;
+
+  // The one description of each collective (common/collective.h), for the Python layer, the
+  // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,
+  // output_on_root, input_elsewhere, output_elsewhere}}; multiples are "none", "one" (count
+  // elements), "world" (count x P) or "free" (sizes given per call).
+  static const char* in_place_names[] = {"none", "same_buffer", "staged_same_buffer", "one_buffer",
+                                         "input_is_output_block", "output_is_input_block"};
+  static const char* multiple_names[] = {"none", "one", "world", "free"};
+  py::dict traits;
+  for (int i = 0; i < static_cast<int>(Collective::Count); ++i) {
+    const CollectiveTraits& t = collective_traits(static_cast<Collective>(i));
+    py::dict d;
+    d["reduction"] = t.reduction;
+    d["rooted"] = t.rooted;
+    d["point_to_point"] = t.point_to_point;
+    d["in_place"] = in_place_names[static_cast<int>(t.in_place)];
+    d["input_on_root"] = multiple_names[static_cast<int>(t.input_on_root)];
+    d["output_on_root"] = multiple_names[static_cast<int>(t.output_on_root)];
+    d["input_elsewhere"] = multiple_names[static_cast<int>(t.input_elsewhere)];
+    d["output_elsewhere"] = multiple_names[static_cast<int>(t.output_elsewhere)];
+    traits[collective_name(static_cast<Collective>(i))] = d;
+  }
+  m.attr("COLLECTIVE_TRAITS") = traits;
+  m.def(
+      "busbw_factor", [](int coll, int nranks) { return collective_traits(static_cast<Collective>(coll)).busbw_factor(nranks); },
+      py::arg("coll"), py::arg("nranks"), "Bus bandwidth / algorithm bandwidth for a collective over nranks (nccl-tests).");
+  m.def(
+      "buffer_sizes",
+      [](int coll, uint64_t count, int nranks, bool is_root) {
+        const BufferSizes b = collective_traits(static_cast<Collective>(coll)).sizes(count, nranks, is_root);
+        return py::make_tuple(b.input, b.output);
+      },
+      py::arg("coll"), py::arg("count"), py::arg("nranks"), py::arg("is_root") = true,
+      "(input, output) element counts of one rank's buffers for a call of `count` (0: no such buffer).");
 
   py::class_<UniqueId>(m, "UniqueId", "The job's rendezvous token (rank 0's address, port and a 128-bit secret).")
       .def_static("create", &UniqueId::create, "Reserve a port on this host and make a fresh secret.")

@@ -14,6 +14,7 @@ from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidA
 from ._launchers import detect as _detect
 from ._nccl import nccl_info
 from .bucketing import Bucketer
+from .collectives import CollectiveInfo, collective_info
 from .comm import Communicator, Work
 from .explain import explain
 from .ops import PremulSum, ReduceOp, premul_sum
@@ -22,6 +23,7 @@ __all__ = [
     "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
+    "collective_info", "CollectiveInfo",
 ]
 __version__ = "0.1.0"
 
