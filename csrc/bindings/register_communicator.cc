@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 #include "bindings/bindings.h"
+#include "runtime/flight_recorder.h"
 #include "common/check.h"
 #include "ringtree/communicator.h"
 
@@ -158,7 +159,13 @@ void register_communicator(py::module_& m) {
       .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("is_aborted", &Communicator::is_aborted);
+      .def_property_readonly("is_aborted", &Communicator::is_aborted)
+      .def("dump_json", &Communicator::dump_json, py::arg("reason") = "request",
+           py::call_guard<py::gil_scoped_release>(), "This rank's flight record as JSON (runtime/flight_recorder.h).")
+      .def_property_readonly("id", &Communicator::id)
+      .def("set_label", &Communicator::set_label, py::arg("label"))
+      .def("set_clock_offset", &Communicator::set_clock_offset, py::arg("offset_ns"), py::arg("error_ns"));
+  m.def("now_ns", &FlightRecorder::now_ns, "The steady clock the flight recorder stamps calls with, in ns.");
 }
 
 }  // namespace ringtree

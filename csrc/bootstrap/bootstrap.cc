@@ -300,4 +300,36 @@ void Bootstrap::broadcast_from_root(void* data, size_t bytes) {
   }
 }
 
+// NTP-style, through rank 0: rank 0 pings each rank `rounds` times and keeps the exchange with
+// the shortest round trip; the offset is the peer's clock at the reply minus the midpoint of rank
+// 0's send and receive, good to half that round trip. Then rank 0 tells each rank its figures.
+ClockOffset Bootstrap::estimate_clock_offset(int64_t (*now_ns)(), int rounds) {
+  ClockOffset mine;
+  if (size_ == 1) return mine;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) {
+      ClockOffset best{0, INT64_MAX};
+      for (int k = 0; k < rounds; ++k) {
+        const int64_t t0 = now_ns();
+        write_full(star_fd_[r], &t0, sizeof(t0), deadline_);
+        int64_t t_peer = 0;
+        read_full(star_fd_[r], &t_peer, sizeof(t_peer), deadline_);
+        const int64_t t1 = now_ns();
+        const int64_t half_rtt = (t1 - t0 + 1) / 2;
+        if (half_rtt < best.error_ns) best = {t_peer - (t0 + (t1 - t0) / 2), half_rtt};
+      }
+      write_full(star_fd_[r], &best, sizeof(best), deadline_);
+    }
+  } else {
+    for (int k = 0; k < rounds; ++k) {
+      int64_t t0 = 0;
+      read_full(star_fd_[0], &t0, sizeof(t0), deadline_);
+      const int64_t t = now_ns();
+      write_full(star_fd_[0], &t, sizeof(t), deadline_);
+    }
+    read_full(star_fd_[0], &mine, sizeof(mine), deadline_);
+  }
+  return mine;
+}
+
 }  // namespace ringtree

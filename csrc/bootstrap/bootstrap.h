@@ -7,6 +7,7 @@
 // pair connects directly: one control connection per pair (liveness, abort notices), plus a
 // data connection for pairs that talk over TCP.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 #include "common/clock.h"
@@ -37,6 +38,12 @@ struct Mesh {
   }
 };
 
+// This rank's clock minus rank 0's, and how far off that estimate may be (both in ns).
+struct ClockOffset {
+  int64_t offset_ns = 0;
+  int64_t error_ns = 0;
+};
+
 class Bootstrap {
  public:
   Bootstrap(int rank, int size, const UniqueId& uid, double timeout_s);
@@ -49,6 +56,8 @@ class Bootstrap {
   void barrier();
   // Rank 0's bytes to every rank; only during setup.
   void broadcast_from_root(void* data, size_t bytes);
+  // Every rank's clock offset to rank 0 (a few round trips each); only during setup.
+  ClockOffset estimate_clock_offset(int64_t (*now_ns)(), int rounds = 8);
   void close_star();
 
  private:

@@ -5,12 +5,14 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
+#include "runtime/dumps.h"
 
 namespace ringtree {
 
@@ -22,6 +24,8 @@ RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
 RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", 2000)
 RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
+RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
+RT_PARAM(DumpOnExit, "RINGTREE_DUMP_ON_EXIT", 0)
 
 int online_cpus() {
   cpu_set_t set;
@@ -53,7 +57,8 @@ std::shared_ptr<Communicator> Communicator::create(int rank, int size, const Uni
 }
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, double timeout_s)
-    : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s), exec_(rank, size, ctrl_) {
+    : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s), exec_(rank, size, ctrl_),
+      recorder_(static_cast<size_t>(std::max<int64_t>(0, FlightRecorderCalls()))) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
   for (int c = 0; c < static_cast<int>(Collective::Count); ++c) scheduled_algos_[c] = supported_algos(static_cast<Collective>(c));
@@ -71,7 +76,12 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, BoardBytes())));
   ctrl_.attach(rank, mesh_);
   setup_cost_model(boot);
+  const ClockOffset clock = boot.estimate_clock_offset(&FlightRecorder::now_ns);
+  set_clock_offset(clock.offset_ns, clock.error_ns);
   boot.close_star();
+  dump_source_ = register_dump_source([this](const std::string& reason) {
+    return std::make_pair(str_cat("ringtree-", id(), "-rank", rank_, ".json"), dump_json(reason));
+  });
 
   // Spin while every local rank can have a core; when oversubscribed, hand the core over fast.
   int local_ranks = 1;
@@ -88,6 +98,45 @@ CommunicatorImpl::~CommunicatorImpl() {
   try {
     close();
   } catch (...) {
+  }
+  unregister_dump_source(dump_source_);
+}
+
+std::string CommunicatorImpl::id() const { return str_cat(uid_.secret_hex().substr(0, 16), "-", uid_.port); }
+
+std::string CommunicatorImpl::dump_json(const std::string& reason) const {
+  std::vector<int> sends, recvs;
+  exec_.waiting_on(sends, recvs);
+  bool aborted;
+  std::string abort_reason;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    aborted = aborted_;
+    abort_reason = abort_reason_;
+  }
+  std::string escaped_reason;  // abort texts are ours, but may hold quotes from file names
+  for (char c : abort_reason) {
+    if (c == '"' || c == '\\') escaped_reason += '\\';
+    escaped_reason += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
+  }
+  return str_cat("{\"format\": \"ringtree-flight-recorder/1\", \"comm_id\": \"", id(), "\", \"rank\": ", rank_,
+                 ", \"size\": ", size_, ", \"pid\": ", static_cast<int>(getpid()), ", \"host\": \"",
+                 mesh_.peers[rank_].host, "\", \"reason\": \"", reason, "\", \"dumped_ns\": ", FlightRecorder::now_ns(),
+                 ", \"clock\": {\"offset_ns\": ", clock_offset_ns_.load(), ", \"error_ns\": ", clock_error_ns_.load(),
+                 "}, \"capacity\": ", recorder_.capacity(), ", \"recorded\": ", recorder_.recorded(),
+                 ", \"aborted\": ", aborted, ", \"abort_reason\": \"", escaped_reason, "\", \"calls\": ",
+                 recorder_.calls_json(sends, recvs), "}\n");
+}
+
+void CommunicatorImpl::dump_after_failure(const Error& e) const {
+  const std::string dir = dump_dir_setting();
+  if (dir.empty()) return;
+  try {
+    const std::string path = write_dump_file(dir, str_cat("ringtree-", id(), "-rank", rank_, ".json"),
+                                             dump_json(error_kind_name(e.kind())));
+    std::fprintf(stderr, "ringtree: rank %d: flight recorder dumped to %s\n", rank_, path.c_str());
+  } catch (const std::exception& failure) {
+    std::fprintf(stderr, "ringtree: rank %d: the flight recorder dump failed: %s\n", rank_, failure.what());
   }
 }
 
@@ -199,6 +248,10 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
       break;
     default: p.seq = next_seq_++; break;
   }
+  p.record = recorder_.open(p.args.coll, p.args.dtype, p.args.op, p.algo, is_rooted(p.args.coll) ? p.args.root : -1,
+                            p.args.peer, p.args.recv_peer, p.validated.count,
+                            p.validated.count * dtype_size(p.args.dtype), label_.load(std::memory_order_relaxed),
+                            p.seq, p.recv_seq);
   if (async) {
     auto work = std::make_shared<Work>();
     queue_.push_back({std::move(p), work});
@@ -218,6 +271,7 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
 void CommunicatorImpl::execute(Prepared& p) {
   const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s), &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
+  recorder_.started(p.record);
   try {
     if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
     ctrl_.raise_notice_if_any();
@@ -235,9 +289,11 @@ void CommunicatorImpl::execute(Prepared& p) {
                " s waiting for its own input: the stream it was issued on did not reach it");
     }
     exec_.run(call);
-  } catch (const Aborted&) {
+  } catch (const Aborted& e) {
+    recorder_.finished(p.record, &e);
     throw;
   } catch (const Error& e) {
+    recorder_.finished(p.record, &e);
     // A failure a peer reported has been told to everyone already.
     if (!ctrl_.notice_raised()) ctrl_.broadcast_abort(e.kind(), p.seq, e.what());
     {
@@ -245,8 +301,10 @@ void CommunicatorImpl::execute(Prepared& p) {
       abort_reason_ = e.what();
       aborted_ = true;
     }
+    dump_after_failure(e);
     throw;
   }
+  recorder_.finished(p.record, nullptr);
 }
 
 void CommunicatorImpl::worker_loop() {
@@ -287,6 +345,13 @@ void CommunicatorImpl::close() {
   std::lock_guard<std::mutex> exec(exec_mu_);
   ctrl_.goodbye_and_close();
   exec_.close();
+  if (DumpOnExit() && !dump_dir_setting().empty()) {
+    try {
+      write_dump_file(dump_dir_setting(), str_cat("ringtree-", id(), "-rank", rank_, ".json"), dump_json("exit"));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ringtree: rank %d: the flight recorder dump at exit failed: %s\n", rank_, e.what());
+    }
+  }
 }
 
 }  // namespace ringtree

@@ -12,6 +12,7 @@
 #include "bootstrap/control_plane.h"
 #include "exec/host/host_executor.h"
 #include "runtime/cost_model.h"
+#include "runtime/flight_recorder.h"
 #include "ringtree/communicator.h"
 
 namespace ringtree {
@@ -24,6 +25,7 @@ struct Prepared {
   double timeout_s = 0;
   uint64_t seq = 0;
   uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
+  uint64_t record = 0;    // its flight-recorder id
 };
 
 class CommunicatorImpl : public Communicator {
@@ -42,6 +44,13 @@ class CommunicatorImpl : public Communicator {
   std::string transport_to(int peer) const override;
   void close() override;
   bool is_aborted() const override { return aborted_.load(); }
+  std::string dump_json(const std::string& reason) const override;
+  std::string id() const override;
+  void set_label(int64_t label) override { label_.store(label, std::memory_order_relaxed); }
+  void set_clock_offset(int64_t offset_ns, int64_t error_ns) override {
+    clock_offset_ns_.store(offset_ns);
+    clock_error_ns_.store(error_ns);
+  }
 
  private:
   void setup_cost_model(Bootstrap& boot);
@@ -49,6 +58,8 @@ class CommunicatorImpl : public Communicator {
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
   void worker_loop();
+  // After a failure, with RINGTREE_DUMP_DIR set: this rank's record, for the analyzer.
+  void dump_after_failure(const Error& e) const;
 
   int rank_, size_;
   UniqueId uid_;
@@ -68,6 +79,11 @@ class CommunicatorImpl : public Communicator {
   std::string abort_reason_;
 
   std::mutex exec_mu_;  // one call at a time in the executor
+
+  FlightRecorder recorder_;
+  std::atomic<int64_t> label_{-1};
+  std::atomic<int64_t> clock_offset_ns_{0}, clock_error_ns_{0};
+  int dump_source_ = 0;  // registration for dumps on a signal
 
   // Async queue.
   struct Job {

@@ -151,8 +151,10 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
 
 void HostExecutor::board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen) {
   ctrl_.raise_notice_if_any();
+  clear_waiting();
   for (int q = 0; q < size_; ++q) {
     if (board_arrived_[q]) continue;
+    note_waiting(q, false);
     if (!ctrl_.alive(q))
       RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank still expects it in ",
                describe(fingerprint_of(fp)));

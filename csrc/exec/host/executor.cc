@@ -147,11 +147,31 @@ std::string HostExecutor::describe_current() const {
   return d;
 }
 
+void HostExecutor::note_waiting(int peer, bool send) {
+  waiting_[peer].fetch_or(send ? 1 : 2, std::memory_order_relaxed);
+}
+
+void HostExecutor::clear_waiting() {
+  for (int q = 0; q < size_; ++q) waiting_[q].store(0, std::memory_order_relaxed);
+}
+
+void HostExecutor::waiting_on(std::vector<int>& sends, std::vector<int>& recvs) const {
+  for (int q = 0; q < size_; ++q) {
+    const uint8_t w = waiting_[q].load(std::memory_order_relaxed);
+    if (w & 1) sends.push_back(q);
+    if (w & 2) recvs.push_back(q);
+  }
+}
+
 void HostExecutor::run(const HostCall& call) {
   struct Current {  // current_ names the call in every error until it returns
-    const HostCall*& slot;
-    ~Current() { slot = nullptr; }
-  } scope{current_ = &call};
+    HostExecutor& ex;
+    ~Current() {
+      ex.current_ = nullptr;
+      ex.clear_waiting();
+    }
+  } scope{*this};
+  current_ = &call;
   const CallPlan& plan = call.plan;
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
@@ -338,7 +358,9 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
   // The data descriptors to wait on (TCP); the doorbell and control connections are added by doze().
   pollfds_.clear();
   pollfd_peer_.clear();
+  clear_waiting();
   auto watch_data = [&](const OpCursor& c) {
+    if (!c.done) note_waiting(c.peer, c.is_send);
     const int fd = c.conn->poll_fd();
     if (c.done || fd < 0) return;
     pollfds_.push_back({fd, static_cast<short>(c.is_send ? POLLOUT : POLLIN), 0});

@@ -8,6 +8,7 @@
 #pragma once
 #include <poll.h>
 #include <functional>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -50,7 +51,10 @@ Fingerprint fingerprint_of(const MsgHeader& h);
 
 class HostExecutor {
  public:
-  HostExecutor(int rank, int size, ControlPlane& ctrl) : rank_(rank), size_(size), ctrl_(ctrl) {}
+  HostExecutor(int rank, int size, ControlPlane& ctrl)
+      : rank_(rank), size_(size), ctrl_(ctrl), waiting_(new std::atomic<uint8_t>[size]) {
+    clear_waiting();
+  }
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
@@ -72,6 +76,9 @@ class HostExecutor {
   uint64_t board_bytes() const { return board_bytes_; }
 
   std::string transport_to(int peer) const;
+  // The peers the call in progress still waits for, as of its last sleep (safe from any thread):
+  // the ranks it still sends to, and those it still expects data from.
+  void waiting_on(std::vector<int>& sends, std::vector<int>& recvs) const;
   // Releases connections and shared memory.
   void close();
 
@@ -105,6 +112,9 @@ class HostExecutor {
   void doze(const Deadline& deadline, const std::function<bool()>& ready);
   void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
   [[noreturn]] void throw_timeout() const;
+  // Records what block() is about to wait for (waiting_on); cleared when a call ends.
+  void note_waiting(int peer, bool send);
+  void clear_waiting();
   // The one-shot board (board.cc).
   void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
   void run_board(const uint8_t* in, uint8_t* out);
@@ -139,6 +149,7 @@ class HostExecutor {
   bool hs_send_pending_ = false, hs_recv_pending_ = false;
   std::vector<pollfd> pollfds_;
   std::vector<int> pollfd_peer_;
+  std::unique_ptr<std::atomic<uint8_t>[]> waiting_;  // per peer: bit 0 send, bit 1 receive
   const HostCall* current_ = nullptr;
   MsgHeader current_fp_{};
 };

@@ -119,6 +119,17 @@ class Communicator {
   // Finishes queued work, tells the peers this rank is leaving, releases every resource.
   virtual void close() = 0;
   virtual bool is_aborted() const = 0;
+
+  // The flight recorder (runtime/flight_recorder.h): this rank's last calls as JSON, with why the
+  // dump was taken ("request", "signal", "exit", or the error kind that triggered it).
+  virtual std::string dump_json(const std::string& reason) const = 0;
+  // The same across ranks: "<secret prefix>-<port>", for naming dump files.
+  virtual std::string id() const = 0;
+  // Calls issued from now on carry `label` in the recorder (a bucket id, a step; -1: none).
+  virtual void set_label(int64_t label) = 0;
+  // This rank's clock minus rank 0's (ns, steady clock) and the estimate's error, as measured
+  // at set-up or later by the caller.
+  virtual void set_clock_offset(int64_t offset_ns, int64_t error_ns) = 0;
 };
 
 }  // namespace ringtree

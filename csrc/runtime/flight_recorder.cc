@@ -1,0 +1,146 @@
+#include "runtime/flight_recorder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include "common/check.h"
+
+namespace ringtree {
+
+namespace {
+
+const char* state_name(uint8_t s) {
+  static const char* names[] = {"queued", "running", "done", "failed"};
+  return s < 4 ? names[s] : "unknown";
+}
+
+// JSON string literal of `s` (control characters escaped).
+std::string quoted(const char* s) {
+  std::string out = "\"";
+  for (const char* p = s; *p; ++p) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string int_list(const std::vector<int>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += str_cat(i ? "," : "", v[i]);
+  return out + "]";
+}
+
+std::string time_or_null(int64_t t) { return t ? std::to_string(t) : "null"; }
+
+}  // namespace
+
+FlightRecorder::FlightRecorder(size_t capacity) : slots_(capacity) {}
+
+int64_t FlightRecorder::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+CallRecord* FlightRecorder::slot_of(uint64_t id) {
+  CallRecord& r = slots_[(id - 1) % slots_.size()];
+  // A call that outlived its slot (more than N calls queued behind it) is no longer recorded.
+  return r.id.load(std::memory_order_relaxed) == id ? &r : nullptr;
+}
+
+uint64_t FlightRecorder::open(Collective coll, DataType dtype, ReduceOp op, Algo algo, int root, int peer,
+                              int recv_peer, uint64_t count, uint64_t bytes, int64_t label, uint64_t seq,
+                              uint64_t recv_seq) {
+  if (slots_.empty()) return 0;  // the recorder is off
+  const uint64_t id = next_id_.load(std::memory_order_relaxed) + 1;
+  next_id_.store(id, std::memory_order_relaxed);
+  CallRecord& r = slots_[(id - 1) % slots_.size()];
+  r.id.store(0, std::memory_order_relaxed);  // a dump skips the slot while it is rewritten
+  std::atomic_thread_fence(std::memory_order_release);
+  r.seq = seq;
+  r.recv_seq = recv_seq;
+  r.coll = coll;
+  r.dtype = dtype;
+  r.op = op;
+  r.algo = algo;
+  r.root = root;
+  r.peer = peer;
+  r.recv_peer = recv_peer;
+  r.count = count;
+  r.bytes = bytes;
+  r.label = label;
+  r.enqueued_ns = now_ns();
+  r.started_ns = r.ended_ns = 0;
+  r.error[0] = '\0';
+  r.state.store(static_cast<uint8_t>(CallState::Queued), std::memory_order_relaxed);
+  r.id.store(id, std::memory_order_release);
+  return id;
+}
+
+void FlightRecorder::started(uint64_t id) {
+  if (!id) return;
+  running_.store(id, std::memory_order_relaxed);
+  if (CallRecord* r = slot_of(id)) {
+    r->started_ns = now_ns();
+    r->state.store(static_cast<uint8_t>(CallState::Running), std::memory_order_release);
+  }
+}
+
+void FlightRecorder::finished(uint64_t id, const Error* error) {
+  if (!id) return;
+  running_.store(0, std::memory_order_relaxed);
+  CallRecord* r = slot_of(id);
+  if (!r) return;
+  r->ended_ns = now_ns();
+  if (!r->started_ns) r->started_ns = r->ended_ns;  // refused before it started
+  if (error) {
+    r->error_kind = error->kind();
+    std::strncpy(r->error, error->what(), sizeof(r->error) - 1);
+    r->error[sizeof(r->error) - 1] = '\0';
+  }
+  r->state.store(static_cast<uint8_t>(error ? CallState::Failed : CallState::Done), std::memory_order_release);
+}
+
+std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
+                                       const std::vector<int>& waiting_recvs) const {
+  if (slots_.empty()) return "[]";
+  const uint64_t last = recorded();
+  const uint64_t first = last > slots_.size() ? last - slots_.size() + 1 : 1;
+  const uint64_t running = running_.load(std::memory_order_relaxed);
+  std::string out = "[";
+  bool any = false;
+  for (uint64_t id = first; id <= last && id > 0; ++id) {
+    const CallRecord& r = slots_[(id - 1) % slots_.size()];
+    if (r.id.load(std::memory_order_acquire) != id) continue;
+    const uint8_t state = r.state.load(std::memory_order_acquire);
+    out += any ? ",\n  " : "\n  ";
+    any = true;
+    out += str_cat("{\"id\": ", id, ", \"seq\": ", r.seq, ", \"recv_seq\": ", r.recv_seq,
+                   ", \"coll\": ", quoted(collective_name(r.coll)), ", \"count\": ", r.count,
+                   ", \"dtype\": ", quoted(dtype_name(r.dtype)), ", \"op\": ",
+                   is_reduction(r.coll) ? quoted(op_name(r.op)) : std::string("null"),
+                   ", \"algo\": ", quoted(algo_name(r.algo)), ", \"root\": ", r.root, ", \"peer\": ", r.peer,
+                   ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.bytes, ", \"label\": ", r.label,
+                   ", \"state\": ", quoted(state_name(state)), ", \"enqueued_ns\": ", time_or_null(r.enqueued_ns),
+                   ", \"started_ns\": ", time_or_null(r.started_ns), ", \"ended_ns\": ", time_or_null(r.ended_ns));
+    if (state == static_cast<uint8_t>(CallState::Failed))
+      out += str_cat(", \"error_kind\": ", quoted(error_kind_name(r.error_kind)), ", \"error\": ", quoted(r.error));
+    else
+      out += ", \"error_kind\": null, \"error\": null";
+    if (id == running && state == static_cast<uint8_t>(CallState::Running))
+      out += str_cat(", \"waiting_on\": {\"send\": ", int_list(waiting_sends), ", \"recv\": ", int_list(waiting_recvs), "}");
+    out += "}";
+  }
+  return out + (any ? "\n]" : "]");
+}
+
+}  // namespace ringtree

@@ -1,0 +1,69 @@
+// The flight recorder: every communicator keeps its last N calls (RINGTREE_FLIGHT_RECORDER,
+// default 2048) with what they were, when they were queued, started and ended, how they ended,
+// and, for the call in progress, which peers it still waits for. It is always on: a call costs
+// a slot write and two clock reads, no allocation and no lock. A dump (JSON, read by
+// `python -m ringtree.analyze`) is written on Timeout / PeerFailure / CollectiveMismatch when
+// RINGTREE_DUMP_DIR is set, on request, on a signal (RINGTREE_DUMP_SIGNAL, SIGUSR1 by default)
+// and at close with RINGTREE_DUMP_ON_EXIT=1.
+//
+// Concurrency: a slot is written by the thread that queues the call and then by the one that
+// runs it, one after the other; a dump may read a slot while it is being written and then shows
+// that one call torn. That is the price of a recorder that never slows a collective down.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "ringtree/errors.h"
+#include "ringtree/types.h"
+
+namespace ringtree {
+
+enum class CallState : uint8_t { Queued, Running, Done, Failed };
+
+struct CallRecord {
+  std::atomic<uint64_t> id{0};  // 1, 2, ...: the call's number on this communicator; 0: empty slot
+  uint64_t seq = 0;             // the collective's sequence number (p2p: the per-peer one)
+  uint64_t recv_seq = 0;        // sendrecv: the receive's
+  Collective coll = Collective::Barrier;
+  DataType dtype = DataType::Int8;
+  ReduceOp op = ReduceOp::Sum;
+  Algo algo = Algo::Auto;
+  int32_t root = -1, peer = -1, recv_peer = -1;
+  uint64_t count = 0, bytes = 0;
+  int64_t label = -1;  // set by the caller (a bucket id, a step), -1 for none
+  int64_t enqueued_ns = 0, started_ns = 0, ended_ns = 0;
+  std::atomic<uint8_t> state{0};
+  ErrorKind error_kind = ErrorKind::Error;
+  char error[240] = {0};
+};
+
+class FlightRecorder {
+ public:
+  // capacity 0 turns the recorder off (open() returns 0 and nothing is kept).
+  explicit FlightRecorder(size_t capacity);
+  size_t capacity() const { return slots_.size(); }
+  uint64_t recorded() const { return next_id_.load(std::memory_order_relaxed); }
+
+  // A new record in the Queued state; returns its id (the handle for the calls below).
+  uint64_t open(Collective coll, DataType dtype, ReduceOp op, Algo algo, int root, int peer, int recv_peer,
+                uint64_t count, uint64_t bytes, int64_t label, uint64_t seq, uint64_t recv_seq);
+  void started(uint64_t id);
+  void finished(uint64_t id, const Error* error);
+  // The call in progress (0: none), for the waiting-on part of a dump.
+  uint64_t running() const { return running_.load(std::memory_order_relaxed); }
+
+  // The records as a JSON array, oldest first; the running call gets `waiting_on`.
+  std::string calls_json(const std::vector<int>& waiting_sends, const std::vector<int>& waiting_recvs) const;
+
+  static int64_t now_ns();
+
+ private:
+  CallRecord* slot_of(uint64_t id);
+
+  std::vector<CallRecord> slots_;
+  std::atomic<uint64_t> next_id_{0};
+  std::atomic<uint64_t> running_{0};
+};
+
+}  // namespace ringtree
