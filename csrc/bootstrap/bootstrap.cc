@@ -1,8 +1,11 @@
 #include "bootstrap/bootstrap.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cerrno>
 #include <cstring>
+#include <deque>
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
@@ -17,6 +20,7 @@ constexpr uint32_t kMeshMagic = 0x52544d48;   // "RTMH"
 constexpr uint32_t kVersion = 1;
 constexpr int kMaxRanks = 1 << 16;
 constexpr uint32_t kMaxErrorText = 1024;
+constexpr size_t kMaxPendingHellos = 1024;  // connections whose hello is still on its way
 
 struct HelloWire {
   uint32_t magic, version;
@@ -146,41 +150,39 @@ Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp) {
 void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh) {
   int listener = take_reserved_listener(uid_.port);
   if (listener < 0) listener = inherited_listener(uid_.port);
-  if (listener < 0) listener = tcp_listen(uid_.ip, uid_.port, 512);
+  if (listener >= 0) start_listening(listener, 512);
+  else listener = tcp_listen(uid_.ip, uid_.port, 512);
+  set_nonblocking(listener);
   star_fd_.assign(size_, -1);
   mesh.peers.assign(size_, PeerInfo{});
   mesh.peers[0] = self;
   int registered = 1;
+  // Hellos are read as they arrive, from every connection at once: a stranger that connects and
+  // stalls, or floods connections, costs one slot each and cannot hold up the real ranks.
+  struct Pending {
+    int fd;
+    size_t got;
+    HelloWire hello;
+    Deadline deadline;
+  };
+  std::deque<Pending> pending;
+  auto drop = [](Pending& p) { close_fd(p.fd); };
   auto fail_all = [&](const std::string& text) {
+    for (Pending& p : pending) drop(p);
     for (int& fd : star_fd_) { send_error(fd, text, deadline_); close_fd(fd); }
     close_fd(listener);
     throw BootstrapError(text);
   };
-  while (registered < size_) {
-    int fd = tcp_accept(listener, deadline_);
-    if (fd < 0) {
-      std::string missing;
-      for (int r = 1; r < size_; ++r)
-        if (star_fd_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      fail_all(str_cat("bootstrap timed out: rank 0 at ", uid_.ip, ":", uid_.port, " heard from ", registered,
-                       " of ", size_, " ranks; missing rank(s) ", missing));
-    }
-    HelloWire h{};
-    try {
-      // A silent or slow stranger may delay rank 0 by at most two seconds.
-      Deadline hello_deadline = Deadline::after_seconds(std::min(2.0, deadline_.remaining_ms(2000) / 1000.0 + 0.001));
-      read_full(fd, &h, sizeof(h), hello_deadline);
-    } catch (const Error&) {
-      close_fd(fd);
-      continue;
-    }
+  // A hello that arrived whole: register its rank, or explain why not.
+  auto take_hello = [&](Pending& p) {
+    const HelloWire& h = p.hello;
     if (h.magic != kHelloMagic || !secret_matches(h.secret, uid_.secret)) {
-      close_fd(fd);  // not one of ours: drop it, keep waiting for the real ranks
-      continue;
+      drop(p);  // not one of ours: drop it, keep waiting for the real ranks
+      return;
     }
     if (h.version != kVersion) {
-      send_error(fd, str_cat("protocol version mismatch: rank ", h.rank, " speaks ", h.version, ", rank 0 speaks ", kVersion), deadline_);
-      close_fd(fd);
+      send_error(p.fd, str_cat("protocol version mismatch: rank ", h.rank, " speaks ", h.version, ", rank 0 speaks ", kVersion), deadline_);
+      drop(p);
       fail_all(str_cat("protocol version mismatch with rank ", h.rank));
     }
     if (h.size != size_ || h.rank <= 0 || h.rank >= size_ || star_fd_[h.rank] >= 0) {
@@ -190,14 +192,57 @@ void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh) {
           : (h.rank <= 0 || h.rank >= size_) ? str_cat("rank out of range: a process claims rank ", h.rank, " in a world of size ", size_,
                                                         " (valid ranks are 0..", size_ - 1, ")")
                                               : str_cat("duplicate rank: two processes claim rank ", h.rank);
-      send_error(fd, why, deadline_);
-      close_fd(fd);
+      send_error(p.fd, why, deadline_);
+      drop(p);
       fail_all(why);
     }
-    star_fd_[h.rank] = fd;
+    star_fd_[h.rank] = p.fd;
+    p.fd = -1;
     mesh.peers[h.rank] = {read_str(h.host, sizeof(h.host)), h.pid, read_str(h.ip, sizeof(h.ip)), h.mesh_port, h.force_tcp != 0};
     ++registered;
+  };
+  std::vector<pollfd> fds;
+  while (registered < size_) {
+    if (deadline_.expired()) {
+      std::string missing;
+      for (int r = 1; r < size_; ++r)
+        if (star_fd_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      fail_all(str_cat("bootstrap timed out: rank 0 at ", uid_.ip, ":", uid_.port, " heard from ", registered,
+                       " of ", size_, " ranks; missing rank(s) ", missing));
+    }
+    fds.assign(1, pollfd{listener, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    const int n = poll(fds.data(), fds.size(), deadline_.remaining_ms(100));
+    if (n < 0 && errno != EINTR) throw_system_error("poll", errno);
+    // Every hello that made progress; a connection that closed, erred or ran out of time goes.
+    for (size_t i = 1; i < fds.size(); ++i) {
+      Pending& p = pending[i - 1];
+      if (fds[i].revents) {
+        const ssize_t got = recv(p.fd, reinterpret_cast<uint8_t*>(&p.hello) + p.got, sizeof(p.hello) - p.got, MSG_DONTWAIT);
+        if (got > 0) p.got += static_cast<size_t>(got);
+        else if (got == 0 || (errno != EAGAIN && errno != EINTR)) drop(p);
+        if (p.fd >= 0 && p.got == sizeof(p.hello)) take_hello(p);
+      }
+      if (p.fd >= 0 && p.deadline.expired()) drop(p);
+    }
+    while (!pending.empty() && pending.front().fd < 0) pending.pop_front();
+    for (auto it = pending.begin(); it != pending.end();) it = it->fd < 0 ? pending.erase(it) : it + 1;
+    // New connections; past the cap the oldest unfinished hello makes room.
+    if (fds[0].revents) {
+      for (;;) {
+        int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        set_tcp_nodelay(fd);
+        if (pending.size() >= kMaxPendingHellos) {
+          drop(pending.front());
+          pending.pop_front();
+        }
+        // A hello is a few hundred bytes: a connection has two seconds to deliver it.
+        pending.push_back({fd, 0, HelloWire{}, Deadline::after_seconds(2.0)});
+      }
+    }
   }
+  for (Pending& p : pending) drop(p);
   close_fd(listener);
   std::vector<PeerWire> table(size_);
   for (int r = 0; r < size_; ++r) table[r] = to_wire(mesh.peers[r]);

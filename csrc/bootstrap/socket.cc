@@ -50,11 +50,15 @@ std::string resolve_ipv4(const std::string& host) {
   return buf;
 }
 
-int tcp_listen(const std::string& ip, uint16_t port, int backlog) {
+int tcp_bind(const std::string& ip, uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   RT_SYSCHECK(fd, "socket");
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  // A launcher's UniqueId::create() holds the port bound (not listening) while rank 0, in
+  // another process of the same user, binds it again and listens; connections reach only
+  // listening sockets, so they all go to rank 0.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
   sockaddr_in a = make_addr(ip, port);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) < 0) {
     int e = errno;
@@ -62,7 +66,19 @@ int tcp_listen(const std::string& ip, uint16_t port, int backlog) {
     RT_THROW(BootstrapError, "cannot listen on ", ip, ":", port, ": ", std::strerror(e),
              port ? " (is another job using this port? set RINGTREE_PORT or use a fresh unique id)" : "");
   }
-  RT_SYSCHECK(listen(fd, backlog), "listen");
+  return fd;
+}
+
+void start_listening(int fd, int backlog) { RT_SYSCHECK(listen(fd, backlog), "listen"); }
+
+int tcp_listen(const std::string& ip, uint16_t port, int backlog) {
+  const int fd = tcp_bind(ip, port);
+  try {
+    start_listening(fd, backlog);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   return fd;
 }
 

@@ -7,6 +7,10 @@
 
 namespace ringtree {
 
+// A socket bound to ip:port (0: any free port) that does not listen yet; SO_REUSEPORT, so a
+// process of the same user may bind the same port and listen there.
+int tcp_bind(const std::string& ip, uint16_t port);
+void start_listening(int fd, int backlog);
 int tcp_listen(const std::string& ip, uint16_t port, int backlog);
 uint16_t socket_local_port(int fd);
 std::string socket_local_ip(int fd);

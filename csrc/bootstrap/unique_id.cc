@@ -48,7 +48,9 @@ void derive_secret(const std::string& seed, std::array<uint8_t, 16>& out) {
 UniqueId UniqueId::create() {
   UniqueId id;
   id.ip = resolve_ipv4(env_str("RINGTREE_ADDR", "127.0.0.1"));
-  int fd = tcp_listen(id.ip, static_cast<uint16_t>(env_int("RINGTREE_PORT", 0)), 512);
+  // Bound, not listening: the port is ours, yet rank 0 may be another process (a launcher that
+  // stays alive hands the token on), and nobody's connection lands in a queue no one accepts.
+  int fd = tcp_bind(id.ip, static_cast<uint16_t>(env_int("RINGTREE_PORT", 0)));
   id.port = socket_local_port(fd);
   fill_random(id.secret.data(), id.secret.size());
   std::lock_guard<std::mutex> lock(reserved_mu);

@@ -13,8 +13,8 @@ struct UniqueId {
   uint16_t port = 0;
   std::array<uint8_t, 16> secret{};
 
-  // Binds a listening socket now (kept for rank 0 of this process) so the port stays ours.
-  // ip: RINGTREE_ADDR, else loopback.
+  // Binds a socket now (kept for rank 0, if it is this process or inherits it) so the port stays
+  // ours; it listens only once rank 0 takes it. ip: RINGTREE_ADDR, else loopback.
   static UniqueId create();
   static UniqueId parse(const std::string& token);
   // A unique id at a fixed address and port with a secret derived from `seed`; for launchers
@@ -24,7 +24,7 @@ struct UniqueId {
   std::string secret_hex() const;
 };
 
-// The listening socket UniqueId::create() bound for `port`, or -1; ownership passes to the caller.
+// The socket UniqueId::create() bound for `port` (not yet listening), or -1; ownership passes to the caller.
 int take_reserved_listener(uint16_t port);
 
 }  // namespace ringtree
