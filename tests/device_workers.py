@@ -10,7 +10,7 @@ import numpy as np
 import ringtree as rt
 from ringtree import _core
 from reference import NUMPY_DTYPES
-from workers import run_case
+from rank_checks import run_case
 
 F32 = list(_core.DTYPES).index("float32")
 ALL_REDUCE = list(_core.COLLECTIVES).index("all_reduce")
