@@ -29,7 +29,7 @@ def rank_target(func):
     """(module file, qualified name) by which a rank process finds `func`. Only a function a
     module defines at its top level (or a class in it defines) can be found that way, so anything
     else is refused here, in the test, rather than in every rank."""
-    if not callable(func):
+    if not callable(func):  # a name in a string, say: pass the function itself
         raise TypeError(f"a rank body must be a function, got {func!r}")
     module = sys.modules.get(getattr(func, "__module__", None))
     path, qualname = getattr(module, "__file__", None), getattr(func, "__qualname__", "")
@@ -64,14 +64,12 @@ class World:
         return self.results
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, module="workers"):
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None):
     """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
     and returns their World; fails the test if they are not all done within `timeout` seconds."""
+    rank_target(func)  # refused here, before any process starts
     outdir = tempfile.mkdtemp(prefix="ringtree-test-")
-    if isinstance(func, str):  # old addressing, until every test passes its function
-        command = [sys.executable, WORKER, module, func, json.dumps(args or {}), outdir]
-    else:
-        command = rank_command(func, args, outdir)
+    command = rank_command(func, args, outdir)
     uid = rt.UniqueId.create()
     listen_fd = uid.take_listener()
     procs, logs = [], []

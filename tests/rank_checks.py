@@ -1,10 +1,14 @@
 """Helpers for rank bodies: one collective call on this rank checked against reference.py
 (run_case), shared by the host sweeps (multiproc/test_collectives.py) and the device sweeps
-(gpu/test_device_comm.py), which pass a communicator whose calls run on device buffers."""
+(gpu/test_device_comm.py), which pass a communicator whose calls run on device buffers; and how
+an issued call ended (outcome), for the host and device halves of the device path."""
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
+import ringtree as rt
 from reference import NUMPY_DTYPES, make_input, mismatches, op_argument, reduce_reference
 
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
@@ -86,3 +90,15 @@ def run_case(comm, coll, N, dtype_name, op, algo, in_place, root, salt):
         wrong += 1_000_000  # the input of an out-of-place call (or a non-root reduce) was written
     desc = f"{coll} N={N} {dtype_name} {op} algo={algo} {'in' if in_place else 'out-of'}-place root={root}"
     return wrong, desc
+
+
+def outcome(work, start):
+    """How an issued call ended ({'raised': None} or its error type and message), and the
+    seconds since `start`."""
+    try:
+        work.wait(60.0)
+        out = {"raised": None}
+    except rt.Error as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc)}
+    out["seconds"] = time.monotonic() - start
+    return out

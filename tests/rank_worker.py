@@ -5,7 +5,6 @@ sibling modules as the test did), calls QUALNAME in it with JSON_ARGS as keyword
 given OUTDIR, writes the JSON result to OUTDIR/<slot>.json. Without OUTDIR (a launcher such as
 mpiexec or torchrun started the rank) the exit status and output are all that count.
 """
-import importlib
 import importlib.util
 import json
 import os
@@ -30,13 +29,9 @@ def find(module, qualname):
 
 
 if __name__ == "__main__":
-    target, qualname, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    path, qualname, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     outdir = sys.argv[4] if len(sys.argv) > 4 else None
-    if target.endswith(".py"):
-        func = find(load(target), qualname)
-    else:  # old addressing: a module name on sys.path
-        func = getattr(importlib.import_module(target), qualname)
-    result = func(**args)
+    result = find(load(path), qualname)(**args)
     if outdir is not None:
         slot = int(os.environ.get("RINGTREE_TEST_SLOT", os.environ.get("RINGTREE_RANK", "0")))
         with open(os.path.join(outdir, f"{slot}.json.tmp"), "w") as f:

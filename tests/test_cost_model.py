@@ -39,8 +39,7 @@ def choices_and_estimates():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
-    world = run_world(nranks, choices_and_estimates, timeout=100,
-                      env={"RINGTREE_CACHE_DIR": str(tmp_path)})
+    world = run_world(nranks, choices_and_estimates, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)})
     results = world.check_ok()
     first = results[0]
     for res in results[1:]:
@@ -71,16 +70,14 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
     assert first["costs"]["source"] == "measured"
     assert list(tmp_path.glob("machine-v*.txt")), "rank 0 caches its measurement"
     # The next communicator on this host reads the cache instead of measuring again.
-    again = run_world(2, choices_and_estimates, timeout=100,
-                      env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
+    again = run_world(2, choices_and_estimates, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
     assert again[0]["costs"]["source"] == "cached"
     assert again[0]["costs"]["hop_us"] == pytest.approx(first["costs"]["hop_us"], rel=1e-4)
 
 
 @pytest.mark.timeout(120)
 def test_default_figures_without_measuring():
-    res = run_world(2, choices_and_estimates, timeout=100,
-                    env={"RINGTREE_COST_MODEL": "defaults"}).check_ok()
+    res = run_world(2, choices_and_estimates, timeout=100, env={"RINGTREE_COST_MODEL": "defaults"}).check_ok()
     assert all(r["costs"]["source"] == "defaults" for r in res)
 
 

@@ -281,7 +281,6 @@ def test_duplicate_rank_is_explained_not_hung():
 
 @pytest.mark.timeout(60)
 def test_missing_rank_times_out_with_explanation():
-    world = run_world(2, init_only, dict(timeout=3.0), timeout=50,
-                      per_rank_env=lambda r: {"RINGTREE_WORLD_SIZE": "3"})
+    world = run_world(2, init_only, dict(timeout=3.0), timeout=50, per_rank_env=lambda r: {"RINGTREE_WORLD_SIZE": "3"})
     res = world.check_ok()[0]
     assert res["raised"] == "BootstrapError" and "missing rank(s) 2" in res["message"], res

@@ -147,8 +147,7 @@ def bucketer_numpy(sizes, cap_mb, order_seed, skipped=0):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_bucketer_averages_numpy_gradients_over_ranks_without_torch(nranks):
     sizes = [5, 1000, 3, 0, 70000, 12, 40000]
-    world = run_world(nranks, bucketer_numpy, dict(sizes=sizes, cap_mb=0.3, order_seed=nranks, skipped=4),
-                            timeout=50)
+    world = run_world(nranks, bucketer_numpy, dict(sizes=sizes, cap_mb=0.3, order_seed=nranks, skipped=4), timeout=50)
     for rank, res in enumerate(world.check_ok()):
         assert not res["wrong"], (rank, res["wrong"])
         assert res["assignment"] == [[6], [5, 4], [3, 2, 1, 0]]
