@@ -6,7 +6,8 @@ import datetime
 import os
 import sys
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
 if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
 

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from harness import run_world  # noqa: E402
 from torch_group import finish_group, init_group  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_ddp.py")
 
 
