@@ -119,21 +119,24 @@ stage configure 90 bash -c configure
 stage build 240 cmake --build "$BUILD" -j "$JOBS"
 stage package 30 bash -c stage_package
 # The multi-process device path first: it has never run on a GPU (the thread-rank executor of
-# test_gpu.py has). Later stages are skipped, and say so, once the global budget is spent.
-stage device_tests 240 "$PY" -m pytest tests/test_device_comm.py -v -rs -p no:cacheprovider
-stage walker_tests 30 "$PY" -m pytest -q tests/test_step_walker.py -p no:cacheprovider
+# tests/gpu/test_gpu.py has); with it, its host side (gates, CUDA arrays, NCCL loading), which the
+# suite keeps apart by kind. Later stages are skipped, and say so, once the global budget is spent.
+DEVICE_TESTS=(tests/gpu/test_device_comm.py tests/multiproc/test_device_comm_host.py
+              tests/unit/test_cuda_array_interface.py tests/unit/test_nccl_loading.py)
+stage device_tests 240 "$PY" -m pytest "${DEVICE_TESTS[@]}" -v -rs -p no:cacheprovider
+stage walker_tests 30 "$PY" -m pytest -q tests/unit/test_step_walker.py -p no:cacheprovider
 # The nccl-tests sweep on CUDA buffers across processes sharing the GPU: the IPC executor at 2
 # ranks (next to a device-to-device copy; NCCL refuses two ranks on one GPU and says so).
 RTB=(bench/rt_bench.py --device cuda --no-progress --collective all_reduce,all_gather,broadcast)
 stage rt_bench_ipc2 45 "$PY" -m ringtree.launch -n 2 --timeout 40 "${RTB[@]}" -b 8 -e 64M -f 16 --vs nccl,memcpy
-stage gpu_tests 120 "$PY" -m pytest tests/test_gpu.py -v -rs -p no:cacheprovider
+stage gpu_tests 120 "$PY" -m pytest tests/gpu/test_gpu.py -v -rs -p no:cacheprovider
 # 4 ranks, the staged path, and one rank next to NCCL (which needs one GPU per rank).
 stage rt_bench_ipc4 45 "$PY" -m ringtree.launch -n 4 --timeout 40 "${RTB[@]}" -b 4K -e 64M -f 16 --vs memcpy
 stage rt_bench_staged 40 env RINGTREE_CUDA_IPC=0 "$PY" -m ringtree.launch -n 2 --timeout 35 "${RTB[@]}" -b 4K -e 16M -f 64
 stage rt_bench_nccl1 40 "$PY" -m ringtree.launch -n 1 --timeout 35 "${RTB[@]}" -b 8 -e 64M -f 64 --vs nccl,memcpy
 # shellcheck disable=SC2086
 stage bench 90 "$PY" bench/gpu_bench.py ${BENCH_ARGS:-}
-stage cpu_schedules 60 "$PY" -m pytest -q tests/test_schedules.py -p no:cacheprovider
+stage cpu_schedules 60 "$PY" -m pytest -q tests/unit/test_schedules.py -p no:cacheprovider
 
 set +x
 {

@@ -4,7 +4,7 @@ ml_dtypes' astype(bfloat16) round to nearest even). Results are compared bit for
 matches any quiet NaN. The same cases under RINGTREE_KERNEL_ISA=scalar (a fresh process, as the
 setting is read once) must give the same bits as the kernels this CPU selects.
 
-    python tests/test_kernels.py OUT.npz   # writes every case's result bits (used by the test)
+    python tests/unit/test_kernels.py OUT.npz   # writes every case's result bits (used by the test)
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Spawn real rank processes for a test and collect what each rank reports.
 
-Each rank runs tests/rank_worker.py, which calls a function from tests/workers.py (or the
-`module` given) and writes
-its JSON result to a file. Every world has a hard timeout: on expiry all ranks are killed and
-the test fails with their output, so a hang fails fast instead of stalling CI.
+A test passes its rank body, a module-level function, itself: run_world(3, sweep, dict(...)).
+Each rank runs rank_worker.py, which loads the function's module from its file, calls the
+function by its qualified name with the arguments as keywords, and writes the JSON result to a
+file. Every world has a hard timeout: on expiry all ranks are killed and the test fails with
+their output, so a hang fails fast instead of stalling CI.
 """
 from __future__ import annotations
 
@@ -24,6 +25,30 @@ from ringtree.launch import rank_environment
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")
 
 
+def rank_target(func):
+    """(module file, qualified name) by which a rank process finds `func`. Only a function a
+    module defines at its top level (or a class in it defines) can be found that way, so anything
+    else is refused here, in the test, rather than in every rank."""
+    if not callable(func):  # a name in a string, say: pass the function itself
+        raise TypeError(f"a rank body must be a function, got {func!r}")
+    module = sys.modules.get(getattr(func, "__module__", None))
+    path, qualname = getattr(module, "__file__", None), getattr(func, "__qualname__", "")
+    if path is None or "<locals>" in qualname:
+        raise TypeError(f"rank body {qualname or func!r} must be defined at the top level of a module file")
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is not func:
+        raise TypeError(f"{module.__name__}.{qualname} is not the rank body passed ({func!r})")
+    return os.path.abspath(path), qualname
+
+
+def rank_command(func, args=None, outdir=None):
+    """The command line of one rank running func(**args); with outdir its result is written there."""
+    path, qualname = rank_target(func)
+    return [sys.executable, WORKER, path, qualname, json.dumps(args or {})] + ([outdir] if outdir else [])
+
+
 @dataclass
 class World:
     returncodes: list
@@ -39,10 +64,14 @@ class World:
         return self.results
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, module="workers"):
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None):
+    """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
+    and returns their World; fails the test if they are not all done within `timeout` seconds."""
+    rank_target(func)  # refused here, before any process starts
+    outdir = tempfile.mkdtemp(prefix="ringtree-test-")
+    command = rank_command(func, args, outdir)
     uid = rt.UniqueId.create()
     listen_fd = uid.take_listener()
-    outdir = tempfile.mkdtemp(prefix="ringtree-test-")
     procs, logs = [], []
     try:
         for r in range(nranks):
@@ -59,7 +88,7 @@ def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_ra
                 pass_fds = (listen_fd,)
             log = open(os.path.join(outdir, f"{r}.log"), "w+")
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, WORKER, module, func, json.dumps(args or {}), outdir], env=e,
+            procs.append(subprocess.Popen(command, env=e,
                                           stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
         if listen_fd >= 0:
             os.close(listen_fd)

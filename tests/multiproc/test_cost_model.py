@@ -1,17 +1,45 @@
 """The cost model behind algo="auto": every rank must choose alike (rank 0's machine figures),
-explain() must show what choose_algo() does, and the figures are cached per host."""
+explain() must show what choose_algo() does, and the figures are cached per host.
+
+The rank bodies (choices_and_estimates, board_boundary) run in every rank of a test's world
+(harness.py) and return a JSON report that the test asserts on."""
+import io
 import math
 
+import numpy as np
 import pytest
 
+import ringtree as rt
 from harness import run_world
+
+
+COLLS = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
+
+
+SIZES = [0, 8, 256, 4096, 65536, 1 << 20, 1 << 24]
+
+
+def choices_and_estimates():
+    """Every rank reports auto's choice and the model's candidates for a grid of calls, plus
+    what explain printed for one of them."""
+    comm = rt.init()
+    choices, estimates = {}, {}
+    for coll in COLLS:
+        for nbytes in SIZES:
+            for dtype in ("float32", "bfloat16"):
+                key = f"{coll}/{nbytes}/{dtype}"
+                choices[key] = comm.choose_algo(coll, nbytes, "auto", dtype)
+                estimates[key] = [(a, t) for a, t, _ in comm.estimate(coll, nbytes, dtype)]
+    text = rt.explain("all_reduce", 4096, comm=comm, file=io.StringIO())
+    costs = comm.machine_costs()
+    comm.close()
+    return {"choices": choices, "estimates": estimates, "explain": text, "costs": costs}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
-    world = run_world(nranks, "choices_and_estimates", module="cost_workers", timeout=100,
-                      env={"RINGTREE_CACHE_DIR": str(tmp_path)})
+    world = run_world(nranks, choices_and_estimates, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)})
     results = world.check_ok()
     first = results[0]
     for res in results[1:]:
@@ -42,24 +70,47 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
     assert first["costs"]["source"] == "measured"
     assert list(tmp_path.glob("machine-v*.txt")), "rank 0 caches its measurement"
     # The next communicator on this host reads the cache instead of measuring again.
-    again = run_world(2, "choices_and_estimates", module="cost_workers", timeout=100,
-                      env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
+    again = run_world(2, choices_and_estimates, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
     assert again[0]["costs"]["source"] == "cached"
     assert again[0]["costs"]["hop_us"] == pytest.approx(first["costs"]["hop_us"], rel=1e-4)
 
 
 @pytest.mark.timeout(120)
 def test_default_figures_without_measuring():
-    res = run_world(2, "choices_and_estimates", module="cost_workers", timeout=100,
-                    env={"RINGTREE_COST_MODEL": "defaults"}).check_ok()
+    res = run_world(2, choices_and_estimates, timeout=100, env={"RINGTREE_COST_MODEL": "defaults"}).check_ok()
     assert all(r["costs"]["source"] == "defaults" for r in res)
+
+
+def board_boundary(limit_bytes):
+    """With RINGTREE_ONESHOT_BYTES=limit_bytes, the largest all_reduce that fits runs on the
+    board and the next size up does not; both give numpy's answer."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    fits = limit_bytes // 4
+    report = {}
+    for n in (fits, fits + 1):
+        report[f"algo_{n}"] = comm.choose_algo("all_reduce", n * 4)
+        x = (np.arange(n, dtype=np.int64) * (r + 1)).astype(np.float32)
+        got = comm.all_reduce(x.copy())
+        want = np.arange(n, dtype=np.float32) * sum(q + 1 for q in range(P))
+        report[f"ok_{n}"] = bool(np.array_equal(got, want))
+    x = np.full(fits, r + 1, np.float32)
+    report["explicit_fits"] = bool((comm.all_reduce(x, algo="oneshot") == P * (P + 1) / 2).all())
+    try:
+        comm.all_reduce(np.ones(fits + 1, np.float32), algo="oneshot")
+        report["oversize"] = "no error"
+    except rt.InvalidArgument as exc:
+        report["oversize"] = str(exc)
+    report["after"] = float(comm.all_reduce(np.ones(1, np.float32))[0])  # still usable
+    comm.close()
+    return report
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_one_shot_board_capacity_boundary(nranks):
     limit = 1024
-    res = run_world(nranks, "board_boundary", dict(limit_bytes=limit), module="cost_workers", timeout=100,
+    res = run_world(nranks, board_boundary, dict(limit_bytes=limit), timeout=100,
                     env={"RINGTREE_ONESHOT_BYTES": str(limit)}).check_ok()
     fits = limit // 4
     for r in res:

@@ -1,18 +1,21 @@
 """The Python API contract: unique ids, launch paths (explicit, environment, mpiexec,
-torchrun, none), async work, split, torch tensors."""
+torchrun, none), async work, split, torch tensors.
+
+The rank bodies (async_and_threads, ...) run in every rank of a test's world (harness.py) and
+return a JSON report that the test asserts on; launched_sum runs under mpiexec and torchrun."""
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import ringtree as rt
-from harness import run_world
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from harness import rank_command, run_world
 
 
 def test_unique_id_round_trips_through_its_token():
@@ -70,10 +73,58 @@ def test_reduce_ops_accept_strings_enums_and_premul():
             comm.all_reduce(x, op=rt.ReduceOp.PREMUL_SUM)
 
 
+def async_and_threads():
+    """async_op returns Work at once; results arrive in call order; wait() re-raises errors;
+    a blocking call releases the GIL (a Python thread keeps running while it waits)."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+    xs = [np.full(1000, r + k, np.int64) for k in range(5)]
+    works = [comm.all_reduce(x, async_op=True) for x in xs]
+    results = [w.wait(timeout=30) for w in works]
+    report["async_results"] = all(np.array_equal(res, np.full(1000, sum(q + k for q in range(P))))
+                                  for k, res in enumerate(results))
+    report["is_completed"] = all(w.is_completed() for w in works)
+    # GIL: rank 0 arrives late; meanwhile the others' threads must keep counting.
+    ticks = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    if r == 0:
+        time.sleep(0.5)
+    before = ticks[0]
+    comm.barrier()
+    during = ticks[0] - before
+    stop.set()
+    thread.join()
+    report["ticks_during_barrier"] = during if r != 0 else None
+    # An async collective whose peer disagrees surfaces the error from wait().
+    sub = comm.split(0)
+    odd = r == P - 1
+    w = sub.all_reduce(np.ones(3 if odd else 4, np.float32), async_op=True)
+    try:
+        w.wait(timeout=30)
+        sub.barrier()
+        report["async_error"] = None
+    except rt.CollectiveMismatch:
+        report["async_error"] = "CollectiveMismatch"
+    except rt.Error as exc:
+        report["async_error"] = f"{type(exc).__name__}: {exc}"
+    sub.close()
+    comm.close()
+    return report
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_async_work_and_gil_release(nranks):
-    world = run_world(nranks, "async_and_threads", timeout=100)
+    world = run_world(nranks, async_and_threads, timeout=100)
     for rank, res in enumerate(world.check_ok()):
         assert res["async_results"] and res["is_completed"], res
         assert res["async_error"] == "CollectiveMismatch", res
@@ -81,10 +132,34 @@ def test_async_work_and_gil_release(nranks):
             assert res["ticks_during_barrier"] > 50, res  # the thread ran while we waited
 
 
+def split_groups():
+    """split(color, key): even and odd ranks form groups ordered by descending key; a rank
+    with no color gets None; each group's collectives involve only its members."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    color = None if r == 0 and P > 2 else r % 2
+    sub = comm.split(color, key=-r)
+    if sub is None:
+        comm.barrier()
+        comm.close()
+        return {"sub": None}
+    members = sorted([q for q in range(P) if (q % 2 == r % 2) and not (q == 0 and P > 2)], reverse=True)
+    x = np.array([r], np.int64)
+    gathered = np.empty(sub.size, np.int64)
+    sub.all_gather(x, gathered)
+    total = sub.all_reduce(np.array([r], np.int64))
+    out = {"sub": [sub.rank, sub.size], "expected": [members.index(r), len(members)],
+           "gathered": gathered.tolist(), "members": members, "total": int(total[0])}
+    sub.close()
+    comm.barrier()
+    comm.close()
+    return out
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 5])
 def test_split_forms_ordered_independent_groups(nranks):
-    world = run_world(nranks, "split_groups", timeout=100)
+    world = run_world(nranks, split_groups, timeout=100)
     for rank, res in enumerate(world.check_ok()):
         if rank == 0 and nranks > 2:
             assert res["sub"] is None
@@ -94,12 +169,47 @@ def test_split_forms_ordered_independent_groups(nranks):
         assert res["total"] == sum(res["members"]), res
 
 
+def torch_tensors():
+    """torch CPU tensors (bfloat16 included) through the same API, against torch's own math."""
+    import torch
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8):
+        t = torch.arange(1000).remainder(7).to(dtype) + r
+        want = sum(torch.arange(1000).remainder(7).to(dtype) + q for q in range(P))
+        comm.all_reduce(t)
+        report[str(dtype)] = bool(torch.equal(t, want))
+    t = torch.full((3, 5), float(r))
+    out = torch.empty(3 * P, 5)
+    comm.all_gather(t, out)
+    report["all_gather_2d"] = bool(torch.equal(out, torch.cat([torch.full((3, 5), float(q)) for q in range(P)])))
+    try:
+        comm.all_reduce(torch.zeros(4, 4).t())
+        report["non_contiguous"] = "no error"
+    except rt.InvalidArgument as exc:
+        report["non_contiguous"] = "ok" if "contiguous" in str(exc) else str(exc)
+    comm.close()
+    return report
+
+
 @pytest.mark.timeout(120)
 def test_torch_cpu_tensors():
     pytest.importorskip("torch", reason="torch is in the test extra; this environment lacks it")
-    world = run_world(3, "torch_tensors", timeout=100)
+    world = run_world(3, torch_tensors, timeout=100)
     for res in world.check_ok():
         assert all(v is True or v == "ok" for v in res.values()), res
+
+
+def launched_sum():
+    """Started by mpiexec or torchrun: init from the launcher, check a sum, say which launcher."""
+    source = "mpi" if os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") else "torchrun"
+    comm = rt.init(timeout=60)
+    x = np.full(10, comm.rank + 1, np.int64)
+    comm.all_reduce(x)
+    assert np.all(x == comm.size * (comm.size + 1) // 2), x
+    print(f"rank {comm.rank} of {comm.size} ok via {source}", flush=True)
+    comm.close()
 
 
 @pytest.mark.timeout(120)
@@ -108,9 +218,8 @@ def test_mpiexec_launch():
     if mpiexec is None:
         pytest.skip("mpiexec not found: pip install mpich mpi4py (the test extra installs both)")
     pytest.importorskip("mpi4py", reason="mpi4py missing: the test extra installs it")
-    script = os.path.join(HERE, "mpi_program.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
-    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, script], env=env, capture_output=True, text=True,
+    proc = subprocess.run([mpiexec, "-n", "3", *rank_command(launched_sum)], env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
@@ -120,11 +229,11 @@ def test_mpiexec_launch():
 @pytest.mark.timeout(120)
 def test_torchrun_launch():
     pytest.importorskip("torch", reason="torch is in the test extra; this environment lacks it")
-    script = os.path.join(HERE, "mpi_program.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
+    script_and_args = rank_command(launched_sum)[1:]  # torchrun starts the script with its own python
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(_free_port()), script], env=env, capture_output=True, text=True,
-                          timeout=100)
+                           "--master-port", str(_free_port()), *script_and_args], env=env, capture_output=True,
+                          text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
     assert lines == [f"rank {r} of 2 ok via torchrun" for r in range(2)], proc.stdout + proc.stderr

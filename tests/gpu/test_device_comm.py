@@ -1,152 +1,67 @@
-"""Rank programs for tests/test_device_comm.py: the host half of the device path (gates) runs
-anywhere; the device programs need a CUDA device and torch (CUDA) or cupy."""
+"""Collectives on CUDA buffers over a multi-process communicator (csrc/exec/cuda/device_comm):
+staged through the host communicator, or handed to NCCL with algo='nccl'. Every test here is
+marked gpu: it runs the device path for real and is skipped, with the reason, where there is no
+CUDA device. The host half, which runs everywhere, is multiproc/test_device_comm_host.py.
+
+The rank bodies (device_sweep, ...) run in every rank of a test's world (harness.py) and return
+a JSON report that the test asserts on; they need a CUDA device and torch (CUDA) or cupy."""
 from __future__ import annotations
 
-import threading
+import functools
 import time
 
 import numpy as np
+import pytest
 
 import ringtree as rt
 from ringtree import _core
+from harness import run_world
+from rank_checks import outcome, run_case
 from reference import NUMPY_DTYPES
-from workers import run_case
-
-F32 = list(_core.DTYPES).index("float32")
-ALL_REDUCE = list(_core.COLLECTIVES).index("all_reduce")
 
 
-def gated_all_reduce(comm, x, gate, timeout=-1.0):
-    """An async in-place all_reduce of float32 x that starts its traffic once `gate` opens."""
-    ptr = x.ctypes.data
-    return comm._core.run(ALL_REDUCE, F32, True, ptr, x.size, False, True, ptr, x.size, False, 0, 1.0, 0, -1, 0,
-                          float(timeout), True, gate=gate)
-
-
-def outcome(work, start):
-    """How an issued call ended ({'raised': None} or its error type and message), and the
-    seconds since `start`."""
+@functools.lru_cache(maxsize=1)
+def _libs():
+    """Device-array libraries usable in rank processes, and why others are not."""
+    usable, why = [], []
+    if not _core.cuda_built():
+        return usable, "ringtree was built without CUDA"
+    if not _core.cuda_available():
+        return usable, f"no CUDA device: {_core.cuda_unavailable_reason()}"
     try:
-        work.wait(60.0)
-        out = {"raised": None}
-    except rt.Error as exc:
-        out = {"raised": type(exc).__name__, "message": str(exc)}
-    out["seconds"] = time.monotonic() - start
-    return out
+        import torch
+        if torch.cuda.is_available():
+            usable.append("torch")
+        else:
+            why.append("torch has no CUDA")
+    except ImportError as e:
+        why.append(f"torch: {e}")
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        usable.append("cupy")
+    except Exception as e:  # noqa: BLE001 - any import or driver failure means "not usable"
+        why.append(f"cupy: {e}")
+    return usable, "; ".join(why)
 
 
-def gated_outcome(comm, x, gate, done, timeout=-1.0):
-    """Issues a gated all_reduce and reports how it ended, how long that took, and how many
-    times the gate's on_done ran."""
-    start = time.monotonic()
-    out = outcome(gated_all_reduce(comm, x, gate, timeout), start)
-    out["done_calls"] = len(done)
-    return out
+def _torch_lib():
+    """Skips unless torch with CUDA can run in rank processes."""
+    usable, why = _libs()
+    if "torch" not in usable:
+        pytest.skip(why or "torch has no CUDA")
 
 
-def gate_holds_its_place(delay=0.4):
-    """A gated call issued before a blocking one: the blocking one must wait for it (call order),
-    and the gated call's buffer is untouched until its gate opens."""
-    comm = rt.init()
-    r, P = comm.rank, comm.size
-    a = np.full(1000, r + 1, np.float32)
-    b = np.full(5000, 10 * (r + 1), np.float32)
-    done = []
-    gate = _core.Gate(on_done=lambda: done.append(time.monotonic()))
-    seen = {}
-
-    def open_later():
-        seen["a_before_open"] = bool(np.all(a == r + 1))
-        seen["opened_at"] = time.monotonic()
-        gate.open()
-
-    work = gated_all_reduce(comm, a, gate)
-    threading.Timer(delay, open_later).start()
-    comm.all_reduce(b)
-    b_returned = time.monotonic()
-    work.wait(30.0)
-    return {
-        "a_ok": bool(np.all(a == P * (P + 1) / 2)),
-        "b_ok": bool(np.all(b == 10 * P * (P + 1) / 2)),
-        "a_untouched_before_open": seen["a_before_open"],
-        "b_after_open": b_returned >= seen["opened_at"],
-        "done_calls": len(done),
-        "done_after_open": bool(done) and done[0] >= seen["opened_at"],
-    }
+def _lib():
+    usable, why = _libs()
+    if not usable:
+        print(f"\nGPU device-comm tests skipped: {why}")
+        pytest.skip(why)
+    return usable[0]
 
 
-def gate_never_opens(victim=1, timeout=2.0):
-    """The victim's input never arrives: it raises Timeout naming its own input; the others get
-    an error (its abort notice) instead of waiting out their own timeout, and every rank's
-    on_done still runs (a staged call's stream must never be left waiting)."""
-    comm = rt.init()
-    x = np.ones(256, np.float32)
-    comm.all_reduce(x)
-    done = []
-    gate = _core.Gate(on_done=lambda: done.append(1))
-    if comm.rank != victim:
-        gate.open()
-    return gated_outcome(comm, np.ones(256, np.float32), gate, done, timeout)
+# ---- device buffers for the rank bodies ------------------------------------------------------
 
-
-def gate_fails(victim=0):
-    """The victim's staging failed (gate.fail): it raises with the reason, the others promptly."""
-    comm = rt.init(timeout=30)
-    done = []
-    gate = _core.Gate(on_done=lambda: done.append(1))
-    if comm.rank == victim:
-        threading.Timer(0.2, lambda: gate.fail("device-to-host copy failed (test)")).start()
-    else:
-        gate.open()
-    return gated_outcome(comm, np.ones(64, np.float32), gate, done)
-
-
-class FakeCudaArray:
-    """Describes device memory through __cuda_array_interface__ without any device."""
-
-    def __init__(self, n, typestr="<f4", strides=None, ptr=0x7F0000000000):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (ptr, False),
-                                         "strides": strides, "version": 3}
-
-
-def device_arguments_without_a_device():
-    """On a machine without a CUDA device: device buffers give a clear error on the rank that
-    passed them, before any traffic, and the communicator stays usable (the next call, made by
-    every rank, is the first traffic and must match)."""
-    comm = rt.init()
-    r, P = comm.rank, comm.size
-    report = {}
-
-    def expect(name, call, kind, words):
-        try:
-            call()
-            report[name] = "no error"
-        except rt.Error as exc:
-            ok = type(exc).__name__ == kind and all(w in str(exc) for w in words)
-            report[name] = "ok" if ok else f"{type(exc).__name__}: {exc}"
-
-    if r == 0:
-        built = _core.cuda_built()
-        words = ["CUDA buffers need a CUDA device"] if built else ["built without CUDA"]
-        expect("device all_reduce", lambda: comm.all_reduce(FakeCudaArray(16)), "Error", words)
-        expect("device all_gather", lambda: comm.all_gather(FakeCudaArray(4), FakeCudaArray(4 * P)), "Error", words)
-        expect("device nccl", lambda: comm.all_reduce(FakeCudaArray(16), algo="nccl"), "Error", words)
-        expect("async device", lambda: comm.broadcast(FakeCudaArray(8), async_op=True), "Error", words)
-        expect("nccl on host", lambda: comm.all_reduce(np.ones(4, np.float32), algo="nccl"), "InvalidArgument",
-               ["algo='nccl' needs CUDA buffers"])
-        expect("mixed", lambda: comm.all_gather(np.ones(4, np.float32), FakeCudaArray(4 * P)), "InvalidArgument",
-               ["host memory", "CUDA memory"])
-        expect("strided", lambda: comm.all_reduce(FakeCudaArray(4, strides=(8,))), "InvalidArgument",
-               ["C-contiguous"])
-        expect("dtype", lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c8")), "InvalidArgument",
-               ["unsupported dtype <c8"])
-    x = np.arange(10, dtype=np.int64) + r
-    comm.all_reduce(x)
-    report["usable after"] = "ok" if np.array_equal(x, P * np.arange(10) + P * (P - 1) // 2) else f"wrong: {x}"
-    return {"report": report}
-
-
-# ---- programs that need a CUDA device --------------------------------------------------------
 
 class DeviceArrays:
     """torch or cupy as a device-array library; uploads numpy arrays (bfloat16 as raw bits)."""
@@ -199,7 +114,7 @@ extern "C" __global__ void spin(long long cycles) {
 
 
 class OnDevice:
-    """Runs workers.run_case with every buffer on the device: each numpy argument is uploaded
+    """Runs rank_checks.run_case with every buffer on the device: each numpy argument is uploaded
     (views of another argument stay views, so in-place layouts stay in place), the collective
     runs on the device buffers, and the results are downloaded into the numpy arrays, which
     run_case then checks against numpy."""
@@ -269,7 +184,7 @@ DEVICE_COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"
 def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16", "bfloat16"),
                  counts=(1, 1000, 70000), async_op=False):
     """Every collective on device buffers, staged through the host communicator, checked
-    against numpy (workers.run_case), out of place and in place."""
+    against numpy (rank_checks.run_case), out of place and in place."""
     arrays = DeviceArrays(lib)
     comm = rt.init()
     dev = OnDevice(comm, arrays, async_op=async_op)
@@ -288,6 +203,32 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
                         if wrong:
                             failures.append(f"{desc}: {wrong} wrong")
     return {"cases": cases, "failures": failures[:20], "executor": comm.cuda_executor()}
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("executor", ["ipc", "staged", "staged between hosts"])
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_device_collectives_match_numpy(nranks, executor):
+    # Several processes share the one GPU of the test machine: CUDA IPC maps memory between
+    # processes on one device as between devices. Two emulated hosts put TCP between the
+    # halves, which sends device buffers through host staging.
+    env = {"RINGTREE_CUDA_IPC": "0" if executor == "staged" else "1"}
+    hosts = 2 if executor == "staged between hosts" else 1
+    world = run_world(nranks, device_sweep, dict(lib=_lib()), timeout=280, env=env, hosts=hosts)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["cases"] > 100 and not res["failures"], (rank, res)
+        assert res["executor"].startswith(executor.split()[0]), (rank, res["executor"])
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(200)
+def test_device_collectives_async_and_cupy():
+    usable, _ = _libs()
+    lib = "cupy" if "cupy" in usable else _lib()
+    world = run_world(2, device_sweep, dict(lib=lib, counts=[1000], async_op=True), timeout=180)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["cases"] > 30 and not res["failures"], (rank, res)
 
 
 def device_stream_semantics(lib="torch", seconds=1.0):
@@ -311,6 +252,14 @@ def device_stream_semantics(lib="torch", seconds=1.0):
             "ok": bool(np.all(host == P * (P + 1) / 2))}
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_device_call_returns_before_the_stream_reaches_it():
+    world = run_world(2, device_stream_semantics, dict(lib=_lib(), seconds=1.0), timeout=100)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["ok"] and not res["completed_early"] and res["returned_after"] < 0.5, (rank, res)
+
+
 def device_peer_stalls(lib="torch", victim=1, timeout=3.0):
     """The victim never makes its call: the others' device work fails within the timeout, and
     their streams are released (a later synchronize returns)."""
@@ -327,6 +276,15 @@ def device_peer_stalls(lib="torch", victim=1, timeout=3.0):
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     return out
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_device_call_with_a_stalled_peer_fails_and_releases_the_stream():
+    world = run_world(2, device_peer_stalls, dict(lib=_lib(), timeout=3.0), timeout=100)
+    res = world.check_ok()[0]
+    assert res["raised"] == "Timeout" and res["seconds"] < 20, res
+    assert res["stream_released_after"] < 25, res
 
 
 def nccl_world(lib="torch"):
@@ -360,6 +318,27 @@ def nccl_world(lib="torch"):
     comm.all_reduce(y)  # the host communicator is still usable
     out["host_ok"] = bool(np.all(y == comm.size * (comm.size - 1) // 2))
     return out
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_nccl_algo(nranks):
+    lib = _lib()
+    try:
+        rt.nccl_info()
+    except rt.Error as e:
+        pytest.skip(str(e))
+    world = run_world(nranks, nccl_world, dict(lib=lib), timeout=180)
+    results = world.check_ok()
+    if nranks == 1:
+        assert not results[0]["failures"], results[0]
+        return
+    for rank, res in enumerate(results):
+        assert res["host_ok"], (rank, res)
+        # One GPU for several ranks: NCCL refuses; every rank must say so (or, if this NCCL
+        # accepts it, compute the right sum).
+        assert (res["raised"] is not None and "nccl" in res["message"].lower()) or res.get("ok"), (rank, res)
 
 
 def torch_backend_cuda():
@@ -407,6 +386,15 @@ def torch_backend_cuda():
     return {"report": report}
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(200)
+def test_torch_backend_with_cuda_tensors():
+    _torch_lib()
+    world = run_world(2, torch_backend_cuda, timeout=180)
+    for rank, res in enumerate(world.check_ok()):
+        assert all(res["report"].values()), (rank, res["report"])
+
+
 def data_parallel_cuda(steps=3):
     """DataParallelHook on a CUDA model: after each backward every rank's gradients equal the
     mean of what each rank's batch gives alone (a replica that sees every batch), including a
@@ -447,3 +435,12 @@ def data_parallel_cuda(steps=3):
     hook.remove()
     comm.close()
     return {"ok": ok, "executor": comm.cuda_executor()}
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(200)
+def test_data_parallel_hook_on_a_cuda_model():
+    _torch_lib()
+    world = run_world(2, data_parallel_cuda, timeout=180)
+    for rank, res in enumerate(world.check_ok()):
+        assert all(res["ok"]), (rank, res)

@@ -1,50 +1,56 @@
-"""Functions that run inside each rank of a torch test world (see test_torch_*.py). Each
-returns a JSON-serialisable report; the tests assert on it.
+"""The "ringtree" torch.distributed backend: every collective against Gloo on the same
+inputs in the same processes, the three rendezvous paths, and errors that surface as
+exceptions (never hangs).
 
-The collective checks run every torch.distributed call twice in the same processes, once
-on the ringtree group and once on a Gloo group, with the same inputs, and compare.
-"""
-from __future__ import annotations
-
+The rank bodies (collectives_vs_gloo, rendezvous, errors, kill_during_ddp) run in every rank of
+a test's world (harness.py) and return a JSON report that the test asserts on. The collective
+checks run every torch.distributed call twice in the same processes, once on the ringtree group
+and once on a Gloo group, with the same inputs, and compare."""
 import datetime
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 import zlib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+import pytest
+
+pytest.importorskip("torch")
+
+from harness import run_world  # noqa: E402
+from torch_group import finish_group, init_group  # noqa: E402
 
 
-def _init(timeout=60.0):
-    import torch
-    import torch.distributed as dist
-
-    import ringtree.torch as rtt
-    torch.set_num_threads(1)  # ranks share two cores
-    rtt.init_process_group(timeout=datetime.timedelta(seconds=timeout))
-    return dist.get_rank(), dist.get_world_size()
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _finish():
-    import torch.distributed as dist
-    dist.barrier()
-    dist.destroy_process_group()
+def test_importing_ringtree_does_not_import_torch():
+    code = "import sys, ringtree, ringtree.bucketing; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_importing_ringtree_torch_registers_the_backend():
+    code = ("import torch.distributed as dist, ringtree.torch; "
+            "assert 'ringtree' in dist.Backend.backend_list; "
+            "assert dist.Backend.default_device_backend_map.get('cpu') in ('gloo', 'ringtree'); "
+            "assert dist.Backend.backend_capability['ringtree'] == ['cpu', 'cuda']")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def _error_name(exc):
     return type(exc).__name__
 
 
-# --- every collective against Gloo ---------------------------------------------------------
-
-
 def collectives_vs_gloo(large=1 << 20):
     import torch
     import torch.distributed as dist
 
-    r, P = _init()
+    r, P = init_group()
     gloo = dist.new_group(backend="gloo")
     ours = dist.group.WORLD
     failures, checked = [], []
@@ -326,7 +332,7 @@ def collectives_vs_gloo(large=1 << 20):
         dist.broadcast(b, src=members[-1], group=sub_ours)
         compare(f"subgroup {members} broadcast", b, torch.arange(4.))
 
-    _finish()
+    finish_group()
     return {"failures": failures, "checked": len(checked)}
 
 
@@ -344,7 +350,13 @@ def _coalesced(inputs, group):
     return tensors
 
 
-# --- rendezvous paths ------------------------------------------------------------------------
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_every_collective_matches_gloo(nranks):
+    world = run_world(nranks, collectives_vs_gloo, timeout=140)
+    for rank, res in enumerate(world.check_ok()):
+        assert not res["failures"], f"rank {rank}: " + "\n".join(res["failures"])
+        assert res["checked"] >= 170, res["checked"]
 
 
 def rendezvous(method, port):
@@ -366,7 +378,12 @@ def rendezvous(method, port):
     return {"sum": x.tolist(), "backend": backend}
 
 
-# --- errors ----------------------------------------------------------------------------------
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("method", ["env", "tcp"])
+def test_init_process_group_through_env_and_tcp(method):
+    world = run_world(2, rendezvous, dict(method=method, port=_free_port()), timeout=90)
+    for res in world.check_ok():
+        assert res == {"sum": [3.0, 3.0, 3.0], "backend": "ringtree"}
 
 
 def errors(timeout=3.0):
@@ -378,7 +395,7 @@ def errors(timeout=3.0):
     import torch.distributed as dist
 
     import ringtree as rt
-    r, P = _init(timeout=timeout)
+    r, P = init_group(timeout=timeout)
     report = {}
 
     def expect(name, call, error_type, needle=None):
@@ -418,11 +435,28 @@ def errors(timeout=3.0):
     return {"report": report}
 
 
+@pytest.mark.timeout(100)
+def test_errors_surface_as_typed_exceptions_within_the_timeout():
+    world = run_world(2, errors, dict(timeout=2.0), timeout=90)
+    results = world.check_ok()
+    report = results[0]["report"]
+    expected = ["BAND", "reduction dtype", "tag", "recv any source", "all_gather list length",
+                "usable after bad arguments", "mismatch", "stall", "stall async wait", "stall async future"]
+    assert sorted(report) == sorted(expected)
+    bad = {name: case for name, case in report.items() if not case.get("ok")}
+    assert not bad, bad
+    for name in ("stall", "stall async wait"):
+        assert report[name]["seconds"] > 1.5 and report[name]["seconds"] < 8, report[name]
+        assert "all_reduce #" in report[name]["message"] and "rank 1" in report[name]["message"]
+    # The mismatch is reported on the other rank too; it names both calls.
+    assert "count=4" in report["mismatch"]["message"] and "count=5" in report["mismatch"]["message"]
+
+
 def kill_during_ddp(victim=1):
     """The victim SIGKILLs itself between steps; the survivors' next step must raise."""
     import ringtree as rt
     import train_ddp
-    r, P = _init(timeout=60)
+    r, P = init_group(timeout=60)
     ddp = train_ddp.wrap(train_ddp.make_model(32))
     train_ddp.train(ddp, 2, 16, 0.05, log=None)
     if r == victim:
@@ -437,185 +471,12 @@ def kill_during_ddp(victim=1):
                 "message": str(exc)[:500], "seconds": time.monotonic() - started}
 
 
-# --- training equivalence --------------------------------------------------------------------
-
-
-def _flat_params(model):
-    import torch
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def _single_process(steps, batch, lr, hidden, micro_batches=1, extra_unused=False):
-    """The reference: one process, the whole batch each step."""
-    import torch
-
-    import train_ddp
-    model = _model(hidden, extra_unused)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    for step in range(steps):
-        x, y = train_ddp.global_batch(step, batch)
-        optimizer.zero_grad()
-        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-            (torch.nn.functional.cross_entropy(model(xm), ym) / micro_batches).backward()
-        optimizer.step()
-    return model
-
-
-def _model(hidden, extra_unused=False):
-    import torch
-
-    import train_ddp
-    net = train_ddp.make_model(hidden, seed=0)
-    if not extra_unused:
-        return net
-
-    class WithUnused(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.unused = torch.nn.Linear(3, 3)  # never in forward: DDP needs find_unused_parameters
-
-        def forward(self, x):
-            return self.net(x)
-
-    return WithUnused()
-
-
-def _distributed_steps(module, params, steps, batch, lr, rank, world, micro_batches=1, no_sync=None,
-                       before_step=None):
-    import contextlib
-
-    import torch
-
-    import train_ddp
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
-    for step in range(steps):
-        x, y = train_ddp.global_batch(step, batch)
-        optimizer.zero_grad()
-        micro = list(zip(x.chunk(micro_batches), y.chunk(micro_batches)))
-        for i, (xm, ym) in enumerate(micro):
-            last = i == len(micro) - 1
-            context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
-            with context:
-                out = module(train_ddp.local_slice(xm, rank, world))
-                loss = torch.nn.functional.cross_entropy(out, train_ddp.local_slice(ym, rank, world)) / micro_batches
-                loss.backward()
-        if before_step is not None:
-            before_step()
-        optimizer.step()
-
-
-def training_matches_single_process(steps=4, batch=24, lr=0.05, hidden=24):
-    """DDP (plain, find_unused_parameters, static_graph, no_sync, allreduce hook) and
-    DataParallelHook (plain, accumulation) against single-process full-batch training."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import ringtree.torch as rtt
-    r, P = _init()
-    world_comm = dist.group.WORLD.comm
-    gloo = dist.new_group(backend="gloo")
-    configs = {
-        "ddp": dict(),
-        "ddp find_unused_parameters": dict(extra_unused=True, ddp=dict(find_unused_parameters=True)),
-        "ddp static_graph": dict(ddp=dict(static_graph=True)),
-        "ddp no_sync x2": dict(micro=2, no_sync=True),
-        "ddp allreduce_hook": dict(hook=(rtt.AllReduceState, rtt.allreduce_hook)),
-        "ddp small buckets": dict(ddp=dict(bucket_cap_mb=0.002)),
-        "hook": dict(dp=dict()),
-        "hook small buckets, finish() by hand": dict(dp=dict(bucket_cap_mb=0.002, finish_in_backward=False)),
-        "hook accumulation_steps=2": dict(micro=2, dp=dict(accumulation_steps=2)),
-        "hook no_sync x2, unused param": dict(micro=2, no_sync=True, extra_unused=True, dp=dict()),
-    }
-    results, calls, expected_calls = {}, {}, {}
-    for name, cfg in configs.items():
-        extra_unused, micro = cfg.get("extra_unused", False), cfg.get("micro", 1)
-        model = _model(hidden, extra_unused)
-        if "dp" in cfg:
-            counting = _CountingComm(world_comm)
-            hook = rtt.DataParallelHook(model, counting, **cfg["dp"])
-            module, no_sync = model, (hook.no_sync if cfg.get("no_sync") else None)
-        else:
-            module = DDP(model, **cfg.get("ddp", {}))
-            if "hook" in cfg:
-                make_state, function = cfg["hook"]
-                module.register_comm_hook(make_state(), function)
-            no_sync, hook = (module.no_sync if cfg.get("no_sync") else None), None
-        before_step = hook.finish if hook is not None and not hook.finish_in_backward else None
-        _distributed_steps(module, list(model.parameters()), steps, batch, lr, r, P, micro, no_sync, before_step)
-        reference = _single_process(steps, batch, lr, hidden, micro, extra_unused)
-        mine = _flat_params(model)
-        everyone = [torch.empty_like(mine) for _ in range(P)]
-        dist.all_gather(everyone, mine, group=gloo)  # checked through Gloo, not the system under test
-        results[name] = {
-            "identical_across_ranks": all(torch.equal(everyone[0], e) for e in everyone),
-            "max_diff_vs_single": (mine - _flat_params(reference)).abs().max().item(),
-            "moved": (mine - _flat_params(_model(hidden, extra_unused))).abs().max().item(),
-        }
-        if hook is not None:
-            hook.remove()
-            calls[name] = counting.all_reduce_calls
-            expected_calls[name] = steps * len(hook.bucket_assignment)
-    _finish()
-    return {"results": results, "all_reduce_calls": calls, "expected_calls": expected_calls}
-
-
-class _CountingComm:
-    """A ringtree communicator that counts all_reduce calls."""
-
-    def __init__(self, comm):
-        self._comm = comm
-        self.all_reduce_calls = 0
-
-    def all_reduce(self, *args, **kwargs):
-        self.all_reduce_calls += 1
-        return self._comm.all_reduce(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._comm, name)
-
-
-def compression_converges(steps=40, batch=32, lr=0.1, hidden=32):
-    """The example trained with each comm hook: every loss curve comes down, close to the
-    uncompressed one."""
-    import train_ddp
-    r, P = _init()
-    losses = {}
-    for hook in ("none", "fp16", "bf16", "int8"):
-        ddp = train_ddp.wrap(train_ddp.make_model(hidden), hook)
-        losses[hook] = train_ddp.train(ddp, steps, batch, lr, log=None)
-    _finish()
-    return {"losses": losses}
-
-
-# --- bucketing without torch -----------------------------------------------------------------
-
-
-def bucketer_numpy(sizes, cap_mb, order_seed, skipped=0):
-    """numpy gradients, marked in a rank-dependent order: each gradient ends as the average
-    of every rank's. In the last step rank 0 never marks gradient `skipped` (it counts as
-    zeros there). torch must not be imported along the way."""
-    import numpy as np
-
-    import ringtree as rt
-    from ringtree.bucketing import Bucketer
-    comm = rt.init()
-    r, P = comm.rank, comm.size
-    bucketer = Bucketer(sizes, dtypes=np.float64, bucket_cap_mb=cap_mb)
-    wrong, steps = [], 3
-    for step in range(steps):
-        missing = {skipped} if step == steps - 1 else set()
-        grads = [np.full(n, float(r + 1 + step + i), dtype=np.float64) for i, n in enumerate(sizes)]
-        bucketer.start_step(comm)
-        for i in np.random.default_rng(order_seed + 17 * r + step).permutation(len(sizes)):
-            if not (r == 0 and int(i) in missing):
-                bucketer.mark_ready(int(i), grads[int(i)])
-        reduced = bucketer.finish()
-        for i, n in enumerate(sizes):
-            want = sum(float(q + 1 + step + i) for q in range(P) if not (q == 0 and i in missing)) / P
-            got = reduced[i] if (r == 0 and i in missing) else grads[i]
-            if n and not np.allclose(got, want):
-                wrong.append(f"step {step} grad {i}: {got[:3]} != {want}")
-    comm.close()
-    return {"wrong": wrong, "assignment": bucketer.assignment, "torch_imported": "torch" in sys.modules}
+@pytest.mark.timeout(100)
+def test_a_killed_rank_makes_ddp_raise_on_the_survivor():
+    world = run_world(2, kill_during_ddp, dict(victim=1), timeout=90)
+    assert world.returncodes[1] == -9, world.failure_report()
+    res = world.results[0]
+    assert res is not None and world.returncodes[0] == 0, world.failure_report()
+    assert res["peer_failure"], res
+    assert res["seconds"] < 15, res  # far below the 60 s collective timeout
+    assert "rank 1" in res["message"], res["message"]

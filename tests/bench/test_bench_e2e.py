@@ -14,7 +14,7 @@ import pytest
 
 from ringtree import _core
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "bench", "rt_bench.py")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 

@@ -1,0 +1,64 @@
+"""CUDA arrays as ringtree reads them (ringtree._buffers.buffer_info): what
+__cuda_array_interface__ describes is taken exactly, and what ringtree cannot use (strided,
+byte-swapped, unsupported dtypes, DLPack-only objects) is explained. No device is needed: the
+arrays only describe made-up device memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ringtree as rt
+from ringtree import _core
+
+
+class _Cai:
+    """An object describing (made-up) device memory through __cuda_array_interface__."""
+
+    def __init__(self, **cai):
+        self.__cuda_array_interface__ = {"version": 3, "strides": None, **cai}
+
+
+@pytest.mark.parametrize("typestr,dtype", [("|i1", "int8"), ("|u1", "uint8"), ("<i4", "int32"), ("<i8", "int64"),
+                                           ("<f2", "float16"), ("<f4", "float32"), ("<f8", "float64")])
+def test_cuda_array_interface_is_read_exactly(typestr, dtype):
+    from ringtree._buffers import CUDA, buffer_info
+    size = int(typestr[2:])
+    shape = (3, 5, 2)
+    # C-contiguous strides given explicitly, and a size-1 dimension with an arbitrary stride.
+    strides = (5 * 2 * size, 2 * size, size)
+    for cai in ({"shape": shape, "typestr": typestr, "data": (0x7F0000001000, False)},
+                {"shape": shape, "typestr": typestr, "data": (0x7F0000001000, True), "strides": strides},
+                {"shape": (4, 1), "typestr": typestr, "data": (0x7F0000002000, False), "strides": (size, 999)}):
+        info = buffer_info(_Cai(**cai), "x")
+        assert info.device == CUDA and info.stream == 0
+        assert info.ptr == cai["data"][0] and info.readonly == cai["data"][1]
+        assert info.count == int(np.prod(cai["shape"]))
+        assert _core.DTYPES[info.dtype] == dtype
+
+
+@pytest.mark.parametrize("cai,needle", [
+    ({"shape": (3, 4), "typestr": "<f4", "data": (1 << 40, False), "strides": (4, 12)}, "C-contiguous"),
+    ({"shape": (8,), "typestr": "<f4", "data": (1 << 40, False), "strides": (8,)}, "C-contiguous"),
+    ({"shape": (8,), "typestr": ">f4", "data": (1 << 40, False)}, "byte-swapped"),
+    ({"shape": (8,), "typestr": "<c8", "data": (1 << 40, False)}, "unsupported dtype"),
+    ({"shape": (8,), "typestr": "<i2", "data": (1 << 40, False)}, "unsupported dtype"),
+    ({"typestr": "<f4", "data": (1 << 40, False)}, "malformed"),
+])
+def test_bad_cuda_arrays_are_explained(cai, needle):
+    from ringtree._buffers import buffer_info
+    with pytest.raises(rt.InvalidArgument, match=needle):
+        buffer_info(_Cai(**cai), "x")
+
+
+def test_dlpack_only_cuda_objects_are_explained():
+    from ringtree._buffers import buffer_info
+
+    class DlpackOnly:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be consumed")
+
+        def __dlpack_device__(self):
+            return (2, 0)  # kDLCUDA
+
+    with pytest.raises(rt.InvalidArgument, match="__cuda_array_interface__"):
+        buffer_info(DlpackOnly(), "x")
