@@ -13,7 +13,7 @@
 #include "bootstrap/bootstrap.h"
 #include "common/clock.h"
 #include "exec/host/backoff.h"
-#include "runtime/cost_model.h"
+#include "runtime/machine_probe.h"
 #include "ringtree/communicator.h"
 #include "transport/shm/shm.h"
 #include "transport/transport.h"

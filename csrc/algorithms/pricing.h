@@ -1,9 +1,6 @@
 // The cost model behind algo="auto": each candidate algorithm is priced as
 //   time = call + hops x hop + bytes-on-the-critical-path x cost-per-byte
-// with the machine's figures (copy and reduce bandwidth in and out of cache, the latency of one
-// message handoff between cores, and of a context switch when ranks outnumber cores). The
-// figures are measured once per host by rank 0 (cached on disk) and handed to every rank, so
-// every rank prices alike and chooses alike.
+// with the machine's figures, which runtime/machine_probe measures on this host.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,6 +9,8 @@
 
 namespace ringtree {
 
+// The figures pricing uses. The machine probe (runtime/machine_probe.h) fills them on rank 0,
+// and the communicator sends them to every rank as bytes, so this stays a plain struct.
 struct MachineCosts {
   double call_s = 2.5e-6;       // per call: Python, validation, schedule lookup (fitted, P=1 from Python)
   double hop_s = 0.6e-6;        // one message handoff between two running ranks on one host
@@ -35,9 +34,6 @@ struct Candidate {
   double seconds;
   std::string terms;  // the formula with this call's numbers, for explain()
 };
-
-// Measures this machine (about 20 ms) or reads the per-host cache file; see README settings.
-MachineCosts measure_machine(const std::string& host);
 
 // The predicted seconds of one algorithm; the formula with this call's numbers if asked.
 double predict(const MachineCosts& m, Collective c, Algo a, int P, uint64_t block_bytes, DataType dtype,
