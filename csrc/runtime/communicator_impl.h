@@ -131,6 +131,7 @@ class CommunicatorImpl : public Communicator {
   uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
   bool stream_out_ = false;    // the current call's
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
+  PriceTable prices_;   // the schedules' counts at this P, built once at set-up
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far (guarded by exec_mu_)
