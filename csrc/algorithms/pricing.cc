@@ -307,7 +307,7 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
     } else {
       const std::string where =
           lo == bytes || hi == bytes ? std::string()
-                      : str_cat(bytes > hi ? " (extended from the counts at " : " (between the counts at ",
+                      : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
                                 size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
       *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
                          count_text(k.hops), " hops on the critical path; busiest rank ", data_text(k), where, sum);
