@@ -1,5 +1,6 @@
 // Schedules as data, for the transport-free checks and for explaining an algorithm.
 #include <pybind11/stl.h>
+#include "algorithms/pricing.h"
 #include "algorithms/schedule.h"
 #include "bindings/bindings.h"
 #include "exec/testing/walker_threads.h"
@@ -7,6 +8,15 @@
 namespace py = pybind11;
 
 namespace ringtree {
+
+namespace {
+
+py::dict counts_dict(const ScheduleCounts& k) {
+  return py::dict(py::arg("steps") = k.steps, py::arg("hops") = k.hops, py::arg("sent") = k.sent,
+                  py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied);
+}
+
+}  // namespace
 
 void register_schedules(py::module_& m) {
   m.def(
@@ -43,6 +53,31 @@ void register_schedules(py::module_& m) {
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("drop_op") = -1, py::call_guard<py::gil_scoped_release>(),
       "Run every rank's schedule against the others without a transport; raises Error on any violation.");
+  m.def(
+      "schedule_counts",
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment) {
+        ScheduleCounts k;
+        {
+          py::gil_scoped_release release;
+          k = count_schedules(
+              ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1});
+        }
+        return counts_dict(k);
+      },
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
+      py::arg("segment") = 0,
+      "What the cost model counts in every rank's schedule: the most steps of one rank, the hops on the\n"
+      "critical path, and the elements the busiest rank sends, receives, reduces and copies.");
+  m.def(
+      "price_table_counts",
+      [](int coll, int algo, int nranks, uint64_t bytes) {
+        PriceTable table;
+        table.build(nranks);
+        return counts_dict(table.counts(static_cast<Collective>(coll), static_cast<Algo>(algo), bytes));
+      },
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("bytes"),
+      "schedule_counts as the cost model's table at P ranks has them for a call of `bytes` (interpolated\n"
+      "between the sizes it counted, and extended past them), with the segment setting.");
   m.def("supported_algos", [](int coll) {
     std::vector<int> out;
     for (Algo a : supported_algos(static_cast<Collective>(coll))) out.push_back(static_cast<int>(a));

@@ -174,11 +174,10 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
   if (scheduled.size() == 1 && !board) return scheduled.front();
   // The cheapest prediction; near-ties (within 1%) go to the earlier, simpler algorithm.
-  const uint64_t segment = pipeline_segment(coll, Algo::Tree, 1);
   Algo best = scheduled.front();
-  double best_s = predict(costs_, coll, best, size_, bytes, dtype, segment, nullptr);
+  double best_s = predict(costs_, prices_, coll, best, bytes, dtype, nullptr);
   auto consider = [&](Algo a) {
-    const double t = predict(costs_, coll, a, size_, bytes, dtype, segment, nullptr);
+    const double t = predict(costs_, prices_, coll, a, bytes, dtype, nullptr);
     if (t < best_s * 0.99) best = a, best_s = t;
   };
   for (size_t i = 1; i < scheduled.size(); ++i) consider(scheduled[i]);
@@ -191,8 +190,7 @@ std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t b
   RT_CHECK(dtype < DataType::Count, InvalidArgument, "unknown dtype code ", static_cast<int>(dtype));
   const std::vector<Algo> algos = available_algos(coll, bytes);
   std::vector<AlgoEstimate> out;
-  for (const Candidate& c : price(costs_, coll, algos, size_, bytes, dtype,
-                                  pipeline_segment(coll, Algo::Tree, 1)))
+  for (const Candidate& c : price(costs_, prices_, coll, algos, bytes, dtype))
     out.push_back({c.algo, c.seconds, c.terms});
   return out;
 }
@@ -221,6 +219,9 @@ void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs_, sizeof(costs_));
+  // The schedules' counts depend only on P (and the segment setting), so every rank builds the
+  // same table; choose_algo() then prices from it without allocating.
+  prices_.build(size_);
 }
 
 Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {

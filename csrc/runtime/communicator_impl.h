@@ -9,10 +9,11 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include "algorithms/pricing.h"
 #include "bootstrap/control_plane.h"
 #include "exec/host/host_executor.h"
-#include "runtime/cost_model.h"
 #include "runtime/flight_recorder.h"
+#include "runtime/machine_probe.h"
 #include "ringtree/communicator.h"
 
 namespace ringtree {
@@ -68,6 +69,7 @@ class CommunicatorImpl : public Communicator {
   ControlPlane ctrl_;
   HostExecutor exec_;
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
+  PriceTable prices_;   // the schedules' counts at this P, built once at set-up
   Algo forced_algo_ = Algo::Auto;
   std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
 

@@ -11,6 +11,15 @@ import pytest
 
 import ringtree as rt
 from harness import run_world
+from ringtree import _core
+
+COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
+ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+SEGMENT = 128 << 10  # RINGTREE_TREE_SEGMENT_BYTES' default, which the price table uses
+
+
+def counted(coll, algo, P, count, segment=0):
+    return _core.schedule_counts(COLL[coll], ALGO[algo], P, count, 0, segment)
 
 
 COLLS = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
@@ -65,6 +74,9 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
     chosen = first["choices"]["all_reduce/4096/float32"]
     assert f"auto chooses {chosen}" in text
     assert f"* {chosen}" in text
+    # The ring's line says what was counted in its schedules: 2(P-1) hops after the handshake.
+    ring_line = next(line for line in text.splitlines() if line[2:].startswith("ring "))
+    assert f"1 handshake + {2 * (nranks - 1)} hops on the critical path" in ring_line, ring_line
     for algo, _ in first["estimates"]["all_reduce/4096/float32"]:
         assert algo in text
     assert first["costs"]["source"] == "measured"
@@ -119,3 +131,68 @@ def test_one_shot_board_capacity_boundary(nranks):
         assert r["explicit_fits"], r
         assert "RINGTREE_ONESHOT_BYTES" in r["oversize"] and str(limit) in r["oversize"], r["oversize"]
         assert r["after"] == nranks
+
+
+# Pricing counts the schedules themselves; these check the counts against what each algorithm
+# is known to do, worked out independently of the schedule code.
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 8, 16])
+def test_ring_all_reduce_counts_2_P_minus_1_hops_and_its_share_of_bytes(P):
+    n = P * 3000  # divisible by P: every block the same
+    k = counted("all_reduce", "ring", P, n)
+    assert k["steps"] == k["hops"] == 2 * (P - 1)
+    # Each rank sends 2(P-1) blocks of n/P, receives P-1 into place and P-1 with a reduction.
+    assert k["sent"] == 2 * (P - 1) * n // P
+    assert k["received"] == k["reduced"] == (P - 1) * n // P
+    assert k["copied"] == 0
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("segments", [1, 2, 8])
+def test_pipelined_broadcast_hops_grow_with_depth_plus_segments(P, segments):
+    n = segments * SEGMENT
+    depth = P.bit_length() - 1  # deepest node of a binary heap of P ranks
+    tree = counted("broadcast", "tree", P, n, SEGMENT)
+    assert tree["hops"] == depth + segments - 1
+    chain = counted("broadcast", "ring", P, n, SEGMENT)
+    assert chain["hops"] == (P - 1) + segments - 1
+    # The busiest rank: a tree node with two children sends the buffer twice (the root when P
+    # <= 4, where no node has a parent and two children); a chain's middle receives and sends.
+    assert tree["sent"] == n * min(2, P - 1)
+    assert tree["received"] == (n if P > 4 else 0)
+    assert (chain["sent"], chain["received"]) == ((n, n) if P > 2 else (n, 0))
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
+def test_direct_all_to_all_and_barrier_counts(P):
+    N = 1000
+    k = counted("all_to_all", "direct", P, N)
+    assert k["hops"] == P - 1 and k["steps"] == P  # a local copy, then P-1 exchanges
+    assert k["sent"] == k["received"] == (P - 1) * N and k["copied"] == N
+    barrier = counted("barrier", "direct", P, 0)
+    assert barrier["hops"] == (P - 1).bit_length()  # ceil(log2 P) rounds
+    assert barrier["sent"] == barrier["received"] == 0
+
+
+def test_tree_all_reduce_root_reduces_children_one_step_each():
+    # P=4: the root has two children and reduces them in separate steps, so each segment costs
+    # it two steps; the reduce phase takes 2 per segment plus the depth, the broadcast one.
+    S = 8
+    k = counted("all_reduce", "tree", 4, S * SEGMENT, SEGMENT)
+    assert k["reduced"] == 2 * S * SEGMENT  # the root: two children's segments
+    assert k["hops"] == 26  # 2S + 1 (reduce, root last) + S + 1 (broadcast through depth 2)
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+def test_price_table_matches_counting_the_call_itself(P):
+    # choose_algo prices from a table counted at powers of two and extended past the last size
+    # it counted; between and beyond, it must agree with counting the call's own schedules.
+    cases = [("all_reduce", "ring", 0), ("all_reduce", "tree", SEGMENT), ("broadcast", "tree", SEGMENT),
+             ("broadcast", "ring", SEGMENT), ("reduce", "tree", SEGMENT), ("all_gather", "ring", 0),
+             ("all_to_all", "direct", 0), ("gather", "direct", 0)]
+    for coll, algo, segment in cases:
+        for nbytes in (0, 4096, 3 * SEGMENT, (1 << 20) + 3 * P * SEGMENT, 1 << 26):
+            exact = counted(coll, algo, P, nbytes, segment)
+            table = _core.price_table_counts(COLL[coll], ALGO[algo], P, nbytes)
+            for field, value in exact.items():
+                assert table[field] == pytest.approx(value, rel=1e-3, abs=1e-6), (coll, algo, nbytes, field)

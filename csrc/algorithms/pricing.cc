@@ -1,0 +1,330 @@
+// Pricing a call from its schedules: see algorithms/pricing.h for the terms.
+#include "algorithms/pricing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include "common/check.h"
+
+namespace ringtree {
+
+namespace {
+
+// Grid point i of a price table: 0 bytes, then 2^(i-1).
+uint64_t grid_bytes(int i) { return i == 0 ? 0 : uint64_t{1} << (i - 1); }
+
+// Counting stops once the counts grow linearly in bytes: three grid points in a line (each step
+// of the grid doubles the size, so the second difference is twice the first). From there on a
+// larger call only has more segments of the same shape (one more hop and one more segment's
+// bytes each) or larger blocks, so larger calls extend the last two points counted, exactly up
+// to the rounding of uneven blocks. Small calls are not in that regime (blocks of 0 or 1
+// element, fewer segments than tree levels), so the check starts at 4 segments and 16 bytes a
+// rank. A ring or pairwise schedule has about P^2 ops over all ranks, so a table costs O(P^2)
+// per grid point counted (all tables together on a 2-core VM: P=8 about 0.5 ms, P=64 20-40 ms,
+// P=256 about 0.5 s). kCountOpBudget caps the ops one table may count: up to P of about 256
+// the counting reaches the linear regime first; beyond, a ring or pairwise table stops early
+// and extends from smaller calls (at P=300 its counts at 1 MiB are off by 0.04%), while the
+// pipelined trees, whose counts change shape with the segments, have only O(P) ops a segment
+// and are counted in full.
+constexpr uint64_t kCountOpBudget = uint64_t{1} << 22;
+constexpr double kLinearTolerance = 1e-4;
+
+bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleCounts& c) {
+  auto line = [](double x, double y, double z) {
+    return std::fabs((z - y) - 2 * (y - x)) <= kLinearTolerance * std::max(1.0, std::fabs(z));
+  };
+  return line(a.steps, b.steps, c.steps) && line(a.hops, b.hops, c.hops) && line(a.sent, b.sent, c.sent) &&
+         line(a.received, b.received, c.received) && line(a.reduced, b.reduced, c.reduced) &&
+         line(a.copied, b.copied, c.copied);
+}
+
+// The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
+// all_to_all_v is priced as the all_to_all it generalizes).
+bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
+
+// The critical path in hops. Ranks are walked step by step in dependency order: a rank posts a
+// step's sends when the step starts (its previous step has ended), and the step ends one hop
+// after the later of its start and the departure of the last message it receives; a step that
+// neither sends nor receives (a local copy) takes no hop. Messages between two ranks arrive in
+// the order they were sent, as on every transport. So a ring all_reduce, whose ranks move in
+// lockstep, takes one hop a step, and a pipelined chain takes depth + segments - 1: a rank's
+// step t waits for its parent's step t+1, not for anything at the same step index.
+double critical_path_hops(const std::vector<Schedule>& all) {
+  const int P = static_cast<int>(all.size());
+  struct Link {
+    std::vector<uint32_t> departed;  // the hop each message left at, in order
+    size_t taken = 0;                // messages received so far
+  };
+  std::vector<Link> links(static_cast<size_t>(P) * P);
+  auto link = [&](int from, int to) -> Link& { return links[static_cast<size_t>(from) * P + to]; };
+  std::vector<size_t> next(P, 0);       // each rank's next step
+  std::vector<uint32_t> ended(P, 0);    // the hop its last finished step ended at
+  std::vector<uint8_t> posted(P, 0);    // the next step's sends are posted
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < P; ++r) {
+      const Schedule& s = all[r];
+      while (next[r] < s.num_steps()) {
+        const uint32_t begin = s.step_begin(next[r]), end = s.step_end[next[r]];
+        if (!posted[r]) {
+          for (uint32_t i = begin; i < end; ++i)
+            if (s.ops[i].kind == OpKind::Send) link(r, s.ops[i].peer).departed.push_back(ended[r]);
+          posted[r] = 1;
+        }
+        bool talks = false, ready = true;
+        uint32_t last = ended[r];
+        for (uint32_t i = begin; i < end; ++i) {
+          const Op& op = s.ops[i];
+          if (op.kind == OpKind::Copy) continue;
+          talks = true;
+          if (op.kind == OpKind::Send) continue;
+          Link& l = link(op.peer, r);
+          if (l.taken < l.departed.size()) last = std::max(last, l.departed[l.taken]);
+          else ready = false;
+          ++l.taken;
+        }
+        if (!ready) {  // some message is not sent yet: give back what this step took, try later
+          for (uint32_t i = begin; i < end; ++i)
+            if (s.ops[i].kind == OpKind::Recv || s.ops[i].kind == OpKind::RecvReduce) --link(s.ops[i].peer, r).taken;
+          break;
+        }
+        ended[r] = talks ? last + 1 : last;
+        ++next[r];
+        posted[r] = 0;
+        moved = true;
+      }
+    }
+  }
+  for (int r = 0; r < P; ++r)
+    RT_CHECK(next[r] == all[r].num_steps(), Error, "pricing: rank ", r, " waits forever at step ", next[r],
+             " of its schedule");
+  return *std::max_element(ended.begin(), ended.end());
+}
+
+// Counts every rank's schedule of `key`; ops: adds the number of ops built.
+ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops) {
+  const int P = key.nranks;
+  std::vector<Schedule> all(P);
+  ScheduleKey k = key;
+  ScheduleCounts out;
+  // The data term is the busiest rank's total, not a per-step maximum over ranks: in pipelined
+  // schedules the ranks' step numbers do not line up in time (a tree node at depth d runs step
+  // t while the root runs step t+d), so a per-step maximum would add up unrelated steps. Every
+  // byte a rank moves goes through its one progress thread, so the rank that moves the most
+  // bounds the call; the critical path adds the latency. Busiest means the most bytes of all
+  // kinds together; of two ranks that tie, the one that reduces more (a reduction costs more
+  // than a copy), then the lower rank.
+  double most = -1, most_reduced = -1;
+  for (int r = 0; r < P; ++r) {
+    k.rank = r;
+    all[r] = build_schedule(k);
+    if (ops) *ops += all[r].ops.size();
+    ScheduleCounts mine;
+    mine.steps = static_cast<double>(all[r].num_steps());
+    for (const Op& op : all[r].ops) {
+      const double n = static_cast<double>(op.count);
+      switch (op.kind) {
+        case OpKind::Send: mine.sent += n; break;
+        case OpKind::Recv: mine.received += n; break;
+        case OpKind::RecvReduce: mine.reduced += n; break;
+        case OpKind::Copy: mine.copied += n; break;
+      }
+    }
+    out.steps = std::max(out.steps, mine.steps);
+    const double total = mine.sent + mine.received + mine.reduced + mine.copied;
+    if (total > most || (total == most && mine.reduced > most_reduced)) {
+      most = total, most_reduced = mine.reduced;
+      out.sent = mine.sent, out.received = mine.received, out.reduced = mine.reduced, out.copied = mine.copied;
+    }
+  }
+  out.hops = critical_path_hops(all);
+  return out;
+}
+
+ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) {
+  auto mix = [f](double x, double y) { return x + (y - x) * f; };
+  return {mix(a.steps, b.steps), mix(a.hops, b.hops), mix(a.sent, b.sent),
+          mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied)};
+}
+
+// The one remaining hand-written price: the one-shot board (Algo::OneShot, exec/host/board.cc)
+// is not a schedule yet. Each rank copies its input onto the board in one publication (one
+// hop, no handshake), then reads every rank's slot: a reduction reduces P-1 of them into its
+// result, a gather-like call copies them out. n: the full buffer in bytes, block: one rank's.
+// Replace this with counted schedules when the board becomes one.
+ScheduleCounts one_shot_counts(Collective c, int P, double block, double n) {
+  ScheduleCounts k;
+  k.steps = 1;
+  k.hops = 1;
+  switch (c) {
+    case Collective::AllReduce: case Collective::Reduce: k.copied = n; k.reduced = (P - 1) * n; break;
+    case Collective::ReduceScatter: k.copied = n; k.reduced = (P - 1) * block; break;
+    case Collective::AllGather: k.copied = block + n; break;
+    case Collective::AllToAll: case Collective::Broadcast: k.copied = 2 * n; break;
+    default: break;  // barrier: the publication alone
+  }
+  return k;
+}
+
+// The whole buffer of a call whose ScheduleKey::count is `bytes` (block collectives move P blocks).
+double buffer_bytes(Collective c, int P, uint64_t bytes) {
+  const bool blocks = c == Collective::ReduceScatter || c == Collective::AllGather || c == Collective::AllToAll ||
+                      c == Collective::AllToAllV || c == Collective::Gather || c == Collective::Scatter;
+  return static_cast<double>(bytes) * (blocks ? P : 1);
+}
+
+// Seconds per hop and per byte of each op kind, for one call.
+struct Rates {
+  double call, hop, net, reduce, copy;  // net: a byte sent or received
+};
+
+Rates rates_for(const MachineCosts& m, double buffer, DataType dtype) {
+  // Per-byte costs for this working set (input and output), slowed down when the host's ranks
+  // share fewer cores; half types reduce at float32's element rate (twice its cost per byte).
+  const double working_set = 2 * buffer;
+  const double cold = working_set <= m.l2_bytes ? 0.0
+                      : working_set >= m.l3_bytes ? 1.0
+                      : std::log(working_set / m.l2_bytes) / std::log(m.l3_bytes / m.l2_bytes);
+  auto per_byte = [cold](double hot_Bps, double cold_Bps) { return (1 - cold) / hot_Bps + cold / cold_Bps; };
+  const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
+  const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
+  Rates r;
+  r.call = m.call_s * share;  // the call's own CPU time is shared too
+  r.copy = share * per_byte(m.copy_hot_Bps, m.copy_cold_Bps);
+  r.reduce = share * half * per_byte(m.reduce_hot_Bps, m.reduce_cold_Bps);
+  r.net = r.copy;  // on shared memory a message is a copy in and a copy out
+  // Oversubscribed, a handoff waits for the peer's turn on a shared core: about one switch per
+  // rank sharing it, there and back (fitted to P=4 on 2 cores).
+  r.hop = m.local_ranks > m.cores ? 2 * share * m.switch_s : m.hop_s;
+  if (m.any_tcp) {  // the slowest link sets the pace: messages and what arrives on them
+    r.hop = m.tcp_hop_s;
+    r.net = std::max(r.net, 1.0 / m.tcp_Bps);
+    r.reduce = std::max(r.reduce, 1.0 / m.tcp_Bps);
+  }
+  return r;
+}
+
+std::string us(double seconds) {  // 3 significant digits, whole microseconds from 1000
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), seconds < 1e-3 ? "%.3g" : "%.0f", seconds * 1e6);
+  return buf;
+}
+
+std::string size_text(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g %s", bytes, units[u]);
+  return buf;
+}
+
+std::string count_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", x);
+  return buf;
+}
+
+// "sends 1 MiB, reduces 512 KiB", the kinds a rank does.
+std::string data_text(const ScheduleCounts& k) {
+  std::string out;
+  const std::pair<const char*, double> kinds[] = {
+      {"sends", k.sent}, {"receives", k.received}, {"reduces", k.reduced}, {"copies", k.copied}};
+  for (const auto& [verb, bytes] : kinds)
+    if (bytes > 0) out += str_cat(out.empty() ? "" : ", ", verb, " ", size_text(bytes));
+  return out.empty() ? "moves no data" : out;
+}
+
+}  // namespace
+
+ScheduleCounts count_schedules(const ScheduleKey& key) { return count_built(key, nullptr); }
+
+void PriceTable::build(int P) {
+  RT_CHECK(P >= 1, InvalidArgument, "pricing needs at least one rank, got ", P);
+  P_ = P;
+  tables_.clear();
+  std::memset(index_, 0, sizeof(index_));
+  for (int ci = 0; ci < static_cast<int>(Collective::Count); ++ci) {
+    const Collective c = static_cast<Collective>(ci);
+    if (!has_keyed_schedules(c)) continue;
+    for (Algo a : supported_algos(c)) {
+      Table t;
+      // Element size 1: the counts come out in bytes, for every dtype. A dtype's schedule cuts
+      // blocks at element boundaries, which moves a block edge by less than one element.
+      const uint64_t segment = pipeline_segment(c, a, 1);
+      const uint64_t linear_from = std::max<uint64_t>(4 * segment, 16 * static_cast<uint64_t>(P));
+      uint64_t ops = 0;
+      for (int i = 0; i < kGrid; ++i) {
+        t.at[i] = count_built(ScheduleKey{c, a, P, 0, grid_bytes(i), 0, segment, -1}, &ops);
+        t.counted = i + 1;
+        if (i >= 2 && grid_bytes(i - 2) >= linear_from && in_a_line(t.at[i - 2], t.at[i - 1], t.at[i])) break;
+        if (i >= 2 && ops > kCountOpBudget) break;
+      }
+      tables_.push_back(t);
+      index_[ci][static_cast<int>(a)] = static_cast<int8_t>(tables_.size());
+    }
+  }
+  index_[static_cast<int>(Collective::AllToAllV)][static_cast<int>(Algo::Direct)] =
+      index_[static_cast<int>(Collective::AllToAll)][static_cast<int>(Algo::Direct)];
+}
+
+bool PriceTable::has(Collective c, Algo a) const {
+  return c < Collective::Count && a < Algo::Count && index_[static_cast<int>(c)][static_cast<int>(a)] > 0;
+}
+
+ScheduleCounts PriceTable::counts(Collective c, Algo a, uint64_t bytes, uint64_t* lo_bytes, uint64_t* hi_bytes) const {
+  RT_CHECK(has(c, a), InvalidArgument, "the cost model has no schedule to price for ", collective_name(c), " with ",
+           algo_name(a));
+  const Table& t = tables_[index_[static_cast<int>(c)][static_cast<int>(a)] - 1];
+  // Point i holds 2^(i-1) bytes, so bytes in [2^(i-1), 2^i) lie between points i and i+1.
+  int lo = bytes == 0 ? 0 : 64 - __builtin_clzll(bytes);
+  lo = std::min(lo, t.counted - 2);
+  const double x0 = static_cast<double>(grid_bytes(lo)), x1 = static_cast<double>(grid_bytes(lo + 1));
+  if (lo_bytes) *lo_bytes = grid_bytes(lo);
+  if (hi_bytes) *hi_bytes = grid_bytes(lo + 1);
+  return lerp(t.at[lo], t.at[lo + 1], (static_cast<double>(bytes) - x0) / (x1 - x0));
+}
+
+double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes,
+               DataType dtype, std::string* formula) {
+  const int P = table.nranks();
+  const double buffer = buffer_bytes(c, P, bytes);
+  const bool board = a == Algo::OneShot;
+  uint64_t lo = bytes, hi = bytes;
+  const ScheduleCounts k = board ? one_shot_counts(c, P, static_cast<double>(bytes), buffer)
+                                 : table.counts(c, a, bytes, &lo, &hi);
+  // The executor's fingerprint handshake with its ring neighbours comes before the first step.
+  const double handshake = !board && P > 1 ? 1 : 0;
+  const Rates r = rates_for(m, buffer, dtype);
+  const double hops = handshake + k.hops;
+  const double data = (k.sent + k.received) * r.net + k.reduced * r.reduce + k.copied * r.copy;
+  const double t = r.call + hops * r.hop + data;
+  if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
+    const std::string sum = str_cat(" = ", us(r.call), " + ", count_text(hops), " x ", us(r.hop), " + ", us(data), " us");
+    if (board) {
+      *formula = str_cat("hand-written (the board is not a schedule yet): 1 hop; each rank ", data_text(k), sum);
+    } else {
+      const std::string where =
+          lo == bytes || hi == bytes ? std::string()
+                      : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
+                                size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
+      *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
+                         count_text(k.hops), " hops on the critical path; busiest rank ", data_text(k), where, sum);
+    }
+  }
+  return t;
+}
+
+std::vector<Candidate> price(const MachineCosts& m, const PriceTable& table, Collective c,
+                             const std::vector<Algo>& algos, uint64_t bytes, DataType dtype) {
+  std::vector<Candidate> out;
+  for (Algo a : algos) {
+    std::string formula;
+    const double t = predict(m, table, c, a, bytes, dtype, &formula);
+    out.push_back({a, t, formula});
+  }
+  return out;
+}
+
+}  // namespace ringtree

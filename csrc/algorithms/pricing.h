@@ -1,0 +1,101 @@
+// The cost model behind algo="auto" prices the schedules themselves (DESIGN.md, "Algorithms are
+// schedules"): what a call costs is counted from the ops that build_schedule() produces for
+// every rank, not written down per algorithm, so a price cannot drift from the schedule it
+// prices. A call is priced as
+//   time = call + hops x hop + sum over op kinds of (bytes of that kind x seconds per byte)
+// where
+//   hops   messages on the critical path: the longest chain of steps that wait on each other,
+//          one hop per step that sends or receives, plus the executor's fingerprint handshake;
+//   bytes  what the busiest rank sends, receives, receives-and-reduces and copies locally.
+// The seconds per hop and per byte come from the machine figures (MachineCosts), which the
+// machine probe (runtime/machine_probe.h) measures on rank 0 and every rank adopts.
+//
+// Counting builds every rank's schedule, so it runs once per communicator (PriceTable::build),
+// on a geometric grid of sizes; a call is priced from that table without allocating.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "algorithms/schedule.h"
+
+namespace ringtree {
+
+// The figures pricing uses. The machine probe fills them on rank 0, and the communicator sends
+// them to every rank as bytes, so this stays a plain struct.
+struct MachineCosts {
+  double call_s = 2.5e-6;       // per call: Python, validation, schedule lookup (fitted, P=1 from Python)
+  double hop_s = 0.6e-6;        // one message handoff between two running ranks on one host
+  double switch_s = 8e-6;       // a handoff when ranks outnumber cores: the peer must be scheduled
+  double tcp_hop_s = 40e-6;     // one message over TCP (default, not measured)
+  double tcp_Bps = 2e9;         // TCP stream bandwidth (default, not measured)
+  double copy_hot_Bps = 20e9;   // memcpy, working set in cache
+  double copy_cold_Bps = 8e9;   // memcpy, from memory
+  double reduce_hot_Bps = 12e9; // float32 sum, output bytes per second, in cache
+  double reduce_cold_Bps = 6e9;
+  double l2_bytes = 1 << 20;    // working sets up to this use the in-cache figures ...
+  double l3_bytes = 32 << 20;   // ... from this size the from-memory ones, and in between a log blend
+  int32_t cores = 1;            // cores available to this host's ranks
+  int32_t local_ranks = 1;      // ranks on this host
+  int32_t any_tcp = 0;          // some pair talks over TCP
+  int32_t measured = 0;         // 0: defaults, 1: measured now, 2: read from the cache file
+};
+
+// What a collective's schedules do, counted over every rank's schedule. Amounts are in
+// elements of the key (the price table counts 1-byte elements, so bytes). Doubles, because
+// the table interpolates between the sizes it counted.
+struct ScheduleCounts {
+  double steps = 0;     // the most steps any one rank's schedule has
+  double hops = 0;      // the critical path in messages (without the executor's handshake)
+  double sent = 0;      // the busiest rank: elements it sends,
+  double received = 0;  // receives into place,
+  double reduced = 0;   // receives and reduces into place,
+  double copied = 0;    // and copies locally
+};
+
+// Builds the schedule of `key` for every rank (key.rank is ignored) and counts it.
+ScheduleCounts count_schedules(const ScheduleKey& key);
+
+// The counts of every scheduled (collective, algorithm) at one P, on a grid of sizes: 0 bytes,
+// then every power of two from 1 byte to 16 GiB (2^31 eight-byte elements).
+class PriceTable {
+ public:
+  static constexpr int kGrid = 36;
+  // Counts the schedules for P ranks (rooted collectives at root 0; a tree's shape relative to
+  // its root is the same for every root). Deterministic: every rank builds the same table.
+  void build(int P);
+  int nranks() const { return P_; }
+  // The counts for a call of `bytes` (ScheduleKey::count times the element size): linear in
+  // bytes between the two grid points around it (hops are piecewise constant in the number of
+  // segments, bytes linear), and beyond the largest point counted, extended along the last
+  // two. Allocates nothing. lo/hi, if asked: the grid sizes used.
+  ScheduleCounts counts(Collective c, Algo a, uint64_t bytes, uint64_t* lo = nullptr, uint64_t* hi = nullptr) const;
+  bool has(Collective c, Algo a) const;
+
+ private:
+  struct Table {
+    std::array<ScheduleCounts, kGrid> at;
+    int counted = 0;  // grid points [0, counted) were counted; larger calls extend the last two
+  };
+  int P_ = 0;
+  std::vector<Table> tables_;
+  int8_t index_[static_cast<int>(Collective::Count)][static_cast<int>(Algo::Count)] = {};  // table + 1, 0: none
+};
+
+struct Candidate {
+  Algo algo;
+  double seconds;
+  std::string terms;  // what was counted, with this call's numbers, for explain()
+};
+
+// The predicted seconds of algorithm `a` for a call of `bytes` per rank (ScheduleKey::count
+// times the element size) on the table's P ranks; allocates nothing unless `formula` is asked
+// for (explain() asks; choose_algo(), on every call, does not).
+double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes,
+               DataType dtype, std::string* formula);
+
+// predict() for each of `algos`, with the formulas.
+std::vector<Candidate> price(const MachineCosts& m, const PriceTable& table, Collective c,
+                             const std::vector<Algo>& algos, uint64_t bytes, DataType dtype);
+
+}  // namespace ringtree
