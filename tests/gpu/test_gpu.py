@@ -194,8 +194,9 @@ SENTINEL = 0xAB
 
 
 def _buffer_counts(coll: str, P: int, N: int):
-    return {"reduce_scatter": (N * P, N), "all_gather": (N, N * P), "all_to_all": (N * P, N * P),
-            "gather": (N, N * P), "scatter": (N * P, N)}.get(coll, (N, N))
+    """The root's (input, output) element counts from the core's table; broadcast's one buffer both."""
+    n_in, n_out = rt.collective_info(coll).buffer_sizes(N, P, is_root=True)
+    return n_in, n_out or n_in
 
 
 def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False, seed=0, segment_bytes=0):

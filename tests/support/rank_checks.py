@@ -15,7 +15,8 @@ REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 
 
 def input_elems(coll, N, P):
-    return N * P if coll in ("reduce_scatter", "all_to_all", "scatter") else N
+    """Elements of the root's input (everyone's for unrooted collectives): the core's table."""
+    return rt.collective_info(coll).buffer_sizes(N, P, is_root=True)[0]
 
 
 def run_case(comm, coll, N, dtype_name, op, algo, in_place, root, salt):

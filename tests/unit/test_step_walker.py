@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ringtree as rt
 from ringtree import _core
 from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
 
@@ -20,8 +21,8 @@ REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 
 def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segment=0, salt=0, channels=1):
     """Runs the walk; returns (per-rank outputs, per-rank expectations)."""
-    in_n = N * P if coll in ("reduce_scatter", "all_to_all") or coll == "scatter" else N
-    out_n = N * P if coll in ("all_gather", "all_to_all", "gather") else N
+    in_n, out_n = rt.collective_info(coll).buffer_sizes(N, P, is_root=True)
+    out_n = out_n or in_n  # broadcast: one buffer
     inputs = [make_input(q, in_n, dtype, op, salt) for q in range(P)]
     outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
     ins = [x.copy() for x in inputs]
