@@ -69,6 +69,12 @@ def test_one_shot_broadcast_root_publishes_then_only_waits():
     assert sorted(op[1] for op in other[2]) == [1, 3]
 
 
+def test_step_walker_refuses_board_schedules():
+    buf = [0] * 2
+    with pytest.raises(rt.InvalidArgument, match="board"):
+        _core.walk_on_threads(COLL["all_reduce"], ALGO["oneshot"], 2, 0, 0, 0, 0, 0, 1.0, buf, buf, 1 << 12, 2)
+
+
 def test_simulator_detects_faults():
     # The fault hook drops one op of rank 0's schedule; every such fault must be reported.
     for coll, algo in CASES:

@@ -107,6 +107,8 @@ Algo validate(const CudaLocalArgs& a, std::vector<RankBuffers>& bufs) {
     RT_CHECK(a.root >= 0 && static_cast<size_t>(a.root) < P, InvalidArgument, name, ": root must be in [0, ", P,
              "), got ", a.root);
   RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
+  RT_CHECK(a.algo != Algo::OneShot, InvalidArgument, name,
+           ": algo 'oneshot' runs on the host's shared-memory board; the local GPU executor runs message schedules");
   const std::vector<Algo> supported = supported_algos(a.coll);
   Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
   if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
@@ -256,7 +258,8 @@ class Executor {
 
  private:
   // The host-side walk described at the top of this file: the shared rendezvous walk, with
-  // entering a step and matching a send to a receive turned into stream work.
+  // entering a step and matching a send to a receive turned into stream work. Board ops never
+  // get here (validation refuses OneShot); the visitor's inherited board hooks would throw.
   void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, size_t esz) {
     struct Enqueue : RendezvousVisitor {
       Executor& ex;

@@ -88,6 +88,8 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     ScheduleKey key = a.key;
     key.rank = r;
     st.schedule = build_schedule(key);
+    RT_CHECK(walker_can_run(st.schedule), InvalidArgument, "walk_on_threads: algo '", algo_name(key.algo),
+             "' runs on the shared-memory board, not on the step walker");
     st.lanes.resize(static_cast<size_t>(P) * C);
     st.counters.resize(static_cast<size_t>(P) * C);
     st.result.assign(C, WalkResult::Done);
