@@ -8,8 +8,9 @@
 //            ring hands around.
 //   segment  a slice of a buffer that a pipelined algorithm (tree, chain) moves as one message.
 //   step     a set of ops that may run concurrently; step k+1 starts when step k is complete.
-//   publication  what a rank put on the one-shot board (board.cc) for one call: a buffer that
-//            every rank of the call may read once it is there, and that never changes after.
+//   publication  what a rank put on the one-shot board for one call (algorithms/board.cc makes
+//            the schedules, exec/host/board.cc runs them): a buffer every rank of the call may
+//            read once it is there, and that never changes after.
 // Offsets and counts are in elements.
 //
 // Two families of ops. Message ops (Send, Recv, RecvReduce) pair with a peer's op and move data
@@ -32,6 +33,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include "ringtree/types.h"
 
@@ -73,6 +75,7 @@ struct Op {
   BufRef src;
   int32_t lhs_peer = -1;  // ReducePublished only (see there)
 };
+static_assert(std::is_trivially_copyable_v<Op>, "the CUDA IPC executor copies ops to device memory as bytes");
 
 struct Schedule {
   std::vector<Op> ops;
