@@ -8,22 +8,59 @@
 //            ring hands around.
 //   segment  a slice of a buffer that a pipelined algorithm (tree, chain) moves as one message.
 //   step     a set of ops that may run concurrently; step k+1 starts when step k is complete.
+//   publication  what a rank put on the one-shot board for one call (algorithms/board.cc makes
+//            the schedules, exec/host/board.cc runs them): a buffer every rank of the call may
+//            read once it is there, and that never changes after.
 // Offsets and counts are in elements.
+//
+// Two families of ops. Message ops (Send, Recv, RecvReduce) pair with a peer's op and move data
+// through a transport; every executor runs them. Board ops (Publish, CopyPublished,
+// ReducePublished) need memory every rank of the host can read: only the host board executor
+// runs them, and the step walker and the GPU executors refuse a schedule that holds one. Copy
+// is local and belongs to both.
+//
+// Board rules (the simulator checks them, see simulate_schedules):
+//   - a rank publishes exactly once per call, in step 0; its reads come later, so every rank has
+//     published before any rank waits, and an executor may wait for all of a call's
+//     publications at once;
+//   - a read of rank q's publication waits until q has published this call; reads are
+//     snapshots, so a rank may overwrite its own input after publishing it (in-place needs no
+//     staging);
+//   - within its call (deferred steps included) every rank waits for every other rank's
+//     publication. That is why two board slots per rank suffice: a rank publishes call g+2
+//     into the slot of call g only after it saw every peer's publication of call g+1, which
+//     each peer made after it had finished reading call g.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include "ringtree/types.h"
 
 namespace ringtree {
 
-enum class BufId : uint8_t { Input, Output, Scratch, Count };
+// Input, Output and Scratch are this rank's buffers (Count of them: executors index their base
+// pointers with these). Published names a publication on the board; the op says whose.
+enum class BufId : uint8_t { Input, Output, Scratch, Count, Published };
 enum class OpKind : uint8_t {
   Send,        // src -> peer
   Recv,        // peer -> dst
   RecvReduce,  // dst = src (op) incoming from peer
   Copy,        // dst = src, local
+  // Board ops. `peer` is whose publication is read (may be this rank); dst is a local buffer,
+  // src = {Published, offset into that publication}. A read of count 0 only waits for the
+  // publication (and checks its fingerprint): it is how a rank synchronizes with a peer whose
+  // data it does not need.
+  Publish,          // this rank's publication [dst.offset, +count) = src; peer -1, dst.buf Published
+  CopyPublished,    // dst = published(peer)[src.offset, +count)
+  ReducePublished,  // dst = lhs (op) published(peer)[src.offset, +count), where lhs is
+                    // published(lhs_peer) at the same offset when lhs_peer >= 0, else dst itself:
+                    // a rank-order reduction 0, 1, ..., P-1 is one two-operand op (0 (op) 1) and
+                    // P-2 accumulating ones, exactly the passes the board executor makes.
 };
+
+constexpr bool is_board_op(OpKind k) { return k >= OpKind::Publish; }
+constexpr bool is_board_read(OpKind k) { return k == OpKind::CopyPublished || k == OpKind::ReducePublished; }
 
 struct BufRef {
   BufId buf = BufId::Input;
@@ -32,16 +69,22 @@ struct BufRef {
 
 struct Op {
   OpKind kind;
-  int32_t peer;  // -1 for Copy
+  int32_t peer;  // -1 for Copy and Publish
   uint64_t count;
   BufRef dst;
   BufRef src;
+  int32_t lhs_peer = -1;  // ReducePublished only (see there)
 };
+static_assert(std::is_trivially_copyable_v<Op>, "the CUDA IPC executor copies ops to device memory as bytes");
 
 struct Schedule {
   std::vector<Op> ops;
   std::vector<uint32_t> step_end;  // ops[step_end[k-1] .. step_end[k]) form step k
   uint64_t scratch_elems = 0;
+  // The last deferred_steps steps only wait for publications (board reads of count 0): the
+  // result is complete before them, so a rank may return from the call first and run them
+  // before its next collective (a one-shot broadcast's early return; board.cc settle_board).
+  uint32_t deferred_steps = 0;
 
   size_t num_steps() const { return step_end.size(); }
   uint32_t step_begin(size_t k) const { return k == 0 ? 0 : step_end[k - 1]; }
@@ -78,7 +121,9 @@ struct ScheduleKeyHash {
   }
 };
 
-// Which concrete algorithms a collective supports; the first is its default.
+// Which concrete algorithms a collective supports over any transport; the first is its default.
+// OneShot is not listed: it needs the board (every rank on one host), which the communicator
+// checks before it offers it; build_schedule builds its schedules all the same.
 std::vector<Algo> supported_algos(Collective coll);
 
 Schedule build_schedule(const ScheduleKey& key);
@@ -103,12 +148,21 @@ void direct_all_to_all_v(Schedule& s, int nranks, int rank, const std::vector<ui
 void direct_gather(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void direct_scatter(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void dissemination_barrier(Schedule& s, int nranks, int rank);
+// The one-shot board (board.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
+// broadcast, reduce and barrier; P = 1 and count = 0 included (a board call always publishes).
+void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
 
 // Transport-free check: builds every rank's schedule for `key` (key.rank ignored), runs them
 // against each other with rendezvous semantics (a send completes only when the receiver is at
-// the matching recv, so any buffering also works), tracks which inputs every output element
-// holds, and throws Error describing the first violation. Returns a short summary.
+// the matching recv, so any buffering also works; a board read only once its peer has
+// published), tracks which inputs every output element holds, and throws Error describing the
+// first violation. Returns a short summary. Board schedules also get the board rules above
+// checked, the rank order of their reductions (0, 1, ..., P-1 on every rank), and three calls
+// in a row walked over two slots per rank, proving that no rank can overwrite a publication
+// before every reader is done with it.
 // drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
-std::string simulate_schedules(ScheduleKey key, int drop_op = -1);
+// board_rules false skips the per-call board rules, to show that the data check and the walk
+// of three calls find a fault without them (a check of the checker).
+std::string simulate_schedules(ScheduleKey key, int drop_op = -1, bool board_rules = true);
 
 }  // namespace ringtree

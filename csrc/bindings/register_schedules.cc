@@ -46,13 +46,16 @@ void register_schedules(py::module_& m) {
       "mailboxes (one thread per rank). inputs/outputs: one pointer per rank, as the host executor takes them.");
   m.def(
       "simulate",
-      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op) {
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool board_rules) {
         ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
-        return simulate_schedules(k, drop_op);
+        return simulate_schedules(k, drop_op, board_rules);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
-      py::arg("segment") = 0, py::arg("drop_op") = -1, py::call_guard<py::gil_scoped_release>(),
-      "Run every rank's schedule against the others without a transport; raises Error on any violation.");
+      py::arg("segment") = 0, py::arg("drop_op") = -1, py::arg("board_rules") = true,
+      py::call_guard<py::gil_scoped_release>(),
+      "Run every rank's schedule against the others without a transport; raises Error on any violation.\n"
+      "drop_op removes that op of rank 0's schedule (a fault to report); board_rules=False leaves out the\n"
+      "one-shot board's per-call rules, so that the other checks must find the fault.");
   m.def(
       "schedule_counts",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment) {
@@ -88,16 +91,16 @@ void register_schedules(py::module_& m) {
       [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer) {
         ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, rank, count, root, segment, peer};
         Schedule s = build_schedule(k);
-        static const char* kinds[] = {"send", "recv", "recv_reduce", "copy"};
-        static const char* bufs[] = {"input", "output", "scratch"};
+        static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "publish", "copy_published", "reduce_published"};
+        auto buf = [](BufId b) { return b == BufId::Published ? "published" : b == BufId::Output ? "output" : b == BufId::Scratch ? "scratch" : "input"; };
         py::list steps;
         for (size_t i = 0; i < s.num_steps(); ++i) {
           py::list ops;
           for (uint32_t j = s.step_begin(i); j < s.step_end[i]; ++j) {
             const Op& op = s.ops[j];
             ops.append(py::make_tuple(kinds[static_cast<int>(op.kind)], op.peer, op.count,
-                                      py::make_tuple(bufs[static_cast<int>(op.dst.buf)], op.dst.offset),
-                                      py::make_tuple(bufs[static_cast<int>(op.src.buf)], op.src.offset)));
+                                      py::make_tuple(buf(op.dst.buf), op.dst.offset),
+                                      py::make_tuple(buf(op.src.buf), op.src.offset), op.lhs_peer));
           }
           steps.append(ops);
         }
@@ -105,7 +108,9 @@ void register_schedules(py::module_& m) {
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("rank"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("peer") = -1,
-      "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, offset)).");
+      "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, offset),\n"
+      "lhs_peer). Board ops read buffer 'published' of rank peer; reduce_published with lhs_peer >= 0 reduces\n"
+      "lhs_peer's publication with peer's, else dst with peer's.");
 }
 
 }  // namespace ringtree

@@ -19,6 +19,11 @@
 //            once it has read a slot. So a slot is never overwritten before it has been read,
 //            each flag has exactly one writer, and calls need no reset in between.
 //
+// The walker runs message ops and copies only. Board ops (schedule.h: Publish, CopyPublished,
+// ReducePublished, the one-shot board's schedules) need the host's shared board: an executor
+// hands the walker only schedules that walker_can_run() accepts, and a walker that meets one
+// anyway stops every rank instead of taking it for a receive.
+//
 // Within a step every op moves one chunk whenever its lane allows, round robin, so a step's
 // sends and receives progress together (a step can hold both directions of an exchange). Two
 // ops of one step on the same lane and direction go in schedule order, one after the other:
@@ -115,17 +120,35 @@ RT_HOST_DEVICE inline Slice slice_of(uint64_t count, uint32_t c, uint32_t n, uin
   return {first, last - first};
 }
 
+// Whether every op of `s` is one the walker runs (no board op).
+inline bool walker_can_run(const Schedule& s) {
+  for (const Op& op : s.ops)
+    if (is_board_op(op.kind)) return false;
+  return true;
+}
+
 template <typename Mem>
 RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t* progress, WalkFault* fault) {
   const uint64_t chunk_elems = plan.slot_bytes / plan.elem_size;
   const uint64_t esz = plan.elem_size;
   const uint32_t C = plan.nchannels, ch = plan.channel;
   auto lane_index = [&](int32_t peer) { return static_cast<uint64_t>(peer) * C + ch; };
+  // This rank's other channels and every peer end at once rather than at their timeouts.
+  auto stop_everyone = [&] {
+    if (!mem.leader()) return;
+    mem.store(plan.stop_word, 1);
+    for (uint32_t q = 0; q < plan.nranks; ++q)
+      if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop) mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, 1);
+  };
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     const uint32_t begin = k == 0 ? 0 : plan.step_end[k - 1], end = plan.step_end[k];
     // Local copies first: they touch memory no other op of the step touches.
     for (uint32_t i = begin; i < end; ++i) {
       const Op& op = plan.ops[i];
+      if (op.kind > OpKind::Copy) {  // a board op: never walked (see the top of this file)
+        stop_everyone();
+        return WalkResult::Stopped;
+      }
       const Slice sl = slice_of(op.count, ch, C, plan.elem_size);
       if (op.kind == OpKind::Copy && sl.count)
         mem.copy(plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + sl.first) * esz,
@@ -186,12 +209,7 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
             if (!matches) *fault = WalkFault{op.peer, got_tag, plan.tag, got_bytes, n * esz};
           }
           if (!mem.agree(matches)) {
-            if (mem.leader()) {
-              mem.store(plan.stop_word, 1);  // this rank's other channels
-              for (uint32_t q = 0; q < plan.nranks; ++q)
-                if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
-                  mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, 1);
-            }
+            stop_everyone();
             return WalkResult::Mismatch;
           }
           const uint8_t* slot = lane.recv_slots + index * plan.slot_bytes;

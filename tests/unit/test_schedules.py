@@ -1,7 +1,9 @@
 """Transport-free checks: every schedule simulated for P = 1..64 against every other rank's
 schedule (rendezvous semantics, so no buffering assumption), proving each rank ends with the
 right data, every element reduced from every rank exactly once, all_reduce results in one
-reduction order on every rank, inputs untouched, and no deadlock."""
+reduction order on every rank, inputs untouched, and no deadlock. One-shot board schedules also:
+reductions in rank order 0..P-1, a read only after its peer published, and three calls in a row
+over two board slots per rank without a slot reused while some rank may still read it."""
 import pytest
 
 import ringtree as rt
@@ -12,6 +14,8 @@ ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
          ("all_to_all", "direct"), ("broadcast", "tree"), ("broadcast", "ring"), ("reduce", "tree"),
          ("reduce", "ring"), ("gather", "direct"), ("scatter", "direct"), ("barrier", "direct")]
+BOARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
+CASES += [(coll, "oneshot") for coll in BOARD]
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
 
@@ -27,11 +31,12 @@ def test_schedules_simulate_for_1_to_64_ranks(coll, algo):
         counts = counts_for(P) if P <= 16 or P in (31, 32, 33, 63, 64) else [2 * P + 1]
         for count in counts:
             for root in roots:
-                pipelined = coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree")
+                pipelined = algo != "oneshot" and (coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree"))
                 segments = [0, 1, 2] if pipelined else [0]
                 for segment in segments:
                     summary = _core.simulate(COLL[coll], ALGO[algo], P, count, root, segment)
-                    assert summary.endswith("messages") and ": ok," in summary
+                    assert ": ok," in summary
+                    assert summary.endswith("fit 2 board slots per rank" if algo == "oneshot" else "messages")
                     checked += 1
     assert checked >= 64
 
@@ -44,10 +49,36 @@ def test_ring_schedule_has_the_textbook_shape():
     assert kinds[:3] == [["send", "recv_reduce"]] * 3 and kinds[3:] == [["send", "recv"]] * 3
 
 
+def test_one_shot_board_schedule_reduces_in_rank_order():
+    # P=4, rank 1: publish, then published(0) (op) published(1), then (op) 2, then (op) 3.
+    steps = _core.schedule(COLL["all_reduce"], ALGO["oneshot"], 4, 1, 10)
+    assert steps[0] == [("publish", -1, 10, ("published", 0), ("input", 0), -1)]
+    chain = [(op[0], op[5], op[1]) for s in steps[1:] for op in s]
+    assert chain == [("reduce_published", 0, 1), ("reduce_published", -1, 2), ("reduce_published", -1, 3)]
+    # reduce_scatter reads block r of every publication.
+    steps = _core.schedule(COLL["reduce_scatter"], ALGO["oneshot"], 4, 2, 5)
+    assert steps[0][0][2] == 20 and all(op[4] == ("published", 10) and op[3] == ("output", 0) for s in steps[1:] for op in s)
+
+
+def test_one_shot_broadcast_root_publishes_then_only_waits():
+    root_steps = _core.schedule(COLL["broadcast"], ALGO["oneshot"], 4, 2, 6, 2)
+    assert [op[0] for op in root_steps[0]] == ["publish"] and root_steps[0][0][2] == 6
+    assert sorted(op[1] for op in root_steps[1]) == [0, 1, 3] and all(op[2] == 0 for op in root_steps[1])
+    other = _core.schedule(COLL["broadcast"], ALGO["oneshot"], 4, 0, 6, 2)
+    assert other[0][0][2] == 0 and other[1] == [("copy_published", 2, 6, ("output", 0), ("published", 0), -1)]
+    assert sorted(op[1] for op in other[2]) == [1, 3]
+
+
+def test_step_walker_refuses_board_schedules():
+    buf = [0] * 2
+    with pytest.raises(rt.InvalidArgument, match="board"):
+        _core.walk_on_threads(COLL["all_reduce"], ALGO["oneshot"], 2, 0, 0, 0, 0, 0, 1.0, buf, buf, 1 << 12, 2)
+
+
 def test_simulator_detects_faults():
     # The fault hook drops one op of rank 0's schedule; every such fault must be reported.
     for coll, algo in CASES:
-        if coll == "barrier":
+        if (coll, algo) == ("barrier", "direct"):
             continue
         steps = _core.schedule(COLL[coll], ALGO[algo], 5, 0, 11, 0, 2)
         n_ops = sum(len(s) for s in steps)
@@ -64,3 +95,14 @@ def test_unsupported_algorithm_is_rejected_by_name():
         assert world.choose_algo("all_reduce", 1 << 30) == "ring"
     finally:
         world.close()
+
+
+@pytest.mark.parametrize("coll", BOARD)
+@pytest.mark.parametrize("P,root", [(2, 0), (3, 2), (5, 0), (5, 3)])
+def test_board_faults_are_found_without_the_board_rules(coll, P, root):
+    # Dropping a wait breaks no data, only the two-slot argument: with the per-call board rules
+    # left out, the walk of three calls in a row must still find every dropped op.
+    steps = _core.schedule(COLL[coll], ALGO["oneshot"], P, 0, 3, root)
+    for k in range(sum(len(s) for s in steps)):
+        with pytest.raises(rt.Error, match="schedule check failed"):
+            _core.simulate(COLL[coll], ALGO["oneshot"], P, 3, root, 0, drop_op=k, board_rules=False)

@@ -1,9 +1,19 @@
 #include "algorithms/verify/rendezvous.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <memory>
 #include "common/check.h"
 
 namespace ringtree {
+
+void RendezvousVisitor::publish(int rank, const Op&, uint64_t) {
+  RT_THROW(Error, "internal error: rank ", rank, "'s schedule publishes on the board, which this executor has not");
+}
+
+void RendezvousVisitor::read_published(int rank, const Op&, uint64_t) {
+  RT_THROW(Error, "internal error: rank ", rank, "'s schedule reads the board, which this executor has not");
+}
 
 namespace {
 
@@ -11,16 +21,61 @@ struct Cursor {
   size_t step = 0;
   bool entered = false;       // the current step's entry work is done
   std::vector<uint8_t> done;  // per op of the current step
+  uint64_t call = 0;          // board publications made: the rank's current board call
+  size_t publish_step = SIZE_MAX;  // the step that made the latest one
 };
 
 bool is_receive(const Op& op) { return op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce; }
+
+// Happens-before over the board's events (see the header). clock(r)[q] counts the events of
+// rank q that rank r's next event follows; a rank's publication carries its clock to every
+// rank that reads it.
+class BoardClocks {
+ public:
+  explicit BoardClocks(int P) : P_(P), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
+
+  // Rank r publishes call g into slot g & 1: "" or why that slot may still be read.
+  std::string publish(int r, uint64_t g) {
+    tick(r);
+    if (g >= 3) {
+      const uint64_t* reads = &last_read_[r][(g - 3) * static_cast<uint64_t>(P_)];
+      for (int q = 0; q < P_; ++q)
+        if (reads[q] > clock(r)[q])
+          return str_cat("rank ", r, " can publish call ", g, " over its call ", g - 2, " before rank ", q,
+                         " has finished reading that call: two board slots are not enough for these schedules");
+    }
+    at_publish_[r].insert(at_publish_[r].end(), clock(r), clock(r) + P_);
+    last_read_[r].resize(g * static_cast<uint64_t>(P_), 0);
+    return "";
+  }
+
+  // Rank r has read rank q's publication of call g (which q has made).
+  void read(int r, int q, uint64_t g) {
+    const uint64_t* seen = &at_publish_[q][(g - 1) * static_cast<uint64_t>(P_)];
+    for (int x = 0; x < P_; ++x) clock(r)[x] = std::max(clock(r)[x], seen[x]);
+    tick(r);
+    last_read_[q][(g - 1) * static_cast<uint64_t>(P_) + static_cast<uint64_t>(r)] = clock(r)[r];
+  }
+
+ private:
+  uint64_t* clock(int r) { return &clocks_[static_cast<size_t>(r) * P_]; }
+  void tick(int r) { ++clock(r)[r]; }
+
+  int P_;
+  std::vector<uint64_t> clocks_;                  // P x P
+  std::vector<std::vector<uint64_t>> at_publish_;  // [owner][(call-1)*P + x]: its clock when it published
+  std::vector<std::vector<uint64_t>> last_read_;   // [owner][(call-1)*P + reader]: reader's time of its last read
+};
 
 }  // namespace
 
 std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor) {
   const int P = static_cast<int>(schedules.size());
   std::vector<Cursor> cursors(P);
-  // Enters the current step, and any following steps that hold only local copies.
+  std::unique_ptr<BoardClocks> clocks;  // made at the first publication
+  std::string problem;
+  // Enters the current step, and any following steps that hold only local work (copies and
+  // publications); false when a publication breaks the board's slot rule (`problem`).
   auto enter = [&](int r) {
     Cursor& c = cursors[r];
     const Schedule& s = *schedules[r];
@@ -30,14 +85,38 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       visitor.enter_step(r, c.step);
       bool all_done = true;
       for (size_t i = b; i < e; ++i) {
-        if (s.ops[i].kind == OpKind::Copy) c.done[i - b] = 1;
+        const Op& op = s.ops[i];
+        if (op.kind == OpKind::Publish) {
+          c.call++;
+          c.publish_step = c.step;
+          if (!clocks) clocks = std::make_unique<BoardClocks>(P);
+          problem = clocks->publish(r, c.call);
+          if (!problem.empty()) return false;
+          visitor.publish(r, op, c.call);
+        }
+        if (op.kind == OpKind::Copy || op.kind == OpKind::Publish) c.done[i - b] = 1;
         else all_done = false;
       }
       c.entered = true;
       if (all_done) { c.step++; c.entered = false; }
     }
+    return true;
   };
-  for (int r = 0; r < P; ++r) enter(r);
+  // Whether rank a's read of rank q's publication (of a's current call) can go now; false with
+  // `problem` set when it never can.
+  auto published = [&](int a, int q) {
+    const Cursor& c = cursors[a];
+    if (q < 0 || q >= P) problem = str_cat("rank ", a, " reads the publication of bad rank ", q);
+    else if (c.call == 0) problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
+    else if (q == a && c.publish_step == c.step)
+      problem = str_cat("rank ", a, " reads its own publication in the step that makes it");
+    else if (cursors[q].call >= c.call + 2)
+      problem = str_cat("rank ", q, " overwrote its publication of call ", c.call, " with call ", cursors[q].call,
+                        " before rank ", a, " read it");
+    return problem.empty() && (q == a || cursors[q].call >= c.call);
+  };
+  for (int r = 0; r < P; ++r)
+    if (!enter(r)) return problem;
 
   for (;;) {
     bool progressed = false, finished = true;
@@ -67,6 +146,19 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
           break;
         }
       }
+      for (size_t i = b; i < e; ++i) {
+        const Op& op = sa.ops[i];
+        if (ca.done[i - b] || !is_board_read(op.kind)) continue;
+        const bool lhs = op.kind == OpKind::ReducePublished && op.lhs_peer >= 0;
+        const bool ready = published(a, op.peer) && (!lhs || published(a, op.lhs_peer));
+        if (!problem.empty()) return problem;
+        if (!ready) continue;
+        visitor.read_published(a, op, ca.call);
+        clocks->read(a, op.peer, ca.call);
+        if (lhs) clocks->read(a, op.lhs_peer, ca.call);
+        ca.done[i - b] = 1;
+        progressed = true;
+      }
     }
     for (int r = 0; r < P; ++r) {
       Cursor& c = cursors[r];
@@ -74,7 +166,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
           std::all_of(c.done.begin(), c.done.end(), [](uint8_t d) { return d != 0; })) {
         c.step++;
         c.entered = false;
-        enter(r);
+        if (!enter(r)) return problem;
         progressed = true;
       }
     }
@@ -82,7 +174,9 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
     if (!progressed) {
       std::string blocked = "deadlock:";
       for (int r = 0; r < P; ++r)
-        if (cursors[r].step < schedules[r]->num_steps()) blocked += str_cat(" rank ", r, " at step ", cursors[r].step, ";");
+        if (cursors[r].step < schedules[r]->num_steps())
+          blocked += str_cat(" rank ", r, " at step ", cursors[r].step,
+                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(), ";");
       return blocked;
     }
   }

@@ -2,6 +2,14 @@
 // completes only when the receiver's current step holds the matching receive, so a walk that
 // finishes proves the schedules need no buffering. The simulator drives it to check
 // schedules; the single-process GPU executor drives it to enqueue the same work on streams.
+//
+// Board ops (schedule.h) are walked with the board's semantics: a rank's publications are
+// numbered by call from 1 (its n-th Publish is call n, as the board's generation counter), a
+// read made during a rank's call g waits until its peer has published call g, and every rank
+// has two board slots, so call g+2 overwrites call g. The walk tracks which events happen
+// before which (a vector clock per rank: program order, and a publication before every read
+// that waited for it) and reports a rank that could publish call g+2 before some reader has
+// finished with its call g, in any interleaving, not only in the one walked.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,10 +24,16 @@ class RendezvousVisitor {
   virtual void enter_step(int rank, size_t step) = 0;
   // `sender`'s send matched `receiver`'s receive; their counts are equal.
   virtual void transfer(int sender, const Op& send, int receiver, const Op& recv) = 0;
+  // Board ops: `rank` publishes (on entering the step), or reads publications of `call` whose
+  // ranks have all published it. An executor without a board keeps these defaults, which throw.
+  virtual void publish(int rank, const Op& op, uint64_t call);
+  virtual void read_published(int rank, const Op& op, uint64_t call);
 };
 
 // "" when every rank finished; otherwise what went wrong: a bad peer, a send and receive that
-// disagree on size, or a deadlock naming each blocked rank's step.
+// disagree on size, a board read before this rank's own publication or of a publication
+// already overwritten, a slot that could be reused too early, or a deadlock naming each
+// blocked rank's step.
 std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor);
 
 }  // namespace ringtree

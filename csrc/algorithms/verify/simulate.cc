@@ -3,6 +3,7 @@
 // Every element holds the ordered list of (rank, input index) atoms that were reduced into it.
 // Ops within a step must touch disjoint memory (with the in-place aliasing the collective
 // permits); a send completes only when its receiver's current step holds the matching recv.
+// A publication is a snapshot of atoms; a board read takes atoms from it once it exists.
 #include <algorithm>
 #include <map>
 #include "algorithms/verify/rendezvous.h"
@@ -70,6 +71,8 @@ struct RankState {
   Aliasing alias;
   std::vector<Value> storage[3];
   std::vector<uint8_t> knows;  // barrier causality: which ranks this rank has heard from
+  std::vector<Value> published;         // its publication (one call: the board's are one-shot)
+  std::vector<uint8_t> knows_published;  // what it knew when it published
 };
 
 std::string describe(const ScheduleKey& k, bool in_place) {
@@ -100,11 +103,13 @@ void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k
     if ((op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce) && ++recvs[op.peer] > 1)
       fail(k, ip, str_cat("rank ", r, " step has two receives from ", op.peer));
     if (op.count == 0) continue;
-    if (op.kind != OpKind::Recv) {
+    const bool local_src = op.kind == OpKind::Send || op.kind == OpKind::RecvReduce || op.kind == OpKind::Copy ||
+                           op.kind == OpKind::Publish;
+    if (local_src) {
       Location l = st.alias.locate(op.src);
       ranges.push_back({l.storage, l.offset, l.offset + op.count, false, i});
     }
-    if (op.kind != OpKind::Send) {
+    if (op.kind != OpKind::Send && op.kind != OpKind::Publish) {  // an accumulating read of dst is the same op
       Location l = st.alias.locate(op.dst);
       ranges.push_back({l.storage, l.offset, l.offset + op.count, true, i});
     }
@@ -120,14 +125,51 @@ void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k
 
 void drop(Schedule& s, size_t index) {
   if (index >= s.ops.size()) return;
+  const size_t steps = s.num_steps();
+  const size_t step = static_cast<size_t>(std::upper_bound(s.step_end.begin(), s.step_end.end(), index) - s.step_end.begin());
   s.ops.erase(s.ops.begin() + static_cast<long>(index));
   for (uint32_t& e : s.step_end)
     if (e > index) --e;
   s.step_end.erase(std::unique(s.step_end.begin(), s.step_end.end()), s.step_end.end());
   if (!s.step_end.empty() && s.step_end.front() == 0) s.step_end.erase(s.step_end.begin());
+  if (s.num_steps() < steps && step + s.deferred_steps >= steps) --s.deferred_steps;  // a deferred step emptied
 }
 
-void run(const ScheduleKey& base, bool in_place, int drop_op) {
+bool is_board_schedule(const ScheduleKey& k) { return k.algo == Algo::OneShot; }
+
+// The board rules of schedule.h for one rank's schedule of one call; also that every board op
+// names its buffers as its kind says, so the rest of the check can address them.
+void check_board_rules(const Schedule& s, int P, int r, const ScheduleKey& k) {
+  auto fail_rank = [&](const std::string& what) { fail(k, false, str_cat("rank ", r, " ", what)); };
+  const auto local = [](BufRef ref) { return ref.buf < BufId::Count; };
+  size_t publishes = 0;
+  std::vector<uint8_t> waits_for(P, 0);
+  const size_t first_deferred = s.num_steps() - std::min<size_t>(s.deferred_steps, s.num_steps());
+  if (s.deferred_steps > 0 && s.deferred_steps >= s.num_steps()) fail_rank("defers every step, its publication too");
+  for (size_t step = 0; step < s.num_steps(); ++step)
+    for (uint32_t i = s.step_begin(step); i < s.step_end[step]; ++i) {
+      const Op& op = s.ops[i];
+      if (op.kind == OpKind::Publish) {
+        if (step != 0) fail_rank(str_cat("publishes in step ", step, ", not step 0: a peer could wait for it first"));
+        if (op.dst.buf != BufId::Published || !local(op.src)) fail_rank("publishes with bad buffers");
+        ++publishes;
+      } else if (is_board_read(op.kind)) {
+        if (step == 0) fail_rank("reads the board in step 0, beside its publication");
+        if (op.src.buf != BufId::Published || !local(op.dst)) fail_rank("reads the board with bad buffers");
+        if (op.peer >= 0 && op.peer < P) waits_for[op.peer] = 1;
+        if (op.kind == OpKind::ReducePublished && op.lhs_peer >= 0 && op.lhs_peer < P) waits_for[op.lhs_peer] = 1;
+      }
+      if (step >= first_deferred && !(is_board_read(op.kind) && op.count == 0))
+        fail_rank(str_cat("moves data in deferred step ", step, ": its result would not be complete when it returns"));
+    }
+  if (publishes != 1) fail_rank(str_cat("publishes ", publishes, " times in one call (the board takes one)"));
+  for (int q = 0; q < P; ++q)
+    if (q != r && !waits_for[q])
+      fail_rank(str_cat("never waits for rank ", q, "'s publication, so it could publish two calls later into the slot",
+                        " rank ", q, " may still be reading"));
+}
+
+void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) {
   const int P = base.nranks;
   const uint64_t N = base.count;
   const Sizes sz = buffer_sizes(base.coll, P, N);
@@ -138,6 +180,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
     RankState& st = ranks[r];
     st.sched = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(st.sched, static_cast<size_t>(drop_op));
+    if (is_board_schedule(base) && board_rules) check_board_rules(st.sched, P, r, base);
     st.alias = {in_place, base.coll, r, base.root, N};
     st.storage[0].resize(sz.input);
     st.storage[1].resize(sz.output);
@@ -184,6 +227,37 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
       }
       for (size_t q = 0; q < ranks.size(); ++q) sb.knows[q] |= sa.knows[q];
     }
+    void publish(int r, const Op& op, uint64_t) override {
+      RankState& st = ranks[r];
+      st.published.resize(op.dst.offset + op.count);
+      for (uint64_t x = 0; x < op.count; ++x) {
+        st.published[op.dst.offset + x] = at(st, op.src, x, base, in_place, r);
+        if (st.published[op.dst.offset + x].empty()) fail(base, in_place, str_cat("rank ", r, " publishes an element it never had"));
+      }
+      st.knows_published = st.knows;
+    }
+    const Value& published(int q, uint64_t offset, int r) {
+      const std::vector<Value>& pub = ranks[q].published;
+      if (offset >= pub.size() || pub[offset].empty())
+        fail(base, in_place, str_cat("rank ", r, " reads element ", offset, " of rank ", q, "'s publication, which has ",
+                                     pub.size(), " (or never wrote it)"));
+      return pub[offset];
+    }
+    void read_published(int r, const Op& op, uint64_t) override {
+      RankState& st = ranks[r];
+      const bool lhs = op.kind == OpKind::ReducePublished && op.lhs_peer >= 0;
+      for (uint64_t x = 0; x < op.count; ++x) {
+        const Value& incoming = published(op.peer, op.src.offset + x, r);
+        Value& d = at(st, op.dst, x, base, in_place, r);
+        if (op.kind == OpKind::CopyPublished) { d = incoming; continue; }
+        Value v = lhs ? published(op.lhs_peer, op.src.offset + x, r) : d;
+        if (v.empty()) fail(base, in_place, str_cat("rank ", r, " reduces into an unwritten element"));
+        v.insert(v.end(), incoming.begin(), incoming.end());
+        d = std::move(v);
+      }
+      for (int q : {op.peer, lhs ? op.lhs_peer : op.peer})
+        for (size_t x = 0; x < ranks.size(); ++x) st.knows[x] |= ranks[q].knows_published[x];
+    }
   } flow(ranks, base, in_place);
   std::vector<const Schedule*> schedules;
   for (const RankState& st : ranks) schedules.push_back(&st.sched);
@@ -191,6 +265,8 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
   if (!problem.empty()) fail(base, in_place, problem);
 
   // Expected contents.
+  // The board's claim is stronger than one order on every rank: rank order 0, 1, ..., P-1.
+  const bool rank_order = is_board_schedule(base);
   auto all_ranks_once = [&](const Value& v, uint64_t index, int r, uint64_t i) {
     Value sorted = v;
     std::sort(sorted.begin(), sorted.end());
@@ -198,6 +274,8 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
     for (int q = 0; ok && q < P; ++q) ok = sorted[q] == Atom{q, index};
     if (!ok) fail(base, in_place, str_cat("rank ", r, " element ", i, " is not the reduction of every rank's element ", index,
                                           " exactly once (", v.size(), " terms)"));
+    if (rank_order && !(v == sorted))
+      fail(base, in_place, str_cat("rank ", r, " element ", i, " is not reduced in rank order 0, 1, ..., P-1"));
   };
   auto expect_single = [&](const Value& v, Atom want, int r, uint64_t i) {
     if (!(v.size() == 1 && v[0] == want))
@@ -257,18 +335,56 @@ void run(const ScheduleKey& base, bool in_place, int drop_op) {
   }
 }
 
+// The board's slots: every rank makes kCalls board calls in a row (its schedule repeated, deferred
+// steps running before the next publication, as settle_board runs them), walked with two slots
+// per rank. The walk reports a publication that could land in a slot some rank may still read.
+constexpr int kBoardCalls = 3;  // call 3 is the first to reuse a slot
+
+void check_board_slots(const ScheduleKey& base, int drop_op) {
+  struct Silent : RendezvousVisitor {
+    void enter_step(int, size_t) override {}
+    void transfer(int, const Op&, int, const Op&) override {}
+    void publish(int, const Op&, uint64_t) override {}
+    void read_published(int, const Op&, uint64_t) override {}
+  } silent;
+  std::vector<Schedule> calls(base.nranks);
+  for (int r = 0; r < base.nranks; ++r) {
+    ScheduleKey k = base;
+    k.rank = r;
+    Schedule one = build_schedule(k);
+    if (r == 0 && drop_op >= 0) drop(one, static_cast<size_t>(drop_op));
+    for (int c = 0; c < kBoardCalls; ++c) {
+      const uint32_t shift = static_cast<uint32_t>(calls[r].ops.size());
+      calls[r].ops.insert(calls[r].ops.end(), one.ops.begin(), one.ops.end());
+      for (uint32_t e : one.step_end) calls[r].step_end.push_back(shift + e);
+    }
+  }
+  std::vector<const Schedule*> schedules;
+  for (const Schedule& s : calls) schedules.push_back(&s);
+  const std::string problem = walk_rendezvous(schedules, silent);
+  if (!problem.empty()) fail(base, false, str_cat(kBoardCalls, " calls in a row: ", problem));
+}
+
 }  // namespace
 
-std::string simulate_schedules(ScheduleKey key, int drop_op) {
-  run(key, false, drop_op);
-  run(key, true, drop_op);
-  uint64_t steps = 0, messages = 0;
+std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules) {
+  run(key, false, drop_op, board_rules);
+  run(key, true, drop_op, board_rules);
+  const bool board = is_board_schedule(key);
+  if (board) check_board_slots(key, drop_op);
+  uint64_t steps = 0, messages = 0, reads = 0;
   for (int r = 0; r < key.nranks; ++r) {
     key.rank = r;
     Schedule s = build_schedule(key);
     steps = std::max<uint64_t>(steps, s.num_steps());
-    for (const Op& op : s.ops) messages += op.kind == OpKind::Send;
+    for (const Op& op : s.ops) {
+      messages += op.kind == OpKind::Send || op.kind == OpKind::Publish;
+      reads += is_board_read(op.kind);
+    }
   }
+  if (board)
+    return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " publications, ",
+                   reads, " board reads; ", kBoardCalls, " calls in a row fit 2 board slots per rank");
   return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
 }
 

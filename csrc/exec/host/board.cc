@@ -4,12 +4,15 @@
 // one-shot calls, identical on every rank) uses slot gen & 1: a rank copies its whole input
 // there with the call's fingerprint and publishes `gen` last; then it waits until every peer
 // has published `gen`, checks each peer's fingerprint, and computes its result straight from
-// the slots, reducing in rank order 0, 1, ..., P-1 so every rank gets identical bits.
+// the slots, reducing in rank order 0, 1, ..., P-1 so every rank gets identical bits. What it
+// publishes, reads and reduces, in which order, is the call's board schedule
+// (algorithms/board.cc), which simulate_schedules proves like every other schedule.
 //
 // Why two slots suffice without acknowledgements: a rank publishes `gen` only after it
 // returned from call gen-1, which it could do only after reading every slot of gen-1 ... and,
 // before that, every slot of gen-2. So when a rank starts call gen, every peer that has
 // published gen-1 (all of them: it waited for that in gen-1) is done with slot gen & 1.
+// The simulator checks this on three calls in a row, in any interleaving (rendezvous.h).
 //
 // A rank on the board expects no ring traffic; one in a ring schedule expects no board
 // publication for its call. Each side looks for the other's evidence before it sleeps, so a
@@ -88,7 +91,8 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
 // with the root's data. Before this rank rewrites a board slot, or starts another collective,
 // the ranks it skipped must have published that broadcast: then they are done with the slot,
 // and their fingerprints are checked here, so a mismatched broadcast raises in the next call,
-// as a ring schedule's early finisher does.
+// as a ring schedule's early finisher does. These waits are the broadcast schedule's deferred
+// step (every rank but this one and the root); broadcast is the only board collective with one.
 void HostExecutor::settle_board(double timeout_s) {
   if (!board_unsettled_gen_) return;
   const uint64_t gen = board_unsettled_gen_;
@@ -100,52 +104,50 @@ void HostExecutor::settle_board(double timeout_s) {
 
 void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   const CallPlan& p = current_->plan;
-  const Collective c = p.key.coll;
-  const int root = p.key.root;
   const size_t esz = p.elem_size();
-  // execute_traffic() has settled any earlier broadcast, so slot gen & 1 is free to rewrite.
+  // run() has settled any earlier broadcast, so slot gen & 1 is free to rewrite.
   const uint64_t gen = ++board_gen_;
   const int parity = static_cast<int>(gen & 1);
   MsgHeader fp = current_fp_;
-  fp.payload_bytes = board_payload_bytes(c, p.key.count * esz);
+  fp.payload_bytes = board_payload_bytes(p.key.coll, p.key.count * esz);
   current_fp_ = fp;
-  const uint64_t mine = board_payload_of(fp, rank_);
-  publish_on_board(fp, mine ? in : nullptr, mine, gen);
+  const Schedule& s = schedule_for(*current_);
+  // ops [0, reads) publish; [reads, reads_end) read and make the result; the rest are deferred.
+  const uint32_t reads = s.step_end[0], reads_end = s.step_end[s.num_steps() - s.deferred_steps - 1];
+  for (uint32_t i = 0; i < reads; ++i) {
+    const Op& op = s.ops[i];  // Publish (its bytes are board_payload_of(fp, rank_))
+    publish_on_board(fp, (op.src.buf == BufId::Input ? in : out) + op.src.offset * esz, op.count * esz, gen);
+  }
 
-  // Wait for every peer's publication of this call (a broadcast: the root's only), checking
-  // each fingerprint on arrival.
-  const bool broadcast = c == Collective::Broadcast;
-  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || (broadcast && q != root);
+  // Wait for every publication the result steps read, checking each fingerprint on arrival.
+  std::fill(board_arrived_.begin(), board_arrived_.end(), 1);
+  for (uint32_t i = reads; i < reads_end; ++i) {
+    board_arrived_[s.ops[i].peer] = 0;
+    if (s.ops[i].lhs_peer >= 0) board_arrived_[s.ops[i].lhs_peer] = 0;
+  }
+  board_arrived_[rank_] = 1;
   await_board(gen, fp, p.timeout_s);
-  if (broadcast) {
+  if (s.deferred_steps) {
     board_unsettled_gen_ = gen;
     board_unsettled_fp_ = fp;
   }
 
-  // Every slot of this call is readable until this rank publishes the next one.
-  auto data_of = [&](int q) -> const uint8_t* {
-    return ShmSegment::board_data((q == rank_ ? own_segment_.get() : peer_segments_[q].get())->board(parity));
+  // Every slot of this call is readable until this rank publishes the next one. The reads write
+  // only the output (the simulator proves the input stays untouched).
+  auto published = [&](int q, uint64_t offset) -> const uint8_t* {
+    const ShmSegment* seg = q == rank_ ? own_segment_.get() : peer_segments_[q].get();
+    return ShmSegment::board_data(seg->board(parity)) + offset * esz;
   };
-  const uint64_t block = p.key.count * esz;
-  auto reduce_in_rank_order = [&](uint8_t* dst, uint64_t offset) {
-    const ReduceFn reduce = reduce_fn(p.dtype, p.combine);
-    reduce(dst, data_of(0) + offset, data_of(1) + offset, p.key.count);
-    for (int q = 2; q < size_; ++q) reduce(dst, dst, data_of(q) + offset, p.key.count);
-  };
-  if (p.key.count == 0) return;
-  switch (c) {
-    case Collective::AllReduce: reduce_in_rank_order(out, 0); break;
-    case Collective::Reduce: if (root == rank_) reduce_in_rank_order(out, 0); break;
-    case Collective::ReduceScatter: reduce_in_rank_order(out, static_cast<uint64_t>(rank_) * block); break;
-    case Collective::AllGather:
-      for (int q = 0; q < size_; ++q) std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q), block);
-      break;
-    case Collective::AllToAll:
-      for (int q = 0; q < size_; ++q)
-        std::memcpy(out + static_cast<uint64_t>(q) * block, data_of(q) + static_cast<uint64_t>(rank_) * block, block);
-      break;
-    case Collective::Broadcast: if (root != rank_) std::memcpy(out, data_of(root), block); break;
-    default: break;
+  for (uint32_t i = reads; i < reads_end; ++i) {
+    const Op& op = s.ops[i];
+    if (op.count == 0) continue;  // a wait, done above
+    uint8_t* dst = out + op.dst.offset * esz;
+    if (op.kind == OpKind::CopyPublished) {
+      std::memcpy(dst, published(op.peer, op.src.offset), op.count * esz);
+    } else {  // ReducePublished: dst = lhs (op) published(peer), in the schedule's rank order
+      const uint8_t* lhs = op.lhs_peer >= 0 ? published(op.lhs_peer, op.src.offset) : dst;
+      reduce_fn(p.dtype, p.combine)(dst, lhs, published(op.peer, op.src.offset), op.count);
+    }
   }
 }
 
