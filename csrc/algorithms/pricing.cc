@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include "common/check.h"
+#include "common/collective.h"
 
 namespace ringtree {
 
@@ -43,6 +44,17 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
 // all_to_all_v is priced as the all_to_all it generalizes).
 bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
 
+// The collectives the one-shot board runs (algorithms/board.cc).
+bool has_board_schedule(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: case Collective::ReduceScatter: case Collective::AllGather: case Collective::AllToAll:
+    case Collective::Broadcast: case Collective::Reduce: case Collective::Barrier:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The critical path in hops. Ranks are walked step by step in dependency order: a rank posts a
 // step's sends when the step starts (its previous step has ended), and the step ends one hop
 // after the later of its start and the departure of the last message it receives; a step that
@@ -50,6 +62,9 @@ bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
 // the order they were sent, as on every transport. So a ring all_reduce, whose ranks move in
 // lockstep, takes one hop a step, and a pipelined chain takes depth + segments - 1: a rank's
 // step t waits for its parent's step t+1, not for anything at the same step index.
+// On the one-shot board a publication is the message: a step that reads peers' publications
+// ends one hop after the latest of them, and publishing itself is a local copy. So a board call
+// takes one hop, whatever P.
 double critical_path_hops(const std::vector<Schedule>& all) {
   const int P = static_cast<int>(all.size());
   struct Link {
@@ -61,6 +76,7 @@ double critical_path_hops(const std::vector<Schedule>& all) {
   std::vector<size_t> next(P, 0);       // each rank's next step
   std::vector<uint32_t> ended(P, 0);    // the hop its last finished step ended at
   std::vector<uint8_t> posted(P, 0);    // the next step's sends are posted
+  std::vector<int64_t> published(P, -1);  // the hop a rank's board publication is out at
   for (bool moved = true; moved;) {
     moved = false;
     for (int r = 0; r < P; ++r) {
@@ -68,15 +84,26 @@ double critical_path_hops(const std::vector<Schedule>& all) {
       while (next[r] < s.num_steps()) {
         const uint32_t begin = s.step_begin(next[r]), end = s.step_end[next[r]];
         if (!posted[r]) {
-          for (uint32_t i = begin; i < end; ++i)
+          for (uint32_t i = begin; i < end; ++i) {
             if (s.ops[i].kind == OpKind::Send) link(r, s.ops[i].peer).departed.push_back(ended[r]);
+            if (s.ops[i].kind == OpKind::Publish) published[r] = ended[r];
+          }
           posted[r] = 1;
         }
         bool talks = false, ready = true;
         uint32_t last = ended[r];
+        int64_t board_from = -1;  // the latest publication this step reads; it arrives one hop later
         for (uint32_t i = begin; i < end; ++i) {
           const Op& op = s.ops[i];
-          if (op.kind == OpKind::Copy) continue;
+          if (op.kind == OpKind::Copy || op.kind == OpKind::Publish) continue;
+          if (is_board_read(op.kind)) {
+            for (int q : {op.peer, op.lhs_peer}) {
+              if (q < 0 || q == r) continue;
+              if (published[q] < 0) ready = false;
+              else board_from = std::max(board_from, published[q]);
+            }
+            continue;
+          }
           talks = true;
           if (op.kind == OpKind::Send) continue;
           Link& l = link(op.peer, r);
@@ -90,6 +117,8 @@ double critical_path_hops(const std::vector<Schedule>& all) {
           break;
         }
         ended[r] = talks ? last + 1 : last;
+        // Publications already read cost nothing more: later board steps read local memory.
+        if (board_from >= 0) ended[r] = std::max<uint32_t>(ended[r], static_cast<uint32_t>(board_from) + 1);
         ++next[r];
         posted[r] = 0;
         moved = true;
@@ -127,8 +156,8 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops) {
       switch (op.kind) {
         case OpKind::Send: mine.sent += n; break;
         case OpKind::Recv: mine.received += n; break;
-        case OpKind::RecvReduce: mine.reduced += n; break;
-        case OpKind::Copy: mine.copied += n; break;
+        case OpKind::RecvReduce: case OpKind::ReducePublished: mine.reduced += n; break;
+        case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
       }
     }
     out.steps = std::max(out.steps, mine.steps);
@@ -148,30 +177,12 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
           mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied)};
 }
 
-// The one remaining hand-written price: the one-shot board (Algo::OneShot, exec/host/board.cc)
-// is not a schedule yet. Each rank copies its input onto the board in one publication (one
-// hop, no handshake), then reads every rank's slot: a reduction reduces P-1 of them into its
-// result, a gather-like call copies them out. n: the full buffer in bytes, block: one rank's.
-// Replace this with counted schedules when the board becomes one.
-ScheduleCounts one_shot_counts(Collective c, int P, double block, double n) {
-  ScheduleCounts k;
-  k.steps = 1;
-  k.hops = 1;
-  switch (c) {
-    case Collective::AllReduce: case Collective::Reduce: k.copied = n; k.reduced = (P - 1) * n; break;
-    case Collective::ReduceScatter: k.copied = n; k.reduced = (P - 1) * block; break;
-    case Collective::AllGather: k.copied = block + n; break;
-    case Collective::AllToAll: case Collective::Broadcast: k.copied = 2 * n; break;
-    default: break;  // barrier: the publication alone
-  }
-  return k;
-}
-
-// The whole buffer of a call whose ScheduleKey::count is `bytes` (block collectives move P blocks).
+// The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
+// priced as the all_to_all it generalizes), from the collective's description.
 double buffer_bytes(Collective c, int P, uint64_t bytes) {
-  const bool blocks = c == Collective::ReduceScatter || c == Collective::AllGather || c == Collective::AllToAll ||
-                      c == Collective::AllToAllV || c == Collective::Gather || c == Collective::Scatter;
-  return static_cast<double>(bytes) * (blocks ? P : 1);
+  const BufferSizes b =
+      collective_traits(c == Collective::AllToAllV ? Collective::AllToAll : c).sizes(bytes, P, /*is_root=*/true);
+  return static_cast<double>(std::max(b.input, b.output));
 }
 
 // Seconds per hop and per byte of each op kind, for one call.
@@ -248,7 +259,9 @@ void PriceTable::build(int P) {
   for (int ci = 0; ci < static_cast<int>(Collective::Count); ++ci) {
     const Collective c = static_cast<Collective>(ci);
     if (!has_keyed_schedules(c)) continue;
-    for (Algo a : supported_algos(c)) {
+    std::vector<Algo> algos = supported_algos(c);
+    if (has_board_schedule(c)) algos.push_back(Algo::OneShot);
+    for (Algo a : algos) {
       Table t;
       // Element size 1: the counts come out in bytes, for every dtype. A dtype's schedule cuts
       // blocks at element boundaries, which moves a block edge by less than one element.
@@ -292,9 +305,9 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const double buffer = buffer_bytes(c, P, bytes);
   const bool board = a == Algo::OneShot;
   uint64_t lo = bytes, hi = bytes;
-  const ScheduleCounts k = board ? one_shot_counts(c, P, static_cast<double>(bytes), buffer)
-                                 : table.counts(c, a, bytes, &lo, &hi);
-  // The executor's fingerprint handshake with its ring neighbours comes before the first step.
+  const ScheduleCounts k = table.counts(c, a, bytes, &lo, &hi);
+  // The executor's fingerprint handshake with its ring neighbours comes before the first step;
+  // on the board every call publishes, and that is its handshake.
   const double handshake = !board && P > 1 ? 1 : 0;
   const Rates r = rates_for(m, buffer, dtype);
   const double hops = handshake + k.hops;
@@ -302,16 +315,13 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const double t = r.call + hops * r.hop + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
     const std::string sum = str_cat(" = ", us(r.call), " + ", count_text(hops), " x ", us(r.hop), " + ", us(data), " us");
-    if (board) {
-      *formula = str_cat("hand-written (the board is not a schedule yet): 1 hop; each rank ", data_text(k), sum);
-    } else {
-      const std::string where =
-          lo == bytes || hi == bytes ? std::string()
-                      : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
-                                size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
-      *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
-                         count_text(k.hops), " hops on the critical path; busiest rank ", data_text(k), where, sum);
-    }
+    const std::string where =
+        lo == bytes || hi == bytes ? std::string()
+                    : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
+                              size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
+    *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
+                       count_text(k.hops), board ? " hop (board publications)" : " hops", " on the critical path; busiest rank ",
+                       data_text(k), where, sum);
   }
   return t;
 }
