@@ -9,6 +9,7 @@
 #include "algorithms/verify/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
+#include "common/collective.h"
 
 namespace ringtree {
 
@@ -24,16 +25,11 @@ using Value = std::vector<Atom>;  // empty: never written
 
 struct Sizes { uint64_t input, output; };
 
+// The root's buffers (the simulator gives every rank the largest shapes), from the collective's
+// description; broadcast's one buffer is modelled as an output of the input's size.
 Sizes buffer_sizes(Collective c, int P, uint64_t N) {
-  const uint64_t NP = N * static_cast<uint64_t>(P);
-  switch (c) {
-    case Collective::ReduceScatter: return {NP, N};
-    case Collective::AllGather: case Collective::Gather: return {N, NP};
-    case Collective::AllToAll: return {NP, NP};
-    case Collective::Scatter: return {NP, N};
-    case Collective::Barrier: return {0, 0};
-    default: return {N, N};
-  }
+  const BufferSizes b = collective_traits(c).sizes(N, P, /*is_root=*/true);
+  return {b.input, b.output ? b.output : b.input};
 }
 
 // Where a buffer reference lives: storage 0 = input, 1 = output, 2 = scratch, with the
