@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include "algorithms/schedule.h"
+#include "transport/mailbox_lane.h"
 
 #if defined(__CUDACC__)
 #define RT_HOST_DEVICE __host__ __device__
@@ -51,17 +52,8 @@ namespace ringtree {
 // memory on the device). Larger steps go to another executor.
 constexpr uint32_t kWalkerMaxStepOps = 256;
 
-struct WalkerLane {
-  uint8_t* send_slots = nullptr;          // the peer's inbox for this rank's chunks
-  uint64_t* send_headers = nullptr;       // their headers, 2 words per slot (peer's memory)
-  const uint64_t* recv_headers = nullptr;  // headers of this rank's inbox (this rank's memory)
-  uint64_t* send_posted = nullptr;        // peer's memory: chunks this rank has posted
-  const uint64_t* send_consumed = nullptr;  // this rank's memory: this rank's chunks the peer read
-  const uint8_t* recv_slots = nullptr;    // this rank's inbox for the peer's chunks
-  const uint64_t* recv_posted = nullptr;  // this rank's memory: chunks the peer has posted
-  uint64_t* recv_consumed = nullptr;      // peer's memory: the peer's chunks this rank has read
-  uint64_t* peer_stop = nullptr;          // the peer's stop word (see WalkPlan::stop_word)
-};
+// The walker's view of a lane (transport/mailbox_lane.h).
+using WalkerLane = MailboxLane;
 
 struct WalkerCounters {
   uint64_t sent = 0, received = 0;
