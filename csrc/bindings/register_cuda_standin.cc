@@ -26,14 +26,16 @@ void register_cuda_standin(py::module_& m) {
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "standin_memcpy",
-      [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+      [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream, bool wait) {
         auto s = reinterpret_cast<cudaStream_t>(stream);
         RT_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
                                       cudaMemcpyDefault, s));
-        RT_CUDA_CHECK(cudaStreamSynchronize(s));
+        if (wait) RT_CUDA_CHECK(cudaStreamSynchronize(s));
       },
-      py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
-      "Copy on `stream`, after what is queued there, and wait for it (as a copy to or from the host does).");
+      py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream") = 0, py::arg("wait") = true,
+      py::call_guard<py::gil_scoped_release>(),
+      "Copy on `stream`, after what is queued there; wait for it unless wait=False (then both buffers must\n"
+      "outlive the copy).");
   m.def(
       "standin_sleep",
       [](double seconds, uintptr_t stream) {

@@ -74,6 +74,9 @@ struct WalkPlan {
   // In this rank's memory: set by a walker (of any rank) that stopped on a mismatch, so every
   // walker ends at once rather than at its timeout.
   uint64_t* stop_word = nullptr;
+  // What such a walker writes into the stop words (nonzero): the executor may encode who found
+  // the mismatch, so the ranks it stops can say so.
+  uint64_t stop_value = 1;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
   uint32_t elem_size = 0;
@@ -179,10 +182,10 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
           }
           if (!mem.agree(matches)) {
             if (mem.leader()) {
-              mem.store(plan.stop_word, 1);  // this rank's other channels
+              mem.store(plan.stop_word, plan.stop_value);  // this rank's other channels
               for (uint32_t q = 0; q < plan.nranks; ++q)
                 if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
-                  mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, 1);
+                  mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, plan.stop_value);
             }
             return WalkResult::Mismatch;
           }

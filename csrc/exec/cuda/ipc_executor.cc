@@ -44,17 +44,28 @@ RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
 RT_PARAM(IpcChannels, "RINGTREE_CUDA_IPC_CHANNELS", 4)
 constexpr int kMaxChannels = 32;
 
-// A grow-only device buffer, reallocated only once the internal stream is idle.
+// A stop word says who stopped the call and why, so the ranks it stops report the same kind of
+// error and name that rank: bits 0-31 the rank + 1, bits 32-39 the ErrorKind. 0: not stopped.
+uint64_t stop_word_value(ErrorKind kind, int rank) {
+  return static_cast<uint64_t>(kind) << 32 | static_cast<uint32_t>(rank + 1);
+}
+int stop_word_rank(uint64_t word) { return static_cast<int>(word & 0xffffffffu) - 1; }
+ErrorKind stop_word_kind(uint64_t word) {
+  const auto k = static_cast<uint8_t>(word >> 32);
+  return k < static_cast<uint8_t>(ErrorKind::Count) ? static_cast<ErrorKind>(k) : ErrorKind::PeerFailure;
+}
+
+// A grow-only device buffer, reallocated in the internal stream's order (no host or device-wide
+// synchronization, which would wait for the caller's stream too).
 struct DeviceScratch {
   void* ptr = nullptr;
   size_t bytes = 0;
   void* ensure(size_t want, cudaStream_t stream) {
     if (want <= bytes) return ptr;
-    RT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (ptr) (void)cudaFree(ptr);
+    if (ptr) RT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
     ptr = nullptr;
     bytes = 0;
-    RT_CUDA_CHECK(cudaMalloc(&ptr, want));
+    RT_CUDA_CHECK(cudaMallocAsync(&ptr, want, stream));
     bytes = want;
     return ptr;
   }
@@ -68,6 +79,7 @@ struct DeviceSchedule {
   uint32_t* step_end = nullptr;
   uint32_t num_steps = 0;
   uint64_t scratch_elems = 0;
+  Schedule host;  // the source of the asynchronous copies into ops and step_end, kept while cached
 };
 
 class IpcPathImpl;
@@ -110,9 +122,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
     throw_failure_locked();
   }
   // The failure a finished call recorded, if any (the kernel's status for seq).
-  void check_finished(uint64_t seq) {
+  void check_finished(uint64_t seq, const std::string& what) {
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    note_status_locked(seq, describe_seq(seq));
+    note_status_locked(seq, what);
     throw_failure_locked();
   }
 
@@ -121,7 +133,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   // Everything one call puts on the streams (run() holds call_mu_).
   void enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64_t seq, cudaStream_t caller);
   struct Device;  // run_plan's device policy: the internal stream and the walk kernel
-  std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
+  static std::string describe_call(Collective coll, uint64_t seq) {
+    return str_cat(collective_name(coll), " device call #", seq, " (CUDA IPC)");
+  }
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
   void fail_locked(ErrorKind kind, const std::string& why);
@@ -143,7 +157,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   uint32_t* abort_on_device_ = nullptr;
   WalkStatus* status_ = nullptr;  // pinned, mapped ring, one entry per call
   WalkStatus* status_on_device_ = nullptr;
-  uint64_t* one_ = nullptr;  // pinned: the value written into the peers' stop words
+  uint64_t* stop_value_ = nullptr;  // pinned: what fail_locked writes into the peers' stop words
   DeviceScratch scratch_, temp_;
   std::unordered_map<ScheduleKey, DeviceSchedule, ScheduleKeyHash> schedules_;
   uint64_t seq_ = 0;
@@ -182,14 +196,17 @@ std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
 void IpcPathImpl::finish_setup() {
   const std::vector<WalkerLane> lanes = mailboxes_.lanes();
   const size_t boxes = static_cast<size_t>(P_) * channels_;
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
-  RT_CUDA_CHECK(cudaMemcpy(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice));
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
-  RT_CUDA_CHECK(cudaMemset(counters_on_device_, 0, sizeof(WalkerCounters) * boxes));
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
-  RT_CUDA_CHECK(cudaMemset(barrier_, 0, sizeof(ChannelBarrier)));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
+  // Set up on the internal stream: synchronous copies would wait for the caller's stream.
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
+  RT_CUDA_CHECK(cudaMemcpyAsync(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice,
+                                stream_));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
+  RT_CUDA_CHECK(cudaMemsetAsync(counters_on_device_, 0, sizeof(WalkerCounters) * boxes, stream_));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
+  RT_CUDA_CHECK(cudaMemsetAsync(barrier_, 0, sizeof(ChannelBarrier), stream_));
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `lanes` is the copy's source
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   void* p = nullptr;
@@ -203,8 +220,8 @@ void IpcPathImpl::finish_setup() {
   std::fill_n(status_, kStatusRing * channels_, WalkStatus{});
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
-  one_ = static_cast<uint64_t*>(p);
-  *one_ = 1;
+  stop_value_ = static_cast<uint64_t*>(p);
+  *stop_value_ = stop_word_value(ErrorKind::PeerFailure, rank_);
   start_watch();
 }
 
@@ -219,21 +236,24 @@ const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
     }
     schedules_.clear();
   }
-  const Schedule s = build_schedule(key);
+  DeviceSchedule d;
+  d.host = build_schedule(key);
+  const Schedule& s = d.host;
   for (size_t k = 0; k < s.num_steps(); ++k)
     RT_CHECK(s.step_end[k] - s.step_begin(k) <= kWalkerMaxStepOps, Error, "internal error: a step of ",
              s.step_end[k] - s.step_begin(k), " ops exceeds the CUDA IPC walker's ", kWalkerMaxStepOps);
-  DeviceSchedule d;
   d.num_steps = static_cast<uint32_t>(s.num_steps());
   d.scratch_elems = s.scratch_elems;
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.ops), sizeof(Op) * (s.ops.size() + 1)));
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.step_end), sizeof(uint32_t) * (s.step_end.size() + 1)));
+  // On the internal stream, ahead of the walks that read them: a synchronous copy would run on
+  // the legacy default stream and wait for what the caller queued there.
   if (!s.ops.empty())
-    RT_CUDA_CHECK(cudaMemcpy(d.ops, s.ops.data(), sizeof(Op) * s.ops.size(), cudaMemcpyHostToDevice));
+    RT_CUDA_CHECK(cudaMemcpyAsync(d.ops, s.ops.data(), sizeof(Op) * s.ops.size(), cudaMemcpyHostToDevice, stream_));
   if (!s.step_end.empty())
-    RT_CUDA_CHECK(cudaMemcpy(d.step_end, s.step_end.data(), sizeof(uint32_t) * s.step_end.size(),
-                             cudaMemcpyHostToDevice));
-  return schedules_.emplace(key, d).first->second;
+    RT_CUDA_CHECK(cudaMemcpyAsync(d.step_end, s.step_end.data(), sizeof(uint32_t) * s.step_end.size(),
+                                  cudaMemcpyHostToDevice, stream_));
+  return schedules_.emplace(key, std::move(d)).first->second;
 }
 
 std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t stream, bool want_work) {
@@ -260,14 +280,14 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    fail_locked(ErrorKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
+    fail_locked(ErrorKind::Error, str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_,
                                           ": ", e.what()));
     throw;
   }
   if (!want_work) return nullptr;
   auto self = shared_from_this();
   return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream_), [self] { self->raise_if_failed(); },
-                                      [self, seq] { self->check_finished(seq); });
+                                      [self, seq, what = describe_call(a.coll, seq)] { self->check_finished(seq, what); });
 }
 
 // The plan's steps on the internal stream: the pre- and post-steps as stream work, the walk as
@@ -302,6 +322,7 @@ struct IpcPathImpl::Device {
     w.slots = path.slots_;
     w.elem_size = static_cast<uint32_t>(esz);
     w.tag = plan.fingerprint(seq).tag();
+    w.stop_value = stop_word_value(ErrorKind::CollectiveMismatch, path.rank_);
     WalkStatus* statuses = path.status_ + (seq % kStatusRing) * path.channels_;
     for (uint32_t ch = 0; ch < path.channels_; ++ch) statuses[ch].result = -1;
     WalkLaunch launch{w, path.abort_on_device_, path.status_on_device_ + (seq % kStatusRing) * path.channels_,
@@ -317,7 +338,7 @@ void IpcPathImpl::enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64
   run_plan(plan, dev);
   RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
   RT_CUDA_CHECK(cudaStreamWaitEvent(caller, join_, 0));
-  watch_.track(stream_, seq, plan.timeout_s, str_cat(collective_name(plan.key.coll), " ", describe_seq(seq)));
+  watch_.track(stream_, seq, plan.timeout_s, describe_call(plan.key.coll, seq));
 }
 
 void IpcPathImpl::throw_failure_locked() const {
@@ -329,6 +350,7 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
   const WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
   int32_t result = static_cast<int32_t>(WalkResult::Done);
   WalkFault f;
+  uint64_t stopped_by = 0;  // the stop word a stopped channel found
   for (uint32_t ch = 0; ch < channels_; ++ch) {
     const int32_t r = *reinterpret_cast<const volatile int32_t*>(&statuses[ch].result);
     if (r == static_cast<int32_t>(WalkResult::Mismatch)) {
@@ -337,12 +359,21 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
       break;
     }
     if (result == static_cast<int32_t>(WalkResult::Done)) result = r;
+    if (r == static_cast<int32_t>(WalkResult::Stopped) && !stopped_by) stopped_by = statuses[ch].stop_value;
   }
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
     fail_locked(ErrorKind::CollectiveMismatch,
                 str_cat(what, " on rank ", rank_, ": rank ", f.peer, " sent a chunk of another call (tag ", f.got_tag,
                         ", ", f.got_bytes, " bytes; this call: tag ", f.want_tag, ", ", f.want_bytes,
                         " bytes): the ranks called different collectives or counts"));
+  else if (result == static_cast<int32_t>(WalkResult::Stopped) && stopped_by && stop_word_rank(stopped_by) != rank_)
+    // Another rank's error, of the same kind here: a mismatch or a timeout is one on every rank.
+    fail_locked(stop_word_kind(stopped_by),
+                str_cat(what, " on rank ", rank_, " was stopped by rank ", stop_word_rank(stopped_by), ", which ",
+                        stop_word_kind(stopped_by) == ErrorKind::CollectiveMismatch ? "received a chunk of another call"
+                        : stop_word_kind(stopped_by) == ErrorKind::Timeout         ? "timed out"
+                                                                                   : "failed",
+                        " (its own error says more)"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
     fail_locked(ErrorKind::PeerFailure, str_cat(what, " on rank ", rank_, " was stopped: ",
                                               *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
@@ -355,13 +386,13 @@ void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
     failure_ = why;
   }
   if (!*abort_) {
-    // End this rank's queued and running walks, and the peers' (their stop words), so every
-    // rank reports instead of waiting out its own timeout.
+    // End this rank's queued and running walks, and the peers' (their stop words, which say
+    // who stopped them and why), so every rank reports instead of waiting out its own timeout.
     __atomic_store_n(abort_, 1u, __ATOMIC_RELEASE);
+    *stop_value_ = stop_word_value(failure_kind_, rank_);
     for (int q = 0; q < P_; ++q)
       if (uint64_t* stop = mailboxes_.peer_stop_word(q))
-        (void)cudaMemcpyAsync(stop, one_, sizeof(uint64_t), cudaMemcpyHostToDevice,
-                              poison_stream_);
+        (void)cudaMemcpyAsync(stop, stop_value_, sizeof(uint64_t), cudaMemcpyHostToDevice, poison_stream_);
   }
 }
 
@@ -399,14 +430,14 @@ void IpcPathImpl::close() {
   if (poison_stream_) (void)cudaStreamDestroy(poison_stream_);
   if (abort_) (void)cudaFreeHost(abort_);
   if (status_) (void)cudaFreeHost(status_);
-  if (one_) (void)cudaFreeHost(one_);
+  if (stop_value_) (void)cudaFreeHost(stop_value_);
   lanes_on_device_ = nullptr;
   counters_on_device_ = nullptr;
   fork_ = join_ = nullptr;
   stream_ = poison_stream_ = nullptr;
   abort_ = nullptr;
   status_ = nullptr;
-  one_ = nullptr;
+  stop_value_ = nullptr;
 }
 
 // What each rank publishes at connect, once every rank has its mailboxes.

@@ -13,13 +13,19 @@ std::string CudaIpcMailboxes::allocate(uint64_t slot_bytes, uint32_t slots, uint
   slot_bytes_ = slot_bytes;
   slots_ = slots;
   channels_ = channels;
+  cudaStream_t stream = nullptr;
   try {
     void* region = nullptr;
     RT_CUDA_CHECK(cudaMalloc(&region, region_bytes()));
     region_ = static_cast<uint8_t*>(region);
-    RT_CUDA_CHECK(cudaMemset(region_, 0, region_bytes()));
-    RT_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer can write into it
+    // Zeroed before any peer can write into it, on a stream of its own: cudaMemset and a device
+    // synchronization would also wait for whatever the caller has queued on its streams.
+    RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    RT_CUDA_CHECK(cudaMemsetAsync(region_, 0, region_bytes(), stream));
+    RT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    (void)cudaStreamDestroy(stream);
   } catch (const Error& e) {
+    if (stream) (void)cudaStreamDestroy(stream);
     return e.what();
   }
   cudaIpcMemHandle_t handle;
