@@ -210,7 +210,6 @@ class CudaCommImpl : public CudaComm {
 };
 
 std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
-  const char* name = collective_name(user.coll);
   const size_t esz = dtype_size(user.dtype);
   const auto in = reinterpret_cast<uintptr_t>(user.input.ptr), out = reinterpret_cast<uintptr_t>(user.output.ptr);
   const uint64_t in_bytes = user.input.present ? user.input.count * esz : 0;
