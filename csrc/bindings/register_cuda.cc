@@ -14,8 +14,10 @@
 #include "ringtree/types.h"
 #include "ringtree/communicator.h"
 #include "transport/nccl/nccl_library.h"
-#ifdef RINGTREE_HAVE_CUDA
+#if defined(RINGTREE_HAVE_CUDA) || defined(RINGTREE_CUDA_STANDIN)
 #include "exec/cuda/device_comm.h"
+#endif
+#ifdef RINGTREE_HAVE_CUDA
 #include "exec/cuda/local_executor.h"
 #endif
 
@@ -58,13 +60,10 @@ py::dict nccl_library(const std::string& wheel_hint) {
   return d;
 }
 
-}  // namespace
+#if defined(RINGTREE_HAVE_CUDA) || defined(RINGTREE_CUDA_STANDIN)
 
-#ifdef RINGTREE_HAVE_CUDA
-
-void register_cuda(py::module_& m) {
-  m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",
-        "Load NCCL (once per process) and return {'version', 'path'}; raises Error saying what was tried.");
+// Collectives on device buffers for a host communicator (CUDA builds and the stand-in).
+void register_device_comm(py::module_& m) {
   m.def("cuda_built", []() { return true; }, "True when this build contains the CUDA path.");
   py::class_<DeviceWork, std::shared_ptr<DeviceWork>>(m, "DeviceWork")
       .def("wait", &DeviceWork::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
@@ -111,6 +110,14 @@ void register_cuda(py::module_& m) {
     return cuda_runtime_available(&reason) ? std::string() : reason;
   });
   m.def("cuda_device_count", &cuda_device_count);
+}
+
+#endif
+
+#ifdef RINGTREE_HAVE_CUDA
+
+// The thread ranks on one GPU and the kernels alone (CUDA builds only).
+void register_thread_ranks(py::module_& m) {
   m.def(
       "cuda_local_run",
       [](int coll, int algo, int dtype, int op, double premul_factor, int root, uint64_t count,
@@ -169,28 +176,22 @@ void register_cuda(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
 }
 
-#else  // no CUDA in this build
+#endif
 
-namespace {
-struct NoCudaComm {};
+#if !defined(RINGTREE_HAVE_CUDA)
+
 [[noreturn]] void no_cuda(const char* what) {
+#ifdef RINGTREE_CUDA_STANDIN
+  RT_THROW(Error, what, ": not in ringtree._core_standin, which runs the multi-process device path over a CPU "
+           "stand-in of the CUDA runtime; a CUDA build has it");
+#else
   RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
            "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
+#endif
 }
-}  // namespace
 
-void register_cuda(py::module_& m) {
-  m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",
-        "Load NCCL (once per process) and return {'version', 'path'}; raises Error saying what was tried.");
-  m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
-  // Same name as in CUDA builds, so callers need no feature check: constructing it explains.
-  py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
-      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
-           py::arg("host"), py::arg("nccl_hint") = "");
-  m.def("cuda_available", []() { return false; },
-        "True when the CUDA path is built and the CUDA runtime finds a device.");
-  m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
-  m.def("cuda_device_count", []() { return 0; });
+// Same names as in CUDA builds, so callers need no feature check: using them explains.
+void register_thread_ranks(py::module_& m) {
   m.def(
       "cuda_local_run",
       [](int, int, int, int, double, int, uint64_t, std::vector<uintptr_t>, std::vector<uintptr_t>, uintptr_t,
@@ -212,5 +213,31 @@ void register_cuda(py::module_& m) {
 }
 
 #endif
+
+#if !defined(RINGTREE_HAVE_CUDA) && !defined(RINGTREE_CUDA_STANDIN)
+
+struct NoCudaComm {};
+
+void register_device_comm(py::module_& m) {
+  m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
+  py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
+      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
+           py::arg("host"), py::arg("nccl_hint") = "");
+  m.def("cuda_available", []() { return false; },
+        "True when the CUDA path is built and the CUDA runtime finds a device.");
+  m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
+  m.def("cuda_device_count", []() { return 0; });
+}
+
+#endif
+
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",
+        "Load NCCL (once per process) and return {'version', 'path'}; raises Error saying what was tried.");
+  register_device_comm(m);
+  register_thread_ranks(m);
+}
 
 }  // namespace ringtree

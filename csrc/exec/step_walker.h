@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include "algorithms/schedule.h"
+#include "transport/mailbox_lane.h"
 
 #if defined(__CUDACC__)
 #define RT_HOST_DEVICE __host__ __device__
@@ -56,17 +57,8 @@ namespace ringtree {
 // memory on the device). Larger steps go to another executor.
 constexpr uint32_t kWalkerMaxStepOps = 256;
 
-struct WalkerLane {
-  uint8_t* send_slots = nullptr;          // the peer's inbox for this rank's chunks
-  uint64_t* send_headers = nullptr;       // their headers, 2 words per slot (peer's memory)
-  const uint64_t* recv_headers = nullptr;  // headers of this rank's inbox (this rank's memory)
-  uint64_t* send_posted = nullptr;        // peer's memory: chunks this rank has posted
-  const uint64_t* send_consumed = nullptr;  // this rank's memory: this rank's chunks the peer read
-  const uint8_t* recv_slots = nullptr;    // this rank's inbox for the peer's chunks
-  const uint64_t* recv_posted = nullptr;  // this rank's memory: chunks the peer has posted
-  uint64_t* recv_consumed = nullptr;      // peer's memory: the peer's chunks this rank has read
-  uint64_t* peer_stop = nullptr;          // the peer's stop word (see WalkPlan::stop_word)
-};
+// The walker's view of a lane (transport/mailbox_lane.h).
+using WalkerLane = MailboxLane;
 
 struct WalkerCounters {
   uint64_t sent = 0, received = 0;
@@ -87,6 +79,9 @@ struct WalkPlan {
   // In this rank's memory: set by a walker (of any rank) that stopped on a mismatch, so every
   // walker ends at once rather than at its timeout.
   uint64_t* stop_word = nullptr;
+  // What such a walker writes into the stop words (nonzero): the executor may encode who found
+  // the mismatch, so the ranks it stops can say so.
+  uint64_t stop_value = 1;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
   uint32_t elem_size = 0;
@@ -136,9 +131,10 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
   // This rank's other channels and every peer end at once rather than at their timeouts.
   auto stop_everyone = [&] {
     if (!mem.leader()) return;
-    mem.store(plan.stop_word, 1);
+    mem.store(plan.stop_word, plan.stop_value);
     for (uint32_t q = 0; q < plan.nranks; ++q)
-      if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop) mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, 1);
+      if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
+        mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, plan.stop_value);
   };
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     const uint32_t begin = k == 0 ? 0 : plan.step_end[k - 1], end = plan.step_end[k];

@@ -64,7 +64,14 @@ def _lib():
 
 
 class DeviceArrays:
-    """torch or cupy as a device-array library; uploads numpy arrays (bfloat16 as raw bits)."""
+    """torch or cupy as a device-array library; uploads numpy arrays (bfloat16 as raw bits).
+    lib='standin': device memory of the CPU stand-in of the CUDA runtime (ipc_standin_workers)."""
+
+    def __new__(cls, lib):
+        if lib == "standin":
+            from ipc_standin_workers import StandinArrays
+            return StandinArrays()
+        return super().__new__(cls)
 
     def __init__(self, lib):
         self.lib = lib
@@ -182,7 +189,7 @@ DEVICE_COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"
 
 
 def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16", "bfloat16"),
-                 counts=(1, 1000, 70000), async_op=False):
+                 counts=(1, 1000, 70000), async_op=False, ops=("sum", "max", "avg")):
     """Every collective on device buffers, staged through the host communicator, checked
     against numpy (rank_checks.run_case), out of place and in place."""
     arrays = DeviceArrays(lib)
@@ -193,8 +200,7 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
         for dtype in dtypes:
             if dtype == "bfloat16" and lib != "torch":
                 continue
-            ops = ("sum", "max", "avg") if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",)
-            for op in ops:
+            for op in (ops if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",)):
                 for n in counts:
                     for in_place in (False, True):
                         root = comm.size - 1

@@ -30,6 +30,10 @@
 
 namespace ringtree {
 
+// True when the CUDA runtime finds at least one device (never throws; reason says why not).
+bool cuda_runtime_available(std::string* reason = nullptr);
+int cuda_device_count();
+
 // A device collective in flight, whichever executor enqueued it: complete once the device passes
 // the point its stream was at when the call was enqueued. wait() blocks the host until then.
 class DeviceWork {

@@ -1,8 +1,9 @@
 // The CUDA IPC executor: when every rank of a communicator runs on this host, each rank's
-// schedule is walked by a kernel (runtime/step_walker.h, one thread block) that moves chunks
-// through mailboxes in the receivers' device memory, mapped into every rank through CUDA IPC
-// (handles exchanged over the host communicator). Ranks may share a GPU (several processes on
-// one device) or not. Internal to device_comm.cu; plain C++ so it can be declared there.
+// schedule is walked by a kernel (exec/step_walker.h, one thread block per channel) that moves
+// chunks through mailboxes in the receivers' device memory, mapped into every rank through CUDA
+// IPC (transport/cuda_ipc; what a peer needs to map them is exchanged over the host
+// communicator). Ranks may share a GPU (several processes on one device) or not. Internal to
+// device_comm.cc; plain C++ so it can be declared there.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -45,8 +45,9 @@
 #include "algorithms/verify/rendezvous.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
+#include "exec/cuda/device_comm.h"
 #include "exec/cuda/local_executor.h"
 #include "exec/plan.h"
 
@@ -368,27 +369,6 @@ void require_device(const char* what) {
 }
 
 }  // namespace
-
-bool cuda_runtime_available(std::string* reason) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (reason) *reason = str_cat("cudaGetDeviceCount: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-    return false;
-  }
-  if (n == 0 && reason) *reason = "cudaGetDeviceCount found 0 devices";
-  return n > 0;
-}
-
-int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 CudaLocalStats cuda_local_run(const CudaLocalArgs& args) {
   const std::vector<RankCall> calls = lower_ranks(args);

@@ -46,10 +46,6 @@ struct CudaLocalStats {
   uint64_t hbm_bytes = 0;  // bytes read + written by all of the above, the memory traffic
 };
 
-// True when the CUDA runtime finds at least one device (never throws; reason() says why not).
-bool cuda_runtime_available(std::string* reason = nullptr);
-int cuda_device_count();
-
 // Validates, then enqueues the whole collective and returns (stream semantics).
 CudaLocalStats cuda_local_run(const CudaLocalArgs& args);
 // Waits until everything the executor of the current device has enqueued is complete, and

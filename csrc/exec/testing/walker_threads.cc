@@ -1,5 +1,4 @@
 #include "exec/testing/walker_threads.h"
-#include <sched.h>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -9,45 +8,11 @@
 #include "kernels/host/reduce.h"
 #include "exec/plan.h"
 #include "exec/step_walker.h"
+#include "exec/step_walker_host.h"
 
 namespace ringtree {
 
 namespace {
-
-// The channels of one rank meet here after every step (a sense-reversing barrier).
-struct RankBarrier {
-  std::atomic<uint32_t> arrived{0}, generation{0};
-  uint32_t parties = 1;
-};
-
-// The host policy: one thread per channel, so that thread is the leader and agreement is trivial.
-struct HostMem {
-  ReduceFn reduce_fn;
-  Deadline deadline;
-  RankBarrier* barrier;
-  bool leader() const { return true; }
-  bool agree(bool v) const { return v; }
-  void copy(void* dst, const void* src, size_t bytes) const { std::memmove(dst, src, bytes); }
-  void reduce(void* dst, const void* a, const void* b, size_t count) const { reduce_fn(dst, a, b, count); }
-  void published() const { std::atomic_thread_fence(std::memory_order_release); }
-  uint64_t load(const uint64_t* p) const { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-  void store(uint64_t* p, uint64_t v) const { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-  bool stop() const { return deadline.expired(); }
-  void relax() const { sched_yield(); }  // ranks may outnumber cores
-  bool step_barrier(const uint64_t* stop_word) const {
-    const uint32_t gen = barrier->generation.load(std::memory_order_acquire);
-    if (barrier->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == barrier->parties) {
-      barrier->arrived.store(0, std::memory_order_relaxed);
-      barrier->generation.fetch_add(1, std::memory_order_release);
-      return true;
-    }
-    while (barrier->generation.load(std::memory_order_acquire) == gen) {
-      if (load(stop_word) != 0 || stop()) return false;
-      sched_yield();
-    }
-    return true;
-  }
-};
 
 // The pre- and post-steps of exec/plan.h on host memory, as the host executor runs them.
 struct HostPolicy {

@@ -1,12 +1,12 @@
-// The CUDA reduce/copy kernels and their launchers (declared in reduce.cuh).
+// The CUDA reduce/copy kernels and their launchers (declared in reduce.h).
 //
 // One kernel template, elementwise_kernel<T, F>, serves every dtype and op: F is Combine<T, Op>
 // for a reduction, Scale<T> for premul_sum and Divide<T> for avg. The launcher decides how the
 // range splits into scalar head, 16-byte packs and scalar tail (see Split in reduce_device.cuh)
 // and sizes the grid from the SM count, so one launch streams the whole range with grid-stride
 // loops; a few blocks per SM keep enough 128-bit loads in flight to saturate HBM.
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
 #include "kernels/cuda/reduce_device.cuh"
 
 namespace ringtree {

@@ -1,5 +1,5 @@
 // Device-side building blocks of the CUDA reduce/copy kernels (device header: include only
-// from .cu files). The host launchers are declared in reduce.cuh.
+// from .cu files). The host launchers are declared in reduce.h.
 //
 // Terms:
 //   storage type  how an element sits in memory (int8_t ... double; f16_t / bf16_t for the

@@ -1,9 +1,9 @@
 // What the device executors (staged, NCCL, CUDA IPC) share: the events of their calls, the
 // checks of a call's device buffers, and the watchdog, which follows the calls an executor put
 // on streams, oldest first, on a thread of its own, and reports a call that fails or runs past
-// its deadline, so a hang on the device becomes an error on the host. Include from .cu files.
+// its deadline, so a hang on the device becomes an error on the host.
 #pragma once
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>

@@ -1,19 +1,14 @@
-// The CUDA IPC executor (see ipc_executor.h and step_walker.h).
+// The CUDA IPC executor's host side (see ipc_executor.h and step_walker.h).
 //
-// Each rank owns one device region, exported through CUDA IPC and mapped by every peer; every
-// mailbox exists once per channel (C thread blocks per rank, see WalkPlan::nchannels):
-//   inboxes    P x C x slots x slot_bytes: inbox[q][c] holds chunks from rank q, channel c
-//   headers    P x C x slots x 2 words: tag and byte count of each inbox slot
-//   posted     P x C words: posted[q][c] = chunks rank q has put in inbox[q][c]   (written by q)
-//   consumed   P x C words: consumed[q][c] = this rank's chunks rank q has read    (written by q)
-//   stop       1 word: set by a walker that stopped on a mismatch              (written by anyone)
-// The C blocks of a walk are launched cooperatively (all resident at once), as they meet at a
-// barrier after every step.
+// Each rank's mailboxes live in its device memory and every peer maps them (the CUDA IPC
+// transport, transport/cuda_ipc/mailboxes.h); this file sees them as lanes. One walk per call
+// runs C walkers per rank (C thread blocks of a cooperative kernel, launched through
+// exec/cuda/launch.h), which meet at a barrier after every step.
 // All of a rank's IPC calls run in issue order on one internal stream (forked from and joined
 // back to the caller's stream with events), so mailboxes, counters and scratch are never used
 // by two calls at once. A watchdog thread follows each call: past its timeout it sets the abort
 // word the kernel polls and the peers' stop words, so every rank's kernel ends and reports.
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -25,21 +20,21 @@
 #include <vector>
 #include "common/check.h"
 #include "common/env.h"
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/reduce.cuh"
-#include "kernels/cuda/reduce_device.cuh"
-#include "exec/cuda/call_watch.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
+#include "exec/cuda/call_watch.h"
 #include "exec/cuda/device_comm.h"
 #include "exec/cuda/ipc_executor.h"
+#include "exec/cuda/launch.h"
 #include "exec/plan.h"
 #include "exec/step_walker.h"
+#include "transport/cuda_ipc/mailboxes.h"
 
 namespace ringtree {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kWalkThreads = 512;
 constexpr uint32_t kStatusRing = 1024;
 constexpr int kMaxIpcRanks = 64;  // 2P+1 ops per step must fit kWalkerMaxStepOps
 
@@ -49,171 +44,28 @@ RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
 RT_PARAM(IpcChannels, "RINGTREE_CUDA_IPC_CHANNELS", 4)
 constexpr int kMaxChannels = 32;
 
-// Where the C blocks of a walk meet after each step (device memory, zeroed once).
-struct ChannelBarrier {
-  unsigned arrived, generation;
-};
-
-// What a walk ended with, written by the kernel into pinned host memory.
-struct WalkStatus {
-  int32_t result;  // WalkResult, or -1 while running
-  WalkFault fault;
-};
-
-template <size_t N> struct RawOf;
-template <> struct RawOf<1> { using type = unsigned char; };
-template <> struct RawOf<2> { using type = unsigned short; };
-template <> struct RawOf<4> { using type = unsigned int; };
-template <> struct RawOf<8> { using type = unsigned long long; };
-
-// The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
-// Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
-template <typename T, typename F>
-struct DeviceMem {
-  F f;
-  const volatile uint32_t* abort;
-  ChannelBarrier* barrier;
-
-  __device__ bool leader() const { return threadIdx.x == 0; }
-  __device__ bool agree(bool v) const {
-    __shared__ int decision;
-    if (threadIdx.x == 0) decision = v ? 1 : 0;
-    __syncthreads();
-    const bool out = decision != 0;
-    __syncthreads();
-    return out;
-  }
-  __device__ void copy(void* dst, const void* src, size_t bytes) const {
-    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    if (((d | s | bytes) & 15) == 0) {
-      auto* out = static_cast<uint4*>(dst);
-      const auto* in = static_cast<const uint4*>(src);
-      for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) out[i] = __ldcg(in + i);
-    } else {
-      auto* out = static_cast<unsigned char*>(dst);
-      const auto* in = static_cast<const unsigned char*>(src);
-      for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = __ldcg(in + i);
-    }
-  }
-  __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
-    using Raw = typename RawOf<sizeof(T)>::type;
-    // Both operands through L2: another channel (block) may have written the local one.
-    T* out = static_cast<T*>(dst);
-    const Raw* mine = static_cast<const Raw*>(local);
-    const Raw* theirs = static_cast<const Raw*>(incoming);
-    for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
-      const Raw a = __ldcg(mine + i), b = __ldcg(theirs + i);
-      T x, y;
-      memcpy(&x, &a, sizeof(T));
-      memcpy(&y, &b, sizeof(T));
-      out[i] = f(x, y);
-    }
-  }
-  __device__ void published() const {
-    __threadfence_system();
-    __syncthreads();
-  }
-  __device__ uint64_t load(const uint64_t* p) const {
-    const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
-    __threadfence_system();
-    return v;
-  }
-  __device__ void store(uint64_t* p, uint64_t v) const {
-    __threadfence_system();
-    *reinterpret_cast<volatile uint64_t*>(p) = v;
-  }
-  __device__ bool stop() const { return *abort != 0; }
-  __device__ bool step_barrier(const uint64_t* stop_word) const {
-    __shared__ int passed;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      passed = 1;
-      volatile unsigned* generation = &barrier->generation;
-      const unsigned gen = *generation;
-      __threadfence();
-      if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
-        atomicExch(&barrier->arrived, 0u);
-        __threadfence();
-        atomicAdd(&barrier->generation, 1u);
-      } else {
-        while (*generation == gen) {
-          if (*reinterpret_cast<const volatile uint64_t*>(stop_word) != 0 || stop()) {
-            passed = 0;
-            break;
-          }
-          relax();
-        }
-      }
-      __threadfence();
-    }
-    __syncthreads();
-    return passed != 0;
-  }
-  __device__ void relax() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(256);
-#endif
-  }
-};
-
-// One block per channel; status[blockIdx.x] gets each channel's outcome.
-template <typename T, typename F>
-__global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort,
-                                                             WalkStatus* statuses, ChannelBarrier* barrier) {
-  __shared__ uint64_t progress[kWalkerMaxStepOps];
-  plan.channel = blockIdx.x;
-  DeviceMem<T, F> mem{f, abort, barrier};
-  WalkFault fault;
-  const WalkResult result = walk_schedule(plan, mem, progress, &fault);
-  WalkStatus* status = statuses + blockIdx.x;
-  if (threadIdx.x == 0) {
-    status->fault = fault;
-    __threadfence_system();
-    *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
-  }
+// A stop word says who stopped the call and why, so the ranks it stops report the same kind of
+// error and name that rank: bits 0-31 the rank + 1, bits 32-39 the ErrorKind. 0: not stopped.
+uint64_t stop_word_value(ErrorKind kind, int rank) {
+  return static_cast<uint64_t>(kind) << 32 | static_cast<uint32_t>(rank + 1);
+}
+int stop_word_rank(uint64_t word) { return static_cast<int>(word & 0xffffffffu) - 1; }
+ErrorKind stop_word_kind(uint64_t word) {
+  const auto k = static_cast<uint8_t>(word >> 32);
+  return k < static_cast<uint8_t>(ErrorKind::Count) ? static_cast<ErrorKind>(k) : ErrorKind::PeerFailure;
 }
 
-struct LaunchArgs {
-  WalkPlan plan;
-  const volatile uint32_t* abort;
-  WalkStatus* statuses;
-  ChannelBarrier* barrier;
-  cudaStream_t stream;
-};
-
-template <typename Op>
-void launch_walk(LaunchArgs& l, DataType dtype) {
-  cuda::with_storage_type(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    using F = cuda::Combine<T, Op>;
-    F f{};
-    void* args[] = {&l.plan, &f, &l.abort, &l.statuses, &l.barrier};
-    // Cooperative: every channel's block is resident at once, as they wait for each other.
-    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&walk_kernel<T, F>),
-                                              dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0, l.stream));
-  });
-}
-
-void launch_walk(LaunchArgs& l, DataType dtype, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Prod: return launch_walk<cuda::OpProd>(l, dtype);
-    case ReduceOp::Min: return launch_walk<cuda::OpMin>(l, dtype);
-    case ReduceOp::Max: return launch_walk<cuda::OpMax>(l, dtype);
-    default: return launch_walk<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
-  }
-}
-
-// A grow-only device buffer, reallocated only once the internal stream is idle.
+// A grow-only device buffer, reallocated in the internal stream's order (no host or device-wide
+// synchronization, which would wait for the caller's stream too).
 struct DeviceScratch {
   void* ptr = nullptr;
   size_t bytes = 0;
   void* ensure(size_t want, cudaStream_t stream) {
     if (want <= bytes) return ptr;
-    RT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (ptr) (void)cudaFree(ptr);
+    if (ptr) RT_CUDA_CHECK(cudaFreeAsync(ptr, stream));
     ptr = nullptr;
     bytes = 0;
-    RT_CUDA_CHECK(cudaMalloc(&ptr, want));
+    RT_CUDA_CHECK(cudaMallocAsync(&ptr, want, stream));
     bytes = want;
     return ptr;
   }
@@ -227,30 +79,30 @@ struct DeviceSchedule {
   uint32_t* step_end = nullptr;
   uint32_t num_steps = 0;
   uint64_t scratch_elems = 0;
+  Schedule host;  // the source of the asynchronous copies into ops and step_end, kept while cached
 };
 
 class IpcPathImpl;
 
 class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathImpl> {
  public:
-  IpcPathImpl(std::shared_ptr<Communicator> host) : host_(std::move(host)), P_(host_->size()), rank_(host_->rank()) {}
+  IpcPathImpl(std::shared_ptr<Communicator> host)
+      : host_(std::move(host)), P_(host_->size()), rank_(host_->rank()), mailboxes_(P_, rank_) {}
   ~IpcPathImpl() override { close(); }
 
-  // Returns "" or why this rank cannot take part.
-  std::string prepare_local();
-  // Exports this rank's region; returns "" or why not.
-  std::string export_handle(cudaIpcMemHandle_t* handle) {
-    const cudaError_t err = cudaIpcGetMemHandle(handle, region_);
-    if (err == cudaSuccess) return "";
-    (void)cudaGetLastError();
-    return str_cat("cudaIpcGetMemHandle failed: ", cudaGetErrorString(err));
+  // Allocates and exports this rank's mailboxes; returns "" or why this rank cannot take part.
+  std::string prepare_local(CudaIpcMailboxes::Export* out);
+  // Maps the peers' mailboxes; returns "" or why not.
+  std::string open_peers(const std::vector<CudaIpcMailboxes::Export>& exports) {
+    return mailboxes_.open_peers(exports);
   }
-  // Opens the peers' regions; returns "" or why not.
-  std::string open_peers(const std::vector<cudaIpcMemHandle_t>& handles);
   void finish_setup();
   uint32_t channels() const { return channels_; }
   // Every rank uses the smallest channel count any rank offered (its region is large enough).
-  void use_channels(uint32_t c) { channels_ = c; }
+  void use_channels(uint32_t c) {
+    channels_ = c;
+    mailboxes_.use_channels(c);
+  }
 
   bool takes(const CollectiveArgs& a) const override {
     switch (a.coll) {
@@ -270,27 +122,20 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
     throw_failure_locked();
   }
   // The failure a finished call recorded, if any (the kernel's status for seq).
-  void check_finished(uint64_t seq) {
+  void check_finished(uint64_t seq, const std::string& what) {
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    note_status_locked(seq, describe_seq(seq));
+    note_status_locked(seq, what);
     throw_failure_locked();
   }
 
  private:
-  // Region layout (see the top of this file); `c` is the channel.
-  size_t box(int peer, uint32_t c) const { return static_cast<size_t>(peer) * channels_ + c; }
-  size_t inbox_off(int from, uint32_t c) const { return box(from, c) * slots_ * slot_bytes_; }
-  size_t headers_off(int from, uint32_t c) const { return inbox_off(P_, 0) + box(from, c) * slots_ * 16; }
-  size_t posted_off(int from, uint32_t c) const { return headers_off(P_, 0) + box(from, c) * 8; }
-  size_t consumed_off(int to, uint32_t c) const { return posted_off(P_, 0) + box(to, c) * 8; }
-  size_t stop_off() const { return consumed_off(P_, 0); }
-  size_t region_bytes() const { return stop_off() + 8; }
-
   const DeviceSchedule& schedule_for(const ScheduleKey& key);
   // Everything one call puts on the streams (run() holds call_mu_).
   void enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64_t seq, cudaStream_t caller);
   struct Device;  // run_plan's device policy: the internal stream and the walk kernel
-  std::string describe_seq(uint64_t seq) const { return str_cat("device call #", seq, " (CUDA IPC)"); }
+  static std::string describe_call(Collective coll, uint64_t seq) {
+    return str_cat(collective_name(coll), " device call #", seq, " (CUDA IPC)");
+  }
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
   void fail_locked(ErrorKind kind, const std::string& why);
@@ -303,8 +148,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   uint32_t slots_ = 0;
   uint32_t channels_ = 1;
   ChannelBarrier* barrier_ = nullptr;  // device memory
-  uint8_t* region_ = nullptr;
-  std::vector<uint8_t*> peer_regions_;
+  CudaIpcMailboxes mailboxes_;
   WalkerLane* lanes_on_device_ = nullptr;
   WalkerCounters* counters_on_device_ = nullptr;
   cudaStream_t stream_ = nullptr, poison_stream_ = nullptr;
@@ -313,7 +157,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   uint32_t* abort_on_device_ = nullptr;
   WalkStatus* status_ = nullptr;  // pinned, mapped ring, one entry per call
   WalkStatus* status_on_device_ = nullptr;
-  uint64_t* one_ = nullptr;  // pinned: the value written into the peers' stop words
+  uint64_t* stop_value_ = nullptr;  // pinned: what fail_locked writes into the peers' stop words
   DeviceScratch scratch_, temp_;
   std::unordered_map<ScheduleKey, DeviceSchedule, ScheduleKeyHash> schedules_;
   uint64_t seq_ = 0;
@@ -327,7 +171,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   CallWatch watch_;
 };
 
-std::string IpcPathImpl::prepare_local() {
+std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
   if (!IpcEnabled()) return "RINGTREE_CUDA_IPC=0";
   if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
   for (int q = 0; q < P_; ++q)
@@ -343,59 +187,26 @@ std::string IpcPathImpl::prepare_local() {
     if (!cooperative) return "the device cannot launch cooperative kernels";
     const int64_t wanted = IpcChannels() < 1 ? 1 : IpcChannels();
     channels_ = static_cast<uint32_t>(std::min<int64_t>({wanted, kMaxChannels, sms}));
-    void* region = nullptr;
-    RT_CUDA_CHECK(cudaMalloc(&region, region_bytes()));
-    region_ = static_cast<uint8_t*>(region);
-    RT_CUDA_CHECK(cudaMemset(region_, 0, region_bytes()));
-    RT_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer can write into it
   } catch (const Error& e) {
     return e.what();
   }
-  return "";
-}
-
-std::string IpcPathImpl::open_peers(const std::vector<cudaIpcMemHandle_t>& handles) {
-  peer_regions_.assign(P_, nullptr);
-  for (int q = 0; q < P_; ++q) {
-    if (q == rank_) continue;
-    void* p = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&p, handles[q], cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      return str_cat("cudaIpcOpenMemHandle for rank ", q, "'s memory failed: ", cudaGetErrorString(err));
-    }
-    peer_regions_[q] = static_cast<uint8_t*>(p);
-  }
-  return "";
+  return mailboxes_.allocate(slot_bytes_, slots_, channels_, out);
 }
 
 void IpcPathImpl::finish_setup() {
-  std::vector<WalkerLane> lanes(static_cast<size_t>(P_) * channels_);
-  for (int q = 0; q < P_; ++q) {
-    if (q == rank_) continue;
-    uint8_t* peer = peer_regions_[q];
-    for (uint32_t c = 0; c < channels_; ++c) {
-      WalkerLane& l = lanes[box(q, c)];
-      l.send_slots = peer + inbox_off(rank_, c);
-      l.send_headers = reinterpret_cast<uint64_t*>(peer + headers_off(rank_, c));
-      l.recv_headers = reinterpret_cast<const uint64_t*>(region_ + headers_off(q, c));
-      l.send_posted = reinterpret_cast<uint64_t*>(peer + posted_off(rank_, c));
-      l.send_consumed = reinterpret_cast<const uint64_t*>(region_ + consumed_off(q, c));
-      l.recv_slots = region_ + inbox_off(q, c);
-      l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q, c));
-      l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_, c));
-      l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
-    }
-  }
+  const std::vector<WalkerLane> lanes = mailboxes_.lanes();
   const size_t boxes = static_cast<size_t>(P_) * channels_;
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
-  RT_CUDA_CHECK(cudaMemcpy(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice));
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
-  RT_CUDA_CHECK(cudaMemset(counters_on_device_, 0, sizeof(WalkerCounters) * boxes));
-  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
-  RT_CUDA_CHECK(cudaMemset(barrier_, 0, sizeof(ChannelBarrier)));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
+  // Set up on the internal stream: synchronous copies would wait for the caller's stream.
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
+  RT_CUDA_CHECK(cudaMemcpyAsync(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice,
+                                stream_));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
+  RT_CUDA_CHECK(cudaMemsetAsync(counters_on_device_, 0, sizeof(WalkerCounters) * boxes, stream_));
+  RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
+  RT_CUDA_CHECK(cudaMemsetAsync(barrier_, 0, sizeof(ChannelBarrier), stream_));
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `lanes` is the copy's source
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   void* p = nullptr;
@@ -409,8 +220,8 @@ void IpcPathImpl::finish_setup() {
   std::fill_n(status_, kStatusRing * channels_, WalkStatus{});
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
-  one_ = static_cast<uint64_t*>(p);
-  *one_ = 1;
+  stop_value_ = static_cast<uint64_t*>(p);
+  *stop_value_ = stop_word_value(ErrorKind::PeerFailure, rank_);
   start_watch();
 }
 
@@ -425,21 +236,24 @@ const DeviceSchedule& IpcPathImpl::schedule_for(const ScheduleKey& key) {
     }
     schedules_.clear();
   }
-  const Schedule s = build_schedule(key);
+  DeviceSchedule d;
+  d.host = build_schedule(key);
+  const Schedule& s = d.host;
   for (size_t k = 0; k < s.num_steps(); ++k)
     RT_CHECK(s.step_end[k] - s.step_begin(k) <= kWalkerMaxStepOps, Error, "internal error: a step of ",
              s.step_end[k] - s.step_begin(k), " ops exceeds the CUDA IPC walker's ", kWalkerMaxStepOps);
-  DeviceSchedule d;
   d.num_steps = static_cast<uint32_t>(s.num_steps());
   d.scratch_elems = s.scratch_elems;
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.ops), sizeof(Op) * (s.ops.size() + 1)));
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.step_end), sizeof(uint32_t) * (s.step_end.size() + 1)));
+  // On the internal stream, ahead of the walks that read them: a synchronous copy would run on
+  // the legacy default stream and wait for what the caller queued there.
   if (!s.ops.empty())
-    RT_CUDA_CHECK(cudaMemcpy(d.ops, s.ops.data(), sizeof(Op) * s.ops.size(), cudaMemcpyHostToDevice));
+    RT_CUDA_CHECK(cudaMemcpyAsync(d.ops, s.ops.data(), sizeof(Op) * s.ops.size(), cudaMemcpyHostToDevice, stream_));
   if (!s.step_end.empty())
-    RT_CUDA_CHECK(cudaMemcpy(d.step_end, s.step_end.data(), sizeof(uint32_t) * s.step_end.size(),
-                             cudaMemcpyHostToDevice));
-  return schedules_.emplace(key, d).first->second;
+    RT_CUDA_CHECK(cudaMemcpyAsync(d.step_end, s.step_end.data(), sizeof(uint32_t) * s.step_end.size(),
+                                  cudaMemcpyHostToDevice, stream_));
+  return schedules_.emplace(key, std::move(d)).first->second;
 }
 
 std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t stream, bool want_work) {
@@ -466,14 +280,14 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    fail_locked(ErrorKind::Error, str_cat(name, " ", describe_seq(seq), " could not be enqueued on rank ", rank_,
+    fail_locked(ErrorKind::Error, str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_,
                                           ": ", e.what()));
     throw;
   }
   if (!want_work) return nullptr;
   auto self = shared_from_this();
   return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream_), [self] { self->raise_if_failed(); },
-                                      [self, seq] { self->check_finished(seq); });
+                                      [self, seq, what = describe_call(a.coll, seq)] { self->check_finished(seq, what); });
 }
 
 // The plan's steps on the internal stream: the pre- and post-steps as stream work, the walk as
@@ -502,15 +316,16 @@ struct IpcPathImpl::Device {
     w.lanes = path.lanes_on_device_;
     w.nranks = static_cast<uint32_t>(path.P_);
     w.nchannels = path.channels_;
-    w.stop_word = reinterpret_cast<uint64_t*>(path.region_ + path.stop_off());
+    w.stop_word = path.mailboxes_.stop_word();
     w.counters = path.counters_on_device_;
     w.slot_bytes = path.slot_bytes_ / esz * esz;
     w.slots = path.slots_;
     w.elem_size = static_cast<uint32_t>(esz);
     w.tag = plan.fingerprint(seq).tag();
+    w.stop_value = stop_word_value(ErrorKind::CollectiveMismatch, path.rank_);
     WalkStatus* statuses = path.status_ + (seq % kStatusRing) * path.channels_;
     for (uint32_t ch = 0; ch < path.channels_; ++ch) statuses[ch].result = -1;
-    LaunchArgs launch{w, path.abort_on_device_, path.status_on_device_ + (seq % kStatusRing) * path.channels_,
+    WalkLaunch launch{w, path.abort_on_device_, path.status_on_device_ + (seq % kStatusRing) * path.channels_,
                       path.barrier_, path.stream_};
     launch_walk(launch, plan.dtype, plan.combine);
   }
@@ -523,7 +338,7 @@ void IpcPathImpl::enqueue(const CallPlan& plan, const DeviceSchedule& ds, uint64
   run_plan(plan, dev);
   RT_CUDA_CHECK(cudaEventRecord(join_, stream_));
   RT_CUDA_CHECK(cudaStreamWaitEvent(caller, join_, 0));
-  watch_.track(stream_, seq, plan.timeout_s, str_cat(collective_name(plan.key.coll), " ", describe_seq(seq)));
+  watch_.track(stream_, seq, plan.timeout_s, describe_call(plan.key.coll, seq));
 }
 
 void IpcPathImpl::throw_failure_locked() const {
@@ -535,6 +350,7 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
   const WalkStatus* statuses = status_ + (seq % kStatusRing) * channels_;
   int32_t result = static_cast<int32_t>(WalkResult::Done);
   WalkFault f;
+  uint64_t stopped_by = 0;  // the stop word a stopped channel found
   for (uint32_t ch = 0; ch < channels_; ++ch) {
     const int32_t r = *reinterpret_cast<const volatile int32_t*>(&statuses[ch].result);
     if (r == static_cast<int32_t>(WalkResult::Mismatch)) {
@@ -543,12 +359,21 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
       break;
     }
     if (result == static_cast<int32_t>(WalkResult::Done)) result = r;
+    if (r == static_cast<int32_t>(WalkResult::Stopped) && !stopped_by) stopped_by = statuses[ch].stop_value;
   }
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
     fail_locked(ErrorKind::CollectiveMismatch,
                 str_cat(what, " on rank ", rank_, ": rank ", f.peer, " sent a chunk of another call (tag ", f.got_tag,
                         ", ", f.got_bytes, " bytes; this call: tag ", f.want_tag, ", ", f.want_bytes,
                         " bytes): the ranks called different collectives or counts"));
+  else if (result == static_cast<int32_t>(WalkResult::Stopped) && stopped_by && stop_word_rank(stopped_by) != rank_)
+    // Another rank's error, of the same kind here: a mismatch or a timeout is one on every rank.
+    fail_locked(stop_word_kind(stopped_by),
+                str_cat(what, " on rank ", rank_, " was stopped by rank ", stop_word_rank(stopped_by), ", which ",
+                        stop_word_kind(stopped_by) == ErrorKind::CollectiveMismatch ? "received a chunk of another call"
+                        : stop_word_kind(stopped_by) == ErrorKind::Timeout         ? "timed out"
+                                                                                   : "failed",
+                        " (its own error says more)"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
     fail_locked(ErrorKind::PeerFailure, str_cat(what, " on rank ", rank_, " was stopped: ",
                                               *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
@@ -561,13 +386,13 @@ void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
     failure_ = why;
   }
   if (!*abort_) {
-    // End this rank's queued and running walks, and the peers' (their stop words), so every
-    // rank reports instead of waiting out its own timeout.
+    // End this rank's queued and running walks, and the peers' (their stop words, which say
+    // who stopped them and why), so every rank reports instead of waiting out its own timeout.
     __atomic_store_n(abort_, 1u, __ATOMIC_RELEASE);
+    *stop_value_ = stop_word_value(failure_kind_, rank_);
     for (int q = 0; q < P_; ++q)
-      if (q != rank_ && peer_regions_[q])
-        (void)cudaMemcpyAsync(peer_regions_[q] + stop_off(), one_, sizeof(uint64_t), cudaMemcpyHostToDevice,
-                              poison_stream_);
+      if (uint64_t* stop = mailboxes_.peer_stop_word(q))
+        (void)cudaMemcpyAsync(stop, stop_value_, sizeof(uint64_t), cudaMemcpyHostToDevice, poison_stream_);
   }
 }
 
@@ -594,35 +419,31 @@ void IpcPathImpl::close() {
     (void)cudaFree(kv.second.step_end);
   }
   schedules_.clear();
-  for (uint8_t* p : peer_regions_)
-    if (p) (void)cudaIpcCloseMemHandle(p);
-  peer_regions_.clear();
   if (lanes_on_device_) (void)cudaFree(lanes_on_device_);
   if (barrier_) (void)cudaFree(barrier_);
   barrier_ = nullptr;
   if (counters_on_device_) (void)cudaFree(counters_on_device_);
-  if (region_) (void)cudaFree(region_);
+  mailboxes_.close();
   if (fork_) (void)cudaEventDestroy(fork_);
   if (join_) (void)cudaEventDestroy(join_);
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (poison_stream_) (void)cudaStreamDestroy(poison_stream_);
   if (abort_) (void)cudaFreeHost(abort_);
   if (status_) (void)cudaFreeHost(status_);
-  if (one_) (void)cudaFreeHost(one_);
+  if (stop_value_) (void)cudaFreeHost(stop_value_);
   lanes_on_device_ = nullptr;
   counters_on_device_ = nullptr;
-  region_ = nullptr;
   fork_ = join_ = nullptr;
   stream_ = poison_stream_ = nullptr;
   abort_ = nullptr;
   status_ = nullptr;
-  one_ = nullptr;
+  stop_value_ = nullptr;
 }
 
 // What each rank publishes at connect, once every rank has its mailboxes.
 struct ConnectRecord {
   int32_t channels;
-  cudaIpcMemHandle_t handle;
+  CudaIpcMailboxes::Export mailboxes;
 };
 
 }  // namespace
@@ -631,8 +452,7 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
   auto path = std::make_shared<IpcPathImpl>(host);
   const int P = host->size();
   ConnectRecord rec{};
-  std::string mine = path->prepare_local();
-  if (mine.empty()) mine = path->export_handle(&rec.handle);
+  const std::string mine = path->prepare_local(&rec.mailboxes);
   rec.channels = static_cast<int32_t>(path->channels());
   // Round 1: can every rank allocate and export its mailboxes?
   std::string failed = first_rank_unable(*host, mine);
@@ -645,15 +465,15 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
     g.output = {all.data(), sizeof(rec) * all.size(), false, true};
     host->run(g, false);
     int32_t channels = kMaxChannels;
-    std::vector<cudaIpcMemHandle_t> handles(static_cast<size_t>(P));
+    std::vector<CudaIpcMailboxes::Export> exports(static_cast<size_t>(P));
     for (int q = 0; q < P; ++q) {
       channels = std::min(channels, all[q].channels);
-      handles[q] = all[q].handle;
+      exports[q] = all[q].mailboxes;
     }
     path->use_channels(static_cast<uint32_t>(std::max(channels, 1)));
     // Round 2: could every rank map every peer's mailboxes? Nobody writes into a peer's
     // mailboxes before every rank has answered here.
-    failed = first_rank_unable(*host, path->open_peers(handles));
+    failed = first_rank_unable(*host, path->open_peers(exports));
   }
   if (!failed.empty()) {
     path->close();

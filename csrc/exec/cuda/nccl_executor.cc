@@ -1,12 +1,12 @@
 // The NCCL executor (see nccl_executor.h).
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <mutex>
 #include "common/check.h"
-#include "exec/cuda/call_watch.cuh"
+#include "exec/cuda/call_watch.h"
 #include "exec/cuda/nccl_executor.h"
 #include "exec/plan.h"
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
 #include "transport/nccl/nccl_library.h"
 
 namespace ringtree {

@@ -1,4 +1,4 @@
-#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_check.h"
 #include <cstdio>
 
 namespace ringtree {

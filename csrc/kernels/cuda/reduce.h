@@ -6,7 +6,7 @@
 // in kernels/reduce.h: dst = a (op) b elementwise, dst may alias a or b; Avg and PremulSum
 // reduce with Sum (their scaling is cuda_scale / cuda_divide); half types compute in float.
 #pragma once
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <cstddef>
 #include <cstdint>
 #include "ringtree/types.h"

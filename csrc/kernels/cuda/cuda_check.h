@@ -1,7 +1,7 @@
 // Host-side CUDA error checks: every runtime call's status becomes a ringtree::Error whose
 // message names the call and cudaGetErrorString's text, so Python sees ringtree.Error.
 #pragma once
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <cstdint>
 #include <string>
 #include "common/check.h"

@@ -12,8 +12,8 @@
 // issued on another stream, until the timeout. Calls finish in issue order, so one counter
 // serves every stream.
 //
-// NCCL path: exec/cuda/nccl_executor.cu.
-#include <cuda_runtime_api.h>
+// NCCL path: exec/cuda/nccl_executor.cc.
+#include "kernels/cuda/cuda_api.h"
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 #include "common/check.h"
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/reduce.cuh"
-#include "exec/cuda/call_watch.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
+#include "exec/cuda/call_watch.h"
 #include "exec/cuda/device_comm.h"
 #include "exec/cuda/ipc_executor.h"
+#include "exec/cuda/launch.h"
 #include "exec/cuda/nccl_executor.h"
-#include "exec/cuda/local_executor.h"
 #include "exec/plan.h"
 
 namespace ringtree {
@@ -37,15 +37,6 @@ namespace ringtree {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The stream's half of the handoff (step 3).
-__global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
-  while (*released < ticket) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(2000);
-#endif
-  }
-}
 
 void CUDART_CB open_gate(void* data) {
   std::unique_ptr<std::shared_ptr<Gate>> gate(static_cast<std::shared_ptr<Gate>*>(data));
@@ -219,7 +210,6 @@ class CudaCommImpl : public CudaComm {
 };
 
 std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cudaStream_t stream, bool want_work) {
-  const char* name = collective_name(user.coll);
   const size_t esz = dtype_size(user.dtype);
   const auto in = reinterpret_cast<uintptr_t>(user.input.ptr), out = reinterpret_cast<uintptr_t>(user.output.ptr);
   const uint64_t in_bytes = user.input.present ? user.input.count * esz : 0;
@@ -249,8 +239,7 @@ std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cud
       delete gate_ref;
       throw_cuda_error(err, "cudaLaunchHostFunc", __FILE__, __LINE__);
     }
-    wait_for_release<<<1, 1, 0, stream>>>(released_->on_device, ticket);
-    RT_CUDA_CHECK(cudaGetLastError());
+    launch_wait_for_release(released_->on_device, ticket, stream);  // the stream's half (step 3)
     if (out_bytes)
       RT_CUDA_CHECK(cudaMemcpyAsync(user.output.ptr, slot.host + layout.out_offset, out_bytes, cudaMemcpyHostToDevice,
                                     stream));

@@ -1,14 +1,35 @@
-#include "exec/cuda/call_watch.cuh"
+#include "exec/cuda/call_watch.h"
 #include "exec/cuda/device_comm.h"
 #include <cstdio>
 #include "common/check.h"
-#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_check.h"
 
 namespace ringtree {
 
 namespace {
 using Clock = CallWatch::Clock;
 }  // namespace
+
+bool cuda_runtime_available(std::string* reason) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (reason) *reason = str_cat("cudaGetDeviceCount: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+    return false;
+  }
+  if (n == 0 && reason) *reason = "cudaGetDeviceCount found 0 devices";
+  return n > 0;
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
 
 int current_device() {
   int device = 0;

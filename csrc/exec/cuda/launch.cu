@@ -1,0 +1,173 @@
+// The device code of the device executors (see launch.h): the CUDA IPC executor's walk kernel,
+// which runs the step walker (exec/step_walker.h) with a device policy, and the staged path's
+// wait on a pinned counter.
+#include "exec/cuda/launch.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce_device.cuh"
+
+namespace ringtree {
+
+namespace {
+
+constexpr int kWalkThreads = 512;
+
+template <size_t N> struct RawOf;
+template <> struct RawOf<1> { using type = unsigned char; };
+template <> struct RawOf<2> { using type = unsigned short; };
+template <> struct RawOf<4> { using type = unsigned int; };
+template <> struct RawOf<8> { using type = unsigned long long; };
+
+// The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
+// Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
+template <typename T, typename F>
+struct DeviceMem {
+  F f;
+  const volatile uint32_t* abort;
+  ChannelBarrier* barrier;
+
+  __device__ bool leader() const { return threadIdx.x == 0; }
+  __device__ bool agree(bool v) const {
+    __shared__ int decision;
+    if (threadIdx.x == 0) decision = v ? 1 : 0;
+    __syncthreads();
+    const bool out = decision != 0;
+    __syncthreads();
+    return out;
+  }
+  __device__ void copy(void* dst, const void* src, size_t bytes) const {
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (((d | s | bytes) & 15) == 0) {
+      auto* out = static_cast<uint4*>(dst);
+      const auto* in = static_cast<const uint4*>(src);
+      for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) out[i] = __ldcg(in + i);
+    } else {
+      auto* out = static_cast<unsigned char*>(dst);
+      const auto* in = static_cast<const unsigned char*>(src);
+      for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = __ldcg(in + i);
+    }
+  }
+  __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
+    using Raw = typename RawOf<sizeof(T)>::type;
+    // Both operands through L2: another channel (block) may have written the local one.
+    T* out = static_cast<T*>(dst);
+    const Raw* mine = static_cast<const Raw*>(local);
+    const Raw* theirs = static_cast<const Raw*>(incoming);
+    for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
+      const Raw a = __ldcg(mine + i), b = __ldcg(theirs + i);
+      T x, y;
+      memcpy(&x, &a, sizeof(T));
+      memcpy(&y, &b, sizeof(T));
+      out[i] = f(x, y);
+    }
+  }
+  __device__ void published() const {
+    __threadfence_system();
+    __syncthreads();
+  }
+  __device__ uint64_t load(const uint64_t* p) const {
+    const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
+    __threadfence_system();
+    return v;
+  }
+  __device__ void store(uint64_t* p, uint64_t v) const {
+    __threadfence_system();
+    *reinterpret_cast<volatile uint64_t*>(p) = v;
+  }
+  __device__ bool stop() const { return *abort != 0; }
+  __device__ bool step_barrier(const uint64_t* stop_word) const {
+    __shared__ int passed;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      passed = 1;
+      volatile unsigned* generation = &barrier->generation;
+      const unsigned gen = *generation;
+      __threadfence();
+      if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
+        atomicExch(&barrier->arrived, 0u);
+        __threadfence();
+        atomicAdd(&barrier->generation, 1u);
+      } else {
+        while (*generation == gen) {
+          if (*reinterpret_cast<const volatile uint64_t*>(stop_word) != 0 || stop()) {
+            passed = 0;
+            break;
+          }
+          relax();
+        }
+      }
+      __threadfence();
+    }
+    __syncthreads();
+    return passed != 0;
+  }
+  __device__ void relax() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(256);
+#endif
+  }
+};
+
+// One block per channel; status[blockIdx.x] gets each channel's outcome.
+template <typename T, typename F>
+__global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort,
+                                                             WalkStatus* statuses, ChannelBarrier* barrier) {
+  __shared__ uint64_t progress[kWalkerMaxStepOps];
+  plan.channel = blockIdx.x;
+  DeviceMem<T, F> mem{f, abort, barrier};
+  WalkFault fault;
+  const WalkResult result = walk_schedule(plan, mem, progress, &fault);
+  WalkStatus* status = statuses + blockIdx.x;
+  if (threadIdx.x == 0) {
+    status->fault = fault;
+    status->stop_value = *reinterpret_cast<const volatile uint64_t*>(plan.stop_word);
+    __threadfence_system();
+    *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
+  }
+}
+
+
+template <typename Op>
+void launch_walk_with(const WalkLaunch& l, DataType dtype) {
+  cuda::with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using F = cuda::Combine<T, Op>;
+    F f{};
+    WalkPlan plan = l.plan;
+    const volatile uint32_t* abort = l.abort;
+    WalkStatus* statuses = l.statuses;
+    ChannelBarrier* barrier = l.barrier;
+    void* args[] = {&plan, &f, &abort, &statuses, &barrier};
+    // Cooperative: every channel's block is resident at once, as they wait for each other.
+    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&walk_kernel<T, F>),
+                                              dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0, l.stream));
+  });
+}
+
+
+// The staged path's wait (device_comm.cc, step 3).
+__global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
+  while (*released < ticket) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(2000);
+#endif
+  }
+}
+
+}  // namespace
+
+void launch_walk(const WalkLaunch& l, DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Prod: return launch_walk_with<cuda::OpProd>(l, dtype);
+    case ReduceOp::Min: return launch_walk_with<cuda::OpMin>(l, dtype);
+    case ReduceOp::Max: return launch_walk_with<cuda::OpMax>(l, dtype);
+    default: return launch_walk_with<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
+  }
+}
+
+void launch_wait_for_release(const volatile unsigned long long* released, unsigned long long ticket,
+                             cudaStream_t stream) {
+  wait_for_release<<<1, 1, 0, stream>>>(released, ticket);
+  RT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ringtree

@@ -1,0 +1,110 @@
+"""The CUDA IPC and staged executors' host side across real rank processes, without a GPU.
+
+The ranks load ringtree._core_standin (RINGTREE_CUDA_STANDIN=1): the same executor sources as a
+CUDA build (exec/cuda/*.cc, transport/cuda_ipc), compiled over a CPU stand-in of the CUDA runtime
+(kernels/cuda/standin): device memory is shared memory, IPC handles name it, streams and events
+are host queues, and the walk kernel is the step walker on host threads. So the set-up
+collective, the mailbox exchange, call order on the caller's stream, the watchdog, aborts,
+timeouts and mismatch stop words run here as they do on a GPU; memory visibility on the device
+and speed do not (README, GPU). Rank programs: those of test_device_comm.py (lib='standin'), as the
+GPU tests run them, and ipc_standin_workers.py."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from harness import run_world
+from ipc_standin_workers import caller_stream_order, mismatched_count, setup_refused
+from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
+
+STANDIN = {"RINGTREE_CUDA_STANDIN": "1"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _standin_built():
+    if importlib.util.find_spec("ringtree._core_standin") is None:
+        pytest.fail("ringtree._core_standin is missing: build with RINGTREE_CUDA_STANDIN=ON (the default)")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_every_ipc_collective_matches_numpy(nranks):
+    # 8 collectives x float32/int32/float16 x (sum, max, avg, premul_sum for reductions) x
+    # counts 0, 1, 1000, 70000 x in/out of place; bfloat16 reaches the device path only as a torch
+    # CUDA tensor. Two channels per rank, so the walkers' step barrier is in play.
+    args = dict(lib="standin", dtypes=["float32", "int32", "float16"], counts=[0, 1, 1000, 70000],
+                ops=["sum", "max", "avg", "premul_sum"])
+    world = run_world(nranks, device_sweep, args, timeout=280,
+                      env={**STANDIN, "RINGTREE_CUDA_IPC_CHANNELS": "2"})
+    for rank, res in enumerate(world.check_ok()):
+        assert res["cases"] == 408 and not res["failures"], (rank, res)
+        assert res["executor"] == "ipc", (rank, res["executor"])
+
+
+@pytest.mark.timeout(200)
+def test_async_work_with_the_default_channels():
+    world = run_world(3, device_sweep, dict(lib="standin", dtypes=["float32"], counts=[1, 70000], async_op=True), timeout=180, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["cases"] == 56 and not res["failures"], (rank, res)
+        assert res["executor"] == "ipc", (rank, res["executor"])
+
+
+@pytest.mark.timeout(100)
+def test_call_returns_before_the_stream_reaches_it():
+    # The first device call sets the executor up; neither that nor the call itself may wait for
+    # the kernel already on the caller's stream; the result is there once the stream gets to it.
+    world = run_world(2, device_stream_semantics, dict(lib="standin", seconds=1.0),
+                      timeout=90, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["ok"] and not res["completed_early"] and res["returned_after"] < 0.5, (rank, res)
+
+
+@pytest.mark.timeout(100)
+def test_collective_is_ordered_between_producer_and_consumer_on_the_callers_stream():
+    world = run_world(3, caller_stream_order, {}, timeout=90, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["returned_after"] < 0.3, (rank, res)  # the host did not wait for the 0.5 s producer
+        # The sum of the late inputs: not the zeros before them (no fork), nor this rank's own
+        # late input (no join), nor a mix.
+        assert res["consumer_saw"] == [6.0], (rank, res)
+
+
+@pytest.mark.timeout(100)
+def test_mismatched_call_fails_on_every_rank():
+    world = run_world(3, mismatched_count, dict(odd_rank=1), timeout=90, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["first_ok"] and res["executor"] == "ipc", (rank, res)
+        assert res["raised"] == "CollectiveMismatch", (rank, res)
+        assert "all_reduce" in res["message"] and "#1" in res["message"], (rank, res)
+        assert res["seconds"] < 10 and res["stream_released_after"] < 10, (rank, res)  # not the 30 s timeout
+        assert res["later"] == "CollectiveMismatch", (rank, res)  # the failure sticks; no hang
+
+
+@pytest.mark.timeout(100)
+def test_stalled_peer_times_out_on_every_caller_and_releases_the_stream():
+    world = run_world(3, device_peer_stalls, dict(lib="standin", victim=1, timeout=3.0),
+                      timeout=90, env=STANDIN)
+    results = world.check_ok()
+    assert results[1] == {"victim": True}
+    for rank in (0, 2):
+        res = results[rank]
+        assert res["raised"] == "Timeout" and "all_reduce" in res["message"], (rank, res)
+        assert 2.5 < res["seconds"] < 10, (rank, res)  # at its 3 s timeout, not before, not much after
+        assert res["stream_released_after"] < 10, (rank, res)
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("refusal,first,words", [
+    ({"RINGTREE_CUDA_IPC": "0"}, 1, "RINGTREE_CUDA_IPC=0"),                 # round 1: cannot export
+    ({"RINGTREE_STANDIN_FAIL": "cudaIpcOpenMemHandle"}, 2, "cudaIpcOpenMemHandle for rank 0"),  # round 2: cannot map
+])
+def test_one_rank_without_ipc_moves_every_rank_to_staged(refusal, first, words):
+    world = run_world(3, setup_refused, {}, timeout=90, env=STANDIN,
+                      per_rank_env=lambda r: refusal if r == first else {})
+    for rank, res in enumerate(world.check_ok()):
+        assert res["all_reduce_ok"] and res["all_gather_ok"], (rank, res)
+        if rank == first:
+            assert res["executor"].startswith(f"staged: rank {first}: ") and words in res["executor"], (rank, res)
+        else:
+            assert res["executor"] == f"staged: rank {first} cannot (its own error says why)", (rank, res)
