@@ -160,6 +160,8 @@ void register_communicator(py::module_& m) {
       .def("transport_to", &Communicator::transport_to)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)
+      .def("abort", &Communicator::abort, py::arg("why") = "", py::call_guard<py::gil_scoped_release>(),
+           "From any thread: every call in flight and every later call raises Aborted, on every rank.")
       .def("dump_json", &Communicator::dump_json, py::arg("reason") = "request",
            py::call_guard<py::gil_scoped_release>(), "This rank's flight record as JSON (runtime/flight_recorder.h).")
       .def_property_readonly("id", &Communicator::id)

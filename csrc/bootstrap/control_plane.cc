@@ -44,6 +44,7 @@ void ControlPlane::broadcast_abort(ErrorKind kind, uint64_t seq, const std::stri
              static_cast<uint32_t>(std::min<size_t>(text.size(), kMaxCtrlText)), 0};
   std::memcpy(msg.data(), &w, sizeof(w));
   msg.append(text, 0, w.text_len);
+  std::lock_guard<std::mutex> lock(fd_mu_);
   for (size_t q = 0; q < fd_.size(); ++q)
     if (static_cast<int>(q) != rank_ && fd_[q] >= 0)
       (void)send(fd_[q], msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -51,6 +52,7 @@ void ControlPlane::broadcast_abort(ErrorKind kind, uint64_t seq, const std::stri
 
 void ControlPlane::goodbye_and_close() {
   const CtrlWire w{kCtrlMagic, kGoodbye, 0, 0, 0};
+  std::lock_guard<std::mutex> lock(fd_mu_);
   for (size_t q = 0; q < fd_.size(); ++q) {
     if (fd_[q] < 0) continue;
     (void)send(fd_[q], &w, sizeof(w), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -105,7 +107,10 @@ void ControlPlane::handle(int q) {
     }
   }
   if (eof || n == 0 || w.magic != kCtrlMagic) {
-    close_fd(fd);
+    {
+      std::lock_guard<std::mutex> lock(fd_mu_);
+      close_fd(fd);
+    }
     if (state_[q] == PeerState::Departed) return;
     state_[q] = PeerState::Gone;
     notice_raised_ = false;
@@ -113,6 +118,7 @@ void ControlPlane::handle(int q) {
   }
   if (w.kind == kGoodbye) {  // it closed its communicator normally
     state_[q] = PeerState::Departed;
+    std::lock_guard<std::mutex> lock(fd_mu_);
     close_fd(fd);
     return;
   }
@@ -122,10 +128,12 @@ void ControlPlane::handle(int q) {
   } catch (const Error&) {
   }
   if (notice_) return;  // the first notice explains; later ones repeat it
-  // A peer's timeout, dead peer or mismatch is this rank's too; anything else is a plain Error here.
+  // A peer's timeout, dead peer, mismatch or abort is this rank's too; anything else is a plain
+  // Error here.
   const uint32_t code = w.kind - 1;
   ErrorKind kind = code < static_cast<uint32_t>(ErrorKind::Count) ? static_cast<ErrorKind>(code) : ErrorKind::Error;
-  if (kind != ErrorKind::Timeout && kind != ErrorKind::PeerFailure && kind != ErrorKind::CollectiveMismatch)
+  if (kind != ErrorKind::Timeout && kind != ErrorKind::PeerFailure && kind != ErrorKind::CollectiveMismatch &&
+      kind != ErrorKind::Aborted)
     kind = ErrorKind::Error;
   notice_ = make_error(kind, str_cat("rank ", q, " aborted the communicator: ", text));
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include <poll.h>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 #include "bootstrap/bootstrap.h"
@@ -47,6 +48,7 @@ class ControlPlane {
 
  private:
   int rank_ = 0;
+  mutable std::mutex fd_mu_;  // abort() sends from another thread while the executor reads and closes
   std::vector<int> fd_;                 // per peer, -1 for self or closed
   std::vector<PeerInfo> peers_;
   std::vector<PeerState> state_;

@@ -292,6 +292,11 @@ void CommunicatorImpl::execute(Prepared& p) {
     exec_.run(call);
   } catch (const Aborted& e) {
     recorder_.finished(p.record, &e);
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!aborted_) {  // a peer's abort() reached this rank in this call
+      abort_reason_ = e.what();
+      aborted_ = true;
+    }
     throw;
   } catch (const Error& e) {
     recorder_.finished(p.record, &e);
@@ -306,6 +311,20 @@ void CommunicatorImpl::execute(Prepared& p) {
     throw;
   }
   recorder_.finished(p.record, nullptr);
+}
+
+void CommunicatorImpl::abort(const std::string& why) {
+  const std::string text = str_cat("comm.abort() on rank ", rank_, why.empty() ? "" : ": ", why);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (closed_) return;
+    if (!aborted_) {
+      abort_reason_ = text;
+      aborted_ = true;
+    }
+  }
+  ctrl_.broadcast_abort(ErrorKind::Aborted, 0, text);  // every peer's call in flight ends too
+  exec_.abort(text);
 }
 
 void CommunicatorImpl::worker_loop() {

@@ -45,6 +45,7 @@ class CommunicatorImpl : public Communicator {
   std::string transport_to(int peer) const override;
   void close() override;
   bool is_aborted() const override { return aborted_.load(); }
+  void abort(const std::string& why) override;
   std::string dump_json(const std::string& reason) const override;
   std::string id() const override;
   void set_label(int64_t label) override { label_.store(label, std::memory_order_relaxed); }

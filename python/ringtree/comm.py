@@ -304,6 +304,11 @@ class Communicator:
             self._cuda.close()
         self._core.close()
 
+    def abort(self, reason: str = ""):
+        """From any thread (a watchdog, say): the calls in flight and every later call raise
+        Aborted, on this rank and on every peer. Close the communicator afterwards."""
+        self._core.abort(str(reason))
+
     @property
     def is_aborted(self) -> bool:
         return self._core.is_aborted

@@ -152,6 +152,7 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
 }
 
 void HostExecutor::board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen) {
+  raise_if_aborted();
   ctrl_.raise_notice_if_any();
   clear_waiting();
   for (int q = 0; q < size_; ++q) {

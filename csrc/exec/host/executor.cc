@@ -11,6 +11,7 @@
 // connection (abort notices and liveness). No lost wake-ups: a sleeper raises its flag,
 // fences, and looks at the rings once more before it sleeps; wakers publish, fence, then
 // read the flag.
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <algorithm>
@@ -126,6 +127,30 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
   }
 }
 
+void HostExecutor::open_wake_fd() {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  RT_SYSCHECK(wake_fd_, "eventfd");
+}
+
+HostExecutor::~HostExecutor() { close_fd(wake_fd_); }
+
+void HostExecutor::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborting_) return;
+    abort_why_ = why;
+    aborting_.store(true, std::memory_order_release);
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void HostExecutor::raise_if_aborted() {
+  if (!aborting_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  RT_THROW(Aborted, describe_current(), " on rank ", rank_, " was aborted: ", abort_why_);
+}
+
 std::string HostExecutor::transport_to(int peer) const {
   if (peer == rank_) return "self";
   return conns_.size() > static_cast<size_t>(peer) && conns_[peer] ? conns_[peer]->kind() : "closed";
@@ -172,6 +197,7 @@ void HostExecutor::run(const HostCall& call) {
     }
   } scope{*this};
   current_ = &call;
+  raise_if_aborted();
   const CallPlan& plan = call.plan;
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
@@ -348,6 +374,7 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
       RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still ",
                c.is_send ? "sends to" : "expects data from", " it");
   };
+  raise_if_aborted();
   ctrl_.raise_notice_if_any();  // no progress was possible: a peer's abort now explains why
   check_board_mismatch();       // a peer may be on the board for this call
   for (const OpCursor& c : cursors_) check_departed(c);
@@ -383,6 +410,8 @@ void HostExecutor::doze(const Deadline& deadline, const std::function<bool()>& r
     return;
   }
   if (self) { pollfds_.push_back({bell_.fd(), POLLIN, 0}); pollfd_peer_.push_back(-1); }
+  pollfds_.push_back({wake_fd_, POLLIN, 0});
+  pollfd_peer_.push_back(-3);
   ctrl_.add_pollfds(pollfds_, pollfd_peer_);
   // The cap is a safety net only; every wake-up we expect arrives through a descriptor.
   const int n = poll(pollfds_.data(), pollfds_.size(), deadline.remaining_ms(200));
@@ -391,6 +420,7 @@ void HostExecutor::doze(const Deadline& deadline, const std::function<bool()>& r
   for (size_t i = 0; i < pollfds_.size(); ++i) {
     if (!pollfds_[i].revents) continue;
     if (pollfd_peer_[i] == -1) bell_.drain();
+    else if (pollfd_peer_[i] == -3) raise_if_aborted();
     else if (pollfd_peer_[i] >= 0) ctrl_.handle(pollfd_peer_[i]);
   }
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -54,7 +55,9 @@ class HostExecutor {
   HostExecutor(int rank, int size, ControlPlane& ctrl)
       : rank_(rank), size_(size), ctrl_(ctrl), waiting_(new std::atomic<uint8_t>[size]) {
     clear_waiting();
+    open_wake_fd();
   }
+  ~HostExecutor();
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
@@ -76,6 +79,9 @@ class HostExecutor {
   uint64_t board_bytes() const { return board_bytes_; }
 
   std::string transport_to(int peer) const;
+  // From any thread: the call in progress (and any later one) raises Aborted with `why` as soon
+  // as its rank would otherwise wait, a sleeping rank is woken for it.
+  void abort(const std::string& why);
   // The peers the call in progress still waits for, as of its last sleep (safe from any thread):
   // the ranks it still sends to, and those it still expects data from.
   void waiting_on(std::vector<int>& sends, std::vector<int>& recvs) const;
@@ -96,6 +102,7 @@ class HostExecutor {
   };
   struct Device;  // run_plan's device policy over this executor
 
+  void open_wake_fd();
   void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes);
   void walk(uint8_t* in, uint8_t* out);
   void run_scheduled(uint8_t* in, uint8_t* out);
@@ -112,6 +119,7 @@ class HostExecutor {
   void doze(const Deadline& deadline, const std::function<bool()>& ready);
   void check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const;
   [[noreturn]] void throw_timeout() const;
+  void raise_if_aborted();
   // Records what block() is about to wait for (waiting_on); cleared when a call ends.
   void note_waiting(int peer, bool send);
   void clear_waiting();
@@ -150,6 +158,10 @@ class HostExecutor {
   std::vector<pollfd> pollfds_;
   std::vector<int> pollfd_peer_;
   std::unique_ptr<std::atomic<uint8_t>[]> waiting_;  // per peer: bit 0 send, bit 1 receive
+  int wake_fd_ = -1;                 // an eventfd abort() writes; every sleep polls it
+  std::atomic<bool> aborting_{false};
+  std::mutex abort_mu_;
+  std::string abort_why_;
   const HostCall* current_ = nullptr;
   MsgHeader current_fp_{};
 };

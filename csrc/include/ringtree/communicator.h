@@ -119,6 +119,9 @@ class Communicator {
   // Finishes queued work, tells the peers this rank is leaving, releases every resource.
   virtual void close() = 0;
   virtual bool is_aborted() const = 0;
+  // From any thread: ends the calls in flight and every later call on every rank with Aborted
+  // (a watchdog's way to stop a stuck job). The communicator cannot be used afterwards.
+  virtual void abort(const std::string& why) = 0;
 
   // The flight recorder (runtime/flight_recorder.h): this rank's last calls as JSON, with why the
   // dump was taken ("request", "signal", "exit", or the error kind that triggered it).
