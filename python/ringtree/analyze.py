@@ -264,7 +264,7 @@ def format_report(diagnosis) -> str:
         for r in d["ranks_table"]:
             w = r["waiting_on"]
             rows.append([str(r["rank"]), r["reason"], r["last_done"] or "-", _num(r["last_done_at"]),
-                         r["current"] or "-", r["state"], _num(r["since"]), _num(r["waited_s"]),
+                         r["current"] or "-", r["state"], _num(r["since"]), _num(r["waited_s"], "{:.3f}"),
                          (f"send {w['send']} recv {w['recv']}" if w else "-"), f"{r['clock_error_us']:.1f}"])
         lines += ["   " + line for line in _table(header, rows)]
         lines.append("   (times: seconds since the communicator's first recorded call, on rank 0's clock)")
