@@ -111,6 +111,49 @@ def signalled(dump_dir):
     return {"record": record, "sum": float(x[0])}
 
 
+def bucket_labels():
+    """The Bucketer, DDP with a ringtree comm hook, and DataParallelHook: each bucket's call
+    carries its bucket id."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import ringtree.torch as rtt
+    torch.set_num_threads(1)
+    rtt.init_process_group(timeout=datetime.timedelta(seconds=60))
+    comm = dist.group.WORLD.comm
+
+    def labels_of(step):
+        before = comm.record()["recorded"]
+        step()
+        calls = comm.record()["calls"][-(comm.record()["recorded"] - before):]
+        return [c["label"] for c in calls if c["coll"] in ("all_reduce", "all_gather")]
+
+    bucketer = rt.Bucketer([1000, 1000, 1000], bucket_cap_mb=1000 * 4 / 2 ** 20)
+
+    def bucketer_step():
+        bucketer.start_step(comm)
+        for i in range(3):
+            bucketer.mark_ready(i, np.ones(1000, np.float32))
+        bucketer.finish()
+
+    report = {"bucketer": labels_of(bucketer_step)}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.3)
+    ddp.register_comm_hook(rtt.AllReduceState(), rtt.allreduce_hook)
+    ddp(torch.ones(8, 256)).sum().backward()  # DDP rebuilds its buckets after the first step
+    report["ddp"] = labels_of(lambda: ddp(torch.ones(8, 256)).sum().backward())
+    hook_model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    hook = rtt.DataParallelHook(hook_model, comm=comm, bucket_cap_mb=0.3)
+    report["data_parallel"] = labels_of(lambda: hook_model(torch.ones(8, 256)).sum().backward())
+    hook.remove()
+    dist.barrier()
+    dist.destroy_process_group()
+    return report
+
+
 # --- tests ------------------------------------------------------------------------------------
 
 
@@ -275,3 +318,12 @@ def test_sigusr1_dumps_a_rank_blocked_in_a_collective(tmp_path):
     assert (last["coll"], last["seq"], last["state"]) == ("all_reduce", 1, "running"), last
     assert last["ended_ns"] is None
     assert 1 in last["waiting_on"]["send"] + last["waiting_on"]["recv"], last
+
+
+@pytest.mark.timeout(150)
+def test_bucket_collectives_carry_their_bucket_ids():
+    pytest.importorskip("torch")
+    for res in run_world(2, "bucket_labels", module=THIS, timeout=140).check_ok():
+        assert res["bucketer"] == [0, 1, 2], res
+        assert len(res["ddp"]) >= 2 and res["ddp"] == list(range(len(res["ddp"]))), res
+        assert len(res["data_parallel"]) >= 2 and res["data_parallel"] == list(range(len(res["data_parallel"]))), res
