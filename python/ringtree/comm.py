@@ -80,7 +80,7 @@ def _algo_code(algo) -> int:
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_cuda", "_label", "__weakref__")
+    __slots__ = ("_core", "_cuda", "_label", "_closed", "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
@@ -88,6 +88,7 @@ class Communicator:
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
+        self._closed = False
         _LIVE.add(self)
 
     @property
@@ -372,8 +373,9 @@ class Communicator:
         if self._cuda is not None:
             self._cuda.close()
         self._core.close()
+        first, self._closed = not self._closed, True
         trace_dir = os.environ.get("RINGTREE_TRACE")
-        if trace_dir:
+        if trace_dir and first:
             from . import timeline
             try:
                 timeline.write_rank_trace(self, trace_dir)
