@@ -497,6 +497,8 @@ def main(argv=None) -> int:
             if not quiet:
                 eprint(f"rt_bench: {exc}")
             return EXIT_USAGE
+    if opts.trace_dir:
+        os.environ["RINGTREE_TRACE"] = opts.trace_dir  # read when the communicator closes
     comm = rt.init()
     try:
         if any(colls.get(c).rooted for c in opts.collectives) and opts.root >= comm.size:

@@ -108,6 +108,7 @@ class Options:
     if_gpu: bool
     progress: bool
     inject_error: bool = False
+    trace_dir: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--if-gpu", action="store_true",
                    help="with --device cuda: where no GPU is usable, say why and exit 0 instead of 2")
     p.add_argument("--no-progress", action="store_true", help="no progress on rank 0's stderr")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="each rank writes its timeline of ringtree's calls (the last RINGTREE_FLIGHT_RECORDER) "
+                        "to DIR at the end; merge: python -m ringtree.analyze DIR --trace all.json")
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -186,4 +190,4 @@ def parse_args(argv=None) -> Options:
                    ops=ops, dtypes=dtypes, root=a.root, average=a.average, json_path=a.json,
                    timeout=a.timeout, algos=algos, collectives=collectives, peers=peers,
                    plot_path=a.plot, device=a.device, if_gpu=a.if_gpu, progress=not a.no_progress,
-                   inject_error=a.inject_error)
+                   inject_error=a.inject_error, trace_dir=a.trace)

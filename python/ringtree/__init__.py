@@ -22,7 +22,7 @@ from ._launchers import detect as _detect
 from ._nccl import nccl_info
 from .bucketing import Bucketer
 from .collectives import CollectiveInfo, collective_info
-from .comm import Communicator, Work
+from .comm import Communicator, Work, live_communicators
 from .explain import explain
 from .ops import PremulSum, ReduceOp, premul_sum
 
@@ -30,7 +30,7 @@ __all__ = [
     "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
-    "collective_info", "CollectiveInfo",
+    "collective_info", "CollectiveInfo", "dump", "trace",
 ]
 __version__ = "0.1.0"
 
@@ -75,3 +75,20 @@ def init(rank: int | None = None, size: int | None = None, unique_id=None, timeo
             raise InvalidArgument(f"init: size {size} needs a unique id")
         token = UniqueId.create()
     return Communicator(rank, size, token, timeout)
+
+
+def dump(dir=None, reason: str = "request") -> list:
+    """Write the flight record of every live communicator of this process into `dir`
+    (default RINGTREE_DUMP_DIR, else ./ringtree-dumps) as ringtree-<id>-rank<r>.json; returns
+    the paths. Call it on every rank of a hung job (or send each rank SIGUSR1), then run
+    `python -m ringtree.analyze DIR`."""
+    if dir is not None and os.fspath(dir).endswith(".json"):
+        raise InvalidArgument(f"rt.dump takes a directory, got {dir!r}; Communicator.dump takes a file")
+    return [comm.dump(dir, reason) for comm in live_communicators()]
+
+
+def trace(path) -> str:
+    """Write this process's timeline now (every live communicator; one track per rank, on
+    the clock aligned to rank 0) as Chrome / Perfetto trace-event JSON to `path`; returns it."""
+    from . import timeline
+    return timeline.write_trace([comm.record("trace") for comm in live_communicators()], path)

@@ -16,6 +16,7 @@ imported here.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -111,6 +112,9 @@ class Bucketer:
         only; e.g. "cuda:0" when the gradients live there), so every rank's call for that
         bucket takes the same path. Default: the CPU.
 
+    Each bucket's all_reduce carries its bucket id (its place in launch order) as its label in
+    the flight recorder, so dumps and traces say which bucket a call was.
+
     Per step: start_step(comm), then mark_ready(index, grad) for each gradient (a bucket's
     all_reduce starts the moment its last gradient is marked), then finish(), which launches
     the buckets whose gradients never arrived (their missing gradients count as zeros),
@@ -195,7 +199,10 @@ class Bucketer:
             for index in bucket.pending:
                 start = bucket.offsets[index]
                 _zero(bucket.buffer[start:start + self.sizes[index]])
-            bucket.work = self._comm.all_reduce(bucket.buffer, op=self.op, async_op=True, timeout=self._timeout)
+            # The flight recorder (dumps, traces) names each call by its bucket id.
+            label = getattr(self._comm, "label", None)
+            with label(self._next_launch) if label is not None else contextlib.nullcontext():
+                bucket.work = self._comm.all_reduce(bucket.buffer, op=self.op, async_op=True, timeout=self._timeout)
             self._next_launch += 1
 
     def flush(self):

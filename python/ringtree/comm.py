@@ -7,6 +7,9 @@ returns a Work whose wait() returns it (and re-raises the collective's error).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
+import os
 import weakref
 
 import numpy as np
@@ -77,13 +80,15 @@ def _algo_code(algo) -> int:
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_cuda", "__weakref__")
+    __slots__ = ("_core", "_cuda", "_label", "_closed", "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
             unique_id = _core.UniqueId.parse(unique_id)
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
         self._cuda = None  # made at the first call on CUDA buffers
+        self._label = -1  # what the flight recorder tags calls with (see label())
+        self._closed = False
         _LIVE.add(self)
 
     @property
@@ -298,11 +303,84 @@ class Communicator:
             self._cuda = _core.CudaComm(self._core, wheel_library())
         return self._cuda
 
+    # --- flight recorder ---------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The communicator's id, the same on every rank (it names dump and trace files)."""
+        return self._core.id
+
+    def record(self, reason: str = "request") -> dict:
+        """This rank's flight record: its last calls (RINGTREE_FLIGHT_RECORDER) with their
+        times, states and errors, and this rank's clock offset to rank 0 (see the README)."""
+        return json.loads(self._core.dump_json(reason))
+
+    def dump(self, path=None, reason: str = "request") -> str:
+        """Write this rank's flight record as JSON and return the file's path. path: a file
+        (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
+        which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
+        return _write_json(_dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
+                           self._core.dump_json(reason))
+
+    @contextlib.contextmanager
+    def label(self, value: int):
+        """Calls issued inside the block carry `value` (an int: a bucket id, a step) in the
+        flight recorder, its dumps and traces; the previous label comes back afterwards."""
+        previous = self._label
+        self._label = int(value)
+        self._core.set_label(self._label)
+        try:
+            yield self
+        finally:
+            self._label = previous
+            self._core.set_label(previous)
+
+    def sync_clocks(self, rounds: int = 8, timeout=None) -> tuple[int, int]:
+        """Re-estimate every rank's clock offset to rank 0 (NTP-style, best of `rounds` round
+        trips over this communicator's own send/recv) and record it for dumps and traces.
+        Collective. Returns this rank's (offset_ns, error_ns): its clock minus rank 0's, good
+        to +- error_ns (half the best round trip)."""
+        if rounds < 1:
+            raise _core.InvalidArgument(f"sync_clocks: rounds must be at least 1, got {rounds}")
+        stamp = np.zeros(2, np.int64)
+        best = np.zeros(2, np.int64)
+        if self.rank == 0:
+            for peer in range(1, self.size):
+                best[:] = (0, np.iinfo(np.int64).max)
+                for _ in range(rounds):
+                    stamp[0] = t0 = _core.now_ns()
+                    self.send(stamp, peer, timeout=timeout)
+                    self.recv(stamp, peer, timeout=timeout)
+                    t1 = _core.now_ns()
+                    half_rtt = (t1 - t0 + 1) // 2
+                    if half_rtt < best[1]:
+                        best[:] = (int(stamp[0]) - (t0 + (t1 - t0) // 2), half_rtt)
+                self.send(best, peer, timeout=timeout)
+            best[:] = 0
+        elif self.size > 1:
+            for _ in range(rounds):
+                self.recv(stamp, 0, timeout=timeout)
+                stamp[0] = _core.now_ns()
+                self.send(stamp, 0, timeout=timeout)
+            self.recv(best, 0, timeout=timeout)
+        offset_ns, error_ns = int(best[0]), int(best[1])
+        self._core.set_clock_offset(offset_ns, error_ns)
+        return offset_ns, error_ns
+
     def close(self):
-        """Finish queued work, tell the peers this rank is leaving, release everything."""
+        """Finish queued work, tell the peers this rank is leaving, release everything.
+        With RINGTREE_TRACE=DIR set, then write this rank's trace there (see timeline.py)."""
         if self._cuda is not None:
             self._cuda.close()
         self._core.close()
+        first, self._closed = not self._closed, True
+        trace_dir = os.environ.get("RINGTREE_TRACE")
+        if trace_dir and first:
+            from . import timeline
+            try:
+                timeline.write_rank_trace(self, trace_dir)
+            except Exception as exc:  # noqa: BLE001 - a trace must not break a close
+                print(f"ringtree: rank {self.rank}: writing the trace to {trace_dir} failed: {exc}")
 
     def abort(self, reason: str = ""):
         """From any thread (a watchdog, say): the calls in flight and every later call raise
@@ -312,6 +390,32 @@ class Communicator:
     @property
     def is_aborted(self) -> bool:
         return self._core.is_aborted
+
+
+def _dump_path(path, name: str) -> str:
+    """A dump's file: `path` itself when it names a .json file, else `name` in the directory
+    `path` (default RINGTREE_DUMP_DIR, else ./ringtree-dumps)."""
+    if path is None:
+        path = os.environ.get("RINGTREE_DUMP_DIR") or "ringtree-dumps"
+    path = os.fspath(path)
+    return path if path.endswith(".json") else os.path.join(path, name)
+
+
+def _write_json(path: str, text: str) -> str:
+    """Write text to path atomically (a temporary file renamed), making its directory."""
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def live_communicators() -> list:
+    """The communicators of this process that are still referenced (largest first)."""
+    return sorted(_LIVE, key=lambda c: (-c.size, c.id))
 
 
 @atexit.register

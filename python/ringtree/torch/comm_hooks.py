@@ -3,7 +3,8 @@
 Each hook is hook(state, bucket) -> torch.futures.Future whose value is the bucket's
 averaged gradient (a tensor shaped like bucket.buffer()). They use only torch.distributed
 calls on state.process_group (None: the default group), so they run on the ringtree
-backend and on Gloo alike, and every rank issues the same collectives in the same order.
+backend and on Gloo alike, and every rank issues the same collectives in the same order. On
+the ringtree backend each call carries its bucket's index as its flight-recorder label.
 
 - allreduce_hook: average in the gradient dtype (what DDP does without a hook).
 - fp16_compress_hook / bf16_compress_hook: send half the bytes; the result is rounded to
@@ -14,6 +15,8 @@ backend and on Gloo alike, and every rank issues the same collectives in the sam
 
 import torch
 import torch.distributed as dist
+
+from .process_group import bucket_label
 
 __all__ = ["AllReduceState", "Int8QuantizationState", "allreduce_hook", "fp16_compress_hook",
            "bf16_compress_hook", "bfloat16_compress_hook", "int8_quantize_hook"]
@@ -39,7 +42,8 @@ def _average_in(dtype, state, bucket):
     payload = buffer.div_(dist.get_world_size(group))
     if payload.dtype != dtype:
         payload = payload.to(dtype)
-    future = dist.all_reduce(payload, group=group, async_op=True).get_future()
+    with bucket_label(group, bucket.index()):
+        future = dist.all_reduce(payload, group=group, async_op=True).get_future()
 
     def unpack(fut):
         if payload is not buffer:
@@ -115,7 +119,8 @@ def int8_quantize_hook(state: Int8QuantizationState, bucket: dist.GradBucket) ->
     message[:count] = quantized
     message[count:] = scale.to(torch.float32).view(torch.int8)
     gathered = torch.empty(world * (count + 4), dtype=torch.int8)
-    future = _gather_into_tensor(gathered, message, group=group, async_op=True).get_future()
+    with bucket_label(group, key):
+        future = _gather_into_tensor(gathered, message, group=group, async_op=True).get_future()
 
     def dequantize(fut):
         fut.value()  # re-raises the collective's error

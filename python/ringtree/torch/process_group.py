@@ -15,6 +15,7 @@ get_future().wait(), and so from every blocking torch call.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import queue
 import threading
@@ -28,7 +29,7 @@ import ringtree as rt
 from ringtree.comm import Communicator
 from ringtree._buffers import _TORCH_DTYPES
 
-__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME"]
+__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "bucket_label"]
 
 BACKEND_NAME = "ringtree"
 
@@ -281,6 +282,15 @@ def _rows(tensor):
     if tensor.dim() == 0:
         return 1
     return tensor.numel() // tensor.size(0) if tensor.size(0) else 0
+
+
+def bucket_label(group, index: int):
+    """A context manager: the collectives a ringtree group (None: the default group) issues
+    inside it carry `index` (a DDP bucket's) as their flight-recorder label; any other group
+    is left alone. torch's DDP passes no bucket to the group, so its comm hooks
+    (ringtree.torch.comm_hooks) set the label around their calls."""
+    comm = getattr(dist.group.WORLD if group is None else group, "comm", None)
+    return comm.label(index) if isinstance(comm, Communicator) else contextlib.nullcontext()
 
 
 # --- the process group --------------------------------------------------------------------
