@@ -3,7 +3,7 @@ rank is named as the straggler with about its delay, a mismatch names both calls
 valid trace-event JSON on one aligned clock, the recorder keeps exactly its last N calls, and
 SIGUSR1 dumps a rank that is blocked in a collective.
 
-The rank bodies are the module-level functions below (run_world(..., module=THIS)); each
+The rank bodies are the module-level functions below (run_world(...)); each
 test has a hard timeout, so a hang fails instead of stalling."""
 import copy
 import json
@@ -18,7 +18,6 @@ import ringtree as rt
 from harness import run_world
 from ringtree import analyze, timeline
 
-THIS = "test_flight_recorder"
 
 
 # --- rank bodies ------------------------------------------------------------------------------
@@ -159,7 +158,7 @@ def bucket_labels():
 
 @pytest.mark.timeout(90)
 def test_a_rank_that_never_calls_is_named_as_the_cause_of_the_hang(tmp_path, capsys):
-    world = run_world(3, "never_calls", dict(timeout=3.0), module=THIS, timeout=80,
+    world = run_world(3, never_calls, dict(timeout=3.0), timeout=80,
                       env={"RINGTREE_DUMP_DIR": str(tmp_path)})
     results = world.check_ok()
     assert results[0]["raised"] == "Timeout" and results[1]["raised"] in ("Timeout", "PeerFailure", "Aborted"), results
@@ -180,7 +179,7 @@ def test_a_rank_that_never_calls_is_named_as_the_cause_of_the_hang(tmp_path, cap
 @pytest.mark.timeout(120)
 def test_a_rank_that_sleeps_before_each_call_is_named_as_the_straggler(tmp_path, capsys):
     delay, calls = 0.05, 15
-    run_world(3, "slow_rank", dict(slow=1, delay=delay, calls=calls), module=THIS, timeout=100,
+    run_world(3, slow_rank, dict(slow=1, delay=delay, calls=calls), timeout=100,
               env={"RINGTREE_DUMP_DIR": str(tmp_path)}).check_ok()
     assert analyze.main([str(tmp_path), "--stragglers", "--plot", str(tmp_path / "late.png")]) == 0
     print(capsys.readouterr().out)
@@ -199,7 +198,7 @@ def test_a_rank_that_sleeps_before_each_call_is_named_as_the_straggler(tmp_path,
 
 @pytest.mark.timeout(90)
 def test_a_mismatch_is_reported_with_both_calls(tmp_path, capsys):
-    world = run_world(3, "mismatched", dict(odd=1), module=THIS, timeout=80, env={"RINGTREE_DUMP_DIR": str(tmp_path)})
+    world = run_world(3, mismatched, dict(odd=1), timeout=80, env={"RINGTREE_DUMP_DIR": str(tmp_path)})
     assert any(r["raised"] == "CollectiveMismatch" for r in world.check_ok())
     assert analyze.main([str(tmp_path)]) == 0
     print(capsys.readouterr().out)
@@ -216,7 +215,7 @@ def test_a_mismatch_is_reported_with_both_calls(tmp_path, capsys):
 def test_traces_are_trace_event_json_with_per_rank_tracks_on_one_clock(tmp_path):
     barriers = 30
     trace_dir = tmp_path / "traces"
-    world = run_world(3, "traced", dict(barriers=barriers), module=THIS, timeout=80,
+    world = run_world(3, traced, dict(barriers=barriers), timeout=80,
                       env={"RINGTREE_TRACE": str(trace_dir)})
     comm_id = world.check_ok()[0]["id"]
     assert sorted(os.listdir(trace_dir)) == [f"trace-{comm_id}-rank{r}.json" for r in range(3)]
@@ -291,7 +290,7 @@ def _record(rank, size, calls, pid):
 @pytest.mark.parametrize("capacity", [16, 0])
 def test_the_recorder_keeps_exactly_the_last_n_calls(capacity):
     calls = 40
-    world = run_world(2, "many_calls", dict(calls=calls), module=THIS, timeout=50,
+    world = run_world(2, many_calls, dict(calls=calls), timeout=50,
                       env={"RINGTREE_FLIGHT_RECORDER": str(capacity)})
     for rec in world.check_ok():
         assert rec["capacity"] == capacity
@@ -307,7 +306,7 @@ def test_the_recorder_keeps_exactly_the_last_n_calls(capacity):
 
 @pytest.mark.timeout(90)
 def test_sigusr1_dumps_a_rank_blocked_in_a_collective(tmp_path):
-    world = run_world(2, "signalled", dict(dump_dir=str(tmp_path)), module=THIS, timeout=80,
+    world = run_world(2, signalled, dict(dump_dir=str(tmp_path)), timeout=80,
                       env={"RINGTREE_DUMP_DIR": str(tmp_path)})
     results = world.check_ok()
     assert results[0]["sum"] == results[1]["sum"] == 2.0
@@ -323,7 +322,7 @@ def test_sigusr1_dumps_a_rank_blocked_in_a_collective(tmp_path):
 @pytest.mark.timeout(150)
 def test_bucket_collectives_carry_their_bucket_ids():
     pytest.importorskip("torch")
-    for res in run_world(2, "bucket_labels", module=THIS, timeout=140).check_ok():
+    for res in run_world(2, bucket_labels, timeout=140).check_ok():
         assert res["bucketer"] == [0, 1, 2], res
         assert len(res["ddp"]) >= 2 and res["ddp"] == list(range(len(res["ddp"]))), res
         assert len(res["data_parallel"]) >= 2 and res["data_parallel"] == list(range(len(res["data_parallel"]))), res
