@@ -250,8 +250,7 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
     default: p.seq = next_seq_++; break;
   }
   p.record = recorder_.open(p.args.coll, p.args.dtype, p.args.op, p.algo, is_rooted(p.args.coll) ? p.args.root : -1,
-                            p.args.peer, p.args.recv_peer, p.validated.count,
-                            p.validated.count * dtype_size(p.args.dtype), label_.load(std::memory_order_relaxed),
+                            p.args.peer, p.args.recv_peer, p.validated.count, label_.load(std::memory_order_relaxed),
                             p.seq, p.recv_seq);
   if (async) {
     auto work = std::make_shared<Work>();
@@ -262,7 +261,8 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   }
   // Blocking calls run inline, after every earlier async call on this communicator; they
   // need no Work, so the common path allocates nothing.
-  if (!queue_.empty() || worker_busy_) queue_cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
+  p.starts_at_once = queue_.empty() && !worker_busy_;
+  if (!p.starts_at_once) queue_cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
   lock.unlock();
   std::lock_guard<std::mutex> exec(exec_mu_);
   execute(p);
@@ -272,7 +272,7 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
 void CommunicatorImpl::execute(Prepared& p) {
   const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s), &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
-  recorder_.started(p.record);
+  recorder_.started(p.record, p.starts_at_once);
   try {
     if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
     ctrl_.raise_notice_if_any();

@@ -27,6 +27,7 @@ struct Prepared {
   uint64_t seq = 0;
   uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
   uint64_t record = 0;    // its flight-recorder id
+  bool starts_at_once = false;  // a blocking call with nothing queued before it
 };
 
 class CommunicatorImpl : public Communicator {

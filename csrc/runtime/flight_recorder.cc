@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 #include <cstdio>
 #include <cstring>
 #include "common/check.h"
@@ -44,11 +48,47 @@ std::string time_or_null(int64_t t) { return t ? std::to_string(t) : "null"; }
 
 }  // namespace
 
-FlightRecorder::FlightRecorder(size_t capacity) : slots_(capacity) {}
+namespace {
+
+bool invariant_tsc() {
+#if defined(__x86_64__)
+  static const bool yes = [] {
+    // CPUID 0x80000007, EDX bit 8: the TSC ticks at a constant rate in every power state.
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000000, &a, &b, &c, &d) || a < 0x80000007) return false;
+    __get_cpuid(0x80000007, &a, &b, &c, &d);
+    return (d & (1u << 8)) != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+FlightRecorder::FlightRecorder(size_t capacity) : slots_(capacity), errors_(new std::array<char, 240>[capacity]) {
+  origin_ticks_ = ticks();
+  origin_ns_ = now_ns();
+}
 
 int64_t FlightRecorder::now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+int64_t FlightRecorder::ticks() {
+#if defined(__x86_64__)
+  if (invariant_tsc()) return static_cast<int64_t>(__rdtsc());
+#endif
+  return now_ns();
+}
+
+int64_t FlightRecorder::to_ns(int64_t t, int64_t now_ticks, int64_t now) const {
+  if (!t) return 0;
+  if (!invariant_tsc() || now_ticks == origin_ticks_) return t;  // ticks are ns already
+  const double ns_per_tick = static_cast<double>(now - origin_ns_) / static_cast<double>(now_ticks - origin_ticks_);
+  return now + static_cast<int64_t>(static_cast<double>(t - now_ticks) * ns_per_tick);
 }
 
 CallRecord* FlightRecorder::slot_of(uint64_t id) {
@@ -58,8 +98,7 @@ CallRecord* FlightRecorder::slot_of(uint64_t id) {
 }
 
 uint64_t FlightRecorder::open(Collective coll, DataType dtype, ReduceOp op, Algo algo, int root, int peer,
-                              int recv_peer, uint64_t count, uint64_t bytes, int64_t label, uint64_t seq,
-                              uint64_t recv_seq) {
+                              int recv_peer, uint64_t count, int64_t label, uint64_t seq, uint64_t recv_seq) {
   if (slots_.empty()) return 0;  // the recorder is off
   const uint64_t id = next_id_.load(std::memory_order_relaxed) + 1;
   next_id_.store(id, std::memory_order_relaxed);
@@ -76,21 +115,19 @@ uint64_t FlightRecorder::open(Collective coll, DataType dtype, ReduceOp op, Algo
   r.peer = peer;
   r.recv_peer = recv_peer;
   r.count = count;
-  r.bytes = bytes;
   r.label = label;
-  r.enqueued_ns = now_ns();
-  r.started_ns = r.ended_ns = 0;
-  r.error[0] = '\0';
+  r.enqueued = ticks();
+  r.started = r.ended = 0;
   r.state.store(static_cast<uint8_t>(CallState::Queued), std::memory_order_relaxed);
   r.id.store(id, std::memory_order_release);
   return id;
 }
 
-void FlightRecorder::started(uint64_t id) {
+void FlightRecorder::started(uint64_t id, bool at_enqueue) {
   if (!id) return;
   running_.store(id, std::memory_order_relaxed);
   if (CallRecord* r = slot_of(id)) {
-    r->started_ns = now_ns();
+    r->started = at_enqueue ? r->enqueued : ticks();
     r->state.store(static_cast<uint8_t>(CallState::Running), std::memory_order_release);
   }
 }
@@ -100,12 +137,13 @@ void FlightRecorder::finished(uint64_t id, const Error* error) {
   running_.store(0, std::memory_order_relaxed);
   CallRecord* r = slot_of(id);
   if (!r) return;
-  r->ended_ns = now_ns();
-  if (!r->started_ns) r->started_ns = r->ended_ns;  // refused before it started
+  r->ended = ticks();
+  if (!r->started) r->started = r->ended;  // refused before it started
   if (error) {
     r->error_kind = error->kind();
-    std::strncpy(r->error, error->what(), sizeof(r->error) - 1);
-    r->error[sizeof(r->error) - 1] = '\0';
+    std::array<char, 240>& text = errors_[(id - 1) % slots_.size()];
+    std::strncpy(text.data(), error->what(), text.size() - 1);
+    text.back() = '\0';
   }
   r->state.store(static_cast<uint8_t>(error ? CallState::Failed : CallState::Done), std::memory_order_release);
 }
@@ -116,6 +154,8 @@ std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
   const uint64_t last = recorded();
   const uint64_t first = last > slots_.size() ? last - slots_.size() + 1 : 1;
   const uint64_t running = running_.load(std::memory_order_relaxed);
+  const int64_t now_t = ticks(), now = now_ns();
+  auto stamp = [&](int64_t t) { return time_or_null(to_ns(t, now_t, now)); };
   std::string out = "[";
   bool any = false;
   for (uint64_t id = first; id <= last && id > 0; ++id) {
@@ -129,11 +169,12 @@ std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
                    ", \"dtype\": ", quoted(dtype_name(r.dtype)), ", \"op\": ",
                    is_reduction(r.coll) ? quoted(op_name(r.op)) : std::string("null"),
                    ", \"algo\": ", quoted(algo_name(r.algo)), ", \"root\": ", r.root, ", \"peer\": ", r.peer,
-                   ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.bytes, ", \"label\": ", r.label,
-                   ", \"state\": ", quoted(state_name(state)), ", \"enqueued_ns\": ", time_or_null(r.enqueued_ns),
-                   ", \"started_ns\": ", time_or_null(r.started_ns), ", \"ended_ns\": ", time_or_null(r.ended_ns));
+                   ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.count * dtype_size(r.dtype), ", \"label\": ", r.label,
+                   ", \"state\": ", quoted(state_name(state)), ", \"enqueued_ns\": ", stamp(r.enqueued),
+                   ", \"started_ns\": ", stamp(r.started), ", \"ended_ns\": ", stamp(r.ended));
     if (state == static_cast<uint8_t>(CallState::Failed))
-      out += str_cat(", \"error_kind\": ", quoted(error_kind_name(r.error_kind)), ", \"error\": ", quoted(r.error));
+      out += str_cat(", \"error_kind\": ", quoted(error_kind_name(r.error_kind)), ", \"error\": ",
+                     quoted(errors_[(id - 1) % slots_.size()].data()));
     else
       out += ", \"error_kind\": null, \"error\": null";
     if (id == running && state == static_cast<uint8_t>(CallState::Running))

@@ -10,7 +10,9 @@
 // runs it, one after the other; a dump may read a slot while it is being written and then shows
 // that one call torn. That is the price of a recorder that never slows a collective down.
 #pragma once
+#include <array>
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,22 +23,26 @@ namespace ringtree {
 
 enum class CallState : uint8_t { Queued, Running, Done, Failed };
 
-struct CallRecord {
+// Two cache lines: a call writes the first (and the second once, when queued); the recorder cycles
+// through its slots in order, which the hardware prefetches. Error texts live apart (failed calls
+// are rare), so a successful call never touches them.
+struct alignas(64) CallRecord {
   std::atomic<uint64_t> id{0};  // 1, 2, ...: the call's number on this communicator; 0: empty slot
   uint64_t seq = 0;             // the collective's sequence number (p2p: the per-peer one)
-  uint64_t recv_seq = 0;        // sendrecv: the receive's
+  uint64_t count = 0;
+  int64_t enqueued = 0, started = 0, ended = 0;  // ticks (see FlightRecorder::ticks)
+  int64_t label = -1;  // set by the caller (a bucket id, a step), -1 for none
   Collective coll = Collective::Barrier;
   DataType dtype = DataType::Int8;
   ReduceOp op = ReduceOp::Sum;
   Algo algo = Algo::Auto;
-  int32_t root = -1, peer = -1, recv_peer = -1;
-  uint64_t count = 0, bytes = 0;
-  int64_t label = -1;  // set by the caller (a bucket id, a step), -1 for none
-  int64_t enqueued_ns = 0, started_ns = 0, ended_ns = 0;
   std::atomic<uint8_t> state{0};
   ErrorKind error_kind = ErrorKind::Error;
-  char error[240] = {0};
+  // second line
+  alignas(64) uint64_t recv_seq = 0;  // sendrecv: the receive's
+  int32_t root = -1, peer = -1, recv_peer = -1;
 };
+static_assert(sizeof(CallRecord) == 128, "a call record is two cache lines");
 
 class FlightRecorder {
  public:
@@ -47,8 +53,9 @@ class FlightRecorder {
 
   // A new record in the Queued state; returns its id (the handle for the calls below).
   uint64_t open(Collective coll, DataType dtype, ReduceOp op, Algo algo, int root, int peer, int recv_peer,
-                uint64_t count, uint64_t bytes, int64_t label, uint64_t seq, uint64_t recv_seq);
-  void started(uint64_t id);
+                uint64_t count, int64_t label, uint64_t seq, uint64_t recv_seq);
+  // `at_enqueue`: the call starts the moment it was queued (a blocking call): no second stamp.
+  void started(uint64_t id, bool at_enqueue = false);
   void finished(uint64_t id, const Error* error);
   // The call in progress (0: none), for the waiting-on part of a dump.
   uint64_t running() const { return running_.load(std::memory_order_relaxed); }
@@ -57,13 +64,23 @@ class FlightRecorder {
   std::string calls_json(const std::vector<int>& waiting_sends, const std::vector<int>& waiting_recvs) const;
 
   static int64_t now_ns();
+  // The recorder's time stamps: the CPU's invariant time-stamp counter where there is one (a
+  // few ns to read, where the steady clock costs 25-30 ns: the recorder reads it on every call),
+  // converted to steady-clock ns when a dump is taken; else the steady clock in ns.
+  static int64_t ticks();
+  // Steady-clock ns of a tick count, by the line through the construction-time and the current
+  // (tick, ns) pairs.
+  int64_t to_ns(int64_t t, int64_t now_ticks, int64_t now_ns) const;
 
  private:
   CallRecord* slot_of(uint64_t id);
 
   std::vector<CallRecord> slots_;
+  // The failed calls' texts, by slot; left uninitialized (untouched memory) until a call fails.
+  std::unique_ptr<std::array<char, 240>[]> errors_;
   std::atomic<uint64_t> next_id_{0};
   std::atomic<uint64_t> running_{0};
+  int64_t origin_ticks_ = 0, origin_ns_ = 0;  // a (tick, ns) pair taken at construction
 };
 
 }  // namespace ringtree
