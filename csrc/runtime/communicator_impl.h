@@ -72,6 +72,9 @@ class CommunicatorImpl : public Communicator {
   HostExecutor exec_;
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
   PriceTable prices_;   // the schedules' counts at this P, built once at set-up
+  // choose_algo's last choices for auto: (bytes << 16 | coll << 8 | dtype << 4 | algo << 1 | 1).
+  static constexpr size_t kChoiceMemo = 64;
+  mutable std::atomic<uint64_t> choice_memo_[kChoiceMemo] = {};
   Algo forced_algo_ = Algo::Auto;
   std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
 

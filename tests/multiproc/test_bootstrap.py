@@ -16,23 +16,10 @@ import pytest
 
 import ringtree as rt
 from harness import run_world
+from test_errors import init_only as form_and_sum  # forms the world from the environment and sums the ranks
 
 HELLO_MAGIC = 0x52544231  # "RTB1", bootstrap.cc
 HELLO_BYTES = 4 + 4 + 16 + 4 * 3 + 2 + 1 + 1 + 16 + 64
-
-
-def form_and_sum(timeout=30.0):
-    """Forms the world from the environment's token and sums the ranks."""
-    start = time.monotonic()
-    try:
-        comm = rt.init(timeout=timeout)
-        import numpy as np
-        x = np.full(4, comm.rank, np.int64)
-        comm.all_reduce(x)
-        comm.close()
-        return {"raised": None, "sum": int(x[0]), "seconds": time.monotonic() - start}
-    except rt.Error as exc:
-        return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
 
 
 def check_formed(world, nranks):
@@ -46,7 +33,7 @@ def test_token_from_a_launcher_that_stays_alive():
     # This test process is the launcher: it made the id, keeps it (and its reserved port) while
     # the ranks run, and hands them only the token.
     uid = rt.UniqueId.create()
-    world = run_world(3, form_and_sum, timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)})
+    world = run_world(3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)})
     check_formed(world, 3)
     assert str(uid)  # the launcher still holds its id here
 
@@ -56,7 +43,7 @@ def test_token_from_a_launcher_that_has_exited():
     made = subprocess.run([sys.executable, "-c", "import ringtree as rt; print(rt.UniqueId.create())"],
                           capture_output=True, text=True, timeout=60, check=True)
     token = made.stdout.strip()
-    world = run_world(3, form_and_sum, timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": token})
+    world = run_world(3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": token})
     check_formed(world, 3)
 
 

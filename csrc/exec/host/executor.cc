@@ -234,10 +234,15 @@ const Schedule& HostExecutor::schedule_for(const HostCall& c) {
     return per_call_schedule_;
   }
   const ScheduleKey& key = c.plan.key;
+  if (last_schedule_ && last_key_ == key) return *last_schedule_;  // a loop of one call: no hashing
   auto it = schedules_.find(key);
-  if (it != schedules_.end()) return it->second;
-  if (schedules_.size() >= 512) schedules_.clear();  // bound the cache; rebuilding is cheap
-  return schedules_.emplace(key, build_schedule(key)).first->second;
+  if (it == schedules_.end()) {
+    if (schedules_.size() >= 512) schedules_.clear();  // bound the cache; rebuilding is cheap
+    it = schedules_.emplace(key, build_schedule(key)).first;
+  }
+  last_key_ = key;
+  last_schedule_ = &it->second;  // nodes stay put until the cache is cleared, which happens only above
+  return *last_schedule_;
 }
 
 void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {

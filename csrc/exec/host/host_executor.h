@@ -150,6 +150,8 @@ class HostExecutor {
   MsgHeader board_unsettled_fp_{};
 
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
+  ScheduleKey last_key_{};
+  const Schedule* last_schedule_ = nullptr;
   AlignedBuffer scratch_, temp_;
   Schedule per_call_schedule_;  // sendrecv and all_to_all_v: per-call sizes are not a cache key
   std::vector<OpCursor> cursors_;
