@@ -17,7 +17,7 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x52544231;  // "RTB1"
 constexpr uint32_t kTableMagic = 0x52545442;  // "RTTB"
 constexpr uint32_t kMeshMagic = 0x52544d48;   // "RTMH"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: peers carry their shared-memory domain
 constexpr int kMaxRanks = 1 << 16;
 constexpr uint32_t kMaxErrorText = 1024;
 constexpr size_t kMaxPendingHellos = 1024;  // connections whose hello is still on its way
@@ -30,6 +30,7 @@ struct HelloWire {
   uint8_t force_tcp, pad;
   char ip[16];
   char host[64];
+  uint64_t shm_domain;
 };
 
 struct PeerWire {
@@ -38,6 +39,7 @@ struct PeerWire {
   uint8_t force_tcp, pad;
   char ip[16];
   char host[64];
+  uint64_t shm_domain;
 };
 
 struct TableHeaderWire {
@@ -72,13 +74,15 @@ PeerWire to_wire(const PeerInfo& p) {
   w.pid = p.pid;
   w.mesh_port = p.mesh_port;
   w.force_tcp = p.force_tcp;
+  w.shm_domain = p.shm_domain;
   copy_str(w.ip, sizeof(w.ip), p.ip);
   copy_str(w.host, sizeof(w.host), p.host);
   return w;
 }
 
 PeerInfo from_wire(const PeerWire& w) {
-  return {read_str(w.host, sizeof(w.host)), w.pid, read_str(w.ip, sizeof(w.ip)), w.mesh_port, w.force_tcp != 0};
+  return {read_str(w.host, sizeof(w.host)), w.pid, read_str(w.ip, sizeof(w.ip)), w.mesh_port, w.force_tcp != 0,
+          w.shm_domain};
 }
 
 void send_error(int fd, const std::string& text, const Deadline& deadline) {
@@ -117,9 +121,9 @@ void Bootstrap::close_star() {
   star_fd_.clear();
 }
 
-Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp) {
+Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain) {
   Mesh mesh;
-  PeerInfo self{host_key, static_cast<int>(getpid()), "", 0, force_tcp};
+  PeerInfo self{host_key, static_cast<int>(getpid()), "", 0, force_tcp, shm_domain};
   int mesh_listener = -1;
   try {
     if (rank_ == 0) {
@@ -198,7 +202,8 @@ void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh) {
     }
     star_fd_[h.rank] = p.fd;
     p.fd = -1;
-    mesh.peers[h.rank] = {read_str(h.host, sizeof(h.host)), h.pid, read_str(h.ip, sizeof(h.ip)), h.mesh_port, h.force_tcp != 0};
+    mesh.peers[h.rank] = {read_str(h.host, sizeof(h.host)), h.pid, read_str(h.ip, sizeof(h.ip)), h.mesh_port,
+                          h.force_tcp != 0, h.shm_domain};
     ++registered;
   };
   std::vector<pollfd> fds;
@@ -263,6 +268,7 @@ void Bootstrap::rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd) {
   h.pid = self.pid;
   h.mesh_port = self.mesh_port;
   h.force_tcp = self.force_tcp;
+  h.shm_domain = self.shm_domain;
   copy_str(h.ip, sizeof(h.ip), self.ip);
   copy_str(h.host, sizeof(h.host), self.host);
   write_full(root_fd, &h, sizeof(h), deadline_);

@@ -21,6 +21,10 @@ struct PeerInfo {
   std::string ip;
   uint16_t mesh_port = 0;
   bool force_tcp = false;
+  // Which ranks can share memory and wake each other (transport/shm's shared_memory_domain():
+  // boot, /dev/shm and network namespace). Ranks on one named host but in different
+  // containers or network namespaces differ here.
+  uint64_t shm_domain = 0;
 };
 
 struct Mesh {
@@ -28,7 +32,8 @@ struct Mesh {
   std::vector<int> ctrl_fd;  // per peer, -1 for self
   std::vector<int> data_fd;  // per peer, -1 where the pair uses shared memory
   bool pair_uses_tcp(int a, int b) const {
-    return peers[a].host != peers[b].host || peers[a].force_tcp || peers[b].force_tcp;
+    return peers[a].host != peers[b].host || peers[a].shm_domain != peers[b].shm_domain || peers[a].force_tcp ||
+           peers[b].force_tcp;
   }
   bool no_pair_uses_tcp() const {
     for (size_t a = 0; a < peers.size(); ++a)
@@ -51,7 +56,7 @@ class Bootstrap {
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
-  Mesh connect(const std::string& host_key, bool force_tcp);
+  Mesh connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain);
   // A barrier through rank 0; only during setup, before the star is closed.
   void barrier();
   // Rank 0's bytes to every rank; only during setup.

@@ -69,7 +69,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
 
   Bootstrap boot(rank, size, uid, timeout_s);
-  mesh_ = boot.connect(host_identity(), transport == "tcp");
+  mesh_ = boot.connect(host_identity(), transport == "tcp", shared_memory_domain());
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});

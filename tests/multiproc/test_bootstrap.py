@@ -19,7 +19,7 @@ from harness import run_world
 from test_errors import init_only as form_and_sum  # forms the world from the environment and sums the ranks
 
 HELLO_MAGIC = 0x52544231  # "RTB1", bootstrap.cc
-HELLO_BYTES = 4 + 4 + 16 + 4 * 3 + 2 + 1 + 1 + 16 + 64
+HELLO_BYTES = 4 + 4 + 16 + 4 * 3 + 2 + 1 + 1 + 16 + 64 + 8  # bootstrap.cc HelloWire
 
 
 def late_ranks_form(timeout=30.0, delay=1.5):
@@ -55,9 +55,10 @@ def test_token_from_a_launcher_that_has_exited():
     check_formed(world, 3)
 
 
-def hello(secret: bytes, *, magic=HELLO_MAGIC, version=1, rank=1, size=3) -> bytes:
+def hello(secret: bytes, *, magic=HELLO_MAGIC, version=2, rank=1, size=3) -> bytes:
     body = struct.pack("<II", magic, version) + secret + struct.pack("<iii", rank, size, 4242)
     body += struct.pack("<HBB", 1234, 0, 0) + b"127.0.0.1".ljust(16, b"\0") + b"stranger".ljust(64, b"\0")
+    body += struct.pack("<Q", 0)  # shared-memory domain
     assert len(body) == HELLO_BYTES
     return body
 

@@ -64,9 +64,10 @@ class World:
         return self.results
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None):
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None):
     """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
-    and returns their World; fails the test if they are not all done within `timeout` seconds."""
+    and returns their World; fails the test if they are not all done within `timeout` seconds.
+    per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`)."""
     rank_target(func)  # refused here, before any process starts
     outdir = tempfile.mkdtemp(prefix="ringtree-test-")
     command = rank_command(func, args, outdir)
@@ -88,7 +89,8 @@ def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_ra
                 pass_fds = (listen_fd,)
             log = open(os.path.join(outdir, f"{r}.log"), "w+")
             logs.append(log)
-            procs.append(subprocess.Popen(command, env=e,
+            prefix = list(per_rank_prefix(r)) if per_rank_prefix else []
+            procs.append(subprocess.Popen(prefix + command, env=e,
                                           stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
         if listen_fd >= 0:
             os.close(listen_fd)

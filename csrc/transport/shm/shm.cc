@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include "common/check.h"
 #include "common/env.h"
@@ -166,6 +167,27 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
   }
   if (moved) wake_peer();
   return moved;
+}
+
+uint64_t shared_memory_domain() {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  char boot_id[64] = {0};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!std::fgets(boot_id, sizeof(boot_id), f)) boot_id[0] = '\0';
+    std::fclose(f);
+  }
+  for (const char* p = boot_id; *p; ++p) mix(static_cast<unsigned char>(*p));
+  for (const char* path : {"/proc/self/ns/net", "/dev/shm"}) {
+    struct stat st{};
+    if (::stat(path, &st) == 0) {
+      mix(static_cast<uint64_t>(st.st_dev));
+      mix(static_cast<uint64_t>(st.st_ino));
+    }
+  }
+  return h;
 }
 
 }  // namespace ringtree

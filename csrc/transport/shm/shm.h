@@ -37,6 +37,13 @@ struct ShmRing {
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (receiver)
 };
 
+// Which processes can share this transport with this one: the same boot, the same /dev/shm
+// (its device and inode) and the same network namespace (the doorbell is an abstract Unix
+// socket, which does not cross network namespaces). Equal values mean shared memory works
+// between two ranks; a hostname alone does not say so (containers sharing /dev/shm, network
+// namespaces).
+uint64_t shared_memory_domain();
+
 class ShmSegment {
  public:
   ShmSegment() = default;

@@ -1,0 +1,81 @@
+"""Which ranks share a host is checked, not assumed from the host name: two ranks in separate
+network namespaces that share /dev/shm and claim the same host name (as two containers on one
+machine may) cannot wake each other through the shared-memory doorbell, so they must talk over
+TCP. The namespaces, the veth link between them and its addresses are made by this test and
+removed after it; it needs root and `ip netns`, and skips, saying why, without them."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import ringtree as rt
+from harness import run_world
+
+NET = "10.251.{}.{}"  # addresses only on the link this test creates, inside its own namespaces
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+@pytest.fixture
+def two_namespaces():
+    """Two network namespaces joined by a veth pair: (names, addresses)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2's `ip`")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"rt-{tag}-a", f"rt-{tag}-b"]
+    subnet = int(tag[:2], 16) % 200 + 20
+    addrs = [NET.format(subnet, 1), NET.format(subnet, 2)]
+    try:
+        for n in names:
+            ip("netns", "add", n)
+        ip("link", "add", f"rt{tag}a", "type", "veth", "peer", "name", f"rt{tag}b")
+        for n, dev, a in zip(names, (f"rt{tag}a", f"rt{tag}b"), addrs):
+            ip("link", "set", dev, "netns", n)
+            ip("-n", n, "addr", "add", f"{a}/24", "dev", dev)
+            ip("-n", n, "link", "set", dev, "up")
+            ip("-n", n, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        for n in names:
+            ip("netns", "del", n, check=False)
+        pytest.skip(f"cannot make network namespaces here: {getattr(exc, 'stderr', exc)}")
+    yield names, addrs
+    for n in names:
+        ip("netns", "del", n, check=False)
+
+
+def same_name_other_namespace(elems=1 << 20, calls=5):
+    """Reports how this rank reaches its peer and how long blocking 4 MB all_reduces take."""
+    comm = rt.init(timeout=30.0)
+    x = np.ones(elems, np.float32)
+    comm.all_reduce(x)
+    start = time.monotonic()
+    for _ in range(calls):
+        comm.all_reduce(x)
+    seconds = (time.monotonic() - start) / calls
+    out = {"transport": comm.transport_to(1 - comm.rank), "seconds": seconds, "ok": bool(np.all(x == 2 ** (calls + 1)))}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_same_host_name_in_other_network_namespaces_uses_tcp(two_namespaces):
+    names, addrs = two_namespaces
+    uid = rt.UniqueId.from_seed(addrs[0], 29517, uuid.uuid4().hex)  # rank 0 listens in its namespace
+    env = {"RINGTREE_UNIQUE_ID": str(uid), "RINGTREE_HOSTNAME": "same-name",
+           # block at once when waiting: the doorbell is what must reach the peer
+           "RINGTREE_SPIN_US": "0", "RINGTREE_YIELD_US": "0"}
+    world = run_world(2, same_name_other_namespace, timeout=100, env=env,
+                      per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
+    for rank, res in enumerate(world.check_ok()):
+        assert res["ok"], (rank, res)
+        assert res["transport"] == "tcp", (rank, res)
+        # Over shared memory with a doorbell that cannot cross namespaces each call took 0.8-1 s.
+        assert res["seconds"] < 0.2, (rank, res)
