@@ -79,3 +79,63 @@ def test_same_host_name_in_other_network_namespaces_uses_tcp(two_namespaces):
         assert res["transport"] == "tcp", (rank, res)
         # Over shared memory with a doorbell that cannot cross namespaces each call took 0.8-1 s.
         assert res["seconds"] < 0.2, (rank, res)
+
+
+def slurm_rank():
+    """A rank started the way srun starts it: only Slurm's variables say who it is."""
+    comm = rt.init(timeout=30.0)
+    x = np.full(1000, comm.rank + 1, np.int64)
+    comm.all_reduce(x)
+    out = {"rank": comm.rank, "size": comm.size, "sum": int(x[0]),
+           "transport": comm.transport_to((comm.rank + 1) % comm.size)}
+    comm.close()
+    return out
+
+
+def slurm_env(r, nranks, **extra):
+    # run_world's own ringtree variables are blanked, so only Slurm's remain to go by
+    return {"RINGTREE_RANK": "", "RINGTREE_WORLD_SIZE": "", "RINGTREE_UNIQUE_ID": "",
+            "SLURM_PROCID": str(r), "SLURM_NTASKS": str(nranks), "SLURM_LOCALID": str(r),
+            "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", **extra}
+
+
+@pytest.mark.timeout(120)
+def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces):
+    names, addrs = two_namespaces
+    nodelist = ",".join(addrs)  # node names that resolve to the hosts' addresses
+    world = run_world(2, slurm_rank, timeout=100,
+                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533"),
+                      per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
+    for r, res in enumerate(world.check_ok()):
+        assert (res["rank"], res["size"], res["sum"], res["transport"]) == (r, 2, 3, "tcp"), res
+
+
+@pytest.mark.timeout(120)
+def test_slurm_ranks_share_the_unique_id_through_a_file(tmp_path):
+    path = str(tmp_path / "ringtree.id")
+    world = run_world(3, slurm_rank, timeout=100,
+                      per_rank_env=lambda r: slurm_env(r, 3, RINGTREE_UNIQUE_ID_FILE=path))
+    for r, res in enumerate(world.check_ok()):
+        assert (res["rank"], res["size"], res["sum"]) == (r, 3, 6), res
+    assert open(path).read().startswith("rt1:127.0.0.1:")
+
+
+def test_first_host_of_a_slurm_node_list():
+    from ringtree._launchers import first_host
+    assert first_host("gpu[07-09,12],cpu1") == "gpu07"
+    assert first_host("node1,node2") == "node1"
+    assert first_host("n[001-004]") == "n001"
+    assert first_host("10.1.2.3") == "10.1.2.3"
+
+
+def test_multi_host_unique_id_listens_on_the_named_interface(monkeypatch):
+    from ringtree import _launchers
+    monkeypatch.delenv("RINGTREE_ADDR", raising=False)
+    monkeypatch.setenv("RINGTREE_IFNAME", "lo")
+    assert _launchers.interface_address("lo") == "127.0.0.1"
+    uid = _launchers.create_unique_id(spans_hosts=True)
+    assert uid.ip == "127.0.0.1"
+    monkeypatch.delenv("RINGTREE_ADDR", raising=False)  # create_unique_id set it for this process
+    monkeypatch.setenv("RINGTREE_IFNAME", "no-such-if0")
+    with pytest.raises(rt.InvalidArgument, match="RINGTREE_IFNAME"):
+        _launchers.create_unique_id(spans_hosts=True)
