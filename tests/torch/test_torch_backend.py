@@ -480,3 +480,43 @@ def test_a_killed_rank_makes_ddp_raise_on_the_survivor():
     assert res["peer_failure"], res
     assert res["seconds"] < 15, res  # far below the 60 s collective timeout
     assert "rank 1" in res["message"], res["message"]
+
+
+def bool_flags_vs_gloo():
+    """all_reduce of bool flags with MIN, MAX, BAND and BOR, on ringtree and on Gloo, in the
+    same processes with the same flags; and ops that have no meaning on flags still refused."""
+    import torch
+    import torch.distributed as dist
+
+    r, P = init_group()
+    gloo = dist.new_group(backend="gloo")
+    report = {}
+    for name in ("MIN", "MAX", "BAND", "BOR"):
+        op = getattr(dist.ReduceOp, name)
+        flags = torch.tensor([r == 0, True, r == 1, False, r % 2 == 0] * 3)
+        mine, theirs = flags.clone(), flags.clone()
+        dist.all_reduce(mine, op=op)
+        dist.all_reduce(theirs, op=op, group=gloo)
+        report[name] = {"ringtree": mine.tolist(), "gloo": theirs.tolist(), "dtype": str(mine.dtype)}
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BXOR)
+        report["bxor_int"] = "accepted"
+    except ValueError as exc:
+        report["bxor_int"] = str(exc)
+    finish_group()
+    return report
+
+
+@pytest.mark.timeout(120)
+def test_bool_flags_reduce_as_on_gloo():
+    world = run_world(3, bool_flags_vs_gloo, timeout=100)
+    for rank, res in enumerate(world.check_ok()):
+        for name in ("MIN", "MAX", "BAND", "BOR"):
+            got = res[name]
+            assert got["dtype"] == "torch.bool", (rank, name, got)
+            assert got["ringtree"] == got["gloo"], (rank, name, got)
+        # logical and / or of [r == 0, True, r == 1, False, r even] over ranks 0, 1, 2
+        assert res["MIN"]["ringtree"][:5] == [False, True, False, False, False], res["MIN"]
+        assert res["MAX"]["ringtree"][:5] == [True, True, True, False, True], res["MAX"]
+        assert "BXOR" in res["bxor_int"], res["bxor_int"]
+

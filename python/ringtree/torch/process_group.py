@@ -40,6 +40,9 @@ _NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPE
 _RED_OP = dist.ReduceOp.RedOpType
 _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
                _RED_OP.AVG: "avg"}
+# Flags: a bool all_reduce with MIN or BAND is a logical and, with MAX or BOR a logical or, which
+# ringtree computes as min / max of the flags' bytes (0 or 1), as Gloo accepts them.
+_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.BAND: "min", _RED_OP.MAX: "max", _RED_OP.BOR: "max"}
 
 
 # --- work and completion ------------------------------------------------------------------
@@ -399,9 +402,13 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "allreduce")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        kind = getattr(requested, "op", requested)
+        flags = all(t.dtype == torch.bool for t in tensors) and kind in _BOOL_OPS
+        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
         timeout = self._call_timeout(opts)
-        staged = [_Staged(t, "allreduce tensor", reduction=True) for t in tensors]
+        # Flags travel as their bytes (reduction=False stages a bool tensor as uint8).
+        staged = [_Staged(t, "allreduce tensor", reduction=not flags) for t in tensors]
 
         def issue(async_op):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
