@@ -3,18 +3,11 @@
 
 #include <cmath>
 #include "common/check.h"
+#include "common/hash.h"
 
 namespace ringtree {
 
 namespace {
-
-uint64_t fnv1a(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // The buffer-size check of each collective, with the message users have always seen.
 void check_sizes(const CollectiveTraits& t, const Buffer& in, const Buffer& out, uint64_t P, bool is_root) {
@@ -88,7 +81,7 @@ void check_overlap(const CollectiveTraits& t, const Buffer& in, const Buffer& ou
 }  // namespace
 
 uint64_t Fingerprint::tag() const {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnvOffset;
   for (uint64_t v : {static_cast<uint64_t>(coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(dtype),
                      static_cast<uint64_t>(op), static_cast<uint64_t>(static_cast<int64_t>(root)), count, seq})
     h = fnv1a(h, v);

@@ -80,7 +80,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   set_clock_offset(clock.offset_ns, clock.error_ns);
   boot.close_star();
   dump_source_ = register_dump_source([this](const std::string& reason) {
-    return std::make_pair(str_cat("ringtree-", id(), "-rank", rank_, ".json"), dump_json(reason));
+    return std::make_pair(dump_file_name(), dump_json(reason));
   });
 
   // Spin while every local rank can have a core; when oversubscribed, hand the core over fast.
@@ -114,26 +114,23 @@ std::string CommunicatorImpl::dump_json(const std::string& reason) const {
     aborted = aborted_;
     abort_reason = abort_reason_;
   }
-  std::string escaped_reason;  // abort texts are ours, but may hold quotes from file names
-  for (char c : abort_reason) {
-    if (c == '"' || c == '\\') escaped_reason += '\\';
-    escaped_reason += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
-  }
-  return str_cat("{\"format\": \"ringtree-flight-recorder/1\", \"comm_id\": \"", id(), "\", \"rank\": ", rank_,
-                 ", \"size\": ", size_, ", \"pid\": ", static_cast<int>(getpid()), ", \"host\": \"",
-                 mesh_.peers[rank_].host, "\", \"reason\": \"", reason, "\", \"dumped_ns\": ", FlightRecorder::now_ns(),
-                 ", \"clock\": {\"offset_ns\": ", clock_offset_ns_.load(), ", \"error_ns\": ", clock_error_ns_.load(),
-                 "}, \"capacity\": ", recorder_.capacity(), ", \"recorded\": ", recorder_.recorded(),
-                 ", \"aborted\": ", aborted, ", \"abort_reason\": \"", escaped_reason, "\", \"calls\": ",
-                 recorder_.calls_json(sends, recvs), "}\n");
+  return str_cat("{\"format\": \"ringtree-flight-recorder/1\", \"comm_id\": ", json_string(id()), ", \"rank\": ", rank_,
+                 ", \"size\": ", size_, ", \"pid\": ", static_cast<int>(getpid()), ", \"host\": ",
+                 json_string(mesh_.peers[rank_].host), ", \"reason\": ", json_string(reason),
+                 ", \"dumped_ns\": ", FlightRecorder::now_ns(), ", \"clock\": {\"offset_ns\": ", clock_offset_ns_.load(),
+                 ", \"error_ns\": ", clock_error_ns_.load(), "}, \"capacity\": ", recorder_.capacity(),
+                 ", \"recorded\": ", recorder_.recorded(), ", \"aborted\": ", aborted,
+                 ", \"abort_reason\": ", json_string(abort_reason), ", \"calls\": ", recorder_.calls_json(sends, recvs),
+                 "}\n");
 }
 
-void CommunicatorImpl::dump_after_failure(const Error& e) const {
+std::string CommunicatorImpl::dump_file_name() const { return str_cat("ringtree-", id(), "-rank", rank_, ".json"); }
+
+void CommunicatorImpl::dump_to_setting(const std::string& reason) const {
   const std::string dir = dump_dir_setting();
   if (dir.empty()) return;
   try {
-    const std::string path = write_dump_file(dir, str_cat("ringtree-", id(), "-rank", rank_, ".json"),
-                                             dump_json(error_kind_name(e.kind())));
+    const std::string path = write_dump_file(dir, dump_file_name(), dump_json(reason));
     std::fprintf(stderr, "ringtree: rank %d: flight recorder dumped to %s\n", rank_, path.c_str());
   } catch (const std::exception& failure) {
     std::fprintf(stderr, "ringtree: rank %d: the flight recorder dump failed: %s\n", rank_, failure.what());
@@ -318,7 +315,7 @@ void CommunicatorImpl::execute(Prepared& p) {
       abort_reason_ = e.what();
       aborted_ = true;
     }
-    dump_after_failure(e);
+    dump_to_setting(error_kind_name(e.kind()));
     throw;
   }
   recorder_.finished(p.record, nullptr);
@@ -376,13 +373,7 @@ void CommunicatorImpl::close() {
   std::lock_guard<std::mutex> exec(exec_mu_);
   ctrl_.goodbye_and_close();
   exec_.close();
-  if (DumpOnExit() && !dump_dir_setting().empty()) {
-    try {
-      write_dump_file(dump_dir_setting(), str_cat("ringtree-", id(), "-rank", rank_, ".json"), dump_json("exit"));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ringtree: rank %d: the flight recorder dump at exit failed: %s\n", rank_, e.what());
-    }
-  }
+  if (DumpOnExit()) dump_to_setting("exit");
 }
 
 }  // namespace ringtree

@@ -61,8 +61,11 @@ class CommunicatorImpl : public Communicator {
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
   void worker_loop();
-  // After a failure, with RINGTREE_DUMP_DIR set: this rank's record, for the analyzer.
-  void dump_after_failure(const Error& e) const;
+  // ringtree-<id>-rank<r>.json, the name every dump of this rank's record takes.
+  std::string dump_file_name() const;
+  // With RINGTREE_DUMP_DIR set (after a failure, at exit): this rank's record there, for the
+  // analyzer; a failing write is reported, never raised.
+  void dump_to_setting(const std::string& reason) const;
 
   int rank_, size_;
   UniqueId uid_;

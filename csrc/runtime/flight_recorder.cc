@@ -19,11 +19,12 @@ const char* state_name(uint8_t s) {
   return s < 4 ? names[s] : "unknown";
 }
 
-// JSON string literal of `s` (control characters escaped).
-std::string quoted(const char* s) {
+}  // namespace
+
+std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (const char* p = s; *p; ++p) {
-    const unsigned char c = static_cast<unsigned char>(*p);
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
@@ -37,6 +38,8 @@ std::string quoted(const char* s) {
   }
   return out + "\"";
 }
+
+namespace {
 
 std::string int_list(const std::vector<int>& v) {
   std::string out = "[";
@@ -165,16 +168,16 @@ std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
     out += any ? ",\n  " : "\n  ";
     any = true;
     out += str_cat("{\"id\": ", id, ", \"seq\": ", r.seq, ", \"recv_seq\": ", r.recv_seq,
-                   ", \"coll\": ", quoted(collective_name(r.coll)), ", \"count\": ", r.count,
-                   ", \"dtype\": ", quoted(dtype_name(r.dtype)), ", \"op\": ",
-                   is_reduction(r.coll) ? quoted(op_name(r.op)) : std::string("null"),
-                   ", \"algo\": ", quoted(algo_name(r.algo)), ", \"root\": ", r.root, ", \"peer\": ", r.peer,
+                   ", \"coll\": ", json_string(collective_name(r.coll)), ", \"count\": ", r.count,
+                   ", \"dtype\": ", json_string(dtype_name(r.dtype)), ", \"op\": ",
+                   is_reduction(r.coll) ? json_string(op_name(r.op)) : std::string("null"),
+                   ", \"algo\": ", json_string(algo_name(r.algo)), ", \"root\": ", r.root, ", \"peer\": ", r.peer,
                    ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.count * dtype_size(r.dtype), ", \"label\": ", r.label,
-                   ", \"state\": ", quoted(state_name(state)), ", \"enqueued_ns\": ", stamp(r.enqueued),
+                   ", \"state\": ", json_string(state_name(state)), ", \"enqueued_ns\": ", stamp(r.enqueued),
                    ", \"started_ns\": ", stamp(r.started), ", \"ended_ns\": ", stamp(r.ended));
     if (state == static_cast<uint8_t>(CallState::Failed))
-      out += str_cat(", \"error_kind\": ", quoted(error_kind_name(r.error_kind)), ", \"error\": ",
-                     quoted(errors_[(id - 1) % slots_.size()].data()));
+      out += str_cat(", \"error_kind\": ", json_string(error_kind_name(r.error_kind)), ", \"error\": ",
+                     json_string(errors_[(id - 1) % slots_.size()].data()));
     else
       out += ", \"error_kind\": null, \"error\": null";
     if (id == running && state == static_cast<uint8_t>(CallState::Running))

@@ -44,6 +44,9 @@ struct alignas(64) CallRecord {
 };
 static_assert(sizeof(CallRecord) == 128, "a call record is two cache lines");
 
+// `s` as a JSON string literal (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& s);
+
 class FlightRecorder {
  public:
   // capacity 0 turns the recorder off (open() returns 0 and nothing is kept).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/env.h"
 #include "kernels/host/copy.h"
 
@@ -170,10 +171,8 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
 }
 
 uint64_t shared_memory_domain() {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
+  uint64_t h = kFnvOffset;
+  auto mix = [&h](uint64_t v) { h = fnv1a(h, v); };
   char boot_id[64] = {0};
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     if (!std::fgets(boot_id, sizeof(boot_id), f)) boot_id[0] = '\0';
