@@ -22,6 +22,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
 from torch.futures import Future
 
@@ -29,9 +30,12 @@ import ringtree as rt
 from ringtree.comm import Communicator
 from ringtree._buffers import _TORCH_DTYPES
 
-__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "bucket_label"]
+__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
 BACKEND_NAME = "ringtree"
+# CUDA tensors are staged through the host communicator on the caller's stream; a build without
+# CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
+DEVICES = ("cpu", "cuda")
 
 # torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
 # moved as raw bytes.
@@ -323,6 +327,23 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             self._p2p_up = comm.split(0)
             self._p2p_down = comm.split(0)
         self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
+        self._register_devices()
+
+    def _register_devices(self):
+        """Report cpu and cuda as this group's devices (pg._device_types), as Gloo's group does.
+
+        torch reads them to pick a device for DCP's broadcast_from_rank0, to allow async_save, and
+        for object collectives, and pg._get_backend(device) must then answer. A Python group cannot
+        give torch a C++ backend of its own, so each device gets torch's FakeProcessGroup set to
+        refuse every collective: torch issues collectives through this group's methods, and a
+        caller that goes around them gets an error rather than a silent no-op.
+        """
+        options = _c10d.FakeProcessGroup.Options()
+        options.error_on_collective = True
+        stand_in = _c10d.FakeProcessGroup._create_internal(self._comm.rank, self._comm.size, options)
+        for device in DEVICES:
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, stand_in)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     # identity ---------------------------------------------------------------------------
 
