@@ -47,6 +47,9 @@ _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", 
 # Flags: a bool all_reduce with MIN or BAND is a logical and, with MAX or BOR a logical or, which
 # ringtree computes as min / max of the flags' bytes (0 or 1), as Gloo accepts them.
 _BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.BAND: "min", _RED_OP.MAX: "max", _RED_OP.BOR: "max"}
+# Bitwise ops on integer tensors (and BXOR on flags), which the core does not reduce: see
+# ProcessGroupRingtree._bitwise_allreduce.
+_BITWISE_OPS = {_RED_OP.BAND: torch.bitwise_and, _RED_OP.BOR: torch.bitwise_or, _RED_OP.BXOR: torch.bitwise_xor}
 
 
 # --- work and completion ------------------------------------------------------------------
@@ -426,8 +429,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
         flags = all(t.dtype == torch.bool for t in tensors) and kind in _BOOL_OPS
-        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
         timeout = self._call_timeout(opts)
+        if kind in _BITWISE_OPS and not flags:
+            return self._bitwise_allreduce(tensors, kind, timeout, opts)
+        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
         # Flags travel as their bytes (reduction=False stages a bool tensor as uint8).
         staged = [_Staged(t, "allreduce tensor", reduction=not flags) for t in tensors]
 
@@ -435,6 +440,34 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
 
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
+
+    def _bitwise_allreduce(self, tensors, kind, timeout, opts):
+        """BAND, BOR or BXOR of integer or bool tensors. The core has no bitwise reduction, so each
+        rank all-gathers every rank's bits in one call (so the work runs async like any other) and
+        folds them itself. Exact; it moves (P-1)N elements per rank where a ring all-reduce moves
+        about 2N, which suits the masks and flags these ops are used for."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
+                raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
+                                 f"got {t.dtype}")
+        combine, P = _BITWISE_OPS[kind], self._comm.size
+        # Bitwise ops act byte by byte, so dtypes that travel as bytes fold as bytes.
+        staged = [_Staged(t, "allreduce tensor") for t in tensors]
+        gathered = [torch.empty((P, s.buffer.numel()), dtype=s.buffer.dtype, device=s.buffer.device) for s in staged]
+
+        def issue(async_op):
+            return [self._comm.all_gather(s.buffer, rows, async_op=async_op, timeout=timeout)
+                    for s, rows in zip(staged, gathered)]
+
+        def finish():
+            for s, rows in zip(staged, gathered):
+                folded = s.buffer.view(-1)
+                folded.copy_(rows[0])
+                for row in rows[1:]:
+                    combine(folded, row, out=folded)
+                s.write_back()
+
+        return self._launch(issue, tensors, finish, opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "allreduce_coalesced")
