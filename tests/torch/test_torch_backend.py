@@ -415,6 +415,8 @@ def errors(timeout=3.0):
     expect("recv any source", lambda: dist.recv(torch.ones(2)), ValueError, "any source")
     expect("all_gather list length", lambda: dist.all_gather([torch.ones(2)] * (P + 1), torch.ones(2)),
            ValueError, "output tensors")
+    expect("all_gather_coalesced list length",
+           lambda: dist.all_gather_coalesced([[torch.ones(2)]] * (P + 1), [torch.ones(2)]), ValueError, "output lists")
     x = torch.ones(3)
     dist.all_reduce(x)
     report["usable after bad arguments"] = {"raised": None, "ok": x.tolist() == [float(P)] * 3}
@@ -442,7 +444,8 @@ def test_errors_surface_as_typed_exceptions_within_the_timeout():
     results = world.check_ok()
     report = results[0]["report"]
     expected = ["BAND", "reduction dtype", "tag", "recv any source", "all_gather list length",
-                "usable after bad arguments", "mismatch", "stall", "stall async wait", "stall async future"]
+                "all_gather_coalesced list length", "usable after bad arguments", "mismatch", "stall",
+                "stall async wait", "stall async future"]
     assert sorted(report) == sorted(expected)
     bad = {name: case for name, case in report.items() if not case.get("ok")}
     assert not bad, bad

@@ -339,7 +339,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         for object collectives, and pg._get_backend(device) must then answer. A Python group cannot
         give torch a C++ backend of its own, so each device gets torch's FakeProcessGroup set to
         refuse every collective: torch issues collectives through this group's methods, and a
-        caller that goes around them gets an error rather than a silent no-op.
+        caller that goes around them gets an error rather than a silent no-op. (The stand-in's
+        point-to-point calls do nothing, but torch's send and recv reach this group's own.)
         """
         options = _c10d.FakeProcessGroup.Options()
         options.error_on_collective = True
@@ -603,7 +604,34 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back."""
+        inputs = _tensor_list(input_list, "allgather_coalesced")
+        P, timeout = self._comm.size, self._call_timeout(opts)
+        for x in inputs:
+            _Staged(x, "allgather_coalesced input")  # argument checks only
+        output_lists = [list(outputs) for outputs in output_lists]
+        if len(output_lists) != P:
+            raise ValueError(f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}")
+        for outputs in output_lists:
+            if len(outputs) != len(inputs):
+                raise ValueError(f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
+                                 f"{len(inputs)} inputs")
+            for out, x in zip(outputs, inputs):
+                _Staged(out, "allgather_coalesced output")  # argument checks only
+                if out.dtype != x.dtype or out.numel() != x.numel():
+                    raise ValueError(f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
+                                     f"match its input ({x.numel()} x {x.dtype})")
+        flat = _concat(inputs, "allgather_coalesced")
+        gathered = torch.empty((P, flat.numel()), dtype=flat.dtype, device=flat.device)
+
+        def issue(async_op):
+            return [self._comm.all_gather(_as_buffer(flat), _as_buffer(gathered), async_op=async_op, timeout=timeout)]
+
+        def finish():
+            for outputs, block in zip(output_lists, gathered):
+                _copy_blocks(block, outputs)
+
+        return self._launch(issue, [t for outputs in output_lists for t in outputs], finish, opts=opts)
 
     def _scatter_single(self, output, input, what, reduction):
         P = self._comm.size
