@@ -1,7 +1,7 @@
 """The start and end of a rank in the torch test worlds (test_torch_backend.py,
-test_torch_training.py): a process group on the ringtree backend, one CPU thread per rank, and
-examples/ on sys.path for the training example (train_ddp) that both use. torch is imported only
-inside the functions, so importing this module leaves torch out."""
+test_torch_training.py, test_torch_clients.py): a process group on the ringtree backend, one CPU
+thread per rank, and examples/ on sys.path for the training example (train_ddp). torch is
+imported only inside the functions, so importing this module leaves torch out."""
 import datetime
 import os
 import sys
@@ -12,14 +12,15 @@ if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
 
 
-def init_group(timeout=60.0):
-    """init_process_group on the ringtree backend from the rank's environment; (rank, size)."""
+def init_group(timeout=60.0, backend="ringtree"):
+    """init_process_group on the ringtree backend (or `backend`, for a Gloo reference world) from
+    the rank's environment; (rank, size)."""
     import torch
     import torch.distributed as dist
 
     import ringtree.torch as rtt
     torch.set_num_threads(1)  # ranks share two cores
-    rtt.init_process_group(timeout=datetime.timedelta(seconds=timeout))
+    rtt.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return dist.get_rank(), dist.get_world_size()
 
 

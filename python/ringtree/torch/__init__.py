@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .comm_hooks import (AllReduceState, Int8QuantizationState, allreduce_hook, bf16_compress_hook,
                          fp16_compress_hook, int8_quantize_hook)
 from .data_parallel import DataParallelHook
-from .process_group import BACKEND_NAME, ProcessGroupRingtree, RingtreeWork, create_process_group
+from .process_group import BACKEND_NAME, DEVICES, ProcessGroupRingtree, RingtreeWork, create_process_group
 
 __all__ = [
     "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
@@ -30,9 +30,7 @@ __all__ = [
 def _register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return  # registered already (module reloaded)
-    # CUDA tensors are staged through the host communicator on the caller's stream; a build
-    # without CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=list(DEVICES))
 
 
 _register()

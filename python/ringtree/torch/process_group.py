@@ -22,6 +22,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
 from torch.futures import Future
 
@@ -29,9 +30,12 @@ import ringtree as rt
 from ringtree.comm import Communicator
 from ringtree._buffers import _TORCH_DTYPES
 
-__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "bucket_label"]
+__all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
 BACKEND_NAME = "ringtree"
+# CUDA tensors are staged through the host communicator on the caller's stream; a build without
+# CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
+DEVICES = ("cpu", "cuda")
 
 # torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
 # moved as raw bytes.
@@ -43,6 +47,9 @@ _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", 
 # Flags: a bool all_reduce with MIN or BAND is a logical and, with MAX or BOR a logical or, which
 # ringtree computes as min / max of the flags' bytes (0 or 1), as Gloo accepts them.
 _BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.BAND: "min", _RED_OP.MAX: "max", _RED_OP.BOR: "max"}
+# Bitwise ops on integer tensors (and BXOR on flags), which the core does not reduce: see
+# ProcessGroupRingtree._bitwise_allreduce.
+_BITWISE_OPS = {_RED_OP.BAND: torch.bitwise_and, _RED_OP.BOR: torch.bitwise_or, _RED_OP.BXOR: torch.bitwise_xor}
 
 
 # --- work and completion ------------------------------------------------------------------
@@ -323,6 +330,24 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             self._p2p_up = comm.split(0)
             self._p2p_down = comm.split(0)
         self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
+        self._register_devices()
+
+    def _register_devices(self):
+        """Report cpu and cuda as this group's devices (pg._device_types), as Gloo's group does.
+
+        torch reads them to pick a device for DCP's broadcast_from_rank0, to allow async_save, and
+        for object collectives, and pg._get_backend(device) must then answer. A Python group cannot
+        give torch a C++ backend of its own, so each device gets torch's FakeProcessGroup set to
+        refuse every collective: torch issues collectives through this group's methods, and a
+        caller that goes around them gets an error rather than a silent no-op. (The stand-in's
+        point-to-point calls do nothing, but torch's send and recv reach this group's own.)
+        """
+        options = _c10d.FakeProcessGroup.Options()
+        options.error_on_collective = True
+        stand_in = _c10d.FakeProcessGroup._create_internal(self._comm.rank, self._comm.size, options)
+        for device in DEVICES:
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, stand_in)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     # identity ---------------------------------------------------------------------------
 
@@ -405,8 +430,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
         flags = all(t.dtype == torch.bool for t in tensors) and kind in _BOOL_OPS
-        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
         timeout = self._call_timeout(opts)
+        if kind in _BITWISE_OPS and not flags:
+            return self._bitwise_allreduce(tensors, kind, timeout, opts)
+        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
         # Flags travel as their bytes (reduction=False stages a bool tensor as uint8).
         staged = [_Staged(t, "allreduce tensor", reduction=not flags) for t in tensors]
 
@@ -414,6 +441,34 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
 
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
+
+    def _bitwise_allreduce(self, tensors, kind, timeout, opts):
+        """BAND, BOR or BXOR of integer or bool tensors. The core has no bitwise reduction, so each
+        rank all-gathers every rank's bits in one call (so the work runs async like any other) and
+        folds them itself. Exact; it moves (P-1)N elements per rank where a ring all-reduce moves
+        about 2N, which suits the masks and flags these ops are used for."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
+                raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
+                                 f"got {t.dtype}")
+        combine, P = _BITWISE_OPS[kind], self._comm.size
+        # Bitwise ops act byte by byte, so dtypes that travel as bytes fold as bytes.
+        staged = [_Staged(t, "allreduce tensor") for t in tensors]
+        gathered = [torch.empty((P, s.buffer.numel()), dtype=s.buffer.dtype, device=s.buffer.device) for s in staged]
+
+        def issue(async_op):
+            return [self._comm.all_gather(s.buffer, rows, async_op=async_op, timeout=timeout)
+                    for s, rows in zip(staged, gathered)]
+
+        def finish():
+            for s, rows in zip(staged, gathered):
+                folded = s.buffer.view(-1)
+                folded.copy_(rows[0])
+                for row in rows[1:]:
+                    combine(folded, row, out=folded)
+                s.write_back()
+
+        return self._launch(issue, tensors, finish, opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "allreduce_coalesced")
@@ -549,7 +604,34 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back."""
+        inputs = _tensor_list(input_list, "allgather_coalesced")
+        P, timeout = self._comm.size, self._call_timeout(opts)
+        for x in inputs:
+            _Staged(x, "allgather_coalesced input")  # argument checks only
+        output_lists = [list(outputs) for outputs in output_lists]
+        if len(output_lists) != P:
+            raise ValueError(f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}")
+        for outputs in output_lists:
+            if len(outputs) != len(inputs):
+                raise ValueError(f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
+                                 f"{len(inputs)} inputs")
+            for out, x in zip(outputs, inputs):
+                _Staged(out, "allgather_coalesced output")  # argument checks only
+                if out.dtype != x.dtype or out.numel() != x.numel():
+                    raise ValueError(f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
+                                     f"match its input ({x.numel()} x {x.dtype})")
+        flat = _concat(inputs, "allgather_coalesced")
+        gathered = torch.empty((P, flat.numel()), dtype=flat.dtype, device=flat.device)
+
+        def issue(async_op):
+            return [self._comm.all_gather(_as_buffer(flat), _as_buffer(gathered), async_op=async_op, timeout=timeout)]
+
+        def finish():
+            for outputs, block in zip(output_lists, gathered):
+                _copy_blocks(block, outputs)
+
+        return self._launch(issue, [t for outputs in output_lists for t in outputs], finish, opts=opts)
 
     def _scatter_single(self, output, input, what, reduction):
         P = self._comm.size
