@@ -131,8 +131,9 @@ def _train(zero, comm, rank, world, steps, micro=1, use_no_sync=False, clip=None
         if poison_step == step and rank == world - 1:
             # Only the last rank's gradient overflows, in one element of the first layer, whose
             # averaged value lands in one rank's shard.
+            inf = torch.tensor(float("inf"))
             handle = model[0].weight.register_hook(
-                lambda g: g.index_put((torch.tensor([0]), torch.tensor([3])), torch.tensor(float("inf"), dtype=g.dtype)))
+                lambda g: g.index_put((torch.tensor([0]), torch.tensor([3])), inf.to(g.dtype)))
         for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro))):
             before = comm.calls
             context = zero.no_sync() if use_no_sync and i < micro - 1 else _nullcontext()
@@ -182,12 +183,9 @@ def _state_diff(full, reference):
 
 
 def _state_numel(optimizer):
-    return sum(v.numel() for s in optimizer.state.values() for v in s.values() if torch_is_tensor(v) and v.dim() > 0)
-
-
-def torch_is_tensor(value):
+    """Elements of the per-parameter state tensors (not Adam's scalar step)."""
     import torch
-    return torch.is_tensor(value)
+    return sum(v.numel() for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
 
 
 def sharded_training(configs):

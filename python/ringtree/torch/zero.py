@@ -107,7 +107,8 @@ class ShardedDataParallel(BackwardSync):
         if bucket_cap_mb <= 0:
             raise ValueError(f"ShardedDataParallel: bucket_cap_mb must be positive, got {bucket_cap_mb}")
         if param_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"ShardedDataParallel: param_dtype must be float32, float16 or bfloat16, got {param_dtype}")
+            raise ValueError(f"ShardedDataParallel: param_dtype must be float32, float16 or bfloat16, "
+                             f"got {param_dtype}")
         super().__init__(model, comm, accumulation_steps, broadcast_from)
         if not self.params:
             raise ValueError("ShardedDataParallel: the model has no parameters that require gradients")
