@@ -1,5 +1,5 @@
 """ringtree for PyTorch: the "ringtree" torch.distributed backend, a data-parallel gradient
-hook, and DDP communication hooks.
+hook, ZeRO-style sharded data parallelism, and DDP communication hooks.
 
     import ringtree.torch                      # registers the backend
     dist.init_process_group("ringtree")        # torchrun / env://, tcp://, or store=...
@@ -19,10 +19,11 @@ from .comm_hooks import (AllReduceState, Int8QuantizationState, allreduce_hook, 
                          fp16_compress_hook, int8_quantize_hook)
 from .data_parallel import DataParallelHook
 from .process_group import BACKEND_NAME, DEVICES, ProcessGroupRingtree, RingtreeWork, create_process_group
+from .zero import ShardedDataParallel
 
 __all__ = [
     "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
-    "DataParallelHook", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
+    "DataParallelHook", "ShardedDataParallel", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
     "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook",
 ]
 

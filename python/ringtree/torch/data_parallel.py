@@ -22,48 +22,43 @@ import torch
 import ringtree as rt
 from ringtree.bucketing import Bucketer
 
-__all__ = ["DataParallelHook"]
+__all__ = ["BackwardSync", "DataParallelHook"]
 
 
-class DataParallelHook:
-    """Average a module's gradients over a ringtree communicator during backward.
+class BackwardSync:
+    """What every gradient-synchronizing wrapper of an ordinary module shares: a
+    post-accumulate-grad hook per parameter, a call at the start and at the end of each
+    backward pass, accumulation (communicate every k-th backward pass, or not inside
+    no_sync()), and the initial broadcast of one rank's parameters and buffers.
 
-    model: a torch.nn.Module whose parameters are all on the CPU or all on one CUDA device
-        (CUDA gradients are all-reduced on the device path, see the README's GPU section).
-    comm: a ringtree Communicator, or a ProcessGroupRingtree (its communicator is used);
-        default: ringtree.init().
-    bucket_cap_mb: bucket size cap in MiB (25, like DDP).
-    accumulation_steps: communicate once every this many backward passes; gradients of
-        the others accumulate locally (sum them, or scale the loss by 1/k for a mean).
-    finish_in_backward: wait for all buckets at the end of each communicating backward
-        pass (default). With False, call finish() before optimizer.step(); that leaves
-        the optimizer's own set-up free to overlap the last buckets.
-    broadcast_from: the rank whose parameters and buffers every rank starts from (None:
-        keep each rank's own).
+    Subclasses say what a communicating backward pass does: _start_step() at its first
+    gradient, _mark_ready(index, param) per gradient, _flush() at its end, finish() to wait.
     """
 
-    def __init__(self, model: torch.nn.Module, comm=None, bucket_cap_mb: float = 25.0, accumulation_steps: int = 1,
-                 finish_in_backward: bool = True, broadcast_from: int | None = 0):
+    def __init__(self, model: torch.nn.Module, comm, accumulation_steps: int, broadcast_from: int | None):
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be at least 1, got {accumulation_steps}")
         comm = rt.init() if comm is None else getattr(comm, "comm", comm)
         self.comm = comm
         self.model = model
         self.accumulation_steps = int(accumulation_steps)
-        self.finish_in_backward = bool(finish_in_backward)
         self.params = [p for p in model.parameters() if p.requires_grad]
         devices = sorted({str(p.device) for p in self.params})
         if len(devices) > 1 or (devices and not (devices[0] == "cpu" or devices[0].startswith("cuda"))):
-            raise ValueError(f"DataParallelHook: parameters must all be on the CPU or all on one CUDA device, got "
-                             f"{', '.join(devices)}")
-        self.bucketer = Bucketer([p.numel() for p in self.params], dtypes=[p.dtype for p in self.params],
-                                 bucket_cap_mb=bucket_cap_mb, op="avg", device=devices[0] if devices else None)
-        if broadcast_from is not None:
-            self._broadcast_state(broadcast_from)
+            raise ValueError(f"{type(self).__name__}: parameters must all be on the CPU or all on one CUDA "
+                             f"device, got {', '.join(devices)}")
+        self.device = devices[0] if devices else None
+        self.broadcast_from = broadcast_from
         self._backward_count = 0
         self._sync_enabled = True
         self._graph_task = None  # the backward pass the hooks last saw
         self._communicating = False
+        self._handles = []
+
+    def _attach(self):
+        """Broadcast the starting state and install the hooks (call once the subclass is set up)."""
+        if self.broadcast_from is not None:
+            self._broadcast_state(self.broadcast_from)
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
 
     def _broadcast_state(self, root):
@@ -87,16 +82,16 @@ class DataParallelHook:
                 self._graph_task = task
                 self._begin_backward()
             if self._communicating:
-                self.bucketer.mark_ready(index, param.grad)
+                self._mark_ready(index, param)
         return hook
 
     def _begin_backward(self):
         self._communicating = self._sync_enabled and (self._backward_count + 1) % self.accumulation_steps == 0
-        if self.bucketer.active:
-            # The previous step was left unfinished (finish_in_backward=False, or it failed).
+        if self._step_outstanding():
+            # The previous step was left unfinished (not waited for, or it failed).
             self.finish()
         if self._communicating:
-            self.bucketer.start_step(self.comm)
+            self._start_step()
         # Runs once the whole backward pass is done, on the thread that ran it.
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
@@ -104,23 +99,26 @@ class DataParallelHook:
         self._graph_task = None
         self._backward_count += 1
         if self._communicating:
-            self.bucketer.flush()
-            if self.finish_in_backward:
-                self.finish()
+            self._flush()
 
-    # --- public -----------------------------------------------------------------------------
+    # --- what subclasses provide ------------------------------------------------------------
+
+    def _step_outstanding(self) -> bool:
+        raise NotImplementedError
+
+    def _start_step(self):
+        raise NotImplementedError
+
+    def _mark_ready(self, index: int, param):
+        raise NotImplementedError
+
+    def _flush(self):
+        raise NotImplementedError
 
     def finish(self):
-        """Wait for every bucket of the last communicating backward pass and write the
-        averaged gradients. A parameter without a local gradient gets the average (zeros if
-        no rank produced one). Does nothing when no step is outstanding."""
-        if not self.bucketer.active:
-            return
-        reduced = self.bucketer.finish()
-        with torch.no_grad():
-            for index, param in enumerate(self.params):
-                if param.grad is None:
-                    param.grad = reduced[index].clone().view(param.shape)
+        raise NotImplementedError
+
+    # --- public -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -137,6 +135,60 @@ class DataParallelHook:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+class DataParallelHook(BackwardSync):
+    """Average a module's gradients over a ringtree communicator during backward.
+
+    model: a torch.nn.Module whose parameters are all on the CPU or all on one CUDA device
+        (CUDA gradients are all-reduced on the device path, see the README's GPU section).
+    comm: a ringtree Communicator, or a ProcessGroupRingtree (its communicator is used);
+        default: ringtree.init().
+    bucket_cap_mb: bucket size cap in MiB (25, like DDP).
+    accumulation_steps: communicate once every this many backward passes; gradients of
+        the others accumulate locally (sum them, or scale the loss by 1/k for a mean).
+    finish_in_backward: wait for all buckets at the end of each communicating backward
+        pass (default). With False, call finish() before optimizer.step(); that leaves
+        the optimizer's own set-up free to overlap the last buckets.
+    broadcast_from: the rank whose parameters and buffers every rank starts from (None:
+        keep each rank's own).
+    """
+
+    def __init__(self, model: torch.nn.Module, comm=None, bucket_cap_mb: float = 25.0, accumulation_steps: int = 1,
+                 finish_in_backward: bool = True, broadcast_from: int | None = 0):
+        super().__init__(model, comm, accumulation_steps, broadcast_from)
+        self.finish_in_backward = bool(finish_in_backward)
+        self.bucketer = Bucketer([p.numel() for p in self.params], dtypes=[p.dtype for p in self.params],
+                                 bucket_cap_mb=bucket_cap_mb, op="avg", device=self.device)
+        self._attach()
+
+    def _step_outstanding(self) -> bool:
+        return self.bucketer.active
+
+    def _start_step(self):
+        self.bucketer.start_step(self.comm)
+
+    def _mark_ready(self, index, param):
+        self.bucketer.mark_ready(index, param.grad)
+
+    def _flush(self):
+        self.bucketer.flush()
+        if self.finish_in_backward:
+            self.finish()
+
+    # --- public -----------------------------------------------------------------------------
+
+    def finish(self):
+        """Wait for every bucket of the last communicating backward pass and write the
+        averaged gradients. A parameter without a local gradient gets the average (zeros if
+        no rank produced one). Does nothing when no step is outstanding."""
+        if not self.bucketer.active:
+            return
+        reduced = self.bucketer.finish()
+        with torch.no_grad():
+            for index, param in enumerate(self.params):
+                if param.grad is None:
+                    param.grad = reduced[index].clone().view(param.shape)
 
     @property
     def bucket_assignment(self) -> list[list[int]]:

@@ -1,0 +1,435 @@
+"""ZeRO-style sharded data parallelism on a ringtree communicator, for any torch optimizer.
+
+    zero = ShardedDataParallel(model, torch.optim.Adam, comm, stage=2, lr=1e-3)
+    for x, y in batches:
+        loss_fn(model(x), y).backward()        # buckets reduce while backward runs
+        zero.clip_grad_norm_(1.0)              # optional: the global norm over every shard
+        zero.step()                            # steps this rank's shard, then all-gathers
+        zero.zero_grad()
+
+Terms. The parameters are grouped into buckets (ringtree.bucketing.assign_buckets: reverse
+registration order, one dtype, a byte cap). A bucket's parameters live in one flat buffer,
+padded to a multiple of the world size P; the parameters become views into it. The bucket's
+shard r is its r-th of P equal slices, owned by rank r. Each rank's optimizer holds one
+master parameter per bucket: its own shard (a view of the flat buffer in fp32, an fp32 copy
+when the model runs in fp16/bf16), so the optimizer state is 1/P of the unsharded one.
+
+Stage 1: a bucket's gradients are all-reduced (every rank keeps the full averaged gradient in
+param.grad); the optimizer steps the owned shard. Stage 2: a bucket's gradients are
+reduce-scattered and param.grad is dropped, so a rank keeps only its shard's gradient. Both
+launch each bucket's collective asynchronously from the post-accumulate-grad hooks
+(BackwardSync), in bucket order on every rank, and wait for them in step() (or in
+clip_grad_norm_ / unscale_, whichever comes first). After the step, each bucket's updated
+shard is all-gathered in place, asynchronously; the next forward pass (or synchronize())
+waits for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from ringtree.bucketing import assign_buckets
+
+from .data_parallel import BackwardSync
+
+__all__ = ["ShardedDataParallel"]
+
+_MB = 1024 * 1024
+_MASTER_DTYPE = torch.float32
+
+
+class _Bucket:
+    """One bucket: its parameters' places in the flat buffers and this rank's shard."""
+
+    __slots__ = ("indices", "offsets", "count", "shard_size", "flat_params", "flat_grads", "master", "reduced",
+                 "pending", "work", "gather")
+
+    def __init__(self, indices, params, world_size, rank, device):
+        self.indices = indices
+        self.offsets, self.count = {}, 0
+        for index in indices:
+            self.offsets[index] = self.count
+            self.count += params[index].numel()
+        self.shard_size = -(-self.count // world_size)
+        dtype = params[indices[0]].dtype
+        self.flat_params = torch.zeros(self.shard_size * world_size, dtype=dtype, device=device)
+        with torch.no_grad():
+            for index in indices:
+                param = params[index]
+                view = self.flat_params[self.offsets[index]:self.offsets[index] + param.numel()]
+                view.copy_(param.detach().reshape(-1))
+                param.data = view.view(param.shape)  # the module now reads the flat buffer
+        own = self.own_slice(self.flat_params, rank)
+        # In fp32 the optimizer updates the flat buffer itself; in fp16/bf16 an fp32 copy.
+        self.master = torch.nn.Parameter(own if dtype == _MASTER_DTYPE else own.to(_MASTER_DTYPE))
+        self.master.grad = torch.zeros_like(self.master)
+        self.flat_grads = None  # stage 1: kept; stage 2: made per step, dropped once reduced
+        # The reduced shard in the parameters' dtype: the master's gradient itself in fp32.
+        self.reduced = self.master.grad if dtype == _MASTER_DTYPE else torch.empty_like(own)
+        self.pending = set()
+        self.work = None
+        self.gather = None
+
+    def own_slice(self, flat, rank):
+        return flat[rank * self.shard_size:(rank + 1) * self.shard_size]
+
+    def region(self, flat, index, numel):
+        start = self.offsets[index]
+        return flat[start:start + numel]
+
+
+class ShardedDataParallel(BackwardSync):
+    """Data parallelism with sharded optimizer state (stage 1) and gradients (stage 2).
+
+    model: a torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one
+        floating dtype (after param_dtype).
+    optimizer_class: any torch.optim.Optimizer class; it is built over this rank's master
+        shards with **optimizer_defaults (one parameter group). Element-wise optimizers (SGD,
+        Adam, AdamW, RMSprop, Adagrad, ...) step exactly as on the unsharded model; ones
+        that look at whole tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see
+        shards instead and are not supported.
+    comm: a ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
+    stage: 1 (optimizer state sharded) or 2 (gradients too).
+    bucket_cap_mb: bucket size cap in MiB (25, like DDP).
+    accumulation_steps: communicate once every this many backward passes (or use no_sync()).
+    param_dtype: run the model in torch.float16 or torch.bfloat16 (its parameters are cast;
+        feed it inputs of that dtype); the optimizer steps fp32 master shards.
+    broadcast_from: the rank whose parameters and buffers every rank starts from.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer_class, comm=None, *, stage: int = 2,
+                 bucket_cap_mb: float = 25.0, accumulation_steps: int = 1, param_dtype: torch.dtype | None = None,
+                 broadcast_from: int | None = 0, **optimizer_defaults):
+        if stage not in (1, 2):
+            raise ValueError(f"ShardedDataParallel: stage must be 1 or 2, got {stage!r}")
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"ShardedDataParallel: bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if param_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"ShardedDataParallel: param_dtype must be float32, float16 or bfloat16, "
+                             f"got {param_dtype}")
+        super().__init__(model, comm, accumulation_steps, broadcast_from)
+        if not self.params:
+            raise ValueError("ShardedDataParallel: the model has no parameters that require gradients")
+        if param_dtype is not None:
+            with torch.no_grad():
+                for param in self.params:
+                    param.data = param.data.to(param_dtype)
+        dtypes = sorted({str(p.dtype) for p in self.params})
+        if len(dtypes) > 1 or not self.params[0].is_floating_point():
+            raise ValueError(f"ShardedDataParallel: parameters must share one floating dtype, got {', '.join(dtypes)}"
+                             f" (pass param_dtype= to cast them)")
+        self.stage = stage
+        self.param_dtype = self.params[0].dtype
+        self.world_size, self.rank = self.comm.size, self.comm.rank
+        self._attach()  # the broadcast comes before the flat buffers copy the parameters
+        sizes = [p.numel() for p in self.params]
+        itemsizes = [p.element_size() for p in self.params]
+        self.buckets = [_Bucket(indices, self.params, self.world_size, self.rank, self.device)
+                        for indices in assign_buckets(sizes, itemsizes, int(bucket_cap_mb * _MB))]
+        self.bucket_of = {index: b for b, bucket in enumerate(self.buckets) for index in bucket.indices}
+        if stage == 1:
+            for bucket in self.buckets:
+                bucket.flat_grads = torch.zeros_like(bucket.flat_params)
+        self.optimizer = optimizer_class([bucket.master for bucket in self.buckets], **optimizer_defaults)
+        if len(self.optimizer.param_groups) != 1:
+            raise ValueError("ShardedDataParallel: the optimizer must keep its parameters in one group")
+        self._active = False
+        self._next_launch = 0
+        self._found_inf = False
+        self.local_found_inf = False  # this rank's own verdict at the last unscale_ (before the reduction)
+        self._forward_handle = model.register_forward_pre_hook(lambda module, args: self.synchronize())
+
+    # --- backward: one collective per bucket, launched in bucket order ------------------------
+
+    def _step_outstanding(self) -> bool:
+        return self._active
+
+    def _start_step(self):
+        for bucket in self.buckets:
+            bucket.pending = set(bucket.indices)
+            bucket.work = None
+        self._next_launch = 0
+        self._active = True
+
+    def _mark_ready(self, index, param):
+        bucket = self.buckets[self.bucket_of[index]]
+        self._take_grad(bucket, index)
+        bucket.pending.discard(index)
+        self._launch_ready(force=False)
+
+    def _take_grad(self, bucket, index):
+        """Move param.grad (zeros if it has none) into the bucket's flat gradient buffer."""
+        param = self.params[index]
+        if bucket.flat_grads is None:  # stage 2: made when the bucket's first gradient arrives
+            bucket.flat_grads = torch.empty_like(bucket.flat_params)
+            bucket.flat_grads[bucket.count:].zero_()
+        region = bucket.region(bucket.flat_grads, index, param.numel())
+        grad = param.grad
+        with torch.no_grad():
+            if grad is None:
+                region.zero_()
+            elif grad.data_ptr() != region.data_ptr():
+                region.copy_(grad.reshape(-1))
+        # Stage 1 keeps the full gradient, as a view that the all_reduce averages in place;
+        # stage 2 keeps only the shard.
+        param.grad = region.view(param.shape) if self.stage == 1 else None
+
+    def _launch_ready(self, force):
+        while self._next_launch < len(self.buckets):
+            bucket = self.buckets[self._next_launch]
+            if bucket.pending and not force:
+                return
+            for index in sorted(bucket.pending):  # no gradient on this rank: its own, or zeros
+                self._take_grad(bucket, index)
+            bucket.pending.clear()
+            label = getattr(self.comm, "label", None)
+            with label(self._next_launch) if label is not None else contextlib.nullcontext():
+                if self.stage == 1:
+                    bucket.work = self.comm.all_reduce(bucket.flat_grads, op="avg", async_op=True)
+                else:
+                    bucket.work = self.comm.reduce_scatter(bucket.flat_grads, bucket.reduced, op="avg", async_op=True)
+            self._next_launch += 1
+
+    def _flush(self):
+        self._launch_ready(force=True)
+
+    def finish(self):
+        """Wait for every bucket of the last communicating backward pass; the masters' .grad
+        then hold this rank's shard of the averaged gradient. Called by step(), unscale_()
+        and clip_grad_norm_(); does nothing when no step is outstanding."""
+        if not self._active:
+            return
+        try:
+            self._launch_ready(force=True)
+            with torch.no_grad():
+                for bucket in self.buckets:
+                    bucket.work.wait()
+                    grad = bucket.master.grad
+                    if grad is None:  # the optimizer's zero_grad(set_to_none=True) dropped it
+                        grad = bucket.master.grad = torch.zeros_like(bucket.master)
+                    if self.stage == 1:
+                        grad.copy_(bucket.own_slice(bucket.flat_grads, self.rank))
+                    else:
+                        if grad is not bucket.reduced:
+                            grad.copy_(bucket.reduced)
+                        bucket.flat_grads = None
+        finally:
+            self._active = False
+            for bucket in self.buckets:
+                bucket.work = None
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def step(self, scaler: torch.amp.GradScaler | None = None):
+        """Step this rank's shards with the optimizer, then all-gather the updated parameters
+        (asynchronously; the next forward pass waits). With a GradScaler, unscale (unless
+        unscale_ ran already), decide on overflow over every rank and let the scaler skip the
+        step on every rank or on none; call scaler.update() afterwards as usual. Returns what
+        the optimizer's step returned (None when skipped)."""
+        self.finish()
+        self.synchronize()  # the previous gathers still read the shards this step writes
+        if scaler is not None and scaler.is_enabled():
+            if self._scaler_state(scaler)["stage"].name == "READY":
+                self.unscale_(scaler)
+            result = scaler.step(self.optimizer)
+            stepped = not self._found_inf
+        else:
+            result = self.optimizer.step()
+            stepped = True
+        if stepped:
+            self._gather_params()
+        return result
+
+    def _gather_params(self):
+        with torch.no_grad():
+            for b, bucket in enumerate(self.buckets):
+                own = bucket.own_slice(bucket.flat_params, self.rank)
+                if bucket.master.data_ptr() != own.data_ptr():
+                    own.copy_(bucket.master)  # fp32 master -> fp16/bf16 parameters
+                label = getattr(self.comm, "label", None)
+                with label(b) if label is not None else contextlib.nullcontext():
+                    bucket.gather = self.comm.all_gather(own, bucket.flat_params, async_op=True)
+
+    def synchronize(self):
+        """Wait for the parameter all-gathers of the last step (the model's next forward pass
+        does this by itself; call it before reading parameters directly)."""
+        for bucket in self.buckets:
+            if bucket.gather is not None:
+                work, bucket.gather = bucket.gather, None
+                work.wait()
+
+    def zero_grad(self):
+        """Drop the model's gradients and zero the master shards' (call after step())."""
+        for param in self.params:
+            param.grad = None
+        for bucket in self.buckets:
+            if bucket.master.grad is not None:
+                bucket.master.grad.zero_()
+
+    # --- loss scaling and clipping ------------------------------------------------------------
+
+    def _scaler_state(self, scaler) -> dict:
+        # GradScaler keeps a record per optimizer, keyed by id(optimizer): its stage (READY,
+        # UNSCALED, STEPPED) and found_inf_per_device, which its step() and update() read.
+        return scaler._per_optimizer_states[id(self.optimizer)]
+
+    def unscale_(self, scaler: torch.amp.GradScaler):
+        """scaler.unscale_ on the master shards, then one all_reduce (max) of the overflow
+        flag, written back into the scaler's found_inf_per_device: every rank's scaler then
+        skips the step and lowers the scale, or none does. Call before clip_grad_norm_."""
+        self.finish()
+        if not scaler.is_enabled():
+            return
+        scaler.unscale_(self.optimizer)
+        found = self._scaler_state(scaler)["found_inf_per_device"]
+        flags = list(found.values())
+        local = torch.stack([f.to(torch.float32) for f in flags]).amax().reshape(1) if flags else torch.zeros(1)
+        self.local_found_inf = bool(local.item() > 0)
+        self.comm.all_reduce(local, op="max")
+        self._found_inf = bool(local.item() > 0)
+        if not flags:  # no gradient here at all: record the verdict for step() and update()
+            found[torch.device("cpu")] = torch.zeros((), dtype=torch.float32)
+            flags = list(found.values())
+        for flag in flags:
+            flag.fill_(local.item())
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the gradients so that their norm over all ranks' shards is at most max_norm;
+        returns that total norm (the value torch.nn.utils.clip_grad_norm_ gives on the
+        unsharded model). One all_reduce of one number."""
+        self.finish()
+        norm_type = float(norm_type)
+        if norm_type <= 0:
+            raise ValueError(f"clip_grad_norm_: norm_type must be positive, got {norm_type}")
+        grads = [bucket.master.grad for bucket in self.buckets if bucket.master.grad is not None]
+        # float64 keeps the cross-rank sum of powers as exact as torch's per-tensor norms.
+        local = torch.zeros(1, dtype=torch.float64)
+        with torch.no_grad():
+            for grad in grads:
+                if grad.numel() == 0:
+                    continue
+                g = grad.detach().to(torch.float64).abs()
+                if norm_type == float("inf"):
+                    local = torch.maximum(local, g.max().reshape(1))
+                else:
+                    local += g.pow(norm_type).sum()
+            self.comm.all_reduce(local, op="max" if norm_type == float("inf") else "sum")
+            total = local[0] if norm_type == float("inf") else local[0].pow(1.0 / norm_type)
+            total = total.to(torch.float32)
+            coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+            for grad in grads:
+                grad.mul_(coefficient)
+        return total
+
+    # --- optimizer state ----------------------------------------------------------------------
+
+    def _per_element(self, value, bucket) -> bool:
+        return torch.is_tensor(value) and value.dim() == 1 and value.shape[0] == bucket.shard_size
+
+    def sharded_state_dict(self) -> dict:
+        """This rank's part: the optimizer's own state_dict over its shards, the fp32 master
+        shards, and the layout it belongs to (load it back at the same world size and model)."""
+        self.synchronize()
+        return {"world_size": self.world_size, "rank": self.rank,
+                "bucket_counts": [bucket.count for bucket in self.buckets],
+                # A copy: torch's state_dict() hands out the live state tensors.
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "masters": [bucket.master.detach().clone() for bucket in self.buckets]}
+
+    def load_sharded_state_dict(self, state: dict):
+        """Load what sharded_state_dict() gave on this rank (same world size and model)."""
+        counts = [bucket.count for bucket in self.buckets]
+        if state.get("world_size") != self.world_size or state.get("rank") != self.rank or \
+                state.get("bucket_counts") != counts:
+            raise ValueError(f"load_sharded_state_dict: saved for rank {state.get('rank')} of "
+                             f"{state.get('world_size')} with buckets {state.get('bucket_counts')}, but this is rank "
+                             f"{self.rank} of {self.world_size} with buckets {counts}")
+        self.synchronize()
+        self.optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            for bucket, master in zip(self.buckets, state["masters"]):
+                bucket.master.copy_(master)
+        self._gather_params()
+
+    def state_dict(self) -> dict:
+        """The full optimizer state, as the same optimizer over model.parameters() would
+        hold it (state keyed by parameter index, one param group), gathered from every rank.
+        Collective. In fp16/bf16 it also holds the fp32 "master_params"."""
+        self.synchronize()
+        inner = self.optimizer.state_dict()
+        state = {index: {} for index in range(len(self.params))}
+        masters = [None] * len(self.params)
+        for b, bucket in enumerate(self.buckets):
+            shard_state = dict(inner["state"].get(b, {}))
+            if self.param_dtype != _MASTER_DTYPE:
+                shard_state[" master"] = bucket.master.detach()
+            for key, value in sorted(shard_state.items()):
+                if self._per_element(value, bucket):
+                    full = value.new_empty(bucket.shard_size * self.world_size)
+                    self.comm.all_gather(value.contiguous(), full)
+                for index in bucket.indices:
+                    param = self.params[index]
+                    piece = bucket.region(full, index, param.numel()).view(param.shape).clone() \
+                        if self._per_element(value, bucket) else (value.clone() if torch.is_tensor(value) else value)
+                    if key == " master":
+                        masters[index] = piece
+                    else:
+                        state[index][key] = piece
+        group = {k: v for k, v in inner["param_groups"][0].items() if k != "params"}
+        full_state = {"state": {i: s for i, s in state.items() if s},
+                      "param_groups": [dict(group, params=list(range(len(self.params))))]}
+        if self.param_dtype != _MASTER_DTYPE:
+            full_state["master_params"] = masters
+        return full_state
+
+    def load_state_dict(self, full_state: dict):
+        """Load a full state (state_dict(), or a plain optimizer's state_dict over
+        model.parameters()): each rank keeps its shard. Not collective except for the
+        parameter all-gather of fp16/bf16 masters."""
+        groups = full_state["param_groups"]
+        if len(groups) != 1 or list(groups[0]["params"]) != list(range(len(self.params))):
+            raise ValueError(f"load_state_dict: expected one param group over {len(self.params)} parameters, got "
+                             f"{[len(g['params']) for g in groups]}")
+        saved = full_state["state"]
+        inner_state = {}
+        for b, bucket in enumerate(self.buckets):
+            first = saved.get(bucket.indices[0], {})
+            shard_state = {}
+            for key, value in first.items():
+                if torch.is_tensor(value) and value.shape == self.params[bucket.indices[0]].shape and value.dim() > 0:
+                    shard_state[key] = self._shard_of(bucket, [saved[i][key] for i in bucket.indices])
+                else:
+                    shard_state[key] = value.clone() if torch.is_tensor(value) else value
+            if shard_state:
+                inner_state[b] = shard_state
+        group = {k: v for k, v in groups[0].items() if k != "params"}
+        self.synchronize()
+        self.optimizer.load_state_dict({"state": inner_state,
+                                        "param_groups": [dict(group, params=list(range(len(self.buckets))))]})
+        masters = full_state.get("master_params")
+        if masters is not None:
+            with torch.no_grad():
+                for bucket in self.buckets:
+                    bucket.master.copy_(self._shard_of(bucket, [masters[i] for i in bucket.indices]))
+            self._gather_params()
+
+    def _shard_of(self, bucket, pieces):
+        flat = torch.zeros(bucket.shard_size * self.world_size, dtype=pieces[0].dtype)
+        for index, piece in zip(bucket.indices, pieces):
+            bucket.region(flat, index, piece.numel()).copy_(piece.reshape(-1))
+        return bucket.own_slice(flat, self.rank).clone()
+
+    # --- public -----------------------------------------------------------------------------
+
+    @property
+    def bucket_assignment(self) -> list[list[int]]:
+        """Indices into self.params of each bucket, in launch order."""
+        return [list(bucket.indices) for bucket in self.buckets]
+
+    def remove(self):
+        """Finish outstanding work and detach the hooks (the parameters stay flat-buffer views)."""
+        super().remove()
+        self.synchronize()
+        self._forward_handle.remove()
