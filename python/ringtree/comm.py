@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info
+from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes
 from ._nccl import wheel_library
 from .ops import resolve_op
 
@@ -25,8 +25,6 @@ _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 # Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
 _NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
-# Bytes per element of each dtype code (bfloat16 is not a numpy dtype).
-_ITEMSIZE = tuple(2 if name == "bfloat16" else np.dtype(name).itemsize for name in _core.DTYPES)
 ANY_SOURCE = -1
 ANY_TAG = -1
 
@@ -100,15 +98,6 @@ class MessageWork:
         source, tag, nbytes = self._work.status()
         state = "done" if self.is_completed() else "pending"
         return f"<ringtree.MessageWork {state} source={source} tag={tag} nbytes={nbytes}>"
-
-
-def _message_buffer(x, what):
-    """(pointer, bytes, read-only, keepalive) of a host buffer for a message."""
-    info = buffer_info(x, what)
-    if info.device:
-        raise _core.InvalidArgument(f"{what}: messages take host buffers (numpy arrays, CPU tensors); got "
-                                    f"{DEVICE_NAMES[info.device]} memory")
-    return info.ptr, info.count * _ITEMSIZE[info.dtype], info.readonly, info.keepalive
 
 
 def _rank_arg(value, what):
@@ -348,7 +337,7 @@ class Communicator:
         once; the MessageWork completes when the bytes are written (x may then be reused), and
         never waits for dst to post its receive. Messages from one rank to another with the same
         tag arrive in the order sent."""
-        ptr, nbytes, _, keep = _message_buffer(x, "isend")
+        ptr, nbytes, _, keep = host_bytes(x, "isend")
         work = self._core.isend(ptr, nbytes, _rank_arg(dst, "isend: dst"), _rank_arg(tag, "isend: tag"))
         return self._track(work, x, keep)
 
@@ -357,7 +346,7 @@ class Communicator:
         (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
         was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
         alive until the work is done (the communicator also holds it)."""
-        ptr, nbytes, readonly, keep = _message_buffer(x, "irecv")
+        ptr, nbytes, readonly, keep = host_bytes(x, "irecv")
         work = self._core.irecv(ptr, nbytes, readonly, _rank_arg(src, "irecv: src"), _rank_arg(tag, "irecv: tag"))
         return self._track(work, x, keep)
 
