@@ -332,7 +332,7 @@ void Messenger::State::run() {
       fd_peer.assign(1, -1);
       for (int q = 0; q < size; ++q) {
         const Link& link = links[q];
-        if (link.fd < 0 || link.hold) continue;
+        if (link.fd < 0 || link.peer != Link::Peer::Alive || link.hold) continue;
         fds.push_back({link.fd, static_cast<short>(POLLIN | (link.sendq.empty() ? 0 : POLLOUT)), 0});
         fd_peer.push_back(q);
       }
@@ -362,7 +362,7 @@ void Messenger::State::pump_recv(int q) {
     int fd;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (link.fd < 0 || link.hold) return;
+      if (link.peer != Link::Peer::Alive || link.hold) return;
       const uint64_t left = link.in.bytes - link.got;
       switch (link.sink) {
         case Sink::Header:
@@ -400,7 +400,7 @@ void Messenger::State::pump_send(int q) {
     int fd;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (link.fd < 0 || link.hold || link.sendq.empty()) return;
+      if (link.peer != Link::Peer::Alive || link.hold || link.sendq.empty()) return;
       const MessageOp& op = *link.sendq.front();
       if (link.sent == 0) link.out = {kMsgMagic, kMessage, op.tag, op.bytes};
       const uint64_t header_left = link.sent < sizeof(MsgWire) ? sizeof(MsgWire) - link.sent : 0;
@@ -522,7 +522,8 @@ void Messenger::State::lose_peer(int q, bool departed, const std::string& detail
   link.peer = departed ? Link::Peer::Departed : Link::Peer::Gone;
   link.why = departed ? str_cat(names[q], " closed its communicator")
                       : str_cat(names[q], " died or lost its connection (", detail, ")");
-  close_fd(link.fd);
+  // The socket stays open (out of the poll set) until close(): descriptors change only when
+  // this rank makes or closes a communicator.
   auto failure = [&](const MessageOp& op) { return make_error(ErrorKind::PeerFailure, str_cat(op.describe(), ": ", link.why)); };
   for (const std::shared_ptr<MessageOp>& op : link.sendq) complete(*op, failure(*op));
   link.sendq.clear();
@@ -731,7 +732,7 @@ void Messenger::close(double timeout_s) {
   for (Link& link : s.links) {
     if (link.fd < 0) continue;
     // A goodbye only where no message is half written (else the peer sees a broken message).
-    if (link.sent == 0) (void)::send(link.fd, &goodbye, sizeof(goodbye), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (link.peer == Link::Peer::Alive && link.sent == 0) (void)::send(link.fd, &goodbye, sizeof(goodbye), MSG_DONTWAIT | MSG_NOSIGNAL);
     shutdown(link.fd, SHUT_WR);
     // Unread bytes would make close() reset the connection, which can overtake the goodbye.
     while (::recv(link.fd, s.discard.data(), s.discard.size(), MSG_DONTWAIT) > 0) {
