@@ -289,9 +289,10 @@ bool Messenger::State::cancel(std::unique_lock<std::mutex>& lock, MessageOp& op,
       wake();
       if (op.done) return false;
     }
-    if (op.is_send && (!on_wire || link.sent == 0)) {
-      link.sendq.erase(std::find_if(link.sendq.begin(), link.sendq.end(),
-                                    [&](const std::shared_ptr<MessageOp>& p) { return p.get() == &op; }));
+    if (op.is_send && (!on_wire || link.sent == 0)) {  // nothing of it written yet: it never goes
+      const auto queued = std::find_if(link.sendq.begin(), link.sendq.end(),
+                                       [&](const std::shared_ptr<MessageOp>& p) { return p.get() == &op; });
+      if (queued != link.sendq.end()) link.sendq.erase(queued);
     } else if (op.is_send) {
       // Part of it is on the wire, which cannot be taken back: the rest goes from a copy, so
       // the caller may free the buffer, and the peer still gets the whole message.
