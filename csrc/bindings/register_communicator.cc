@@ -83,6 +83,16 @@ void register_communicator(py::module_& m) {
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &Work::is_completed);
 
+  py::class_<MessageWork, std::shared_ptr<MessageWork>>(m, "MessageWork", "One isend or irecv in flight.")
+      .def("wait", &MessageWork::wait, py::arg("timeout") = 0.0, py::call_guard<py::gil_scoped_release>(),
+           "Waits up to timeout s (<= 0: the communicator's); raises the message's error, or Timeout after cancelling it.")
+      .def("is_completed", &MessageWork::is_completed)
+      .def("cancel", &MessageWork::cancel, py::call_guard<py::gil_scoped_release>())
+      .def("status", [](const MessageWork& w) {
+        const MessageStatus s = w.status();
+        return py::make_tuple(s.source, s.tag, s.bytes);
+      }, "(source, tag, bytes)");
+
   py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate",
                                          "Holds back a call's traffic until open(): see Communicator.run(gate=).")
       .def(py::init([](std::function<void()> on_done) { return std::make_shared<Gate>(std::move(on_done)); }),
@@ -156,6 +166,34 @@ void register_communicator(py::module_& m) {
                out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
              return out;
            })
+      .def("isend",
+           [](Communicator& c, uintptr_t ptr, uint64_t bytes, int dst, int64_t tag) {
+             return c.isend(reinterpret_cast<const void*>(ptr), bytes, dst, tag);
+           },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dst"), py::arg("tag"), py::call_guard<py::gil_scoped_release>())
+      .def("irecv",
+           [](Communicator& c, uintptr_t ptr, uint64_t capacity, bool readonly, int src, int64_t tag) {
+             return c.irecv(reinterpret_cast<void*>(ptr), capacity, readonly, src, tag);
+           },
+           py::arg("ptr"), py::arg("capacity"), py::arg("readonly"), py::arg("src"), py::arg("tag"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("probe",
+           [](Communicator& c, int src, int64_t tag, double timeout) {
+             MessageStatus s;
+             {
+               py::gil_scoped_release release;
+               s = c.probe(src, tag, timeout);
+             }
+             return py::make_tuple(s.source, s.tag, s.bytes);
+           },
+           py::arg("src"), py::arg("tag"), py::arg("timeout") = 0.0)
+      .def("iprobe",
+           [](Communicator& c, int src, int64_t tag) -> py::object {
+             MessageStatus s;
+             if (!c.iprobe(src, tag, s)) return py::none();
+             return py::make_tuple(s.source, s.tag, s.bytes);
+           },
+           py::arg("src"), py::arg("tag"))
       .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())

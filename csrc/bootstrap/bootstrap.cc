@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include "bootstrap/socket.h"
@@ -17,7 +18,7 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x52544231;  // "RTB1"
 constexpr uint32_t kTableMagic = 0x52545442;  // "RTTB"
 constexpr uint32_t kMeshMagic = 0x52544d48;   // "RTMH"
-constexpr uint32_t kVersion = 2;  // 2: peers carry their shared-memory domain
+constexpr uint32_t kVersion = 3;  // 2: peers carry their shared-memory domain; 3: message connections
 constexpr int kMaxRanks = 1 << 16;
 constexpr uint32_t kMaxErrorText = 1024;
 constexpr size_t kMaxPendingHellos = 1024;  // connections whose hello is still on its way
@@ -53,8 +54,20 @@ struct MeshHelloWire {
   uint32_t magic;
   uint8_t secret[16];
   int32_t rank;
-  int32_t channel;  // 0 control, 1 data
+  int32_t channel;  // a Channel
 };
+
+enum Channel : int32_t { kControl = 0, kData = 1, kMessage = 2 };
+
+// The connections a pair makes: control and message always, data when the pair talks TCP.
+std::vector<int32_t> pair_channels(const Mesh& mesh, int a, int b) {
+  if (mesh.pair_uses_tcp(a, b)) return {kControl, kData, kMessage};
+  return {kControl, kMessage};
+}
+
+std::vector<int>& channel_fds(Mesh& mesh, int32_t channel) {
+  return channel == kControl ? mesh.ctrl_fd : channel == kData ? mesh.data_fd : mesh.msg_fd;
+}
 
 bool secret_matches(const uint8_t* got, const std::array<uint8_t, 16>& want) {
   uint8_t diff = 0;  // constant time: no early exit on the first differing byte
@@ -145,6 +158,7 @@ Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp, uint64_t sh
     close_fd(mesh_listener);
     for (int& fd : mesh.ctrl_fd) close_fd(fd);
     for (int& fd : mesh.data_fd) close_fd(fd);
+    for (int& fd : mesh.msg_fd) close_fd(fd);
     throw;
   }
   close_fd(mesh_listener);
@@ -298,19 +312,20 @@ void Bootstrap::rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd) {
 void Bootstrap::connect_mesh(Mesh& mesh, int mesh_listener) {
   mesh.ctrl_fd.assign(size_, -1);
   mesh.data_fd.assign(size_, -1);
+  mesh.msg_fd.assign(size_, -1);
   // Connect to every lower rank (the listen backlog completes these without an accept), then
   // accept from every higher rank: no ordering deadlock.
   for (int q = 0; q < rank_; ++q) {
-    for (int channel = 0; channel < (mesh.pair_uses_tcp(rank_, q) ? 2 : 1); ++channel) {
+    for (int32_t channel : pair_channels(mesh, rank_, q)) {
       int fd = tcp_connect(mesh.peers[q].ip, mesh.peers[q].mesh_port, deadline_);
+      channel_fds(mesh, channel)[q] = fd;
       MeshHelloWire h{kMeshMagic, {}, rank_, channel};
       std::memcpy(h.secret, uid_.secret.data(), 16);
       write_full(fd, &h, sizeof(h), deadline_);
-      (channel == 0 ? mesh.ctrl_fd : mesh.data_fd)[q] = fd;
     }
   }
-  int expected = 0;
-  for (int q = rank_ + 1; q < size_; ++q) expected += mesh.pair_uses_tcp(rank_, q) ? 2 : 1;
+  size_t expected = 0;
+  for (int q = rank_ + 1; q < size_; ++q) expected += pair_channels(mesh, rank_, q).size();
   while (expected > 0) {
     int fd = tcp_accept(mesh_listener, deadline_);
     RT_CHECK(fd >= 0, Timeout, "rank ", rank_, " timed out waiting for ", expected, " mesh connection(s) from higher ranks");
@@ -321,9 +336,12 @@ void Bootstrap::connect_mesh(Mesh& mesh, int mesh_listener) {
       close_fd(fd);
       continue;
     }
-    const bool valid = h.magic == kMeshMagic && secret_matches(h.secret, uid_.secret) && h.rank > rank_ &&
-                       h.rank < size_ && (h.channel == 0 || (h.channel == 1 && mesh.pair_uses_tcp(rank_, h.rank)));
-    int* slot = valid ? &(h.channel == 0 ? mesh.ctrl_fd : mesh.data_fd)[h.rank] : nullptr;
+    bool valid = h.magic == kMeshMagic && secret_matches(h.secret, uid_.secret) && h.rank > rank_ && h.rank < size_;
+    if (valid) {
+      const std::vector<int32_t> channels = pair_channels(mesh, rank_, h.rank);
+      valid = std::find(channels.begin(), channels.end(), h.channel) != channels.end();
+    }
+    int* slot = valid ? &channel_fds(mesh, h.channel)[h.rank] : nullptr;
     if (!slot || *slot >= 0) { close_fd(fd); continue; }
     *slot = fd;
     --expected;

@@ -4,8 +4,9 @@
 // secret, its rank, the world size, its host identity and the port of its own mesh listener;
 // rank 0 drops connections without the secret (without disturbing the job), explains a wrong
 // rank or size to every rank instead of hanging, and sends everyone the peer table. Then every
-// pair connects directly: one control connection per pair (liveness, abort notices), plus a
-// data connection for pairs that talk over TCP.
+// pair connects directly: one control connection per pair (liveness, abort notices), one
+// message connection per pair (tagged messages, runtime/messenger.h: TCP even on one host), plus
+// a data connection for pairs that talk over TCP.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,6 +32,7 @@ struct Mesh {
   std::vector<PeerInfo> peers;
   std::vector<int> ctrl_fd;  // per peer, -1 for self
   std::vector<int> data_fd;  // per peer, -1 where the pair uses shared memory
+  std::vector<int> msg_fd;   // per peer, -1 for self: tagged messages beside the call order
   bool pair_uses_tcp(int a, int b) const {
     return peers[a].host != peers[b].host || peers[a].shm_domain != peers[b].shm_domain || peers[a].force_tcp ||
            peers[b].force_tcp;

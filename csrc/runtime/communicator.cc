@@ -75,6 +75,9 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
   exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, BoardBytes())));
   ctrl_.attach(rank, mesh_);
+  std::vector<std::string> names;
+  for (int q = 0; q < size; ++q) names.push_back(ctrl_.who(q));
+  messenger_.start(rank, mesh_, std::move(names), timeout_s);
   setup_cost_model(boot);
   const ClockOffset clock = boot.estimate_clock_offset(&FlightRecorder::now_ns);
   set_clock_offset(clock.offset_ns, clock.error_ns);
@@ -333,6 +336,7 @@ void CommunicatorImpl::abort(const std::string& why) {
   }
   ctrl_.broadcast_abort(ErrorKind::Aborted, 0, text);  // every peer's call in flight ends too
   exec_.abort(text);
+  messenger_.abort(text);
 }
 
 void CommunicatorImpl::worker_loop() {
@@ -370,6 +374,7 @@ void CommunicatorImpl::close() {
     queue_cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  messenger_.close(default_timeout_);  // queued messages go out first
   std::lock_guard<std::mutex> exec(exec_mu_);
   ctrl_.goodbye_and_close();
   exec_.close();

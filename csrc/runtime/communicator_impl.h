@@ -14,6 +14,7 @@
 #include "exec/host/host_executor.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/machine_probe.h"
+#include "runtime/messenger.h"
 #include "ringtree/communicator.h"
 
 namespace ringtree {
@@ -44,6 +45,14 @@ class CommunicatorImpl : public Communicator {
   std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
   std::string machine_costs() const override;
   std::string transport_to(int peer) const override;
+  std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {
+    return messenger_.isend(ptr, bytes, dst, tag);
+  }
+  std::shared_ptr<MessageWork> irecv(void* ptr, uint64_t capacity_bytes, bool readonly, int src, int64_t tag) override {
+    return messenger_.irecv(ptr, capacity_bytes, readonly, src, tag);
+  }
+  MessageStatus probe(int src, int64_t tag, double timeout_s) override { return messenger_.probe(src, tag, timeout_s); }
+  bool iprobe(int src, int64_t tag, MessageStatus& found) override { return messenger_.iprobe(src, tag, found); }
   void close() override;
   bool is_aborted() const override { return aborted_.load(); }
   void abort(const std::string& why) override;
@@ -73,6 +82,7 @@ class CommunicatorImpl : public Communicator {
   Mesh mesh_;
   ControlPlane ctrl_;
   HostExecutor exec_;
+  Messenger messenger_;  // tagged messages, beside the call order
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
   PriceTable prices_;   // the schedules' counts at this P, built once at set-up
   // choose_algo's last choices for auto: (bytes << 16 | coll << 8 | dtype << 4 | algo << 1 | 1).

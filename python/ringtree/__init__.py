@@ -22,7 +22,7 @@ from ._launchers import detect as _detect
 from ._nccl import nccl_info
 from .bucketing import Bucketer
 from .collectives import CollectiveInfo, collective_info
-from .comm import Communicator, Work, live_communicators
+from .comm import ANY_SOURCE, ANY_TAG, Communicator, MessageWork, Work, live_communicators
 from .explain import explain
 from .ops import PremulSum, ReduceOp, premul_sum
 
@@ -30,7 +30,7 @@ __all__ = [
     "init", "Communicator", "Work", "Bucketer", "UniqueId", "ReduceOp", "PremulSum", "premul_sum",
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
-    "collective_info", "CollectiveInfo", "dump", "trace",
+    "collective_info", "CollectiveInfo", "dump", "trace", "MessageWork", "ANY_SOURCE", "ANY_TAG",
 ]
 __version__ = "0.1.0"
 

@@ -129,3 +129,23 @@ def buffer_info(x, name: str) -> BufferInfo:
         raise _invalid(f"{name}: array must be C-contiguous (got strides {arr.strides} for shape {arr.shape})")
     ptr, readonly = arr.__array_interface__["data"]
     return BufferInfo(ptr, arr.size, _DTYPE_CODES[dtype], bool(readonly), arr)
+
+
+def host_bytes(x, name: str):
+    """(pointer, bytes, read-only, keepalive) of a contiguous host buffer of any dtype, for
+    messages, which move bytes and never look at the elements."""
+    if x is None:
+        raise _invalid(f"{name}: a buffer is required, got None")
+    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        if x.device.type != "cpu":
+            raise _invalid(f"{name}: messages take host buffers; got a tensor on {x.device} (copy it to the CPU)")
+        if not x.is_contiguous():
+            raise _invalid(f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})")
+        return x.data_ptr(), x.numel() * x.element_size(), False, x
+    if getattr(x, "__cuda_array_interface__", None) is not None:
+        raise _invalid(f"{name}: messages take host buffers; got a CUDA array {type(x).__name__}")
+    arr = _to_numpy(x, name)
+    if not arr.flags.c_contiguous:
+        raise _invalid(f"{name}: array must be C-contiguous (got strides {arr.strides} for shape {arr.shape})")
+    ptr, readonly = arr.__array_interface__["data"]
+    return ptr, arr.nbytes, bool(readonly), arr

@@ -7,6 +7,7 @@ returns a Work whose wait() returns it (and re-raises the collective's error).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
@@ -15,7 +16,7 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info
+from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes
 from ._nccl import wheel_library
 from .ops import resolve_op
 
@@ -24,6 +25,8 @@ _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 # Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
 _NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+ANY_SOURCE = -1
+ANY_TAG = -1
 
 
 class Work:
@@ -45,6 +48,62 @@ class Work:
 
     def result(self):
         return self._result
+
+
+class MessageWork:
+    """One isend or irecv in flight (see Communicator.isend / irecv).
+
+    wait(timeout=None) waits up to `timeout` seconds (None: the communicator's timeout) and
+    returns the message's buffer, or raises its error (PeerFailure, Aborted, InvalidArgument
+    for a message larger than the receive buffer); past the timeout it cancels the message
+    and raises Timeout, after which the buffer is never touched again. After completion,
+    source, tag and nbytes say what a receive got (a send reports its own)."""
+
+    __slots__ = ("_work", "_buffer")
+
+    def __init__(self, work, buffer):
+        self._work, self._buffer = work, buffer
+
+    def wait(self, timeout: float | None = None):
+        if timeout is None:
+            seconds = 0.0
+        else:
+            seconds = float(timeout)
+            if seconds <= 0:
+                raise _core.InvalidArgument(f"MessageWork.wait: timeout must be positive, got {timeout}")
+        self._work.wait(seconds)
+        return self._buffer
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def cancel(self) -> bool:
+        """Stop the message unless it completed already; True when it was cancelled (wait()
+        then raises Aborted). A send partly written finishes from a copy."""
+        return self._work.cancel()
+
+    @property
+    def source(self) -> int:
+        return self._work.status()[0]
+
+    @property
+    def tag(self) -> int:
+        return self._work.status()[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self._work.status()[2]
+
+    def __repr__(self):
+        source, tag, nbytes = self._work.status()
+        state = "done" if self.is_completed() else "pending"
+        return f"<ringtree.MessageWork {state} source={source} tag={tag} nbytes={nbytes}>"
+
+
+def _rank_arg(value, what):
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+        raise _core.InvalidArgument(f"{what} must be an int, got {value!r}")
+    return int(value)
 
 
 def _counts(counts, name):
@@ -80,7 +139,7 @@ def _algo_code(algo) -> int:
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_cuda", "_label", "_closed", "__weakref__")
+    __slots__ = ("_core", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
@@ -89,6 +148,10 @@ class Communicator:
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
         self._closed = False
+        # Messages in flight and their buffers: a buffer stays alive until its message is done,
+        # even if the caller drops the MessageWork (pruned as the list grows).
+        self._inflight = collections.deque()
+        self._inflight_cap = 64
         _LIVE.add(self)
 
     @property
@@ -267,6 +330,48 @@ class Communicator:
         return self._run("sendrecv", x, out, peer=dst, recv_peer=src, timeout=timeout, async_op=async_op,
                          result=out)
 
+    # --- tagged messages -------------------------------------------------------------------
+
+    def isend(self, x, dst, tag=0) -> MessageWork:
+        """Send x's bytes to rank `dst` with `tag` (>= 0), beside the call order. Returns at
+        once; the MessageWork completes when the bytes are written (x may then be reused), and
+        never waits for dst to post its receive. Messages from one rank to another with the same
+        tag arrive in the order sent."""
+        ptr, nbytes, _, keep = host_bytes(x, "isend")
+        work = self._core.isend(ptr, nbytes, _rank_arg(dst, "isend: dst"), _rank_arg(tag, "isend: tag"))
+        return self._track(work, x, keep)
+
+    def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
+        """Receive into x the first message from `src` (ANY_SOURCE: any rank) with `tag`
+        (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
+        was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
+        alive until the work is done (the communicator also holds it)."""
+        ptr, nbytes, readonly, keep = host_bytes(x, "irecv")
+        work = self._core.irecv(ptr, nbytes, readonly, _rank_arg(src, "irecv: src"), _rank_arg(tag, "irecv: tag"))
+        return self._track(work, x, keep)
+
+    def probe(self, src=ANY_SOURCE, tag=ANY_TAG, timeout=None) -> tuple:
+        """Wait (up to timeout s; None: the communicator's) for a matching message that no
+        receive has taken yet and return its (source, tag, nbytes) without receiving it."""
+        seconds = 0.0 if timeout is None else float(timeout)
+        if timeout is not None and seconds <= 0:
+            raise _core.InvalidArgument(f"probe: timeout must be positive, got {timeout}")
+        return self._core.probe(_rank_arg(src, "probe: src"), _rank_arg(tag, "probe: tag"), seconds)
+
+    def iprobe(self, src=ANY_SOURCE, tag=ANY_TAG):
+        """(source, tag, nbytes) of a matching message no receive has taken yet, else None."""
+        return self._core.iprobe(_rank_arg(src, "iprobe: src"), _rank_arg(tag, "iprobe: tag"))
+
+    def _track(self, work, x, keep) -> MessageWork:
+        inflight = self._inflight
+        inflight.append((work, keep))
+        if len(inflight) > self._inflight_cap:
+            pending = [item for item in inflight if not item[0].is_completed()]
+            inflight.clear()
+            inflight.extend(pending)
+            self._inflight_cap = max(64, 2 * len(pending))
+        return MessageWork(work, x)
+
     # --- structure -----------------------------------------------------------------------
 
     def split(self, color, key=None, timeout=None):
@@ -373,6 +478,7 @@ class Communicator:
         if self._cuda is not None:
             self._cuda.close()
         self._core.close()
+        self._inflight.clear()  # every message is done or failed now
         first, self._closed = not self._closed, True
         trace_dir = os.environ.get("RINGTREE_TRACE")
         if trace_dir and first:

@@ -87,6 +87,34 @@ class Work {
   std::exception_ptr error_;
 };
 
+// Tagged point-to-point messages (runtime/messenger.h): outside the call order, matched by
+// source and tag as MPI does.
+constexpr int kAnySource = -1;
+constexpr int64_t kAnyTag = -1;
+
+// What a receive got, or what a probe found: sender, tag and payload size in bytes.
+struct MessageStatus {
+  int source = -1;
+  int64_t tag = -1;
+  uint64_t bytes = 0;
+};
+
+// One isend or irecv in flight.
+class MessageWork {
+ public:
+  virtual ~MessageWork() = default;
+  // Waits up to timeout_s (<= 0: the communicator's timeout) and rethrows the message's error.
+  // Past the timeout it cancels the message (a receive then never touches its buffer again)
+  // and throws Timeout.
+  virtual void wait(double timeout_s) = 0;
+  virtual bool is_completed() const = 0;
+  // Stops the message unless it already completed: true when it was cancelled (its wait()
+  // then throws Aborted). A send already partly on the wire still finishes, from a copy.
+  virtual bool cancel() = 0;
+  // A receive's sender, tag and byte count once it completed; a send's own.
+  virtual MessageStatus status() const = 0;
+};
+
 // One candidate algorithm's predicted time for a call, and the formula behind it.
 struct AlgoEstimate {
   Algo algo;
@@ -116,6 +144,18 @@ class Communicator {
   virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
   virtual std::string transport_to(int peer) const = 0;
+
+  // Tagged messages, beside the call order (runtime/messenger.h). isend completes once the
+  // bytes are written (the buffer may then be reused); it never waits for a matching receive.
+  virtual std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) = 0;
+  // Receives the first message from `src` (kAnySource: any) with `tag` (kAnyTag: any) into at
+  // most capacity_bytes at ptr.
+  virtual std::shared_ptr<MessageWork> irecv(void* ptr, uint64_t capacity_bytes, bool readonly, int src,
+                                             int64_t tag) = 0;
+  // The first matching message that arrived and is not yet received, without receiving it:
+  // probe waits up to timeout_s (<= 0: the communicator's timeout), iprobe returns false now.
+  virtual MessageStatus probe(int src, int64_t tag, double timeout_s) = 0;
+  virtual bool iprobe(int src, int64_t tag, MessageStatus& found) = 0;
   // Finishes queued work, tells the peers this rank is leaving, releases every resource.
   virtual void close() = 0;
   virtual bool is_aborted() const = 0;

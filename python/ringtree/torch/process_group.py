@@ -321,14 +321,6 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         self._store = store
         self._comm = comm
         self._timeout = _seconds(timeout)
-        # ringtree runs each communicator's calls in order, so a large isend to a peer that
-        # first isends to us would wait for a recv queued behind it. Point-to-point traffic
-        # therefore runs on two more communicators, one per direction (to higher ranks, to
-        # lower ranks): a send and the recv it needs never share a queue with the reverse flow.
-        self._p2p_up = self._p2p_down = None
-        if comm.size > 1:
-            self._p2p_up = comm.split(0)
-            self._p2p_down = comm.split(0)
         self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
         self._register_devices()
 
@@ -383,9 +375,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         self.shutdown()
 
     def shutdown(self):
-        for comm in (self._p2p_up, self._p2p_down, self._comm):
-            if comm is not None:
-                comm.close()
+        self._comm.close()
 
     # plumbing ---------------------------------------------------------------------------
 
@@ -803,41 +793,102 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(lambda async_op: [self._comm.barrier(async_op=async_op, timeout=timeout)], [], opts=opts)
 
     # point to point ---------------------------------------------------------------------
+    # Tagged messages (Communicator.isend / irecv): beside the group's call order, so a send
+    # never waits for a collective or for the peer's receive, and recv may name no source.
 
     def _check_p2p(self, peer, tag, what):
-        if tag != 0:
-            raise ValueError(f"ringtree: {what}: tags are not supported (got tag={tag}); messages between two "
-                             f"ranks match in the order they are posted")
         if not 0 <= peer < self._comm.size or peer == self._comm.rank:
             raise ValueError(f"ringtree: {what}: peer {peer} must be another rank of this group of {self._comm.size}")
+        self._check_tag(tag, what)
 
-    def _p2p_comm(self, sender, receiver):
-        return self._p2p_up if sender < receiver else self._p2p_down
+    @staticmethod
+    def _check_tag(tag, what):
+        if tag < 0:
+            raise ValueError(f"ringtree: {what}: tag must be >= 0, got {tag}")
+
+    def _messages(self, issue, outputs, finish=None):
+        """Start the messages issue() makes; a completion thread waits for them, runs
+        finish(messages) (checks sizes, copies into CUDA or non-contiguous tensors) and
+        completes the work."""
+        work = _MessageWork(outputs, issue())
+        done = None
+        if finish is not None:
+            device = _cuda_device(outputs)
+
+            def done():
+                finish(work.messages)
+                if device is not None:  # the copies ran on this thread's stream
+                    torch.cuda.current_stream(device).synchronize()
+        self._completer.submit(work.messages, done, work)
+        return work
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's argument names
         tensors = _tensor_list(tensors, "send")
         self._check_p2p(dstRank, tag, "send")
-        staged = [_Staged(t, "send tensor") for t in tensors]
-        comm = self._p2p_comm(self._comm.rank, dstRank)
-
-        def issue(async_op):
-            return [comm.send(s.buffer, dstRank, async_op=async_op, timeout=self._timeout) for s in staged]
-
-        return self._launch(issue, tensors)
+        staged = [_MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
+        return self._messages(lambda: [self._comm.isend(s.buffer, dstRank, tag) for s in staged], tensors)
 
     def recv(self, tensors, srcRank, tag=0):  # noqa: N803
         tensors = _tensor_list(tensors, "recv")
         self._check_p2p(srcRank, tag, "recv")
-        staged = [_Staged(t, "recv tensor") for t in tensors]
-        comm = self._p2p_comm(srcRank, self._comm.rank)
-
-        def issue(async_op):
-            return [comm.recv(s.buffer, srcRank, async_op=async_op, timeout=self._timeout) for s in staged]
-
-        return self._launch(issue, tensors, lambda: [s.write_back() for s in staged])
+        return self._receive(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
-        raise ValueError("ringtree: recv from any source is not supported; pass src")
+        tensors = _tensor_list(tensors, "recv")
+        if len(tensors) != 1:
+            raise ValueError(f"ringtree: recv from any source takes one tensor, got {len(tensors)}")
+        self._check_tag(tag, "recv")
+        return self._receive(tensors, rt.ANY_SOURCE, tag)
+
+    def _receive(self, tensors, src, tag):
+        staged = [_MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
+        return self._messages(lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged], tensors,
+                              lambda messages: [s.write_back(m) for s, m in zip(staged, messages)])
+
+
+class _MessageBuffer:
+    """A tensor's bytes as a message takes them: host memory, contiguous, viewed as uint8 (so
+    every dtype travels as is). CUDA and non-contiguous tensors go through a host copy."""
+
+    __slots__ = ("tensor", "buffer", "copied")
+
+    def __init__(self, tensor, what, copy_in):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type not in ("cpu", "cuda") or tensor.is_sparse:
+            raise ValueError(f"ringtree: {what} must be a dense CPU or CUDA tensor, got {tensor.layout} on {tensor.device}")
+        host = tensor.detach()
+        if host.device.type != "cpu":
+            host = host.to("cpu") if copy_in else torch.empty(host.shape, dtype=host.dtype)
+        elif not host.is_contiguous():
+            host = host.contiguous()
+        self.copied = host is not tensor and host.data_ptr() != tensor.data_ptr()
+        self.tensor = tensor
+        self.buffer = host.reshape(-1).view(torch.uint8)
+
+    def write_back(self, message):
+        """After the receive: the whole tensor must have come (as Gloo demands), then into place."""
+        want = self.buffer.numel()
+        if message.nbytes != want:
+            raise rt.InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
+                                     f"{message.tag}, but the tensor holds {want} bytes")
+        if self.copied:
+            with torch.no_grad():
+                self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
+
+
+class _MessageWork(RingtreeWork):
+    """A RingtreeWork over messages: after a receive, source_rank() names the sender."""
+
+    def __init__(self, outputs, messages):
+        super().__init__(outputs)
+        self.messages = messages
+
+    def source_rank(self):
+        self.wait()
+        return self.messages[0].source
+
+    _source_rank = source_rank  # what torch.distributed.recv(src=None) calls
 
 
 # --- creation -----------------------------------------------------------------------------
