@@ -161,7 +161,7 @@ def report(results, args) -> str:
     lines += ["", "| servers | workers | pushes/s | rows/s |", "|---|---|---|---|"]
     for r in results["throughput"]:
         lines.append(f"| {r['servers']} | {r['workers']} | {r['pushes_per_s']:.0f} | {r['rows_per_s']:.0f} |")
-    lines += ["", "| skewed keys, combine duplicates | pushes/s | rows sent per push | rows per server |", "|---|---|---|---|"]
+    lines += ["", "| skewed keys, combine duplicates | pushes/s | rows per push message to a server | rows per server |", "|---|---|---|---|"]
     for r in results["skew"]:
         lines.append(f"| {'yes' if r['combine'] else 'no'} | {r['pushes_per_s']:.0f} | "
                      f"{r['rows_sent_per_push']:.1f} | {r['server_rows']} |")
