@@ -48,6 +48,7 @@ import math
 import sys
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _core
 from ._buffers import _DTYPE_CODES, _TORCH_DTYPES
@@ -236,6 +237,7 @@ class _Dispatch(torch.autograd.Function):
         return _to_experts(tokens.index_select(0, handle.token_index), handle)
 
     @staticmethod
+    @once_differentiable  # the exchanges themselves are not differentiated again
     def backward(ctx, grad_inputs):
         h = ctx.handle
         back = _from_experts(grad_inputs, h)
@@ -253,6 +255,7 @@ class _Combine(torch.autograd.Function):
         return back.new_zeros(handle.T, handle.H).index_add_(0, handle.token_index, back * weights[:, None])
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         h = ctx.handle
         back, weights = ctx.saved_tensors
