@@ -53,9 +53,9 @@ class Excluded(_core.Error):
     __module__ = "ringtree"
 
 
-def _timeout_arg(comm, timeout, what):
+def _timeout_arg(default, timeout, what):
     if timeout is None:
-        return comm.timeout
+        return default
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _core.InvalidArgument(f"{what}: timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
@@ -157,7 +157,7 @@ def shrink(comm, exclude=(), timeout=None):
     from .comm import Communicator
 
     exclude = _validate_exclude(comm, exclude)
-    timeout = _timeout_arg(comm, timeout, "shrink")
+    timeout = _timeout_arg(comm.timeout, timeout, "shrink")
     size, me = comm.size, comm.rank
     view = frozenset(range(size)) - exclude
     dead = set()
@@ -216,7 +216,7 @@ def grow(comm, joiners, publish=None, timeout=None):
     if comm.rank == 0 and not callable(publish):
         raise _core.InvalidArgument(f"grow: rank 0 needs publish, a callable that hands the token to the "
                                     f"new processes; got {publish!r}")
-    timeout = _timeout_arg(comm, timeout, "grow")
+    timeout = _timeout_arg(comm.timeout, timeout, "grow")
     new_size = comm.size + joiners
     raw = np.zeros(_TOKEN_BYTES, np.uint8)
     uid, failure = None, None
@@ -248,8 +248,5 @@ def join(token: str, index: int = 0, timeout=None):
     index = _rank_arg(index, "join: index")
     if not 0 <= index < new - old:
         raise _core.InvalidArgument(f"join: index {index} is outside 0..{new - old - 1} ({new - old} joiners)")
-    if timeout is None:
-        timeout = default_timeout()
-    elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _core.InvalidArgument(f"join: timeout must be a positive number of seconds, got {timeout!r}")
-    return Communicator(old + index, new, parts[3], float(timeout))
+    timeout = _timeout_arg(None, timeout, "join")
+    return Communicator(old + index, new, parts[3], default_timeout() if timeout is None else timeout)
