@@ -23,6 +23,7 @@ from ._nccl import nccl_info
 from .bucketing import Bucketer
 from .collectives import CollectiveInfo, collective_info
 from .comm import ANY_SOURCE, ANY_TAG, Communicator, MessageWork, Work, live_communicators
+from .elastic import Excluded, join
 from .explain import explain
 from .ops import PremulSum, ReduceOp, premul_sum
 
@@ -31,6 +32,7 @@ __all__ = [
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
     "collective_info", "CollectiveInfo", "dump", "trace", "MessageWork", "ANY_SOURCE", "ANY_TAG",
+    "Excluded", "join",
 ]
 __version__ = "0.1.0"
 

@@ -18,6 +18,7 @@ import numpy as np
 from . import _core
 from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes
 from ._nccl import wheel_library
+from .elastic import RESERVED_TAGS
 from .ops import resolve_op
 
 _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
@@ -104,6 +105,13 @@ def _rank_arg(value, what):
     if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
         raise _core.InvalidArgument(f"{what} must be an int, got {value!r}")
     return int(value)
+
+
+def _user_tag(value, what):
+    tag = _rank_arg(value, f"{what}: tag")
+    if tag >= RESERVED_TAGS:
+        raise _core.InvalidArgument(f"{what}: tags from 2**62 up are reserved for shrink(), got {tag}")
+    return tag
 
 
 def _counts(counts, name):
@@ -338,7 +346,7 @@ class Communicator:
         never waits for dst to post its receive. Messages from one rank to another with the same
         tag arrive in the order sent."""
         ptr, nbytes, _, keep = host_bytes(x, "isend")
-        work = self._core.isend(ptr, nbytes, _rank_arg(dst, "isend: dst"), _rank_arg(tag, "isend: tag"))
+        work = self._core.isend(ptr, nbytes, _rank_arg(dst, "isend: dst"), _user_tag(tag, "isend"))
         return self._track(work, x, keep)
 
     def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
@@ -347,7 +355,7 @@ class Communicator:
         was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
         alive until the work is done (the communicator also holds it)."""
         ptr, nbytes, readonly, keep = host_bytes(x, "irecv")
-        work = self._core.irecv(ptr, nbytes, readonly, _rank_arg(src, "irecv: src"), _rank_arg(tag, "irecv: tag"))
+        work = self._core.irecv(ptr, nbytes, readonly, _rank_arg(src, "irecv: src"), _user_tag(tag, "irecv"))
         return self._track(work, x, keep)
 
     def probe(self, src=ANY_SOURCE, tag=ANY_TAG, timeout=None) -> tuple:
@@ -396,6 +404,24 @@ class Communicator:
         leader = members[0][1]
         leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
         return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
+
+    def shrink(self, exclude=(), timeout=None) -> "Communicator":
+        """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive and
+        return a communicator of them, densely renumbered in old-rank order; this one is closed.
+        Every survivor calls it; the ranks in `exclude` (never this rank) and the dead do not.
+        A rank the others left out raises rt.Excluded. Each exchange waits at most `timeout`
+        seconds (default: this communicator's) for a peer before leaving it out. See the README
+        (Shrink and grow) for the protocol and what it guarantees."""
+        from .elastic import shrink
+        return shrink(self, exclude, timeout)
+
+    def grow(self, joiners: int, publish=None, timeout=None) -> "Communicator":
+        """A communicator of this one's ranks (same numbers) and `joiners` new processes (the
+        next numbers). Collective over this communicator, which stays usable. Rank 0 makes the
+        token and calls publish(token) (a file, a store, an environment variable...); each new
+        process calls rt.join(token, index) with index 0..joiners-1. The others may pass None."""
+        from .elastic import grow
+        return grow(self, joiners, publish, timeout)
 
     def cuda_executor(self) -> str:
         """How this communicator moves CUDA buffers: 'ipc' (a kernel walks the schedules over

@@ -130,11 +130,15 @@ class BackwardSync:
             self._sync_enabled = previous
 
     def remove(self):
-        """Detach the hooks from the model (finishing any outstanding step first)."""
-        self.finish()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """Detach the hooks from the model, finishing any outstanding step first. A step that
+        failed (its communicator lost a rank, say) re-raises its error, after the hooks are
+        gone: the model is then free for a hook on a new communicator (see shrink)."""
+        try:
+            self.finish()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
 
 class DataParallelHook(BackwardSync):

@@ -1,0 +1,252 @@
+"""Shrink and grow: carry on after a lost rank without relaunching.
+
+shrink: the survivors agree on who is alive over the old communicator's tagged messages (which
+keep working after a collective failed) and build a communicator of their own. Terms:
+  view     the set of old ranks a rank believes alive and willing (all minus `exclude`, minus
+           the ranks it has seen die or fall silent); it only ever shrinks;
+  round    every rank sends its view to every old rank not known dead, then receives the view
+           of every rank in its own view (a peer that dies or stays silent for `timeout` leaves
+           the view), and intersects them all; a view that leaves this rank out excludes it;
+  stable   a round in which every view received equals this rank's own;
+  leader   the lowest rank of a view; once its round is stable it sends a commit (the final
+           set and a fresh unique id) to every old rank not known dead, instead of its next view.
+The others keep exchanging rounds until a commit arrives (they look for one from any rank
+before and during every wait), so a member that dropped a rank the leader still saw follows
+the leader's set: one decision, one set. A rank the commit leaves out, or whose peers' views
+leave it out, raises Excluded; so a rank that was only slow (stopped, then resumed) finds the
+views and the commit waiting in its message queue and raises, rather than forming a second
+communicator of its own. Members then build the new communicator (densely renumbered in old
+rank order, the leader is rank 0) and close the old one.
+
+grow: the members agree on a unique id (rank 0 makes it and hands it to publish(), which gets
+it to the new processes); the new processes call join(token); everyone builds the new
+communicator, old ranks first with their numbers, new ranks after them.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import _core
+from ._buffers import host_bytes
+
+__all__ = ["Excluded", "RESERVED_TAGS", "shrink", "grow", "join"]
+
+# Tags from here up belong to shrink (user messages are refused there, see Communicator.isend).
+RESERVED_TAGS = 1 << 62
+_COMMIT_TAG = RESERVED_TAGS
+_VIEW_TAG = RESERVED_TAGS + 1  # + round
+_VIEW, _COMMIT = 1, 2
+_TOKEN_BYTES = 64
+_GROW_PREFIX = "rtgrow1"
+# After a round's deadline, one short look more: a rank resumed after SIGSTOP has its peers'
+# messages in its socket buffers, and its progress thread needs a moment to read them.
+_GRACE_S = 0.2
+
+
+class Excluded(_core.Error):
+    """This rank is not a member of the communicator that shrink() formed: the other ranks
+    gave up on it (it was excluded on purpose, or stopped answering in time)."""
+
+    kind = "excluded"
+    __module__ = "ringtree"
+
+
+def _timeout_arg(default, timeout, what):
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise _core.InvalidArgument(f"{what}: timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _message(size: int, kind: int, round_: int, members, token: str = "") -> np.ndarray:
+    """kind and round (two int64), one byte per old rank (1: member), a token (commits)."""
+    buf = np.zeros(16 + size + _TOKEN_BYTES, np.uint8)
+    buf[:16].view(np.int64)[:] = (kind, round_)
+    buf[16 + np.fromiter(members, np.int64, len(members))] = 1
+    raw = token.encode()
+    buf[16 + size:16 + size + len(raw)] = np.frombuffer(raw, np.uint8)
+    return buf
+
+
+def _parse(buf: np.ndarray, size: int):
+    kind, round_ = (int(v) for v in buf[:16].view(np.int64))
+    members = frozenset(int(q) for q in np.flatnonzero(buf[16:16 + size]))
+    token = buf[16 + size:].tobytes().rstrip(b"\0").decode()
+    return kind, round_, members, token
+
+
+def _send(comm, buf, dst, tag):
+    ptr, nbytes, _, keep = host_bytes(buf, "shrink")
+    return comm._track(comm._core.isend(ptr, nbytes, dst, tag), buf, keep)
+
+
+def _recv(comm, buf, src, tag):
+    ptr, nbytes, readonly, keep = host_bytes(buf, "shrink")
+    return comm._track(comm._core.irecv(ptr, nbytes, readonly, src, tag), buf, keep)
+
+
+def _take_commit(comm, size):
+    """A commit some leader sent this rank, if one has arrived: (members, token), else None."""
+    try:
+        found = comm._core.iprobe(-1, _COMMIT_TAG)
+    except _core.Error:  # every other rank is gone: no commit can come
+        return None
+    if found is None:
+        return None
+    buf = np.zeros(16 + size + _TOKEN_BYTES, np.uint8)
+    _recv(comm, buf, found[0], _COMMIT_TAG).wait(1.0)
+    _, _, members, token = _parse(buf, size)
+    return members, token
+
+
+def _gather_views(comm, senders, round_, deadline):
+    """Receive round `round_`'s view from every rank in `senders` until the deadline.
+    Returns (views, dead, silent, commit): views by rank, the ranks whose connection failed,
+    the ranks that sent nothing in time, and a commit if one arrived (then the rest is moot)."""
+    size = comm.size
+    bufs = {q: np.zeros(16 + size + _TOKEN_BYTES, np.uint8) for q in senders}
+    works = {q: _recv(comm, bufs[q], q, _VIEW_TAG + round_) for q in senders}
+    views, dead, pending = {}, set(), set(senders)
+    nap, graced = 0.0005, False
+    while True:
+        commit = _take_commit(comm, size)
+        if commit is not None:
+            for q in pending:
+                works[q].cancel()
+            return views, dead, set(), commit
+        for q in list(pending):
+            if works[q].is_completed():
+                pending.discard(q)
+                try:
+                    works[q].wait(1.0)
+                    views[q] = _parse(bufs[q], size)[2]
+                except (_core.PeerFailure, _core.Aborted):
+                    dead.add(q)
+        if not pending:
+            return views, dead, set(), None
+        if time.monotonic() >= deadline:
+            if not graced:
+                graced, deadline = True, time.monotonic() + _GRACE_S
+                continue
+            for q in pending:
+                works[q].cancel()
+            return views, dead, pending, None
+        time.sleep(nap)  # not a hot path: a few rounds per failure
+        nap = min(2 * nap, 0.01)
+
+
+def _validate_exclude(comm, exclude):
+    try:
+        ranks = {int(q) for q in exclude}
+    except (TypeError, ValueError):
+        raise _core.InvalidArgument(f"shrink: exclude must be a collection of ranks, got {exclude!r}") from None
+    bad = sorted(q for q in ranks if not 0 <= q < comm.size)
+    if bad:
+        raise _core.InvalidArgument(f"shrink: exclude names ranks {bad} outside 0..{comm.size - 1}")
+    if comm.rank in ranks:
+        raise _core.InvalidArgument(f"shrink: rank {comm.rank} cannot exclude itself; a rank that leaves "
+                                    f"calls close() instead of shrink()")
+    return ranks
+
+
+def shrink(comm, exclude=(), timeout=None):
+    """See Communicator.shrink."""
+    from .comm import Communicator
+
+    exclude = _validate_exclude(comm, exclude)
+    timeout = _timeout_arg(comm.timeout, timeout, "shrink")
+    size, me = comm.size, comm.rank
+    view = frozenset(range(size)) - exclude
+    dead = set()
+    commit = None
+    for round_ in range(2 * size + 2):  # every unstable round shrinks some rank's view
+        stable = False
+        if min(view) == me:  # leader: a stable round ends the exchange
+            commit = _take_commit(comm, size)
+        if commit is None:
+            note = _message(size, _VIEW, round_, view)
+            for q in range(size):
+                if q != me and q not in dead:
+                    _send(comm, note, q, _VIEW_TAG + round_)
+            views, died, silent, commit = _gather_views(comm, sorted(view - {me}), round_,
+                                                        time.monotonic() + timeout)
+            dead |= died
+            for q, theirs in views.items():
+                if me not in theirs:
+                    raise Excluded(f"shrink: rank {me} is excluded: rank {q}'s view of the survivors "
+                                   f"is {sorted(theirs)} (round {round_})")
+            stable = not died and not silent and all(theirs == view for theirs in views.values())
+            for theirs in views.values():
+                view &= theirs
+            view -= died | silent
+        if commit is None and stable and min(view) == me:
+            token = _core.UniqueId.create()
+            note = _message(size, _COMMIT, round_, view, str(token))
+            sent = [_send(comm, note, q, _COMMIT_TAG) for q in range(size) if q != me and q not in dead]
+            for work in sent:  # out before the old communicator closes (a dead peer's fails)
+                try:
+                    work.wait(timeout)
+                except _core.Error:
+                    pass
+            commit = (view, token)
+        if commit is not None:
+            break
+    else:
+        raise _core.Error(f"shrink: rank {me} did not converge in {2 * size + 2} rounds (its view: {sorted(view)})")
+    members, token = commit
+    if me not in members:
+        raise Excluded(f"shrink: rank {me} is excluded: the survivors formed a communicator of old ranks "
+                       f"{sorted(members)} without it")
+    order = sorted(members)
+    new = Communicator(order.index(me), len(order), token, timeout)
+    comm.close()
+    return new
+
+
+def grow(comm, joiners, publish=None, timeout=None):
+    """See Communicator.grow."""
+    from .comm import Communicator, _rank_arg
+
+    joiners = _rank_arg(joiners, "grow: joiners")
+    if joiners < 1:
+        raise _core.InvalidArgument(f"grow: joiners must be at least 1, got {joiners}")
+    if comm.rank == 0 and not callable(publish):
+        raise _core.InvalidArgument(f"grow: rank 0 needs publish, a callable that hands the token to the "
+                                    f"new processes; got {publish!r}")
+    timeout = _timeout_arg(comm.timeout, timeout, "grow")
+    new_size = comm.size + joiners
+    raw = np.zeros(_TOKEN_BYTES, np.uint8)
+    uid, failure = None, None
+    if comm.rank == 0:
+        uid = _core.UniqueId.create()
+        try:
+            publish(f"{_GROW_PREFIX}:{comm.size}:{new_size}:{uid}")
+            raw[:len(str(uid))] = np.frombuffer(str(uid).encode(), np.uint8)
+        except Exception as exc:  # noqa: BLE001 - told to the members (an empty token), then raised
+            failure = exc
+    comm.broadcast(raw, root=0, timeout=timeout)  # an empty token: rank 0's publish failed
+    if failure is not None:
+        raise failure
+    token = raw.tobytes().rstrip(b"\0").decode()
+    if not token:
+        raise _core.Error("grow: rank 0's publish callback raised; no communicator was formed")
+    return Communicator(comm.rank, new_size, uid if uid is not None else token, timeout)
+
+
+def join(token: str, index: int = 0, timeout=None):
+    """See ringtree.join."""
+    from . import default_timeout
+    from .comm import Communicator, _rank_arg
+
+    parts = str(token).split(":", 3)
+    if len(parts) != 4 or parts[0] != _GROW_PREFIX or not parts[1].isdigit() or not parts[2].isdigit():
+        raise _core.InvalidArgument(f"join: {token!r} is not a grow token ({_GROW_PREFIX}:<old size>:<new size>:<id>)")
+    old, new = int(parts[1]), int(parts[2])
+    index = _rank_arg(index, "join: index")
+    if not 0 <= index < new - old:
+        raise _core.InvalidArgument(f"join: index {index} is outside 0..{new - old - 1} ({new - old} joiners)")
+    timeout = _timeout_arg(None, timeout, "join")
+    return Communicator(old + index, new, parts[3], default_timeout() if timeout is None else timeout)
