@@ -45,7 +45,7 @@ std::string rank_text(int r) { return r < 0 ? std::string("any") : std::to_strin
 std::string tag_text(int64_t t) { return t < 0 ? std::string("any") : std::to_string(t); }
 
 bool matches(int want_src, int64_t want_tag, int src, int64_t tag) {
-  return (want_src < 0 || want_src == src) && (want_tag < 0 || want_tag == tag);
+  return (want_src < 0 || want_src == src) && (want_tag < 0 ? tag < kFirstReservedTag : want_tag == tag);
 }
 
 class MessageOp;

@@ -577,3 +577,34 @@ def test_split_communicators_get_message_connections():
         left = group[(res["sub_rank"] - 1) % res["sub_size"]]
         assert res["sub_size"] == 2 and res["got"] == [left, group.index(left)] and res["source"] == group.index(left)
         assert res["parent_pending"] and res["cancelled"]
+
+
+def reserved_tags_and_any_tag():
+    """A user's pending any-tag receive never takes a message on ringtree's reserved tags
+    (shrink's agreement travels there): it gets the user's later message, and the reserved one
+    stays for a receive that names its tag."""
+    from ringtree.elastic import RESERVED_TAGS, _recv, _send
+    comm = rt.init(timeout=30)
+    if comm.rank == 1:
+        mine = np.zeros(4, np.int64)
+        pending = comm.irecv(mine, src=0)  # ANY_TAG, posted before anything arrives
+        comm.barrier()
+        pending.wait()
+        reserved = np.zeros(4, np.int64)
+        _recv(comm, reserved, 0, RESERVED_TAGS + 3).wait()
+        result = {"any_tag": [pending.tag] + mine.tolist(), "reserved": reserved.tolist(),
+                  "probe_sees_reserved": comm.iprobe(0) is not None}
+    else:
+        comm.barrier()
+        _send(comm, np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3).wait()
+        time.sleep(0.2)  # the reserved message is there first
+        comm.isend(np.full(4, 5, np.int64), 1, tag=7).wait()
+        result = {}
+    comm.close()
+    return result
+
+
+@pytest.mark.timeout(60)
+def test_any_tag_receives_never_take_reserved_tags():
+    res = run_world(2, reserved_tags_and_any_tag, timeout=50).check_ok()[1]
+    assert res == {"any_tag": [7, 5, 5, 5, 5], "reserved": [9, 9, 9, 9], "probe_sees_reserved": False}, res

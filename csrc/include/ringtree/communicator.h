@@ -91,6 +91,9 @@ class Work {
 // source and tag as MPI does.
 constexpr int kAnySource = -1;
 constexpr int64_t kAnyTag = -1;
+// Tags from here up belong to ringtree itself (shrink's agreement): users cannot send them and
+// kAnyTag never matches them, so a user's pending any-tag receive cannot take them.
+constexpr int64_t kFirstReservedTag = int64_t{1} << 62;
 
 // What a receive got, or what a probe found: sender, tag and payload size in bytes.
 struct MessageStatus {
