@@ -1,7 +1,7 @@
 """Point-to-point on the ringtree torch backend (tagged messages): dist.send / recv / isend /
 irecv with tags and from any source give what Gloo gives on the same inputs in the same
-processes, and the logic of torch's own test_send_recv_any_source and test_send_recv_with_tag
-(torch/testing/_internal/distributed/distributed_test.py) passes on ringtree."""
+processes, and torch's own test_send_recv_any_source and test_send_recv_with_tag
+(torch/testing/_internal/distributed/distributed_test.py) pass on ringtree, run as they are."""
 import pytest
 
 pytest.importorskip("torch")
@@ -143,3 +143,44 @@ def test_p2p_errors_are_clear_and_leave_the_group_usable():
     for rank, res in enumerate(results):
         assert all(v == "ok" for v in res.values()), (rank, res)
     assert "short message" in results[1]
+
+
+TORCH_OWN_P2P_TESTS = ["_test_send_recv_any_source", "_test_send_recv_with_tag"]
+
+
+def torch_own_p2p_tests():
+    """torch's own test methods, run as they are on the ringtree backend: an instance of
+    torch's _DistTestBase (a unittest.TestCase) calls them after init_process_group, with and
+    without torch's autograd profiler around them."""
+    import os
+    import unittest
+
+    os.environ["BACKEND"] = "ringtree"  # torch's test module reads these at import
+    os.environ["WORLD_SIZE"] = os.environ["RINGTREE_WORLD_SIZE"]
+    import torch.testing._internal.distributed.distributed_test as torch_tests
+
+    r, P = init_group()
+
+    class OnRingtree(torch_tests.DistributedTest._DistTestBase, unittest.TestCase):
+        def runTest(self):  # noqa: N802 - unittest's name
+            pass
+
+    case = OnRingtree()
+    ran = []
+    for name in TORCH_OWN_P2P_TESTS:
+        for profiler in (None, torch_tests._create_autograd_profiler()):
+            getattr(case, name)(profiler_ctx=profiler)
+            ran.append(f"{name}{'' if profiler is None else ' (autograd profiler)'}")
+    finish_group()
+    return {"ran": ran}
+
+
+@pytest.mark.timeout(150)
+def test_torch_own_send_recv_tests_pass_on_ringtree(tmp_path, nranks=3):
+    pytest.importorskip("expecttest")  # torch's test modules import it
+    # torch's file barrier (its tests call self._barrier()) lives in TEMP_DIR/barrier.
+    temp_dir = tmp_path / "torch-tests"
+    (temp_dir / "barrier").mkdir(parents=True)
+    results = run_world(nranks, torch_own_p2p_tests, env={"TEMP_DIR": str(temp_dir)}, timeout=140).check_ok()
+    for res in results:
+        assert len(res["ran"]) == 2 * len(TORCH_OWN_P2P_TESTS), res
