@@ -192,13 +192,14 @@ def _check_case(case, reports):
                     np.testing.assert_allclose(mine, want, rtol=1e-6, atol=1e-6, err_msg=f"{name} r{r} s{step} b{i}")
                     assert got["residuals"][step][i] is None
                     continue
-                assert np.array_equal(mine, want.astype(np.float64)), (name, r, step, i, mine[:8], want[:8])
+                where = f"{name}, rank {r}, step {step}, bucket {i}"
+                np.testing.assert_array_equal(mine, want.astype(np.float64), err_msg=where)
                 res_want = residuals[r][step][i]
                 res_got = got["residuals"][step][i]
                 if res_want is None:
-                    assert not res_got, (name, r, step, i)
+                    assert not res_got, where
                 else:
-                    assert np.array_equal(np.array(res_got, dtype=np.float32), res_want), (name, r, step, i)
+                    np.testing.assert_array_equal(np.array(res_got, dtype=np.float32), res_want, err_msg=where)
         if name == "ratio 1":  # everything is sent: plain averaging, and nothing is left
             for step in range(steps):
                 for i in range(len(sizes)):
@@ -297,9 +298,10 @@ def test_ddp_with_topk_hook_matches_numpy():
             total[chosen] += acc[chosen]
             acc[chosen] = 0
             residual[key] = acc
-            assert np.array_equal(np.array(call["residual"], dtype=np.float32), acc), (n, r)
+            np.testing.assert_array_equal(np.array(call["residual"], dtype=np.float32), acc, err_msg=f"call {n}")
         for call in pair:
-            assert np.array_equal(np.array(call["out"], dtype=np.float32), total / np.float32(2)), n
+            np.testing.assert_array_equal(np.array(call["out"], dtype=np.float32), total / np.float32(2),
+                                          err_msg=f"call {n}")
     for rep in reports:
         assert rep["identical"]
         assert rep["steps_counted"] == 3
