@@ -201,7 +201,10 @@ def _padded(nbytes: int) -> int:
 def _select_largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest magnitudes; among equal ones, the lowest indices. torch.topk
     leaves ties to its implementation, and ranks must agree on what is sent and kept."""
-    threshold = torch.topk(magnitude, k, sorted=False).values.min()
+    top = torch.topk(magnitude, k, sorted=False)
+    threshold = top.values.min()
+    if int((magnitude >= threshold).sum()) == k:  # no tie at the boundary: topk's choice is the only one
+        return top.indices
     above = (magnitude > threshold).nonzero().squeeze(1)
     ties = (magnitude == threshold).nonzero().squeeze(1)
     return torch.cat((above, ties[:k - above.numel()]))
