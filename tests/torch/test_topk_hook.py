@@ -130,6 +130,16 @@ def _count(ratio, n):
     return min(n, math.ceil(Decimal(repr(ratio)) * n))
 
 
+def _send(acc, k, wire=np.float32):
+    """The rule for one rank's summed gradient `acc` (float32): (chosen indices, values sent,
+    residual left). Among equal magnitudes the lower index goes first."""
+    chosen = np.argsort(-np.abs(acc), kind="stable")[:k]
+    values = acc[chosen].astype(wire)
+    left = acc.copy()
+    left[chosen] -= values.astype(np.float32)
+    return chosen, values, left
+
+
 def _reference(case, world):
     """The rule in numpy, from every rank's gradients: (outputs, residuals, sent bytes per rank)
     indexed [step][bucket] (residuals [rank][step][bucket])."""
@@ -154,11 +164,8 @@ def _reference(case, world):
             total = np.zeros(size, dtype=np.float32)
             for r in range(world):
                 acc = grads[r].astype(np.float32) + residual.get((r, i), np.zeros(size, dtype=np.float32))
-                chosen = np.argsort(-np.abs(acc), kind="stable")[:k]  # ties: the lower index first
-                values = acc[chosen].astype(wire)
+                chosen, values, left = _send(acc, k, wire)
                 total[chosen] += values.astype(np.float32)
-                left = acc.copy()
-                left[chosen] -= values.astype(np.float32)
                 residual[(r, i)] = left
                 residuals[r][-1].append(left if size else None)
             if k:
@@ -294,11 +301,10 @@ def test_ddp_with_topk_hook_matches_numpy():
         for r, call in enumerate(pair):
             key = (r, call["index"], tuple(call["params"]))  # a rebuilt bucket starts afresh
             acc = np.array(call["grad"], dtype=np.float32) + residual.get(key, np.float32(0))
-            chosen = np.argsort(-np.abs(acc), kind="stable")[:k]
-            total[chosen] += acc[chosen]
-            acc[chosen] = 0
-            residual[key] = acc
-            np.testing.assert_array_equal(np.array(call["residual"], dtype=np.float32), acc, err_msg=f"call {n}")
+            chosen, values, residual[key] = _send(acc, k)
+            total[chosen] += values
+            np.testing.assert_array_equal(np.array(call["residual"], dtype=np.float32), residual[key],
+                                          err_msg=f"call {n}")
         for call in pair:
             np.testing.assert_array_equal(np.array(call["out"], dtype=np.float32), total / np.float32(2),
                                           err_msg=f"call {n}")
