@@ -4,8 +4,8 @@
     torchrun --nproc-per-node 2 examples/train_ddp.py
     mpiexec -n 2 python examples/train_ddp.py          # needs mpi4py
 
-    options: --steps 30 --batch 64 --hidden 256 --lr 0.05 --hook none|allreduce|fp16|bf16|int8
-             --backend ringtree|gloo
+    options: --steps 30 --batch 64 --hidden 256 --lr 0.05 --hook none|allreduce|fp16|bf16|int8|topk
+             --ratio 0.01 (topk: the fraction of each bucket sent) --backend ringtree|gloo
 
 Every step draws one global batch (the same on every rank, seeded by the step number) and
 each rank trains on its own contiguous slice of it, so P ranks follow exactly the
@@ -54,14 +54,16 @@ HOOKS = {
     "fp16": (rtt.AllReduceState, rtt.fp16_compress_hook),
     "bf16": (rtt.AllReduceState, rtt.bf16_compress_hook),
     "int8": (rtt.Int8QuantizationState, rtt.int8_quantize_hook),
+    "topk": (rtt.TopKState, rtt.topk_hook),
 }
 
 
-def wrap(model, hook: str = "none", process_group=None, **ddp_options):
+def wrap(model, hook: str = "none", process_group=None, hook_options=None, **ddp_options):
+    """DDP around `model` with the named comm hook; hook_options go to its state (topk: ratio=)."""
     ddp = DistributedDataParallel(model, process_group=process_group, **ddp_options)
     if HOOKS[hook] is not None:
         make_state, function = HOOKS[hook]
-        ddp.register_comm_hook(make_state(process_group), function)
+        ddp.register_comm_hook(make_state(process_group, **(hook_options or {})), function)
     return ddp
 
 
@@ -93,6 +95,7 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--hook", choices=sorted(HOOKS), default="none")
+    p.add_argument("--ratio", type=float, default=0.01, help="topk: the fraction of each bucket sent")
     p.add_argument("--backend", default="ringtree")
     args = p.parse_args(argv)
 
@@ -101,7 +104,8 @@ def main(argv=None):
     if rank == 0:
         print(f"training on {world} ranks, backend {dist.get_backend()}, hook {args.hook}")
     started = time.perf_counter()
-    ddp = wrap(make_model(args.hidden), args.hook)
+    hook_options = dict(ratio=args.ratio) if args.hook == "topk" else None
+    ddp = wrap(make_model(args.hidden), args.hook, hook_options=hook_options)
     losses = train(ddp, args.steps, args.batch, args.lr)
     if rank == 0:
         print(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) in {time.perf_counter() - started:.2f} s")

@@ -15,8 +15,8 @@ import os
 
 import torch.distributed as dist
 
-from .comm_hooks import (AllReduceState, Int8QuantizationState, allreduce_hook, bf16_compress_hook,
-                         fp16_compress_hook, int8_quantize_hook)
+from .comm_hooks import (AllReduceState, Int8QuantizationState, TopKState, allreduce_hook, bf16_compress_hook,
+                         fp16_compress_hook, int8_quantize_hook, topk_hook)
 from .data_parallel import DataParallelHook
 from .process_group import BACKEND_NAME, DEVICES, ProcessGroupRingtree, RingtreeWork, create_process_group
 from .zero import ShardedDataParallel
@@ -24,7 +24,7 @@ from .zero import ShardedDataParallel
 __all__ = [
     "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
     "DataParallelHook", "ShardedDataParallel", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
-    "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook",
+    "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook", "TopKState", "topk_hook",
 ]
 
 
