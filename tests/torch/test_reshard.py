@@ -9,6 +9,9 @@ process. The global batch (12) stays fixed: per-rank batch 3, 6, then 4 in 2 mic
 The middle leg uses a small bucket cap, so its bucket layout (and so every shard boundary)
 differs from the saving and the loading legs'."""
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -82,9 +85,9 @@ def _refused_other_model(comm, path):
     return False
 
 
-def _reference(steps):
+def _reference(steps, clip=CLIP, scaler=True):
     """One process, the whole global batch per step: parameters (flat) after each leg's steps,
-    the scales, the lrs and the clip norms."""
+    the scales, the lrs, the clip norms and the losses."""
     import torch
 
     import train_sharded
@@ -92,13 +95,16 @@ def _reference(steps):
     model = train_sharded.make_model(HIDDEN)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train_sharded.schedule())
-    scaler = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
-    snapshots, norms = [], []
+    scaler = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL, enabled=scaler)
+    snapshots, norms, losses = [], [], []
     for step in range(steps):
         x, y = data.batch(step * GLOBAL_BATCH, GLOBAL_BATCH)
-        scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
-        scaler.unscale_(optimizer)
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        if clip is not None:
+            scaler.unscale_(optimizer)
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
@@ -106,7 +112,7 @@ def _reference(steps):
         if (step + 1) % STEPS == 0:
             snapshots.append({"params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
                               "scale": scaler.get_scale(), "lr": scheduler.get_last_lr()[0]})
-    return snapshots, norms
+    return snapshots, norms, losses
 
 
 def _relative_diff(a, b):
@@ -118,7 +124,7 @@ def test_resharded_restarts_follow_uninterrupted_training(tmp_path):
     import torch
 
     import ringtree.torch as rtt
-    snapshots, norms = _reference(STEPS * len(LEGS))
+    snapshots, norms, _ = _reference(STEPS * len(LEGS))
     assert max(norms) > CLIP, norms  # clipping does act
     assert snapshots[-1]["scale"] > snapshots[0]["scale"] > 2.0**16  # the scale grows across legs
     for leg, (world, accum, cap) in enumerate(LEGS):
@@ -155,3 +161,29 @@ def test_resharded_restarts_follow_uninterrupted_training(tmp_path):
             trained = torch.cat([full[name].reshape(-1) for name in meta["param_names"]])
             assert torch.equal(trained, torch.tensor(outs[0]["params"])), (leg, stage)
             assert torch.equal(full["0.std"], torch.full((32,), 2.0))  # a buffer, saved once
+
+
+# The example prints losses with 4 decimals.
+PRINTED_LOSS_TOLERANCE = 1e-4
+
+
+@pytest.mark.timeout(120)
+def test_example_fsdp2_resumes_at_another_world_size(tmp_path):
+    """examples/train_sharded.py --fsdp2 under ringtree.launch: 4 steps on 2 ranks with DCP
+    checkpoints, then --resume on 3 ranks to step 8; every printed loss follows one process."""
+    _, _, losses = _reference(8, clip=None, scaler=False)
+    assert losses[-1] < losses[0]
+    common = [os.path.join(torch_group.EXAMPLES, "train_sharded.py"), "--fsdp2", "--hidden", str(HIDDEN),
+              "--lr", str(LR), "--batch", str(GLOBAL_BATCH), "--ckpt", str(tmp_path), "--every", "4"]
+    printed = {}
+    for ranks, extra in ((2, ["--steps", "4"]), (3, ["--steps", "8", "--resume"])):
+        launch = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", "50"]
+        run = subprocess.run(launch + common + extra, capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert run.returncode == 0, run.stdout + run.stderr
+        found = re.findall(r"step +(\d+) .* loss ([\d.]+)", run.stdout)
+        printed.update({int(step): float(loss) for step, loss in found})
+    assert "resumed" in run.stdout and "(saved on 2 ranks)" in run.stdout, run.stdout
+    assert sorted(printed) == list(range(1, 9)), printed
+    for step, loss in printed.items():
+        assert abs(loss - losses[step - 1]) <= PRINTED_LOSS_TOLERANCE, (step, loss, losses[step - 1])

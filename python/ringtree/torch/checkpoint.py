@@ -215,7 +215,8 @@ class ShardedCheckpoint:
                 bucket.master.copy_(shard.pop("master"))
                 # A copy per bucket: optimizers update scalar state in place (Adam's step += 1),
                 # and several new buckets may take it from one saved bucket.
-                entries = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in meta["scalar_state"][first_saved].items()}
+                scalars = meta["scalar_state"][first_saved]
+                entries = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()}
                 entries.update(shard)
                 if entries:
                     inner_state[b] = entries
