@@ -1,5 +1,5 @@
 """ringtree for PyTorch: the "ringtree" torch.distributed backend, a data-parallel gradient
-hook, ZeRO-style sharded data parallelism, and DDP communication hooks.
+hook, ZeRO-style sharded data parallelism with resharding checkpoints, and DDP communication hooks.
 
     import ringtree.torch                      # registers the backend
     dist.init_process_group("ringtree")        # torchrun / env://, tcp://, or store=...
@@ -15,6 +15,7 @@ import os
 
 import torch.distributed as dist
 
+from .checkpoint import ShardedCheckpoint, consolidate_checkpoint, read_checkpoint_metadata
 from .comm_hooks import (AllReduceState, Int8QuantizationState, TopKState, allreduce_hook, bf16_compress_hook,
                          fp16_compress_hook, int8_quantize_hook, topk_hook)
 from .data_parallel import DataParallelHook
@@ -23,7 +24,8 @@ from .zero import ShardedDataParallel
 
 __all__ = [
     "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
-    "DataParallelHook", "ShardedDataParallel", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
+    "DataParallelHook", "ShardedDataParallel", "ShardedCheckpoint", "consolidate_checkpoint",
+    "read_checkpoint_metadata", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
     "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook", "TopKState", "topk_hook",
 ]
 
