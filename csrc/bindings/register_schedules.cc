@@ -14,7 +14,9 @@ namespace {
 
 py::dict counts_dict(const ScheduleCounts& k) {
   return py::dict(py::arg("steps") = k.steps, py::arg("hops") = k.hops, py::arg("sent") = k.sent,
-                  py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied);
+                  py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied,
+                  py::arg("remote_hops") = k.remote_hops, py::arg("remote_sent") = k.remote_sent,
+                  py::arg("remote_received") = k.remote_received, py::arg("remote_reduced") = k.remote_reduced);
 }
 
 // A topology from per-rank host labels, or none (hier keys then fail with a clear error).
@@ -84,15 +86,17 @@ void register_schedules(py::module_& m) {
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("hosts") = std::vector<int64_t>{},
       "What the cost model counts in every rank's schedule: the most steps of one rank, the hops on the\n"
-      "critical path, and the elements the busiest rank sends, receives, reduces and copies.");
+      "critical path, and the elements the busiest rank sends, receives, reduces and copies; with hosts (a\n"
+      "label per rank), how many of those hops and elements cross hosts (remote_*), weighing both alike.");
   m.def(
       "price_table_counts",
-      [](int coll, int algo, int nranks, uint64_t bytes) {
+      [](int coll, int algo, int nranks, uint64_t bytes, std::vector<int64_t> hosts) {
+        const auto topo = topology_of(hosts);
         PriceTable table;
-        table.build(nranks);
+        table.build(nranks, topo.get());
         return counts_dict(table.counts(static_cast<Collective>(coll), static_cast<Algo>(algo), bytes));
       },
-      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("bytes"),
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("bytes"), py::arg("hosts") = std::vector<int64_t>{},
       "schedule_counts as the cost model's table at P ranks has them for a call of `bytes` (interpolated\n"
       "between the sizes it counted, and extended past them), with the segment setting.");
   m.def("hier_algos", [](int coll) {
