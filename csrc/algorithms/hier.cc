@@ -38,6 +38,7 @@
 //                local rank its part, which it unpacks.
 // Every op is a message op or a local copy, so every executor that walks schedules runs them.
 #include <algorithm>
+#include <functional>
 #include "algorithms/ops.h"
 #include "algorithms/tree.h"
 #include "common/check.h"
@@ -332,6 +333,34 @@ struct AllToAllLayout {
   uint64_t total = 0;
 };
 
+// all_to_all's local phases around the inter-host exchange. Round k's agent is local rank
+// k mod L, so rounds first .. first+L-1 have distinct agents and share one step. Gathering, every
+// rank's part of round k (part_len(k) elements at own[k] in its scratch) goes to slot i, its local
+// index, of the agent's pool[k]; distributing, slot i of the agent's pool[k] goes to rank i's own[k].
+void agent_exchange(Schedule& s, const Place& p, int rounds, const std::function<uint64_t(int)>& part_len,
+                    const std::vector<uint64_t>& own, const std::vector<uint64_t>& pool, bool gather) {
+  const int L = p.L();
+  for (int first = 0; first < rounds; first += L) {
+    for (int r = first; r < std::min(rounds, first + L); ++r) {
+      const uint64_t n = part_len(r);
+      const int agent = p.members[r % L];
+      if (agent != p.rank) {
+        s.add(gather ? make_send(agent, BufId::Scratch, own[r], n) : make_recv(agent, BufId::Scratch, own[r], n));
+        continue;
+      }
+      for (int i = 0; i < L; ++i) {
+        const uint64_t slot = pool[r] + static_cast<uint64_t>(i) * n;
+        if (i == p.local)
+          s.add(gather ? make_copy(BufId::Scratch, slot, BufId::Scratch, own[r], n)
+                       : make_copy(BufId::Scratch, own[r], BufId::Scratch, slot, n));
+        else
+          s.add(gather ? make_recv(p.members[i], BufId::Scratch, slot, n) : make_send(p.members[i], BufId::Scratch, slot, n));
+      }
+    }
+    s.end_step();
+  }
+}
+
 void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
   const uint64_t N = k.count;
   const int L = p.L(), G = p.G, j = p.local;
@@ -372,23 +401,8 @@ void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
       s.add(make_copy(BufId::Scratch, lay.pack[r] + i * N, BufId::Input, static_cast<uint64_t>(dest[i]) * N, N));
   }
   s.end_step();
-  // gather at each round's aggregator; rounds r .. r+L-1 have distinct aggregators, one step
-  for (int first = 0; first < rounds; first += L) {
-    for (int r = first; r < std::min(rounds, first + L); ++r) {
-      const uint64_t part_len = size_of(dest_host(r)) * N;
-      const int aggregator = p.members[r % L];
-      if (aggregator != p.rank) {
-        s.add(make_send(aggregator, BufId::Scratch, lay.pack[r], part_len));
-        continue;
-      }
-      for (int i = 0; i < L; ++i) {
-        const uint64_t at = lay.gather[r] + static_cast<uint64_t>(i) * part_len;
-        if (i == j) s.add(make_copy(BufId::Scratch, at, BufId::Scratch, lay.pack[r], part_len));
-        else s.add(make_recv(p.members[i], BufId::Scratch, at, part_len));
-      }
-    }
-    s.end_step();
-  }
+  // gather at each round's aggregator
+  agent_exchange(s, p, rounds, [&](int r) { return size_of(dest_host(r)) * N; }, lay.pack, lay.gather, /*gather=*/true);
   // transpose [sender][destination] to [destination][sender]
   for (int r = j; r < rounds; r += L) {
     const uint64_t D = size_of(dest_host(r));
@@ -405,23 +419,8 @@ void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
     s.add(make_recv(agent(source_host(r), r), BufId::Scratch, lay.inbox[r], in_msg));
     s.end_step();
   }
-  // each round's receiver hands every local rank its part; rounds r .. r+L-1 in one step
-  for (int first = 0; first < rounds; first += L) {
-    for (int r = first; r < std::min(rounds, first + L); ++r) {
-      const uint64_t part_len = size_of(source_host(r)) * N;
-      const int receiver = p.members[r % L];
-      if (receiver != p.rank) {
-        s.add(make_recv(receiver, BufId::Scratch, lay.mine[r], part_len));
-        continue;
-      }
-      for (int i = 0; i < L; ++i) {
-        const uint64_t at = lay.inbox[r] + static_cast<uint64_t>(i) * part_len;
-        if (i == j) s.add(make_copy(BufId::Scratch, lay.mine[r], BufId::Scratch, at, part_len));
-        else s.add(make_send(p.members[i], BufId::Scratch, at, part_len));
-      }
-    }
-    s.end_step();
-  }
+  // each round's receiver hands every local rank its part
+  agent_exchange(s, p, rounds, [&](int r) { return size_of(source_host(r)) * N; }, lay.mine, lay.inbox, /*gather=*/false);
   // unpack into the output
   for (int r = 0; r < rounds; ++r) {
     const std::vector<int>& source = t.hosts[source_host(r)];
