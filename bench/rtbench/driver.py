@@ -147,6 +147,9 @@ class Sweep:
         if transport_to is not None and self.nranks > 1:
             kinds = sorted({transport_to(p) for p in range(1, self.nranks)})
             lines.append(f"# ringtree transports from rank 0: {', '.join(kinds)}")
+        costs = getattr(self.comm, "machine_costs", None)
+        if costs is not None and "hosts" in (m := costs()):
+            lines.append(f"# ringtree topology (shared-memory groups): {m['hosts']}")
         if o.peers:
             lines.append("#")
             lines.append("# Peers (measured right after ringtree at each size, same buffers):")

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 #include "common/check.h"
 #include "common/collective.h"
 
@@ -37,7 +38,10 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
   };
   return line(a.steps, b.steps, c.steps) && line(a.hops, b.hops, c.hops) && line(a.sent, b.sent, c.sent) &&
          line(a.received, b.received, c.received) && line(a.reduced, b.reduced, c.reduced) &&
-         line(a.copied, b.copied, c.copied);
+         line(a.copied, b.copied, c.copied) && line(a.remote_hops, b.remote_hops, c.remote_hops) &&
+         line(a.remote_sent, b.remote_sent, c.remote_sent) &&
+         line(a.remote_received, b.remote_received, c.remote_received) &&
+         line(a.remote_reduced, b.remote_reduced, c.remote_reduced);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -65,18 +69,30 @@ bool has_board_schedule(Collective c) {
 // On the one-shot board a publication is the message: a step that reads peers' publications
 // ends one hop after the latest of them, and publishing itself is a local copy. So a board call
 // takes one hop, whatever P.
-double critical_path_hops(const std::vector<Schedule>& all) {
+// With a topology, a hop over a link between hosts weighs w.hop local hops: a message arrives
+// one hop of its own link after it left, and a step that talks across hosts lasts at least one
+// inter-host hop. Paths are compared by weight and counted in hops of each kind.
+struct PathLength {
+  double local = 0, remote = 0;
+  double weight(double w) const { return local + w * remote; }
+  PathLength plus(bool across) const { return {local + (across ? 0 : 1), remote + (across ? 1 : 0)}; }
+};
+
+PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo, double w) {
   const int P = static_cast<int>(all.size());
+  auto across = [&](int a, int b) { return topo && !topo->same_host(a, b); };
+  auto later = [w](const PathLength& a, const PathLength& b) { return b.weight(w) > a.weight(w) ? b : a; };
   struct Link {
-    std::vector<uint32_t> departed;  // the hop each message left at, in order
-    size_t taken = 0;                // messages received so far
+    std::vector<PathLength> departed;  // when each message left, in order
+    size_t taken = 0;                  // messages received so far
   };
   std::vector<Link> links(static_cast<size_t>(P) * P);
   auto link = [&](int from, int to) -> Link& { return links[static_cast<size_t>(from) * P + to]; };
-  std::vector<size_t> next(P, 0);       // each rank's next step
-  std::vector<uint32_t> ended(P, 0);    // the hop its last finished step ended at
-  std::vector<uint8_t> posted(P, 0);    // the next step's sends are posted
-  std::vector<int64_t> published(P, -1);  // the hop a rank's board publication is out at
+  std::vector<size_t> next(P, 0);        // each rank's next step
+  std::vector<PathLength> ended(P);      // when its last finished step ended
+  std::vector<uint8_t> posted(P, 0);     // the next step's sends are posted
+  std::vector<PathLength> published(P);  // when a rank's board publication is out
+  std::vector<uint8_t> has_published(P, 0);
   for (bool moved = true; moved;) {
     moved = false;
     for (int r = 0; r < P; ++r) {
@@ -86,28 +102,28 @@ double critical_path_hops(const std::vector<Schedule>& all) {
         if (!posted[r]) {
           for (uint32_t i = begin; i < end; ++i) {
             if (s.ops[i].kind == OpKind::Send) link(r, s.ops[i].peer).departed.push_back(ended[r]);
-            if (s.ops[i].kind == OpKind::Publish) published[r] = ended[r];
+            if (s.ops[i].kind == OpKind::Publish) published[r] = ended[r], has_published[r] = 1;
           }
           posted[r] = 1;
         }
-        bool talks = false, ready = true;
-        uint32_t last = ended[r];
-        int64_t board_from = -1;  // the latest publication this step reads; it arrives one hop later
+        bool talks = false, talks_across = false, ready = true, reads_board = false;
+        PathLength last = ended[r], board_from;
         for (uint32_t i = begin; i < end; ++i) {
           const Op& op = s.ops[i];
           if (op.kind == OpKind::Copy || op.kind == OpKind::Publish) continue;
           if (is_board_read(op.kind)) {
             for (int q : {op.peer, op.lhs_peer}) {
               if (q < 0 || q == r) continue;
-              if (published[q] < 0) ready = false;
-              else board_from = std::max(board_from, published[q]);
+              if (!has_published[q]) ready = false;
+              else board_from = reads_board ? later(board_from, published[q]) : published[q], reads_board = true;
             }
             continue;
           }
           talks = true;
+          talks_across |= across(r, op.peer);
           if (op.kind == OpKind::Send) continue;
           Link& l = link(op.peer, r);
-          if (l.taken < l.departed.size()) last = std::max(last, l.departed[l.taken]);
+          if (l.taken < l.departed.size()) last = later(last, l.departed[l.taken].plus(across(op.peer, r)));
           else ready = false;
           ++l.taken;
         }
@@ -116,9 +132,9 @@ double critical_path_hops(const std::vector<Schedule>& all) {
             if (s.ops[i].kind == OpKind::Recv || s.ops[i].kind == OpKind::RecvReduce) --link(s.ops[i].peer, r).taken;
           break;
         }
-        ended[r] = talks ? last + 1 : last;
+        ended[r] = talks ? later(last, ended[r].plus(talks_across)) : last;
         // Publications already read cost nothing more: later board steps read local memory.
-        if (board_from >= 0) ended[r] = std::max<uint32_t>(ended[r], static_cast<uint32_t>(board_from) + 1);
+        if (reads_board) ended[r] = later(ended[r], board_from.plus(false));
         ++next[r];
         posted[r] = 0;
         moved = true;
@@ -128,12 +144,15 @@ double critical_path_hops(const std::vector<Schedule>& all) {
   for (int r = 0; r < P; ++r)
     RT_CHECK(next[r] == all[r].num_steps(), Error, "pricing: rank ", r, " waits forever at step ", next[r],
              " of its schedule");
-  return *std::max_element(ended.begin(), ended.end());
+  PathLength longest;
+  for (int r = 0; r < P; ++r) longest = later(longest, ended[r]);
+  return longest;
 }
 
 // Counts every rank's schedule of `key`; ops: adds the number of ops built.
-ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops) {
+ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w) {
   const int P = key.nranks;
+  const Topology* topo = key.topo;
   std::vector<Schedule> all(P);
   ScheduleKey k = key;
   ScheduleCounts out;
@@ -142,8 +161,8 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops) {
   // t while the root runs step t+d), so a per-step maximum would add up unrelated steps. Every
   // byte a rank moves goes through its one progress thread, so the rank that moves the most
   // bounds the call; the critical path adds the latency. Busiest means the most bytes of all
-  // kinds together; of two ranks that tie, the one that reduces more (a reduction costs more
-  // than a copy), then the lower rank.
+  // kinds together (a byte across hosts weighing w.byte); of two ranks that tie, the one that
+  // reduces more (a reduction costs more than a copy), then the lower rank.
   double most = -1, most_reduced = -1;
   for (int r = 0; r < P; ++r) {
     k.rank = r;
@@ -153,28 +172,37 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops) {
     mine.steps = static_cast<double>(all[r].num_steps());
     for (const Op& op : all[r].ops) {
       const double n = static_cast<double>(op.count);
+      const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_board_op(op.kind);
       switch (op.kind) {
-        case OpKind::Send: mine.sent += n; break;
-        case OpKind::Recv: mine.received += n; break;
-        case OpKind::RecvReduce: case OpKind::ReducePublished: mine.reduced += n; break;
+        case OpKind::Send: mine.sent += n, mine.remote_sent += remote ? n : 0; break;
+        case OpKind::Recv: mine.received += n, mine.remote_received += remote ? n : 0; break;
+        case OpKind::RecvReduce: mine.reduced += n, mine.remote_reduced += remote ? n : 0; break;
+        case OpKind::ReducePublished: mine.reduced += n; break;
         case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
       }
     }
     out.steps = std::max(out.steps, mine.steps);
-    const double total = mine.sent + mine.received + mine.reduced + mine.copied;
+    const double remote = mine.remote_sent + mine.remote_received + mine.remote_reduced;
+    const double total = mine.sent + mine.received + mine.reduced + mine.copied + (w.byte - 1) * remote;
     if (total > most || (total == most && mine.reduced > most_reduced)) {
       most = total, most_reduced = mine.reduced;
-      out.sent = mine.sent, out.received = mine.received, out.reduced = mine.reduced, out.copied = mine.copied;
+      const double steps = out.steps;
+      out = mine;
+      out.steps = steps;
     }
   }
-  out.hops = critical_path_hops(all);
+  const PathLength path = critical_path(all, topo, w.hop);
+  out.hops = path.local + path.remote;
+  out.remote_hops = path.remote;
   return out;
 }
 
 ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) {
   auto mix = [f](double x, double y) { return x + (y - x) * f; };
   return {mix(a.steps, b.steps), mix(a.hops, b.hops), mix(a.sent, b.sent),
-          mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied)};
+          mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied),
+          mix(a.remote_hops, b.remote_hops), mix(a.remote_sent, b.remote_sent),
+          mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -185,12 +213,16 @@ double buffer_bytes(Collective c, int P, uint64_t bytes) {
   return static_cast<double>(std::max(b.input, b.output));
 }
 
-// Seconds per hop and per byte of each op kind, for one call.
+// Seconds per hop and per byte of each op kind, for one call, over shared memory and between
+// hosts (TCP).
 struct Rates {
   double call, hop, net, reduce, copy;  // net: a byte sent or received
+  double remote_hop, remote_net, remote_reduce;
 };
 
-Rates rates_for(const MachineCosts& m, double buffer, DataType dtype) {
+// all_remote: every pair talks over TCP and the table has no topology to tell which (the old
+// whole-call view: the slowest link sets the pace of every message).
+Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_remote) {
   // Per-byte costs for this working set (input and output), slowed down when the host's ranks
   // share fewer cores; half types reduce at float32's element rate (twice its cost per byte).
   const double working_set = 2 * buffer;
@@ -208,11 +240,11 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype) {
   // Oversubscribed, a handoff waits for the peer's turn on a shared core: about one switch per
   // rank sharing it, there and back (fitted to P=4 on 2 cores).
   r.hop = m.local_ranks > m.cores ? 2 * share * m.switch_s : m.hop_s;
-  if (m.any_tcp) {  // the slowest link sets the pace: messages and what arrives on them
-    r.hop = m.tcp_hop_s;
-    r.net = std::max(r.net, 1.0 / m.tcp_Bps);
-    r.reduce = std::max(r.reduce, 1.0 / m.tcp_Bps);
-  }
+  // Between hosts the link sets the pace of messages and of what arrives on them.
+  r.remote_hop = m.tcp_hop_s;
+  r.remote_net = std::max(r.net, 1.0 / m.tcp_Bps);
+  r.remote_reduce = std::max(r.reduce, 1.0 / m.tcp_Bps);
+  if (all_remote) r.hop = r.remote_hop, r.net = r.remote_net, r.reduce = r.remote_reduce;
   return r;
 }
 
@@ -237,23 +269,38 @@ std::string count_text(double x) {
   return buf;
 }
 
-// "sends 1 MiB, reduces 512 KiB", the kinds a rank does.
+// "sends 1 MiB (512 KiB across hosts), reduces 512 KiB", the kinds a rank does.
 std::string data_text(const ScheduleCounts& k) {
   std::string out;
-  const std::pair<const char*, double> kinds[] = {
-      {"sends", k.sent}, {"receives", k.received}, {"reduces", k.reduced}, {"copies", k.copied}};
-  for (const auto& [verb, bytes] : kinds)
-    if (bytes > 0) out += str_cat(out.empty() ? "" : ", ", verb, " ", size_text(bytes));
+  const std::tuple<const char*, double, double> kinds[] = {{"sends", k.sent, k.remote_sent},
+                                                           {"receives", k.received, k.remote_received},
+                                                           {"reduces", k.reduced, k.remote_reduced},
+                                                           {"copies", k.copied, 0}};
+  for (const auto& [verb, bytes, remote] : kinds) {
+    if (bytes <= 0) continue;
+    out += str_cat(out.empty() ? "" : ", ", verb, " ", size_text(bytes));
+    if (remote > 0) out += str_cat(" (", remote < bytes ? size_text(remote) : std::string("all"), " across hosts)");
+  }
   return out.empty() ? "moves no data" : out;
 }
 
 }  // namespace
 
-ScheduleCounts count_schedules(const ScheduleKey& key) { return count_built(key, nullptr); }
+ScheduleCounts count_schedules(const ScheduleKey& key, LinkWeights w) { return count_built(key, nullptr, w); }
 
-void PriceTable::build(int P) {
+LinkWeights link_weights(const MachineCosts& m) {
+  const Rates r = rates_for(m, m.l3_bytes, DataType::Float32, false);
+  return {r.remote_hop / r.hop, r.remote_net / r.net};
+}
+
+void PriceTable::build(int P, const Topology* topo, LinkWeights w) {
   RT_CHECK(P >= 1, InvalidArgument, "pricing needs at least one rank, got ", P);
+  RT_CHECK(!topo || topo->nranks() == P, InvalidArgument, "pricing: the topology has ", topo ? topo->nranks() : 0,
+           " ranks, not ", P);
   P_ = P;
+  topo_ = topo;
+  handshake_remote_ = false;
+  for (int r = 0; topo && r < P; ++r) handshake_remote_ |= !topo->same_host(r, (r + 1) % P);
   tables_.clear();
   std::memset(index_, 0, sizeof(index_));
   for (int ci = 0; ci < static_cast<int>(Collective::Count); ++ci) {
@@ -261,6 +308,8 @@ void PriceTable::build(int P) {
     if (!has_keyed_schedules(c)) continue;
     std::vector<Algo> algos = supported_algos(c);
     if (has_board_schedule(c)) algos.push_back(Algo::OneShot);
+    if (topo)
+      for (Algo a : hier_algos(c)) algos.push_back(a);
     for (Algo a : algos) {
       Table t;
       // Element size 1: the counts come out in bytes, for every dtype. A dtype's schedule cuts
@@ -269,7 +318,7 @@ void PriceTable::build(int P) {
       const uint64_t linear_from = std::max<uint64_t>(4 * segment, 16 * static_cast<uint64_t>(P));
       uint64_t ops = 0;
       for (int i = 0; i < kGrid; ++i) {
-        t.at[i] = count_built(ScheduleKey{c, a, P, 0, grid_bytes(i), 0, segment, -1}, &ops);
+        t.at[i] = count_built(ScheduleKey{c, a, P, 0, grid_bytes(i), 0, segment, -1, topo}, &ops, w);
         t.counted = i + 1;
         if (i >= 2 && grid_bytes(i - 2) >= linear_from && in_a_line(t.at[i - 2], t.at[i - 1], t.at[i])) break;
         if (i >= 2 && ops > kCountOpBudget) break;
@@ -309,18 +358,27 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   // The executor's fingerprint handshake with its ring neighbours comes before the first step;
   // on the board every call publishes, and that is its handshake.
   const double handshake = !board && P > 1 ? 1 : 0;
-  const Rates r = rates_for(m, buffer, dtype);
+  const Rates r = rates_for(m, buffer, dtype, !table.topology() && m.any_tcp);
   const double hops = handshake + k.hops;
-  const double data = (k.sent + k.received) * r.net + k.reduced * r.reduce + k.copied * r.copy;
-  const double t = r.call + hops * r.hop + data;
+  const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);
+  const double data = (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
+                      (k.remote_sent + k.remote_received) * r.remote_net + (k.reduced - k.remote_reduced) * r.reduce +
+                      k.remote_reduced * r.remote_reduce + k.copied * r.copy;
+  const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
-    const std::string sum = str_cat(" = ", us(r.call), " + ", count_text(hops), " x ", us(r.hop), " + ", us(data), " us");
+    std::string hop_terms = hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
+    if (remote_hops > 0)
+      hop_terms += str_cat(hop_terms.empty() ? "" : " + ", count_text(remote_hops), " x ", us(r.remote_hop));
+    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ", us(data), " us");
     const std::string where =
         lo == bytes || hi == bytes ? std::string()
                     : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
                               size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
     *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
-                       count_text(k.hops), board ? " hop (board publications)" : " hops", " on the critical path; busiest rank ",
+                       count_text(k.hops), board ? " hop (board publications)" : " hops", " on the critical path",
+                       remote_hops > 0 ? str_cat(" (", count_text(remote_hops), " of ", count_text(hops), " across hosts)")
+                                       : std::string(),
+                       "; busiest rank ",
                        data_text(k), where, sum);
   }
   return t;

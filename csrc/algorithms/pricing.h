@@ -7,6 +7,10 @@
 //   hops   messages on the critical path: the longest chain of steps that wait on each other,
 //          one hop per step that sends or receives, plus the executor's fingerprint handshake;
 //   bytes  what the busiest rank sends, receives, receives-and-reduces and copies locally.
+// With a topology (which ranks share a host), hops and bytes are split by link: a step with a
+// message to or from another host costs an inter-host hop (TCP), and the bytes those messages
+// carry move at TCP's rate; the rest at shared memory's. The critical path and the busiest rank
+// are the slowest under those weights.
 // The seconds per hop and per byte come from the machine figures (MachineCosts), which the
 // machine probe (runtime/machine_probe.h) measures on rank 0 and every rank adopts.
 //
@@ -51,10 +55,22 @@ struct ScheduleCounts {
   double received = 0;  // receives into place,
   double reduced = 0;   // receives and reduces into place,
   double copied = 0;    // and copies locally
+  // Of the above, over links between hosts (zero without a topology).
+  double remote_hops = 0, remote_sent = 0, remote_received = 0, remote_reduced = 0;
 };
 
-// Builds the schedule of `key` for every rank (key.rank is ignored) and counts it.
-ScheduleCounts count_schedules(const ScheduleKey& key);
+// How much an inter-host hop and byte weigh against a local one, to find the critical path and
+// the busiest rank when hops and bytes are split by link.
+struct LinkWeights {
+  double hop = 1, byte = 1;
+};
+// The weights of the machine's figures (a local hop as rates_for prices it, oversubscription
+// included).
+LinkWeights link_weights(const MachineCosts& m);
+
+// Builds the schedule of `key` for every rank (key.rank is ignored) and counts it; with key.topo,
+// split by link (flat algorithms too: their schedules ignore the topology).
+ScheduleCounts count_schedules(const ScheduleKey& key, LinkWeights w = {});
 
 // The counts of every scheduled (collective, algorithm) at one P, on a grid of sizes: 0 bytes,
 // then every power of two from 1 byte to 16 GiB (2^31 eight-byte elements).
@@ -63,7 +79,12 @@ class PriceTable {
   static constexpr int kGrid = 36;
   // Counts the schedules for P ranks (rooted collectives at root 0; a tree's shape relative to
   // its root is the same for every root). Deterministic: every rank builds the same table.
-  void build(int P);
+  // topo: the hosts (kept by pointer, must outlive the table); with it, the counts are split by
+  // link and the hierarchical algorithms are counted too.
+  void build(int P, const Topology* topo = nullptr, LinkWeights w = {});
+  const Topology* topology() const { return topo_; }
+  // The executor's handshake goes to the next rank: whether some rank's crosses hosts.
+  bool handshake_remote() const { return handshake_remote_; }
   int nranks() const { return P_; }
   // The counts for a call of `bytes` (ScheduleKey::count times the element size): linear in
   // bytes between the two grid points around it (hops are piecewise constant in the number of
@@ -78,6 +99,8 @@ class PriceTable {
     int counted = 0;  // grid points [0, counted) were counted; larger calls extend the last two
   };
   int P_ = 0;
+  const Topology* topo_ = nullptr;
+  bool handshake_remote_ = false;
   std::vector<Table> tables_;
   int8_t index_[static_cast<int>(Collective::Count)][static_cast<int>(Algo::Count)] = {};  // table + 1, 0: none
 };

@@ -95,6 +95,25 @@ struct Schedule {
   }
 };
 
+// Which ranks share a host, as the hierarchical schedules (hier.cc) see it. Hosts are numbered in
+// the order of their lowest rank (rank 0's host is host 0); the ranks of a host need not be
+// contiguous, and hosts may hold different numbers of ranks. A rank's local index is its place
+// in its host's ascending list.
+struct Topology {
+  std::vector<int> host_of;             // per rank
+  std::vector<int> local_index;         // per rank
+  std::vector<std::vector<int>> hosts;  // per host: its ranks, ascending
+
+  // From any per-rank host labels (equal labels: one host). Throws InvalidArgument on none.
+  static Topology from_labels(const std::vector<int64_t>& labels);
+  int nranks() const { return static_cast<int>(host_of.size()); }
+  int num_hosts() const { return static_cast<int>(hosts.size()); }
+  int min_local() const;  // ranks on the smallest host
+  int max_local() const;
+  bool same_host(int a, int b) const { return host_of[a] == host_of[b]; }
+  std::string describe() const;  // "2 hosts: {0,2} {1,3}"
+};
+
 struct ScheduleKey {
   Collective coll;
   Algo algo;        // concrete (never Auto)
@@ -104,10 +123,13 @@ struct ScheduleKey {
   int root;
   uint64_t segment; // elements per pipelined segment (tree, chain); 0 = whole buffer
   int peer = -1;    // send/recv
+  // Hier and HierTree only: the communicator's hosts, owned by the caller and unchanged while
+  // the key is in use (a communicator's topology lives as long as it does).
+  const Topology* topo = nullptr;
 
   bool operator==(const ScheduleKey& o) const {
     return coll == o.coll && algo == o.algo && nranks == o.nranks && rank == o.rank &&
-           count == o.count && root == o.root && segment == o.segment && peer == o.peer;
+           count == o.count && root == o.root && segment == o.segment && peer == o.peer && topo == o.topo;
   }
 };
 
@@ -125,6 +147,11 @@ struct ScheduleKeyHash {
 // OneShot is not listed: it needs the board (every rank on one host), which the communicator
 // checks before it offers it; build_schedule builds its schedules all the same.
 std::vector<Algo> supported_algos(Collective coll);
+// The hierarchical algorithms of a collective (none for gather, scatter, barrier, point to point).
+// Not in supported_algos either: they need a topology, which only the host communicator has; it
+// offers them when its ranks span hosts.
+std::vector<Algo> hier_algos(Collective coll);
+inline bool is_hier(Algo a) { return a == Algo::Hier || a == Algo::HierTree; }
 
 Schedule build_schedule(const ScheduleKey& key);
 
@@ -148,6 +175,8 @@ void direct_all_to_all_v(Schedule& s, int nranks, int rank, const std::vector<ui
 void direct_gather(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void direct_scatter(Schedule& s, int nranks, int rank, int root, uint64_t block);
 void dissemination_barrier(Schedule& s, int nranks, int rank);
+// Hierarchical schedules (hier.cc) over key.topo; key.algo Hier or HierTree.
+void hier_schedule(Schedule& s, const ScheduleKey& key);
 // The one-shot board (board.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
 // broadcast, reduce and barrier; P = 1 and count = 0 included (a board call always publishes).
 void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);

@@ -1,5 +1,6 @@
 // Schedules as data, for the transport-free checks and for explaining an algorithm.
 #include <pybind11/stl.h>
+#include <memory>
 #include "algorithms/pricing.h"
 #include "algorithms/schedule.h"
 #include "bindings/bindings.h"
@@ -13,7 +14,15 @@ namespace {
 
 py::dict counts_dict(const ScheduleCounts& k) {
   return py::dict(py::arg("steps") = k.steps, py::arg("hops") = k.hops, py::arg("sent") = k.sent,
-                  py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied);
+                  py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied,
+                  py::arg("remote_hops") = k.remote_hops, py::arg("remote_sent") = k.remote_sent,
+                  py::arg("remote_received") = k.remote_received, py::arg("remote_reduced") = k.remote_reduced);
+}
+
+// A topology from per-rank host labels, or none (hier keys then fail with a clear error).
+std::unique_ptr<Topology> topology_of(const std::vector<int64_t>& hosts) {
+  if (hosts.empty()) return nullptr;
+  return std::make_unique<Topology>(Topology::from_labels(hosts));
 }
 
 }  // namespace
@@ -23,9 +32,10 @@ void register_schedules(py::module_& m) {
       "walk_on_threads",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int dtype, int op, double factor,
          std::vector<uintptr_t> inputs, std::vector<uintptr_t> outputs, uint64_t slot_bytes, uint32_t slots,
-         double timeout, std::vector<uint64_t> tags, uint32_t channels) {
+         double timeout, std::vector<uint64_t> tags, uint32_t channels, std::vector<int64_t> hosts) {
+        const auto topo = topology_of(hosts);
         ThreadWalkArgs a;
-        a.key = ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
+        a.key = ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
         a.dtype = static_cast<DataType>(dtype);
         a.op = static_cast<ReduceOp>(op);
         a.premul_factor = factor;
@@ -41,46 +51,59 @@ void register_schedules(py::module_& m) {
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root"), py::arg("segment"),
       py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("inputs"), py::arg("outputs"),
       py::arg("slot_bytes"), py::arg("slots"), py::arg("timeout") = 60.0,
-      py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1, py::call_guard<py::gil_scoped_release>(),
+      py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1, py::arg("hosts") = std::vector<int64_t>{},
+      py::call_guard<py::gil_scoped_release>(),
       "Every rank's schedule walked by the CUDA IPC executor's step walker, on host threads over in-memory\n"
       "mailboxes (one thread per rank). inputs/outputs: one pointer per rank, as the host executor takes them.");
   m.def(
       "simulate",
-      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool board_rules) {
-        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1};
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool board_rules,
+         std::vector<int64_t> hosts) {
+        const auto topo = topology_of(hosts);
+        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
         return simulate_schedules(k, drop_op, board_rules);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("drop_op") = -1, py::arg("board_rules") = true,
+      py::arg("hosts") = std::vector<int64_t>{},
       py::call_guard<py::gil_scoped_release>(),
       "Run every rank's schedule against the others without a transport; raises Error on any violation.\n"
       "drop_op removes that op of rank 0's schedule (a fault to report); board_rules=False leaves out the\n"
-      "one-shot board's per-call rules, so that the other checks must find the fault.");
+      "one-shot board's per-call rules, so that the other checks must find the fault. hosts: a host label per\n"
+      "rank, the topology of the hierarchical algorithms.");
   m.def(
       "schedule_counts",
-      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment) {
+      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, std::vector<int64_t> hosts) {
         ScheduleCounts k;
         {
           py::gil_scoped_release release;
-          k = count_schedules(
-              ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1});
+          const auto topo = topology_of(hosts);
+          k = count_schedules(ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count,
+                                          root, segment, -1, topo.get()});
         }
         return counts_dict(k);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
-      py::arg("segment") = 0,
+      py::arg("segment") = 0, py::arg("hosts") = std::vector<int64_t>{},
       "What the cost model counts in every rank's schedule: the most steps of one rank, the hops on the\n"
-      "critical path, and the elements the busiest rank sends, receives, reduces and copies.");
+      "critical path, and the elements the busiest rank sends, receives, reduces and copies; with hosts (a\n"
+      "label per rank), how many of those hops and elements cross hosts (remote_*), weighing both alike.");
   m.def(
       "price_table_counts",
-      [](int coll, int algo, int nranks, uint64_t bytes) {
+      [](int coll, int algo, int nranks, uint64_t bytes, std::vector<int64_t> hosts) {
+        const auto topo = topology_of(hosts);
         PriceTable table;
-        table.build(nranks);
+        table.build(nranks, topo.get());
         return counts_dict(table.counts(static_cast<Collective>(coll), static_cast<Algo>(algo), bytes));
       },
-      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("bytes"),
+      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("bytes"), py::arg("hosts") = std::vector<int64_t>{},
       "schedule_counts as the cost model's table at P ranks has them for a call of `bytes` (interpolated\n"
       "between the sizes it counted, and extended past them), with the segment setting.");
+  m.def("hier_algos", [](int coll) {
+    std::vector<int> out;
+    for (Algo a : hier_algos(static_cast<Collective>(coll))) out.push_back(static_cast<int>(a));
+    return out;
+  });
   m.def("supported_algos", [](int coll) {
     std::vector<int> out;
     for (Algo a : supported_algos(static_cast<Collective>(coll))) out.push_back(static_cast<int>(a));
@@ -88,8 +111,10 @@ void register_schedules(py::module_& m) {
   });
   m.def(
       "schedule",
-      [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer) {
-        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, rank, count, root, segment, peer};
+      [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer,
+         std::vector<int64_t> hosts) {
+        const auto topo = topology_of(hosts);
+        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, rank, count, root, segment, peer, topo.get()};
         Schedule s = build_schedule(k);
         static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "publish", "copy_published", "reduce_published"};
         auto buf = [](BufId b) { return b == BufId::Published ? "published" : b == BufId::Output ? "output" : b == BufId::Scratch ? "scratch" : "input"; };
@@ -107,7 +132,7 @@ void register_schedules(py::module_& m) {
         return steps;
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("rank"), py::arg("count"), py::arg("root") = 0,
-      py::arg("segment") = 0, py::arg("peer") = -1,
+      py::arg("segment") = 0, py::arg("peer") = -1, py::arg("hosts") = std::vector<int64_t>{},
       "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, offset),\n"
       "lhs_peer). Board ops read buffer 'published' of rank peer; reduce_published with lhs_peer >= 0 reduces\n"
       "lhs_peer's publication with peer's, else dst with peer's.");

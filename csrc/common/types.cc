@@ -41,7 +41,7 @@ const char* collective_name(Collective c) {
 }
 
 const char* algo_name(Algo a) {
-  static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot"};
+  static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot", "hier", "hier_tree"};
   return a < Algo::Count ? names[static_cast<int>(a)] : "invalid-algo";
 }
 

@@ -164,13 +164,14 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
 }
 
 CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nranks, Algo algo, double timeout_s,
-               uint64_t segment_bytes) {
+               uint64_t segment_bytes, const Topology* topo) {
   const Collective c = a.coll;
   const CollectiveTraits& t = collective_traits(c);
   CallPlan p;
   const bool p2p_key = c == Collective::Send || c == Collective::Recv;
   p.key = ScheduleKey{c, algo, nranks, rank, v.count, t.rooted ? a.root : 0, 0, p2p_key ? a.peer : -1};
   p.key.segment = pipeline_segment(c, algo, dtype_size(a.dtype), segment_bytes);
+  p.key.topo = is_hier(algo) ? topo : nullptr;  // flat schedules stay one cache entry whatever the hosts
   p.dtype = a.dtype;
   p.op = t.reduction ? a.op : ReduceOp::Sum;
   p.combine = p.op == ReduceOp::Avg || p.op == ReduceOp::PremulSum ? ReduceOp::Sum : p.op;

@@ -82,9 +82,10 @@ struct CallPlan {
 ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks);
 
 // A validated call with its concrete algorithm (never Auto) as a plan. timeout_s: the call's
-// own or the communicator's default; segment_bytes: 0 for the RINGTREE_TREE_SEGMENT_BYTES setting.
+// own or the communicator's default; segment_bytes: 0 for the RINGTREE_TREE_SEGMENT_BYTES setting;
+// topo: the hosts, which the hierarchical algorithms' schedules need (ScheduleKey::topo).
 CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nranks, Algo algo, double timeout_s,
-               uint64_t segment_bytes = 0);
+               uint64_t segment_bytes = 0, const Topology* topo = nullptr);
 
 // The plan's pre-step on `dev`: returns the input the schedule reads (temp, or the user's).
 template <typename Device>

@@ -26,6 +26,22 @@ RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
 RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
 RT_PARAM(DumpOnExit, "RINGTREE_DUMP_ON_EXIT", 0)
+// Inter-host link figures for the cost model (the machine probe measures this host only).
+RT_PARAM(TcpHopMicros, "RINGTREE_TCP_HOP_US", 40)
+RT_PARAM(TcpMBps, "RINGTREE_TCP_MBPS", 2000)
+
+// Hosts as the data path sees them: ranks that talk over shared memory share a host (the mesh
+// checked that they can), every other pair is between hosts. The mesh is the same on every
+// rank, so every rank derives the same topology.
+Topology topology_of(const Mesh& mesh, int size) {
+  std::vector<int64_t> labels(size);
+  for (int r = 0; r < size; ++r) {
+    labels[r] = r;
+    for (int q = 0; q < r; ++q)
+      if (!mesh.pair_uses_tcp(r, q)) { labels[r] = labels[q]; break; }
+  }
+  return Topology::from_labels(labels);
+}
 
 int online_cpus() {
   cpu_set_t set;
@@ -47,7 +63,9 @@ Algo parse_algo_setting() {
   if (v == "ring") return Algo::Ring;
   if (v == "tree") return Algo::Tree;
   if (v == "oneshot") return Algo::OneShot;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree or oneshot, got '", v, "'");
+  if (v == "hier") return Algo::Hier;
+  if (v == "hier_tree") return Algo::HierTree;
+  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier or hier_tree, got '", v, "'");
 }
 
 }  // namespace
@@ -61,7 +79,10 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
       recorder_(static_cast<size_t>(std::max<int64_t>(0, FlightRecorderCalls()))) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   forced_algo_ = parse_algo_setting();
-  for (int c = 0; c < static_cast<int>(Collective::Count); ++c) scheduled_algos_[c] = supported_algos(static_cast<Collective>(c));
+  for (int c = 0; c < static_cast<int>(Collective::Count); ++c) {
+    scheduled_algos_[c] = supported_algos(static_cast<Collective>(c));
+    hier_algos_[c] = hier_algos(static_cast<Collective>(c));
+  }
   exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes())));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
@@ -70,6 +91,8 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
 
   Bootstrap boot(rank, size, uid, timeout_s);
   mesh_ = boot.connect(host_identity(), transport == "tcp", shared_memory_domain());
+  topo_ = topology_of(mesh_, size);
+  multi_host_ = topo_.num_hosts() > 1;
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
@@ -148,6 +171,8 @@ std::string CommunicatorImpl::transport_to(int peer) const {
 std::vector<Algo> CommunicatorImpl::available_algos(Collective coll, uint64_t bytes) const {
   std::vector<Algo> algos = scheduled_algos_[static_cast<int>(coll)];
   if (exec_.board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
+  if (multi_host_)
+    for (Algo a : hier_algos(coll)) algos.push_back(a);
   return algos;
 }
 
@@ -156,13 +181,19 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   // Runs on every call: no allocation unless the request is refused.
   const std::vector<Algo>& scheduled = scheduled_algos_[static_cast<int>(coll)];
   const bool board = exec_.board_fits(coll, bytes);
+  // The hierarchical algorithms run on one host too (their intra-host phases alone), so a
+  // script that names one runs anywhere; auto weighs them only across hosts.
+  const std::vector<Algo>& hier = hier_algos_[static_cast<int>(coll)];
   auto is_supported = [&](Algo a) {
-    return (a == Algo::OneShot && board) || std::find(scheduled.begin(), scheduled.end(), a) != scheduled.end();
+    return (a == Algo::OneShot && board) || std::find(scheduled.begin(), scheduled.end(), a) != scheduled.end() ||
+           std::find(hier.begin(), hier.end(), a) != hier.end();
   };
   if (requested != Algo::Auto) {
     if (is_supported(requested)) return requested;
     std::string names;
     for (Algo a : available_algos(coll, bytes)) names += std::string(algo_name(a)) + ", ";
+    if (!multi_host_)
+      for (Algo a : hier) names += std::string(algo_name(a)) + ", ";
     if (requested == Algo::OneShot && exec_.board_payload_bytes(coll, bytes) != UINT64_MAX)
       RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
                " on one host and at most ", exec_.board_bytes(), " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
@@ -172,7 +203,7 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
              "; choose from ", names, "auto");
   }
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
-  if (scheduled.size() == 1 && !board) return scheduled.front();
+  if (scheduled.size() == 1 && !board && !multi_host_) return scheduled.front();
   // A training loop or a bench calls the same sizes again and again: the last choices are
   // remembered (one word each, lock-free; the figures never change after set-up).
   std::atomic<uint64_t>& memo = choice_memo_[(bytes * 31 + static_cast<uint64_t>(coll) * 7 +
@@ -192,6 +223,8 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   };
   for (size_t i = 1; i < scheduled.size(); ++i) consider(scheduled[i]);
   if (board) consider(Algo::OneShot);
+  if (multi_host_)
+    for (Algo a : hier) consider(a);
   if (key) memo.store((key & ~uint64_t{0xe}) | (static_cast<uint64_t>(best) << 1), std::memory_order_relaxed);
   return best;
 }
@@ -212,7 +245,8 @@ std::string CommunicatorImpl::machine_costs() const {
                  "\ncall_us ", m.call_s * 1e6, "\nhop_us ", m.hop_s * 1e6, "\nswitch_us ", m.switch_s * 1e6,
                  "\ncopy_hot_GBps ", m.copy_hot_Bps / 1e9, "\ncopy_cold_GBps ", m.copy_cold_Bps / 1e9,
                  "\nreduce_hot_GBps ", m.reduce_hot_Bps / 1e9, "\nreduce_cold_GBps ", m.reduce_cold_Bps / 1e9,
-                 "\nl2_KiB ", m.l2_bytes / 1024, "\nl3_KiB ", m.l3_bytes / 1024, "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp);
+                 "\nl2_KiB ", m.l2_bytes / 1024, "\nl3_KiB ", m.l3_bytes / 1024, "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp,
+                 "\ntcp_hop_us ", m.tcp_hop_s * 1e6, "\ntcp_GBps ", m.tcp_Bps / 1e9, "\nhosts ", topo_.describe());
 }
 
 // Rank 0 measures (or reads its host's cache) and every rank adopts its figures: choices
@@ -227,12 +261,15 @@ void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
     costs_.local_ranks = 0;
     for (int q = 0; q < size_; ++q) costs_.local_ranks += mesh_.peers[q].host == mesh_.peers[0].host;
     costs_.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
+    costs_.tcp_hop_s = std::max<int64_t>(1, TcpHopMicros()) * 1e-6;
+    costs_.tcp_Bps = std::max<int64_t>(1, TcpMBps()) * 1e6;
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs_, sizeof(costs_));
-  // The schedules' counts depend only on P (and the segment setting), so every rank builds the
-  // same table; choose_algo() then prices from it without allocating.
-  prices_.build(size_);
+  // The schedules' counts depend only on P, the hosts and the segment setting (and rank 0's
+  // figures weigh the links), so every rank builds the same table; choose_algo() then prices
+  // from it without allocating.
+  prices_.build(size_, &topo_, link_weights(costs_));
 }
 
 Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
@@ -281,7 +318,7 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
 }
 
 void CommunicatorImpl::execute(Prepared& p) {
-  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s), &p.args, p.seq, p.recv_seq};
+  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, 0, &topo_), &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);
   try {

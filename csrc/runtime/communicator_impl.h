@@ -83,6 +83,8 @@ class CommunicatorImpl : public Communicator {
   ControlPlane ctrl_;
   HostExecutor exec_;
   Messenger messenger_;  // tagged messages, beside the call order
+  Topology topo_;       // which ranks share a host (shared-memory pairs), from the mesh
+  bool multi_host_ = false;
   MachineCosts costs_;  // rank 0's, so every rank chooses alike
   PriceTable prices_;   // the schedules' counts at this P, built once at set-up
   // choose_algo's last choices for auto: (bytes << 16 | coll << 8 | dtype << 4 | algo << 1 | 1).
@@ -90,6 +92,7 @@ class CommunicatorImpl : public Communicator {
   mutable std::atomic<uint64_t> choice_memo_[kChoiceMemo] = {};
   Algo forced_algo_ = Algo::Auto;
   std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
+  std::vector<Algo> hier_algos_[static_cast<int>(Collective::Count)];       // hier_algos(), once
 
   // Call order state (guarded by queue_mu_).
   uint64_t next_seq_ = 0;

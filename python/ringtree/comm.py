@@ -140,8 +140,8 @@ def _dtype_code(dtype) -> int:
 def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot' "
-                                f"or (CUDA buffers) 'nccl'")
+    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
+                                f"'hier', 'hier_tree' or (CUDA buffers) 'nccl'")
 
 
 class Communicator:
@@ -202,7 +202,7 @@ class Communicator:
     def machine_costs(self) -> dict:
         """The figures the cost model prices with (rank 0's, shared by every rank)."""
         pairs = (line.split(" ", 1) for line in self._core.machine_costs().splitlines())
-        return {k: (v if k == "source" else float(v)) for k, v in pairs}
+        return {k: (v if k in ("source", "hosts") else float(v)) for k, v in pairs}
 
     # --- the collectives -------------------------------------------------------------------
 

@@ -73,7 +73,8 @@ struct RankState {
 
 std::string describe(const ScheduleKey& k, bool in_place) {
   return str_cat(collective_name(k.coll), "/", algo_name(k.algo), " P=", k.nranks, " count=", k.count,
-                 " root=", k.root, " segment=", k.segment, in_place ? " in-place" : " out-of-place");
+                 " root=", k.root, " segment=", k.segment, k.topo ? " on " + k.topo->describe() : std::string(),
+                 in_place ? " in-place" : " out-of-place");
 }
 
 [[noreturn]] void fail(const ScheduleKey& k, bool in_place, const std::string& what) {

@@ -266,6 +266,8 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
   const uint64_t bytes = v.count * dtype_size(a.dtype);
   const Algo algo = a.algo == Algo::Auto ? supported_algos(a.coll).front() : host_->choose_algo(a.coll, a.algo, bytes, a.dtype);
+  RT_CHECK(!is_hier(algo), InvalidArgument, name, ": algo '", algo_name(algo), "' is for ranks on several hosts; the",
+           " CUDA IPC executor's ranks share one, so choose ring, tree, direct or auto");
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_->default_timeout();
   const CallPlan plan = lower(a, v, rank_, P_, algo, timeout_s);
   cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);

@@ -78,6 +78,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     const ValidatedCall v = validate_call(st.args, r, P);
     st.plan = lower(st.args, v, r, P, a.key.algo, a.timeout_s);
     st.plan.key.segment = a.key.segment;  // the test's segment, as given
+    st.plan.key.topo = a.key.topo;
     st.schedule = build_schedule(st.plan.key);
     RT_CHECK(walker_can_run(st.schedule), InvalidArgument, "walk_on_threads: algo '", algo_name(a.key.algo),
              "' runs on the shared-memory board, not on the step walker");

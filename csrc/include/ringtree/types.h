@@ -15,7 +15,10 @@ enum class Collective : uint8_t {
 // Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
 // OneShot: every rank publishes its whole input on a shared-memory board and every rank reads
 // all of them (one message latency; single-host communicators, small messages).
-enum class Algo : uint8_t { Auto, Ring, Tree, Direct, OneShot, Count };
+// Hier, HierTree: topology-aware (algorithms/hier.cc): an intra-host phase, an inter-host phase
+// between counterpart ranks of every host (ring or chain for Hier, binary tree for HierTree),
+// and an intra-host phase back.
+enum class Algo : uint8_t { Auto, Ring, Tree, Direct, OneShot, Hier, HierTree, Count };
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);
