@@ -299,7 +299,7 @@ def fault_rank(trial: dict) -> dict:
     rank = int(os.environ["RINGTREE_RANK"])  # known before rt.init, for a fault during it
     victim = Victim(t) if rank == t.victim else None
     if victim and t.moment == "bootstrap":
-        if t.delay_ms == 0:
+        if t.delay_ms == 0 and t.kind != "shutdown":  # a process has no socket to shut before rt.init
             victim.inject()
         else:
             victim.inject_later(t.delay_ms)
@@ -311,7 +311,7 @@ def fault_rank(trial: dict) -> dict:
     except rt.Error as exc:
         return {"rank": rank, **error_report(exc, phase, 0)}
     if victim:
-        victim.comm = comm
+        victim.comm, victim.phase = comm, "between"
     work = Workload(comm, t, rank)
     calls, wrong = 0, []
     # A loop no fault ends is a failure of its own (no_error); it must end well before the
