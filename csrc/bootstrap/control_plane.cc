@@ -77,6 +77,7 @@ void ControlPlane::raise_notice_if_any() {
 }
 
 void ControlPlane::raise_pending_notice() {
+  raise_notice_if_any();  // already read (with the data that woke this rank): it explains too
   const Deadline grace = Deadline::after_seconds(0.2);  // the notice is sent before the close
   for (;;) {
     for (size_t q = 0; q < fd_.size(); ++q) {

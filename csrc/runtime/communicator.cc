@@ -322,8 +322,12 @@ void CommunicatorImpl::execute(Prepared& p) {
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);
   try {
-    if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
-    ctrl_.raise_notice_if_any();
+    try {
+      if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
+      ctrl_.raise_notice_if_any();
+    } catch (const Error& e) {  // the reason names the call that failed, or comm.abort(): name this one too
+      throw_error(e.kind(), str_cat(describe(call.plan.fingerprint(p.seq)), " on rank ", rank_, ": ", e.what()));
+    }
     // Its input is still being produced (device data on their way to the host): the call
     // already holds its place in the order, and its traffic waits for the data.
     if (p.args.ready) {

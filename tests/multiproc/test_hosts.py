@@ -5,9 +5,6 @@ TCP. The namespaces, the veth link between them and its addresses are made by th
 removed after it; it needs root and `ip netns`, and skips, saying why, without them."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 import uuid
 
@@ -15,40 +12,18 @@ import numpy as np
 import pytest
 
 import ringtree as rt
+import netns
 from harness import run_world
-
-NET = "10.251.{}.{}"  # addresses only on the link this test creates, inside its own namespaces
-
-
-def ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
 
 
 @pytest.fixture
 def two_namespaces():
     """Two network namespaces joined by a veth pair: (names, addresses)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2's `ip`")
-    tag = uuid.uuid4().hex[:6]
-    names = [f"rt-{tag}-a", f"rt-{tag}-b"]
-    subnet = int(tag[:2], 16) % 200 + 20
-    addrs = [NET.format(subnet, 1), NET.format(subnet, 2)]
     try:
-        for n in names:
-            ip("netns", "add", n)
-        ip("link", "add", f"rt{tag}a", "type", "veth", "peer", "name", f"rt{tag}b")
-        for n, dev, a in zip(names, (f"rt{tag}a", f"rt{tag}b"), addrs):
-            ip("link", "set", dev, "netns", n)
-            ip("-n", n, "addr", "add", f"{a}/24", "dev", dev)
-            ip("-n", n, "link", "set", dev, "up")
-            ip("-n", n, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as exc:
-        for n in names:
-            ip("netns", "del", n, check=False)
-        pytest.skip(f"cannot make network namespaces here: {getattr(exc, 'stderr', exc)}")
-    yield names, addrs
-    for n in names:
-        ip("netns", "del", n, check=False)
+        with netns.two_namespaces() as made:
+            yield made
+    except netns.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def same_name_other_namespace(elems=1 << 20, calls=5):

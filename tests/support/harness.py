@@ -17,8 +17,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-import pytest
-
 import ringtree as rt
 from ringtree.launch import rank_environment
 
@@ -59,20 +57,57 @@ class World:
         return "\n".join(f"--- rank {r} (exit {c}) ---\n{o[-4000:]}" for r, (c, o) in enumerate(zip(self.returncodes, self.outputs)))
 
     def check_ok(self):
+        import pytest
         if any(c != 0 for c in self.returncodes) or any(r is None for r in self.results):
             pytest.fail("a rank failed:\n" + self.failure_report())
         return self.results
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None):
-    """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
-    and returns their World; fails the test if they are not all done within `timeout` seconds.
-    per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`)."""
+class RunningWorld:
+    """Rank processes started by spawn_world: wait for some or all of them, then collect()."""
+
+    def __init__(self, procs, logs, outdir):
+        self.procs, self.logs, self.outdir = procs, logs, outdir
+
+    def wait(self, ranks=None, deadline=None) -> list:
+        """Waits until `ranks` (default all) have exited or time.monotonic() passes deadline;
+        returns those still running."""
+        ranks = range(len(self.procs)) if ranks is None else ranks
+        while any(self.procs[r].poll() is None for r in ranks) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.02)
+        return [r for r in ranks if self.procs[r].poll() is None]
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)  # a stopped process would not die before it runs again
+                p.kill()
+                p.wait()
+
+    def collect(self) -> World:
+        """Kills what still runs, then reads every rank's output and result."""
+        self.kill()
+        outputs = []
+        for log in self.logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+        world = World([p.returncode for p in self.procs], outputs)
+        for r in range(len(self.procs)):
+            path = os.path.join(self.outdir, f"{r}.json")
+            world.results.append(json.load(open(path)) if os.path.exists(path) else None)
+        return world
+
+
+def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None, per_rank_prefix=None,
+                unique_id=None) -> RunningWorld:
+    """Starts func(**args) in nranks fresh rank processes and returns them running.
+    unique_id: a token every rank gets (else a fresh id, whose reserved port rank 0 inherits)."""
     rank_target(func)  # refused here, before any process starts
     outdir = tempfile.mkdtemp(prefix="ringtree-test-")
     command = rank_command(func, args, outdir)
-    uid = rt.UniqueId.create()
-    listen_fd = uid.take_listener()
+    uid = rt.UniqueId.create() if unique_id is None else unique_id
+    listen_fd = uid.take_listener() if unique_id is None else -1
     procs, logs = [], []
     try:
         for r in range(nranks):
@@ -92,31 +127,26 @@ def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_ra
             prefix = list(per_rank_prefix(r)) if per_rank_prefix else []
             procs.append(subprocess.Popen(prefix + command, env=e,
                                           stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
+    except BaseException:
+        RunningWorld(procs, logs, outdir).collect()
+        raise
+    finally:
         if listen_fd >= 0:
             os.close(listen_fd)
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        hung = [r for r, p in enumerate(procs) if p.poll() is None]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-                p.wait()
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-        world = World([p.returncode for p in procs], outputs)
-        if hung:
-            pytest.fail(f"ranks {hung} still running after the {timeout} s hard timeout:\n" + world.failure_report())
-        for r in range(nranks):
-            path = os.path.join(outdir, f"{r}.json")
-            world.results.append(json.load(open(path)) if os.path.exists(path) else None)
-        return world
+    return RunningWorld(procs, logs, outdir)
+
+
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None):
+    """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
+    and returns their World; fails the test if they are not all done within `timeout` seconds.
+    per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`)."""
+    running = spawn_world(nranks, func, args, hosts=hosts, env=env, per_rank_env=per_rank_env,
+                          per_rank_prefix=per_rank_prefix)
+    try:
+        hung = running.wait(deadline=time.monotonic() + timeout)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
+        world = running.collect()
+    if hung:
+        import pytest  # here, not at the top: rank processes and bench scripts import this module too
+        pytest.fail(f"ranks {hung} still running after the {timeout} s hard timeout:\n" + world.failure_report())
+    return world

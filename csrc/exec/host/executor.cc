@@ -202,15 +202,21 @@ void HostExecutor::run(const HostCall& call) {
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
   try {
-    if (!collective_traits(plan.key.coll).point_to_point)
-      settle_board(plan.timeout_s);  // an earlier one-shot broadcast's stragglers, checked
-    run_plan(plan, dev);
-  } catch (const PeerFailure& e) {
-    // A peer that aborted explains itself on its control connection, possibly just after its
-    // data connection closed: its reason beats our observation of its absence.
-    ctrl_.raise_pending_notice();
-    // Transports and liveness checks know the peer; this adds which call and which rank.
-    throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
+    try {
+      if (!collective_traits(plan.key.coll).point_to_point)
+        settle_board(plan.timeout_s);  // an earlier one-shot broadcast's stragglers, checked
+      run_plan(plan, dev);
+    } catch (const PeerFailure& e) {
+      // A peer that aborted explains itself on its control connection, possibly just after its
+      // data connection closed: its reason beats our observation of its absence.
+      ctrl_.raise_pending_notice();
+      // Transports and liveness checks know the peer; this adds which call and which rank.
+      throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
+    }
+  } catch (const Error& e) {
+    // A peer's notice names the peer's call (perhaps a later one, or comm.abort()): name ours too.
+    if (!ctrl_.notice_raised()) throw;
+    throw_error(e.kind(), str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
   }
 }
 
