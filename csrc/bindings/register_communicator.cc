@@ -196,6 +196,7 @@ void register_communicator(py::module_& m) {
            py::arg("src"), py::arg("tag"))
       .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
+      .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)
       .def("abort", &Communicator::abort, py::arg("why") = "", py::call_guard<py::gil_scoped_release>(),

@@ -55,7 +55,8 @@ void register_types(py::module_& m) {
       "(input, output) element counts of one rank's buffers for a call of `count` (0: no such buffer).");
 
   py::class_<UniqueId>(m, "UniqueId", "The job's rendezvous token (rank 0's address, port and a 128-bit secret).")
-      .def_static("create", &UniqueId::create, "Reserve a port on this host and make a fresh secret.")
+      .def_static("create", &UniqueId::create, py::arg("ip") = std::string(),
+                  "Reserve a port on this host (at ip, else RINGTREE_ADDR, else loopback) and make a fresh secret.")
       .def_static("parse", &UniqueId::parse, py::arg("token"), "Read back a token made by str(uid).")
       .def_static("from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"))
       .def_readonly("ip", &UniqueId::ip)

@@ -45,9 +45,9 @@ void derive_secret(const std::string& seed, std::array<uint8_t, 16>& out) {
 
 }  // namespace
 
-UniqueId UniqueId::create() {
+UniqueId UniqueId::create(const std::string& ip) {
   UniqueId id;
-  id.ip = resolve_ipv4(env_str("RINGTREE_ADDR", "127.0.0.1"));
+  id.ip = resolve_ipv4(ip.empty() ? env_str("RINGTREE_ADDR", "127.0.0.1") : ip);
   // Bound, not listening: the port is ours, yet rank 0 may be another process (a launcher that
   // stays alive hands the token on), and nobody's connection lands in a queue no one accepts.
   int fd = tcp_bind(id.ip, static_cast<uint16_t>(env_int("RINGTREE_PORT", 0)));

@@ -163,6 +163,11 @@ void CommunicatorImpl::dump_to_setting(const std::string& reason) const {
   }
 }
 
+std::string CommunicatorImpl::address() const {
+  const std::string& ip = rank_ < static_cast<int>(mesh_.peers.size()) ? mesh_.peers[rank_].ip : std::string();
+  return ip.empty() ? uid_.ip : ip;
+}
+
 std::string CommunicatorImpl::transport_to(int peer) const {
   RT_CHECK(peer >= 0 && peer < size_, InvalidArgument, "peer must be in [0, ", size_, "), got ", peer);
   return exec_.transport_to(peer);

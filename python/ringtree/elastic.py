@@ -24,6 +24,7 @@ communicator, old ranks first with their numbers, new ranks after them.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -76,6 +77,13 @@ def _parse(buf: np.ndarray, size: int):
     members = frozenset(int(q) for q in np.flatnonzero(buf[16:16 + size]))
     token = buf[16 + size:].tobytes().rstrip(b"\0").decode()
     return kind, round_, members, token
+
+
+def _rendezvous_ip(comm) -> str:
+    """Where this rank listens when it leads a new rendezvous: RINGTREE_ADDR if set, else the
+    address its peers already reach it at (loopback would strand peers on other hosts or in
+    other network namespaces)."""
+    return os.environ.get("RINGTREE_ADDR") or comm._core.address()
 
 
 def _send(comm, buf, dst, tag):
@@ -183,7 +191,7 @@ def shrink(comm, exclude=(), timeout=None):
                 view &= theirs
             view -= died | silent
         if commit is None and stable and min(view) == me:
-            token = _core.UniqueId.create()
+            token = _core.UniqueId.create(_rendezvous_ip(comm))
             note = _message(size, _COMMIT, round_, view, str(token))
             sent = [_send(comm, note, q, _COMMIT_TAG) for q in range(size) if q != me and q not in dead]
             for work in sent:  # out before the old communicator closes (a dead peer's fails)
@@ -221,7 +229,7 @@ def grow(comm, joiners, publish=None, timeout=None):
     raw = np.zeros(_TOKEN_BYTES, np.uint8)
     uid, failure = None, None
     if comm.rank == 0:
-        uid = _core.UniqueId.create()
+        uid = _core.UniqueId.create(_rendezvous_ip(comm))
         try:
             publish(f"{_GROW_PREFIX}:{comm.size}:{new_size}:{uid}")
             raw[:len(str(uid))] = np.frombuffer(str(uid).encode(), np.uint8)

@@ -147,6 +147,9 @@ class Communicator {
   virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
   virtual std::string transport_to(int peer) const = 0;
+  // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
+  // it leads (shrink, grow) must listen so that the same peers can reach it.
+  virtual std::string address() const = 0;
 
   // Tagged messages, beside the call order (runtime/messenger.h). isend completes once the
   // bytes are written (the buffer may then be reused); it never waits for a matching receive.

@@ -14,8 +14,9 @@ struct UniqueId {
   std::array<uint8_t, 16> secret{};
 
   // Binds a socket now (kept for rank 0, if it is this process or inherits it) so the port stays
-  // ours; it listens only once rank 0 takes it. ip: RINGTREE_ADDR, else loopback.
-  static UniqueId create();
+  // ours; it listens only once rank 0 takes it. ip: the given one, else RINGTREE_ADDR, else
+  // loopback.
+  static UniqueId create(const std::string& ip = {});
   static UniqueId parse(const std::string& token);
   // A unique id at a fixed address and port with a secret derived from `seed`; for launchers
   // (torchrun) whose ranks share only an address, a port and a run id. Nothing is bound.
