@@ -416,3 +416,94 @@ def test_bad_arguments_are_refused_before_any_traffic(bad, message):
 
     with pytest.raises(ValueError, match=message):
         rtt.ShardedDataParallel(_model(), torch.optim.SGD, NoTraffic(), lr=0.1, **bad)
+
+
+# --- memory per rank and loss curves against DDP (torch.distributed, P = 2) ------------------
+
+CURVE_STEPS = 50
+CURVE_TOLERANCE = 1e-5  # fp32 loss, absolute: the issue's target
+MEMORY_WIDTH, MEMORY_DEPTH, MEMORY_BUCKETS = 32, 8, 8  # 8448 parameters, a bucket per layer
+
+
+def _curve(variant, comm, gloo, rank, world):
+    """The loss averaged over ranks at each of CURVE_STEPS Adam steps (Gloo averages it)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ringtree.torch as rtt
+    model = _model()
+    if variant == "ddp gloo":
+        module = DistributedDataParallel(model, process_group=gloo)
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+        step, zero_grad = optimizer.step, optimizer.zero_grad
+    else:
+        module = model
+        zero = rtt.ShardedDataParallel(model, torch.optim.Adam, comm, stage=int(variant[-1]),
+                                       bucket_cap_mb=BUCKET_CAP_MB, lr=0.01)
+        step, zero_grad = zero.step, zero.zero_grad
+    losses = []
+    for index in range(CURVE_STEPS):
+        x, y = _batch(index % 4)  # four batches over and over: the loss falls
+        per_rank = BATCH // world
+        loss = _loss(module, x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank])
+        loss.backward()
+        step()
+        zero_grad()
+        mean = loss.detach().reshape(1).clone()
+        dist.all_reduce(mean, group=gloo)
+        losses.append(mean.item() / world)
+    return losses
+
+
+def memory_and_loss_curves():
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    import torch_group
+    sys.path.insert(0, os.path.join(torch_group.ROOT, "bench"))
+    import zero_bench
+    rank, world = torch_group.init_group()
+    gloo = dist.new_group(backend="gloo")
+    comm = dist.group.WORLD.comm
+    curves = {variant: _curve(variant, comm, gloo, rank, world) for variant in ("ddp gloo", "zero1", "zero2", "zero3")}
+    memory = {variant: zero_bench.memory_per_rank(variant, MEMORY_WIDTH, MEMORY_DEPTH, MEMORY_BUCKETS, BATCH)
+              for variant in zero_bench.MEMORY_VARIANTS}
+    torch_group.finish_group()
+    return {"curves": curves, "memory": memory}
+
+
+@pytest.mark.timeout(120)
+def test_memory_per_rank_and_loss_curves_against_ddp():
+    """Loss curves of stages 1/2/3 against DDP on Gloo over 50 steps; and each rank's storage
+    of parameters, gradients and Adam state (bench/zero_bench.py's memory_per_rank: the
+    distinct tensor storages reachable from the DDP module and optimizer, or from the
+    ShardedDataParallel, sampled around every module's forward, after every gradient, after
+    backward and after the step) against what each stage should hold with N parameters of 4
+    bytes at P = 2: DDP 16N (parameters, gradients, Adam's two moments); stage 1 8N + 12N/P;
+    stage 2 4N + 12N/P; stage 3 16N/P at rest, and at its peak 16N/P plus the working set of
+    at most 5 of the largest bucket (the bucket being used and the one prefetched, gathered;
+    the gradient buffer being filled and the two whose reduce-scatters are in flight)."""
+    results = run_world(2, memory_and_loss_curves, timeout=100).check_ok()
+    world = 2
+    for out in results:
+        curves = out["curves"]
+        reference = curves["ddp gloo"]
+        assert reference[-1] < 0.8 * reference[0], reference  # it did train
+        for variant in ("zero1", "zero2", "zero3"):
+            worst = max(abs(a - b) for a, b in zip(curves[variant], reference))
+            assert worst <= CURVE_TOLERANCE, (variant, worst)
+        memory = out["memory"]
+        n = memory["ddp"]["params"]
+        slack = 1.10  # padding, Adam's step counters
+        ideal_rest = {"ddp": 16 * n, "zero1": 8 * n + 12 * n / world, "zero2": 4 * n + 12 * n / world,
+                      "zero3": 16 * n / world}
+        for variant, ideal in ideal_rest.items():
+            rest = memory[variant]["rest"]
+            assert ideal <= rest <= slack * ideal, (variant, rest, ideal, memory[variant])
+        largest_bucket = memory["zero3"]["largest_bucket_bytes"]
+        peak3 = memory["zero3"]["peak"]
+        assert peak3 <= slack * 16 * n / world + 5 * largest_bucket, (memory["zero3"], largest_bucket)
+        assert peak3 < memory["zero2"]["peak"] < memory["zero1"]["peak"] <= memory["ddp"]["peak"], memory
