@@ -19,7 +19,8 @@ param.grad); the optimizer steps the owned shard. Stage 2: a bucket's gradients 
 reduce-scattered and param.grad is dropped, so a rank keeps only its shard's gradient. Both
 launch each bucket's collective asynchronously from the post-accumulate-grad hooks
 (BackwardSync), in bucket order on every rank, and wait for them in step() (or in
-clip_grad_norm_ / unscale_, whichever comes first). After the step, each bucket's updated
+clip_grad_norm_ / unscale_, whichever comes first; stage 2 already waits for a bucket once
+two later ones are launched, and drops its full-size gradient buffer). After the step, each bucket's updated
 shard is all-gathered in place, asynchronously; the next forward pass (or synchronize())
 waits for it.
 
