@@ -1,8 +1,19 @@
-"""Step time of ShardedDataParallel (ZeRO stage 1 and 2) against DataParallelHook and DDP on
-ringtree and on Gloo, for the example MLP (examples/train_ddp.py), with Adam.
+"""Step time of ShardedDataParallel (ZeRO stage 1, 2 and 3) against DataParallelHook and DDP on
+ringtree and on Gloo, for the example MLP (examples/train_ddp.py), with Adam; and (--memory)
+the storage each rank holds at each stage against DDP.
 
     python bench/zero_bench.py                       # P = 2, hidden 256 and 1024, 3 launches
     python bench/zero_bench.py --ranks 2 --hidden 1024 --launches 5 --steps 40
+    python bench/zero_bench.py --memory --ranks 2,4 --width 352,1120   # ~1M and ~10M parameters
+
+Memory: a deep MLP (--depth Linear layers of --width, Tanh between) trained 3 steps with Adam
+on the ringtree process group, each variant in turn in the same processes; per rank, the bytes
+of parameter, gradient and optimizer-state storage (ringtree.torch.memory.StorageMeter: the
+distinct storages reachable from the DDP module and its optimizer, or from the
+ShardedDataParallel, sampled around every module's forward, after every gradient, after
+backward and after the step). "rest" is after the step (before zero_grad), "peak" the largest
+sample. DDP runs with gradient_as_bucket_view=True so that its reducer's buckets are the
+gradients the meter sees. The bucket cap is the model's bytes / --buckets (about a layer each).
 
 A step is zero_grad + forward + backward + optimizer step on one rank's share of a global
 batch. In each launch (python -m ringtree.launch) every variant runs in the same processes,
@@ -23,7 +34,76 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
-VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree")
+VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
+            "zero3 ringtree")
+MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "zero3")
+
+
+def deep_mlp(width: int, depth: int, seed: int = 0):
+    import torch
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: int, steps: int = 3) -> dict:
+    """One rank's storage bytes for `variant` (see the module doc); needs the ringtree process
+    group as torch's default group. Returns rest and peak bytes, where the peak was sampled,
+    the parameter count and the bucket cap in bytes."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ringtree.torch as rtt
+    from ringtree.torch.memory import StorageMeter
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = deep_mlp(width, depth)
+    numel = sum(p.numel() for p in model.parameters())
+    cap_bytes = -(-numel * 4 // buckets)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(batch, width, generator=generator)[rank::world]
+    y = torch.randn(batch, width, generator=generator)[rank::world]
+    if variant == "ddp":
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap_bytes / 2**20, gradient_as_bucket_view=True)
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+        roots, step, zero_grad, module = [ddp, optimizer], optimizer.step, optimizer.zero_grad, ddp
+    else:
+        zero = rtt.ShardedDataParallel(model, torch.optim.Adam, dist.group.WORLD.comm, stage=int(variant[-1]),
+                                       bucket_cap_mb=cap_bytes / 2**20, lr=1e-3)
+        roots, step, zero_grad, module = [zero], zero.step, zero.zero_grad, model
+    meter = StorageMeter(roots, model)
+    rest = 0
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(module(x), y).backward()
+        meter.sample("after backward")
+        step()
+        rest = meter.sample("after step")
+        zero_grad()
+    meter.remove()
+    largest = max(b.flat_params.numel() * 4 for b in zero.buckets) if variant != "ddp" else None
+    return {"rest": rest, "peak": meter.peak, "peak_at": meter.peak_at, "params": numel, "cap_bytes": cap_bytes,
+            "largest_bucket_bytes": largest}
+
+
+def memory_worker(args):
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    import ringtree.torch as rtt
+    torch.set_num_threads(1)
+    rtt.init_process_group()
+    result = {variant: memory_per_rank(variant, args.width, args.depth, args.buckets, args.batch)
+              for variant in MEMORY_VARIANTS}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(gathered), flush=True)
+    dist.destroy_process_group()
 
 
 def worker(args):
@@ -88,16 +168,36 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run_launch(ranks, hidden, args):
+def run_launch(ranks, args, worker_args):
     command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(args.job_timeout),
-               os.path.abspath(__file__), "--worker", "--hidden", str(hidden), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--batch", str(args.batch), "--rounds", str(args.rounds)]
+               os.path.abspath(__file__), "--worker", "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch", str(args.batch), "--rounds", str(args.rounds)] + worker_args
     proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"P={ranks} hidden={hidden} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+    raise RuntimeError(f"P={ranks} {worker_args} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
                        f"{proc.stderr[-2000:]}")
+
+
+def memory_table(args):
+    print(f"Storage per rank (MiB) of parameters, gradients and Adam state: rest = after the step, peak = "
+          f"largest sample; deep MLP of {args.depth} Linear layers, bucket cap = model bytes / {args.buckets}; "
+          f"(x) = / DDP's; ideal = DDP/P (stage 3 at rest); the largest rank shown")
+    columns = [f"{v} {kind}" for v in MEMORY_VARIANTS for kind in ("rest", "peak")]
+    print(f"| P | width | params | " + " | ".join(columns) + " | ideal 1/P |")
+    print("|" + "---|" * (len(columns) + 4))
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        for width in (int(w) for w in args.width.split(",")):
+            ranks_results = run_launch(ranks, args, ["--memory", "--width", str(width), "--depth", str(args.depth),
+                                                      "--buckets", str(args.buckets)])
+            worst = {v: {k: max(r[v][k] for r in ranks_results) for k in ("rest", "peak")} for v in MEMORY_VARIANTS}
+            ddp = worst["ddp"]
+            cells = [f"{worst[v][k] / 2**20:.2f} ({worst[v][k] / ddp[k]:.2f}x)" for v in MEMORY_VARIANTS
+                     for k in ("rest", "peak")]
+            params = ranks_results[0]["ddp"]["params"]
+            print(f"| {ranks} | {width} | {params} | " + " | ".join(cells) +
+                  f" | {ddp['rest'] / ranks / 2**20:.2f} |", flush=True)
 
 
 def main(argv=None):
@@ -110,11 +210,20 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per launch; the best counts")
     p.add_argument("--launches", type=int, default=3)
     p.add_argument("--job-timeout", type=float, default=600)
+    p.add_argument("--memory", action="store_true", help="the storage table instead of step times")
+    p.add_argument("--width", default="352,1120", help="--memory: comma-separated widths of the deep MLP")
+    p.add_argument("--depth", type=int, default=8, help="--memory: Linear layers of the deep MLP")
+    p.add_argument("--buckets", type=int, default=8, help="--memory: bucket cap = model bytes / this")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
+        if args.memory:
+            args.width = int(args.width)
+            return memory_worker(args)
         args.hidden = int(args.hidden)
         return worker(args)
+    if args.memory:
+        return memory_table(args)
 
     print(f"Step time (ms), examples/train_ddp.py MLP + Adam, global batch {args.batch}; per launch the best of "
           f"{args.rounds} interleaved rounds of the median of {args.steps} steps (slowest rank); median of "
@@ -122,7 +231,7 @@ def main(argv=None):
     print(f"{'P':>2} {'hidden':>6} {'params':>8} " + " ".join(f"{v:>20}" for v in VARIANTS))
     for ranks in (int(r) for r in args.ranks.split(",")):
         for hidden in (int(h) for h in args.hidden.split(",")):
-            launches = [run_launch(ranks, hidden, args) for _ in range(args.launches)]
+            launches = [run_launch(ranks, args, ["--hidden", str(hidden)]) for _ in range(args.launches)]
             cells = []
             for variant in VARIANTS:
                 ms = statistics.median(launch["ms"][variant] for launch in launches)

@@ -6,7 +6,7 @@ another world size.
     torchrun --nproc-per-node 2 examples/train_sharded.py
     mpiexec -n 2 python examples/train_sharded.py          # needs mpi4py
 
-    options: --stage 1|2 | --fsdp2   --dtype fp32|fp16|bf16   --accum K   --clip NORM
+    options: --stage 1|2|3 | --fsdp2   --dtype fp32|fp16|bf16   --accum K   --clip NORM
              --batch GLOBAL --lr LR --hidden H --scaler --ckpt DIR --every K --resume
              --keep-per-rank-batch
 
@@ -98,7 +98,7 @@ def rank_slice(tensor, rank: int, world: int):
 
 
 class Trainer:
-    """One rank's trainer: ZeRO stage 1/2 on a ringtree communicator (`comm`), or FSDP2 on
+    """One rank's trainer: ZeRO stage 1/2/3 on a ringtree communicator (`comm`), or FSDP2 on
     the default torch.distributed group (fsdp2=True). `step()` trains on the next global batch;
     `save(dir)` and `resume(dir)` write and read sharded checkpoints."""
 
@@ -248,8 +248,8 @@ class Trainer:
         """Every parameter in full, on every rank (collective under FSDP2)."""
         if self.fsdp2:
             return [p.full_tensor().detach().float() for p in self.model.parameters()]
-        self.zero.synchronize()
-        return [p.detach().float() for p in self.model.parameters()]
+        with self.zero.gathered_parameters():  # stage 3 keeps only shards between steps
+            return [p.detach().float().clone() for p in self.model.parameters()]
 
 
 def latest_checkpoint(root: str) -> str | None:
@@ -265,7 +265,7 @@ def latest_checkpoint(root: str) -> str | None:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="train until this many steps in all (resumed ones count)")
-    p.add_argument("--stage", type=int, choices=(1, 2), default=2)
+    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
     p.add_argument("--fsdp2", action="store_true", help="torch's fully_shard on the ringtree backend instead")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per step")

@@ -1,7 +1,7 @@
 """Sharded checkpoints that load at another world size: train at P = 4, checkpoint, resume at
 P = 2, checkpoint, resume at P = 3, and follow one process that trained on the whole global
 batch all along, with AdamW, a warm-up/decay LambdaLR, a GradScaler whose scale grows during
-the run, clipping by the global norm, and the data position, for ZeRO stages 1 and 2.
+the run, clipping by the global norm, and the data position, for ZeRO stages 1, 2 and 3.
 
 The legs run the trainer of examples/train_sharded.py (Trainer) in real rank processes
 (harness.py); the reference is a plain torch loop over the unsharded model, here in the test
@@ -34,7 +34,7 @@ LEGS = [  # (world size, accumulation micro-batches, bucket cap in MiB)
     (2, 1, 2048 / 2**20),    # a bucket closes at 512 float32 elements: 2 buckets instead of 1
     (3, 2, 25.0),
 ]
-STAGES = (1, 2)
+STAGES = (1, 2, 3)
 
 
 def _trainer(comm, stage, accum, bucket_cap_mb, hidden=HIDDEN):

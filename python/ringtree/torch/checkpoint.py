@@ -231,7 +231,7 @@ class ShardedCheckpoint:
         self.history = list(meta["history"]) + [{
             "event": "resume", "world_size": zero.world_size, "saved_world_size": meta["world_size"],
             "samples": (meta["data"] or {}).get("samples"), "lr": meta["param_group"].get("lr")}]
-        zero._gather_params()
+        zero._publish_masters()
         zero.synchronize()
         return meta
 

@@ -19,9 +19,23 @@ param.grad); the optimizer steps the owned shard. Stage 2: a bucket's gradients 
 reduce-scattered and param.grad is dropped, so a rank keeps only its shard's gradient. Both
 launch each bucket's collective asynchronously from the post-accumulate-grad hooks
 (BackwardSync), in bucket order on every rank, and wait for them in step() (or in
-clip_grad_norm_ / unscale_, whichever comes first). After the step, each bucket's updated
+clip_grad_norm_ / unscale_, whichever comes first; stage 2 already waits for a bucket once
+two later ones are launched, and drops its full-size gradient buffer). After the step, each bucket's updated
 shard is all-gathered in place, asynchronously; the next forward pass (or synchronize())
 waits for it.
+
+Stage 3: the parameters are sharded at rest too. Each rank keeps only its shard of every
+bucket (the master itself in fp32); the bucket's flat buffer has its storage resized to 0
+and its parameters point at a one-element NaN placeholder (expanded to their shape, so a
+stray read gives NaN rather than a crash). A forward pre-hook on each module that owns
+parameters all-gathers its buckets (resizing the storage back) and starts the all_gather of
+the next bucket in the order the last forward pass used them (prefetch); its forward hook
+releases a bucket once every module owning part of it has run. Autograd's saved-tensor
+hooks replace saved views of a gathered bucket by their place in it, and gather the bucket
+again when backward unpacks them, prefetching the bucket used before it in forward; a bucket
+is released once all its parameters' gradients are in (and at the end of backward).
+Gradients are reduce-scattered as in stage 2. Every rank must therefore run the same modules
+in the same order, as under FSDP.
 """
 from __future__ import annotations
 
@@ -38,15 +52,21 @@ __all__ = ["ShardedDataParallel"]
 
 _MB = 1024 * 1024
 _MASTER_DTYPE = torch.float32
+# Stages 2 and 3 wait for a bucket's reduce-scatter once this many later buckets are launched,
+# and drop its full-size gradient buffer, so backward holds a few buckets' gradients, not all.
+_REDUCTIONS_IN_FLIGHT = 2
+# Stage 3 bucket states.
+_FREED, _GATHERING, _FULL = "freed", "gathering", "full"
 
 
 class _Bucket:
     """One bucket: its parameters' places in the flat buffers and this rank's shard."""
 
     __slots__ = ("indices", "offsets", "count", "shard_size", "flat_params", "flat_grads", "master", "reduced",
-                 "pending", "work", "gather")
+                 "pending", "work", "gather", "shard", "state", "views", "placeholders", "owners", "forward_pending",
+                 "grads_pending")
 
-    def __init__(self, indices, params, world_size, rank, device):
+    def __init__(self, indices, params, world_size, rank, device, sharded_at_rest=False):
         self.indices = indices
         self.offsets, self.count = {}, 0
         for index in indices:
@@ -62,8 +82,10 @@ class _Bucket:
                 view.copy_(param.detach().reshape(-1))
                 param.data = view.view(param.shape)  # the module now reads the flat buffer
         own = self.own_slice(self.flat_params, rank)
-        # In fp32 the optimizer updates the flat buffer itself; in fp16/bf16 an fp32 copy.
-        self.master = torch.nn.Parameter(own if dtype == _MASTER_DTYPE else own.to(_MASTER_DTYPE))
+        # Stage 3: the shard has storage of its own, which outlives the flat buffer's.
+        self.shard = own.clone() if sharded_at_rest else own
+        # In fp32 the optimizer updates the shard itself; in fp16/bf16 an fp32 copy.
+        self.master = torch.nn.Parameter(self.shard if dtype == _MASTER_DTYPE else self.shard.to(_MASTER_DTYPE))
         self.master.grad = torch.zeros_like(self.master)
         self.flat_grads = None  # stage 1: kept; stage 2: made per step, dropped once reduced
         # The reduced shard in the parameters' dtype: the master's gradient itself in fp32.
@@ -71,6 +93,15 @@ class _Bucket:
         self.pending = set()
         self.work = None
         self.gather = None
+        self.state = _FULL
+        self.views = {index: params[index].data for index in indices}
+        self.placeholders = {}
+        self.owners = set()  # stage 3: the modules whose own parameters lie in this bucket
+        self.forward_pending = set()  # those that have not run in this forward pass yet
+        self.grads_pending = set()  # the parameters whose gradient backward has not given yet
+        if sharded_at_rest:
+            nan = torch.full((1,), float("nan"), dtype=dtype, device=device)
+            self.placeholders = {index: nan.expand(params[index].shape) for index in indices}
 
     def own_slice(self, flat, rank):
         return flat[rank * self.shard_size:(rank + 1) * self.shard_size]
@@ -81,7 +112,8 @@ class _Bucket:
 
 
 class ShardedDataParallel(BackwardSync):
-    """Data parallelism with sharded optimizer state (stage 1) and gradients (stage 2).
+    """Data parallelism with sharded optimizer state (stage 1), gradients (stage 2) and
+    parameters (stage 3).
 
     model: a torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one
         floating dtype (after param_dtype).
@@ -91,7 +123,9 @@ class ShardedDataParallel(BackwardSync):
         that look at whole tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see
         shards instead and are not supported.
     comm: a ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
-    stage: 1 (optimizer state sharded) or 2 (gradients too).
+    stage: 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too: gathered
+        per bucket around each module's forward and backward, see the module doc; between
+        steps read them inside gathered_parameters()).
     bucket_cap_mb: bucket size cap in MiB (25, like DDP).
     accumulation_steps: communicate once every this many backward passes (or use no_sync()).
     param_dtype: run the model in torch.float16 or torch.bfloat16 (its parameters are cast;
@@ -102,8 +136,8 @@ class ShardedDataParallel(BackwardSync):
     def __init__(self, model: torch.nn.Module, optimizer_class, comm=None, *, stage: int = 2,
                  bucket_cap_mb: float = 25.0, accumulation_steps: int = 1, param_dtype: torch.dtype | None = None,
                  broadcast_from: int | None = 0, **optimizer_defaults):
-        if stage not in (1, 2):
-            raise ValueError(f"ShardedDataParallel: stage must be 1 or 2, got {stage!r}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ShardedDataParallel: stage must be 1, 2 or 3, got {stage!r}")
         if bucket_cap_mb <= 0:
             raise ValueError(f"ShardedDataParallel: bucket_cap_mb must be positive, got {bucket_cap_mb}")
         if param_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
@@ -126,7 +160,7 @@ class ShardedDataParallel(BackwardSync):
         self._attach()  # the broadcast comes before the flat buffers copy the parameters
         sizes = [p.numel() for p in self.params]
         itemsizes = [p.element_size() for p in self.params]
-        self.buckets = [_Bucket(indices, self.params, self.world_size, self.rank, self.device)
+        self.buckets = [_Bucket(indices, self.params, self.world_size, self.rank, self.device, stage == 3)
                         for indices in assign_buckets(sizes, itemsizes, int(bucket_cap_mb * _MB))]
         self.bucket_of = {index: b for b, bucket in enumerate(self.buckets) for index in bucket.indices}
         if stage == 1:
@@ -139,7 +173,165 @@ class ShardedDataParallel(BackwardSync):
         self._next_launch = 0
         self._found_inf = False
         self.local_found_inf = False  # this rank's own verdict at the last unscale_ (before the reduction)
-        self._forward_handle = model.register_forward_pre_hook(lambda module, args: self.synchronize())
+        self._module_handles = []
+        if stage == 3:
+            self._shard_parameters()
+        else:
+            self._module_handles.append(model.register_forward_pre_hook(lambda module, args: self.synchronize()))
+
+    # --- stage 3: parameters gathered around their use ----------------------------------------
+
+    def _shard_parameters(self):
+        """Release every bucket and hook the modules: called once, after the buckets are made."""
+        index_of = {id(param): index for index, param in enumerate(self.params)}
+        self._module_buckets = {}  # module -> the buckets holding its own parameters
+        for module in self.model.modules():
+            buckets = sorted({self.bucket_of[index_of[id(p)]] for p in module.parameters(recurse=False)
+                              if id(p) in index_of})
+            if buckets:
+                self._module_buckets[module] = buckets
+                for b in buckets:
+                    self.buckets[b].owners.add(module)
+        # Prefetch follows the order of the last forward pass; before the first, registration
+        # order (the reverse of bucket order). The same on every rank, as the collectives must be.
+        self._forward_order = list(reversed(range(len(self.buckets))))
+        self._order_seen, self._seen, self._unseen = [], set(), 0  # this forward pass's first uses
+        self._saved_buckets = set()
+        self._gathered_storage = {}  # data_ptr of a gathered flat buffer -> its bucket
+        self._saved_tensor_hooks = []  # entered by module pre-hooks, left by their forward hooks
+        for b in range(len(self.buckets)):
+            self._release(b)
+        self._module_handles.append(self.model.register_forward_pre_hook(self._before_model))
+        for module in self._module_buckets:
+            self._module_handles.append(module.register_forward_pre_hook(self._before_module))
+            self._module_handles.append(module.register_forward_hook(self._after_module))
+        self._module_handles.append(self.model.register_forward_hook(self._after_model))
+
+    def _before_model(self, model, args):
+        while self._saved_tensor_hooks:  # left by a forward pass that raised
+            self._saved_tensor_hooks.pop().__exit__(None, None, None)
+        for bucket in self.buckets:
+            bucket.forward_pending = set(bucket.owners)
+            bucket.grads_pending = set(bucket.indices)
+        self._order_seen, self._seen, self._unseen = [], set(), 0
+        self._saved_buckets = set()  # those whose parameters autograd saved in this pass
+
+    def _after_model(self, model, args, output):
+        seen = set(self._order_seen)
+        self._forward_order = self._order_seen + [b for b in self._forward_order if b not in seen]
+        for b in range(len(self.buckets)):
+            self._release(b)
+
+    def _before_module(self, module, args):
+        buckets = self._module_buckets[module]
+        for b in buckets:
+            if b not in self._seen:
+                self._seen.add(b)
+                self._order_seen.append(b)
+            self._gather(b)
+        # Prefetch the first bucket this pass has not used yet: it arrives while this module computes.
+        order = self._forward_order
+        while self._unseen < len(order) and order[self._unseen] in self._seen:
+            self._unseen += 1
+        if self._unseen < len(order):
+            self._gather(order[self._unseen])
+        for b in buckets:
+            self._wait_gathered(b)
+        # What autograd saves from this module's parameters is kept as a place in the bucket,
+        # not as its storage, which is released after forward and gathered again in backward.
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        hooks.__enter__()
+        self._saved_tensor_hooks.append(hooks)
+
+    def _after_module(self, module, args, output):
+        if self._saved_tensor_hooks:
+            self._saved_tensor_hooks.pop().__exit__(None, None, None)
+        for b in self._module_buckets[module]:
+            bucket = self.buckets[b]
+            bucket.forward_pending.discard(module)
+            if not bucket.forward_pending:
+                self._release(b)
+
+    def _pack(self, tensor):
+        if tensor.layout != torch.strided:
+            return tensor
+        b = self._gathered_storage.get(tensor.untyped_storage().data_ptr())
+        if b is None or tensor.dtype != self.param_dtype:
+            return tensor
+        self._saved_buckets.add(b)
+        return (b, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    def _unpack(self, saved):
+        if torch.is_tensor(saved):
+            return saved
+        b, size, stride, offset = saved
+        self._gather(b)
+        # Prefetch the last bucket before this one in forward order that backward still needs.
+        for previous in reversed(self._forward_order[:self._forward_order.index(b)]):
+            if previous in self._saved_buckets and self.buckets[previous].grads_pending:
+                self._gather(previous)
+                break
+        self._wait_gathered(b)
+        return self.buckets[b].flat_params.as_strided(size, stride, offset)
+
+    def _gather(self, b):
+        """Start the all_gather of bucket b into its flat buffer, unless it is there or coming."""
+        bucket = self.buckets[b]
+        if bucket.state != _FREED:
+            return
+        flat = bucket.flat_params
+        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+        self._gathered_storage[flat.untyped_storage().data_ptr()] = b
+        with self._label(b):
+            bucket.gather = self.comm.all_gather(bucket.shard, flat, async_op=True)
+        bucket.state = _GATHERING
+
+    def _wait_gathered(self, b):
+        bucket = self.buckets[b]
+        self._gather(b)
+        if bucket.state == _GATHERING:
+            work, bucket.gather = bucket.gather, None
+            work.wait()
+            self._point_params_at(bucket, bucket.views)
+            bucket.state = _FULL
+
+    def _release(self, b):
+        bucket = self.buckets[b]
+        if bucket.state == _FREED:
+            return
+        if bucket.gather is not None:  # a prefetch nobody used: the storage is still being written
+            work, bucket.gather = bucket.gather, None
+            work.wait()
+        self._point_params_at(bucket, bucket.placeholders)
+        storage = bucket.flat_params.untyped_storage()
+        self._gathered_storage.pop(storage.data_ptr(), None)
+        storage.resize_(0)
+        bucket.state = _FREED
+
+    def _point_params_at(self, bucket, tensors):
+        for index in bucket.indices:
+            self.params[index].data = tensors[index]
+
+    def _grad_hook(self, index):
+        hook = super()._grad_hook(index)
+        if self.stage != 3:
+            return hook
+
+        def release_when_done(param):
+            hook(param)
+            bucket = self.bucket_of[index]
+            pending = self.buckets[bucket].grads_pending
+            if pending:
+                pending.discard(index)
+                if not pending:  # backward needs none of this bucket's parameters any more
+                    self._release(bucket)
+        return release_when_done
+
+    def _end_backward(self):
+        super()._end_backward()
+        if self.stage == 3:
+            for b in range(len(self.buckets)):
+                self._release(b)
 
     # --- backward: one collective per bucket, launched in bucket order ------------------------
 
@@ -191,6 +383,8 @@ class ShardedDataParallel(BackwardSync):
                 else:
                     bucket.work = self.comm.reduce_scatter(bucket.flat_grads, bucket.reduced, op="avg", async_op=True)
             self._next_launch += 1
+            if self.stage >= 2 and self._next_launch > _REDUCTIONS_IN_FLIGHT:
+                self._complete(self.buckets[self._next_launch - 1 - _REDUCTIONS_IN_FLIGHT])
 
     def _flush(self):
         self._launch_ready(force=True)
@@ -203,28 +397,36 @@ class ShardedDataParallel(BackwardSync):
             return
         try:
             self._launch_ready(force=True)
-            with torch.no_grad():
-                for bucket in self.buckets:
-                    bucket.work.wait()
-                    grad = bucket.master.grad
-                    if grad is None:  # the optimizer's zero_grad(set_to_none=True) dropped it
-                        grad = bucket.master.grad = torch.zeros_like(bucket.master)
-                    if self.stage == 1:
-                        grad.copy_(bucket.own_slice(bucket.flat_grads, self.rank))
-                    else:
-                        if grad is not bucket.reduced:
-                            grad.copy_(bucket.reduced)
-                        bucket.flat_grads = None
+            for bucket in self.buckets:
+                self._complete(bucket)
         finally:
             self._active = False
             for bucket in self.buckets:
                 bucket.work = None
 
+    def _complete(self, bucket):
+        """Wait for a bucket's gradient collective and put this rank's shard of it in the master's .grad."""
+        if bucket.work is None:
+            return
+        work, bucket.work = bucket.work, None
+        work.wait()
+        with torch.no_grad():
+            grad = bucket.master.grad
+            if grad is None:  # the optimizer's zero_grad(set_to_none=True) dropped it
+                grad = bucket.master.grad = torch.zeros_like(bucket.master)
+            if self.stage == 1:
+                grad.copy_(bucket.own_slice(bucket.flat_grads, self.rank))
+            else:
+                if grad is not bucket.reduced:
+                    grad.copy_(bucket.reduced)
+                bucket.flat_grads = None
+
     # --- the step ---------------------------------------------------------------------------
 
     def step(self, scaler: torch.amp.GradScaler | None = None):
         """Step this rank's shards with the optimizer, then all-gather the updated parameters
-        (asynchronously; the next forward pass waits). With a GradScaler, unscale (unless
+        (asynchronously; the next forward pass waits; stage 3 gathers them only when a module
+        runs). With a GradScaler, unscale (unless
         unscale_ ran already), decide on overflow over every rank and let the scaler skip the
         step on every rank or on none; call scaler.update() afterwards as usual. Returns what
         the optimizer's step returned (None when skipped)."""
@@ -239,26 +441,59 @@ class ShardedDataParallel(BackwardSync):
             result = self.optimizer.step()
             stepped = True
         if stepped:
-            self._gather_params()
+            self._publish_masters()
         return result
 
-    def _gather_params(self):
+    def _publish_masters(self):
+        """The masters' values become the parameters': stages 1 and 2 all-gather them into the
+        flat buffers (asynchronously), stage 3 only updates the shards kept at rest."""
         with torch.no_grad():
             for b, bucket in enumerate(self.buckets):
-                own = bucket.own_slice(bucket.flat_params, self.rank)
-                if bucket.master.data_ptr() != own.data_ptr():
-                    own.copy_(bucket.master)  # fp32 master -> fp16/bf16 parameters
-                label = getattr(self.comm, "label", None)
-                with label(b) if label is not None else contextlib.nullcontext():
-                    bucket.gather = self.comm.all_gather(own, bucket.flat_params, async_op=True)
+                if bucket.master.data_ptr() != bucket.shard.data_ptr():
+                    bucket.shard.copy_(bucket.master)  # fp32 master -> fp16/bf16 parameters
+                if self.stage != 3:
+                    with self._label(b):
+                        bucket.gather = self.comm.all_gather(bucket.shard, bucket.flat_params, async_op=True)
+
+    def _label(self, value):
+        label = getattr(self.comm, "label", None)
+        return label(value) if label is not None else contextlib.nullcontext()
 
     def synchronize(self):
-        """Wait for the parameter all-gathers of the last step (the model's next forward pass
-        does this by itself; call it before reading parameters directly)."""
+        """Wait for the parameter all-gathers in flight (the model's next forward pass does
+        this by itself; at stages 1 and 2 call it before reading parameters directly, at stage
+        3 use gathered_parameters())."""
         for bucket in self.buckets:
             if bucket.gather is not None:
                 work, bucket.gather = bucket.gather, None
                 work.wait()
+                if bucket.state == _GATHERING:
+                    self._point_params_at(bucket, bucket.views)
+                    bucket.state = _FULL
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, writeback: bool = False):
+        """Inside the block every parameter holds its full value (collective at stage 3: an
+        all_gather per bucket, and the storage is released again at the end). writeback=True:
+        values written to the parameters inside the block become the masters' (and so survive
+        the next step), e.g. to load a model state_dict."""
+        for b in range(len(self.buckets)):
+            self._gather(b)
+        self.synchronize()
+        try:
+            yield self.model
+        finally:
+            if writeback:
+                with torch.no_grad():
+                    for bucket in self.buckets:
+                        own = bucket.own_slice(bucket.flat_params, self.rank)
+                        if bucket.shard.data_ptr() != own.data_ptr():
+                            bucket.shard.copy_(own)
+                        if bucket.master.data_ptr() != bucket.shard.data_ptr():
+                            bucket.master.copy_(bucket.shard)
+            if self.stage == 3:
+                for b in range(len(self.buckets)):
+                    self._release(b)
 
     def zero_grad(self):
         """Drop the model's gradients and zero the master shards' (call after step())."""
@@ -351,7 +586,7 @@ class ShardedDataParallel(BackwardSync):
         with torch.no_grad():
             for bucket, master in zip(self.buckets, state["masters"]):
                 bucket.master.copy_(master)
-        self._gather_params()
+        self._publish_masters()
 
     def state_dict(self) -> dict:
         """The full optimizer state, as the same optimizer over model.parameters() would
@@ -387,7 +622,8 @@ class ShardedDataParallel(BackwardSync):
     def load_state_dict(self, full_state: dict):
         """Load a full state (state_dict(), or a plain optimizer's state_dict over
         model.parameters()): each rank keeps its shard. Not collective except for the
-        parameter all-gather of fp16/bf16 masters."""
+        parameter all-gather of fp16/bf16 masters at stages 1 and 2. In fp32 the parameters
+        are the masters: they stay as they are (load them with gathered_parameters(writeback=True))."""
         groups = full_state["param_groups"]
         if len(groups) != 1 or list(groups[0]["params"]) != list(range(len(self.params))):
             raise ValueError(f"load_state_dict: expected one param group over {len(self.params)} parameters, got "
@@ -413,7 +649,7 @@ class ShardedDataParallel(BackwardSync):
             with torch.no_grad():
                 for bucket in self.buckets:
                     bucket.master.copy_(self._shard_of(bucket, [masters[i] for i in bucket.indices]))
-            self._gather_params()
+            self._publish_masters()
 
     def _shard_of(self, bucket, pieces):
         flat = torch.zeros(bucket.shard_size * self.world_size, dtype=pieces[0].dtype)
@@ -429,7 +665,14 @@ class ShardedDataParallel(BackwardSync):
         return [list(bucket.indices) for bucket in self.buckets]
 
     def remove(self):
-        """Finish outstanding work and detach the hooks (the parameters stay flat-buffer views)."""
+        """Finish outstanding work and detach the hooks (the parameters stay flat-buffer views;
+        at stage 3 they are all-gathered first, collectively, so the model holds them in full)."""
         super().remove()
         self.synchronize()
-        self._forward_handle.remove()
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles = []
+        if self.stage == 3:
+            for b in range(len(self.buckets)):
+                self._gather(b)
+            self.synchronize()
