@@ -360,6 +360,24 @@ void Bootstrap::barrier() {
   }
 }
 
+void Bootstrap::confirm_setup() {
+  char token = 1;
+  if (size_ == 1) return;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) read_full(star_fd_[r], &token, 1, deadline_);
+    for (int r = 1; r < size_; ++r) {
+      try {
+        write_full(star_fd_[r], &token, 1, deadline_);
+      } catch (const Error&) {
+        // It said it was ready and died since: the communicator's first call reports it.
+      }
+    }
+  } else {
+    write_full(star_fd_[0], &token, 1, deadline_);
+    read_full(star_fd_[0], &token, 1, deadline_);
+  }
+}
+
 void Bootstrap::broadcast_from_root(void* data, size_t bytes) {
   if (size_ == 1) return;
   if (rank_ == 0) {

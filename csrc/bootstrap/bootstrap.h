@@ -65,6 +65,11 @@ class Bootstrap {
   void broadcast_from_root(void* data, size_t bytes);
   // Every rank's clock offset to rank 0 (a few round trips each); only during setup.
   ClockOffset estimate_clock_offset(int64_t (*now_ns)(), int rounds = 8);
+  // The last step of set-up, so that it ends on every rank or on none: every rank tells rank 0
+  // it is ready, and rank 0 releases them once all are. A rank that fails before this fails
+  // everyone's set-up (rank 0 stops, and the others see its connection close); one that dies
+  // after its release is an ordinary failure of the new communicator.
+  void confirm_setup();
   void close_star();
 
  private:

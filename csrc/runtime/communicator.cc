@@ -104,6 +104,8 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   setup_cost_model(boot);
   const ClockOffset clock = boot.estimate_clock_offset(&FlightRecorder::now_ns);
   set_clock_offset(clock.offset_ns, clock.error_ns);
+  // A shrink retried after a failed set-up needs every member to have failed it, not some.
+  boot.confirm_setup();
   boot.close_star();
   dump_source_ = register_dump_source([this](const std::string& reason) {
     return std::make_pair(dump_file_name(), dump_json(reason));

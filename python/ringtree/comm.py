@@ -147,7 +147,8 @@ def _algo_code(algo) -> int:
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "__weakref__")
+    __slots__ = ("_core", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
+                 "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
@@ -160,6 +161,7 @@ class Communicator:
         # even if the caller drops the MessageWork (pruned as the list grows).
         self._inflight = collections.deque()
         self._inflight_cap = 64
+        self._shrink_attempts = 0  # shrink's messages carry the attempt (ringtree.elastic)
         _LIVE.add(self)
 
     @property

@@ -36,8 +36,10 @@ __all__ = ["Excluded", "RESERVED_TAGS", "shrink", "grow", "join"]
 
 # Tags from here up belong to shrink (user messages are refused there, see Communicator.isend).
 RESERVED_TAGS = 1 << 62
-_COMMIT_TAG = RESERVED_TAGS
-_VIEW_TAG = RESERVED_TAGS + 1  # + round
+# One shrink attempt's tags: its commit tag, then a view tag per round. A shrink whose new
+# communicator failed to form (on every member: set-up ends everywhere or nowhere) may be retried
+# on the old one; the retry's messages must not meet the failed attempt's leftovers.
+_ATTEMPT_SPAN = 1 << 32
 _VIEW, _COMMIT = 1, 2
 _TOKEN_BYTES = 64
 _GROW_PREFIX = "rtgrow1"
@@ -96,31 +98,40 @@ def _recv(comm, buf, src, tag):
     return comm._track(comm._core.irecv(ptr, nbytes, readonly, src, tag), buf, keep)
 
 
-def _take_commit(comm, size):
+def _attempt_tags(comm):
+    """(commit tag, first view tag) of a new shrink attempt on comm."""
+    attempt = comm._shrink_attempts
+    comm._shrink_attempts = attempt + 1
+    base = RESERVED_TAGS + attempt * _ATTEMPT_SPAN
+    return base, base + 1
+
+
+def _take_commit(comm, size, commit_tag):
     """A commit some leader sent this rank, if one has arrived: (members, token), else None."""
     try:
-        found = comm._core.iprobe(-1, _COMMIT_TAG)
+        found = comm._core.iprobe(-1, commit_tag)
     except _core.Error:  # every other rank is gone: no commit can come
         return None
     if found is None:
         return None
     buf = np.zeros(16 + size + _TOKEN_BYTES, np.uint8)
-    _recv(comm, buf, found[0], _COMMIT_TAG).wait(1.0)
+    _recv(comm, buf, found[0], commit_tag).wait(1.0)
     _, _, members, token = _parse(buf, size)
     return members, token
 
 
-def _gather_views(comm, senders, round_, deadline):
+def _gather_views(comm, senders, round_, deadline, tags):
     """Receive round `round_`'s view from every rank in `senders` until the deadline.
     Returns (views, dead, silent, commit): views by rank, the ranks whose connection failed,
     the ranks that sent nothing in time, and a commit if one arrived (then the rest is moot)."""
     size = comm.size
     bufs = {q: np.zeros(16 + size + _TOKEN_BYTES, np.uint8) for q in senders}
-    works = {q: _recv(comm, bufs[q], q, _VIEW_TAG + round_) for q in senders}
+    commit_tag, view_tag = tags
+    works = {q: _recv(comm, bufs[q], q, view_tag + round_) for q in senders}
     views, dead, pending = {}, set(), set(senders)
     nap, graced = 0.0005, False
     while True:
-        commit = _take_commit(comm, size)
+        commit = _take_commit(comm, size, commit_tag)
         if commit is not None:
             for q in pending:
                 works[q].cancel()
@@ -170,17 +181,18 @@ def shrink(comm, exclude=(), timeout=None):
     view = frozenset(range(size)) - exclude
     dead = set()
     commit = None
+    tags = commit_tag, view_tag = _attempt_tags(comm)
     for round_ in range(2 * size + 2):  # every unstable round shrinks some rank's view
         stable = False
         if min(view) == me:  # leader: a stable round ends the exchange
-            commit = _take_commit(comm, size)
+            commit = _take_commit(comm, size, commit_tag)
         if commit is None:
             note = _message(size, _VIEW, round_, view)
             for q in range(size):
                 if q != me and q not in dead:
-                    _send(comm, note, q, _VIEW_TAG + round_)
+                    _send(comm, note, q, view_tag + round_)
             views, died, silent, commit = _gather_views(comm, sorted(view - {me}), round_,
-                                                        time.monotonic() + timeout)
+                                                        time.monotonic() + timeout, tags)
             dead |= died
             for q, theirs in views.items():
                 if me not in theirs:
@@ -193,7 +205,7 @@ def shrink(comm, exclude=(), timeout=None):
         if commit is None and stable and min(view) == me:
             token = _core.UniqueId.create(_rendezvous_ip(comm))
             note = _message(size, _COMMIT, round_, view, str(token))
-            sent = [_send(comm, note, q, _COMMIT_TAG) for q in range(size) if q != me and q not in dead]
+            sent = [_send(comm, note, q, commit_tag) for q in range(size) if q != me and q not in dead]
             for work in sent:  # out before the old communicator closes (a dead peer's fails)
                 try:
                     work.wait(timeout)

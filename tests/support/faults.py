@@ -365,15 +365,27 @@ def shrink_and_check(comm, t: Trial, rank: int) -> dict:
         second.inject_later(t.delay_ms)
     start = time.monotonic()
     try:
-        try:
-            new = comm.shrink(timeout=t.timeout)
-        except (rt.PeerFailure, rt.Timeout) as first:
-            if t.moment != "shrink":
-                raise
-            print(f"shrink failed once ({type(first).__name__}: {first}); a second failure may do that: retrying")
-            new = comm.shrink(timeout=t.timeout)
-        x = np.full(5, new.rank + 1, np.int64)
-        new.all_reduce(x, timeout=t.timeout)
+        # A second failure during the shrink (moment "shrink") either fails the new
+        # communicator's set-up on every member (then they shrink the old one again) or comes
+        # after it formed (then its first call fails on every member and they shrink the new one).
+        tries = 2 if t.moment == "shrink" else 1
+        for attempt in range(tries):
+            try:
+                new = comm.shrink(timeout=t.timeout)
+            except (rt.PeerFailure, rt.Timeout, rt.BootstrapError) as failed:
+                if attempt + 1 == tries:
+                    raise
+                print(f"shrink failed ({type(failed).__name__}: {failed}); retrying on the old communicator")
+                continue
+            x = np.full(5, new.rank + 1, np.int64)
+            try:
+                new.all_reduce(x, timeout=t.timeout)
+                break
+            except (rt.PeerFailure, rt.Timeout) as failed:
+                if attempt + 1 == tries:
+                    raise
+                print(f"the new communicator failed ({type(failed).__name__}: {failed}); shrinking it")
+                comm = new
         expect = {"size": len(t.survivors), "rank": t.survivors.index(rank) if rank in t.survivors else -1}
         got = {"size": new.size, "rank": new.rank}
         right = got == expect and bool(np.all(x == new.size * (new.size + 1) // 2))

@@ -103,6 +103,14 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     return v;
   };
   const std::vector<int> my_senders = senders_of(rank_);
+  // Unlinked once every peer has mapped it, and also when set-up fails on the way there (a peer
+  // died between the barriers): a failed job must not leave its segments in /dev/shm.
+  struct UnlinkAtExit {
+    std::string name;
+    ~UnlinkAtExit() {
+      if (!name.empty()) ShmSegment::unlink(name);
+    }
+  } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
   if (have_shm_) {
     bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
@@ -115,7 +123,6 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, board_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
-  if (have_shm_) ShmSegment::unlink(prefix + std::to_string(rank_));
   for (size_t i = 0; i < my_senders.size(); ++i) {
     const int q = my_senders[i];
     const std::vector<int> theirs = senders_of(q);
