@@ -157,6 +157,16 @@ def _gather_views(comm, senders, round_, deadline, tags):
         nap = min(2 * nap, 0.01)
 
 
+def _send_commit(comm, round_, members, token, dead, commit_tag, timeout):
+    note = _message(comm.size, _COMMIT, round_, members, str(token))
+    sent = [_send(comm, note, q, commit_tag) for q in range(comm.size) if q != comm.rank and q not in dead]
+    for work in sent:  # out before the old communicator closes (a dead peer's fails)
+        try:
+            work.wait(timeout)
+        except _core.Error:
+            pass
+
+
 def _validate_exclude(comm, exclude):
     try:
         ranks = {int(q) for q in exclude}
@@ -204,14 +214,14 @@ def shrink(comm, exclude=(), timeout=None):
             view -= died | silent
         if commit is None and stable and min(view) == me:
             token = _core.UniqueId.create(_rendezvous_ip(comm))
-            note = _message(size, _COMMIT, round_, view, str(token))
-            sent = [_send(comm, note, q, commit_tag) for q in range(size) if q != me and q not in dead]
-            for work in sent:  # out before the old communicator closes (a dead peer's fails)
-                try:
-                    work.wait(timeout)
-                except _core.Error:
-                    pass
+            _send_commit(comm, round_, view, token, dead, commit_tag, timeout)
             commit = (view, token)
+        elif commit is not None:
+            # Pass the leader's commit on before acting on it: a leader that dies while sending
+            # it must not leave some members setting up and others still exchanging views. With
+            # the relay every member sets up from the same commit, so all of them succeed or all
+            # fail (set-up ends everywhere or nowhere) and may shrink again together.
+            _send_commit(comm, round_, commit[0], commit[1], dead, commit_tag, timeout)
         if commit is not None:
             break
     else:

@@ -380,6 +380,10 @@ def shrink_and_check(comm, t: Trial, rank: int) -> dict:
             x = np.full(5, new.rank + 1, np.int64)
             try:
                 new.all_reduce(x, timeout=t.timeout)
+                # A rank that dies during a collective may let it complete on some ranks and
+                # fail on the others; the next collective fails on every rank, so it is what
+                # tells a rank whether the others need it for another shrink.
+                new.barrier(timeout=t.timeout)
                 break
             except (rt.PeerFailure, rt.Timeout) as failed:
                 if attempt + 1 == tries:
