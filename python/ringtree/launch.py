@@ -60,18 +60,24 @@ def main(argv=None) -> int:
         procs.append(subprocess.Popen(command, env=env, pass_fds=pass_fds))
     if listen_fd >= 0:
         os.close(listen_fd)
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    return supervise(procs, args.timeout)
+
+
+def supervise(procs, timeout=None, name="ringtree.launch") -> int:
+    """Waits for every rank process; when one fails, or `timeout` seconds pass, stops the others.
+    Returns the first failing exit code (124 on timeout, 130 on Ctrl-C), else 0."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     exit_code = 0
     try:
         while any(p.poll() is None for p in procs):
             failed = [p for p in procs if p.poll() not in (None, 0)]
             if failed:
                 exit_code = failed[0].returncode
-                print(f"ringtree.launch: a rank exited with code {exit_code}; stopping the others", file=sys.stderr)
+                print(f"{name}: a rank exited with code {exit_code}; stopping the others", file=sys.stderr)
                 break
             if deadline is not None and time.monotonic() > deadline:
                 exit_code = 124
-                print(f"ringtree.launch: timed out after {args.timeout} s; stopping every rank", file=sys.stderr)
+                print(f"{name}: timed out after {timeout} s; stopping every rank", file=sys.stderr)
                 break
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -88,7 +94,6 @@ def main(argv=None) -> int:
     if exit_code == 0:
         exit_code = next((p.returncode for p in procs if p.returncode != 0), 0)
     return exit_code
-
 
 if __name__ == "__main__":
     sys.exit(main())

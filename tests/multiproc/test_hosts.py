@@ -105,7 +105,11 @@ def test_first_host_of_a_slurm_node_list():
 
 def test_multi_host_unique_id_listens_on_the_named_interface(monkeypatch):
     from ringtree import _launchers
-    monkeypatch.delenv("RINGTREE_ADDR", raising=False)
+    # set, then delete: monkeypatch records "absent" as the value to restore only this way, so
+    # the RINGTREE_ADDR create_unique_id sets below does not leak into later tests (it did: a
+    # later namespace trial's shrink led at 127.0.0.1, unreachable from the other namespace)
+    monkeypatch.setenv("RINGTREE_ADDR", "unset")
+    monkeypatch.delenv("RINGTREE_ADDR")
     monkeypatch.setenv("RINGTREE_IFNAME", "lo")
     assert _launchers.interface_address("lo") == "127.0.0.1"
     uid = _launchers.create_unique_id(spans_hosts=True)

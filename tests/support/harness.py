@@ -136,12 +136,14 @@ def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None
     return RunningWorld(procs, logs, outdir)
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None):
+def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None,
+              unique_id=None):
     """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
     and returns their World; fails the test if they are not all done within `timeout` seconds.
-    per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`)."""
+    per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`);
+    unique_id: as for spawn_world (one whose rank 0 listens inside its namespace, say)."""
     running = spawn_world(nranks, func, args, hosts=hosts, env=env, per_rank_env=per_rank_env,
-                          per_rank_prefix=per_rank_prefix)
+                          per_rank_prefix=per_rank_prefix, unique_id=unique_id)
     try:
         hung = running.wait(deadline=time.monotonic() + timeout)
     finally:

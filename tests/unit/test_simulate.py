@@ -1,0 +1,123 @@
+"""ringtree.simulate's formulas: hand-computed prices, the C++ schedule counts they stand in for,
+monotonicity in size and ranks, and the command line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ringtree import _core, simulate
+from ringtree.simulate import Machine
+
+# Figures that make the arithmetic easy: no cache blend (l2 = l3 = 1 byte: always from memory),
+# 1 GB/s copy, 0.5 GB/s reduce, 1 us a local hop, 10 us a remote one, 0.1 GB/s between hosts.
+FLAT = Machine(call_s=2e-6, hop_s=1e-6, tcp_hop_s=10e-6, tcp_Bps=0.1e9, copy_hot_Bps=1e9, copy_cold_Bps=1e9,
+               reduce_hot_Bps=0.5e9, reduce_cold_Bps=0.5e9, l2_bytes=1, l3_bytes=1)
+MB = 1_000_000
+
+
+def test_ring_on_one_host_by_hand():
+    # P = 4, N = 1 MB: handshake + 6 hops; sends 1.5 MB, receives 0.75 MB (copies), reduces 0.75 MB
+    want = 2e-6 + 7 * 1e-6 + (1.5 + 0.75) * MB / 1e9 + 0.75 * MB / 0.5e9
+    assert simulate.predict("ring", 1, 4, MB, FLAT) == pytest.approx(want)
+
+
+def test_ring_across_two_hosts_by_hand():
+    # 2 x 2: every hop waits on the slow link (rank 0 receives from rank 3 every step); rank 0
+    # sends 1.5 MB locally and receives 0.75 MB + reduces 0.75 MB from the other host at 0.1 GB/s
+    want = 2e-6 + 7 * 10e-6 + 1.5 * MB / 1e9 + 1.5 * MB / 0.1e9
+    assert simulate.predict("ring", 2, 2, MB, FLAT) == pytest.approx(want)
+
+
+def test_hier_across_two_hosts_by_hand():
+    # 2 x 2: intra ring reduce-scatter + all-gather (2 local hops, 1 MB sent, 0.5 MB received,
+    # 0.5 MB reduced), then a ring of 2 hosts on a 0.5 MB column (2 remote hops, 0.5 MB sent,
+    # 0.25 MB received and 0.25 MB reduced remotely), and the handshake (remote)
+    local = 1 * MB / 1e9 + 0.5 * MB / 1e9 + 0.5 * MB / 0.5e9
+    remote = (0.5 + 0.25 + 0.25) * MB / 0.1e9
+    want = 2e-6 + 2 * 1e-6 + 3 * 10e-6 + local + remote
+    assert simulate.predict("hier", 2, 2, MB, FLAT) == pytest.approx(want)
+
+
+def test_a_shared_host_link_divides_among_the_ranks_that_cross_it():
+    one_nic = Machine(**{**FLAT.__dict__, "nics": 1})
+    # hier on 2 x 4 drives 4 streams per host: each gets a quarter of the link; ring drives one
+    assert simulate.counts("hier", 2, 4, MB, one_nic).streams == 4
+    assert simulate.counts("ring", 2, 4, MB, one_nic).streams == 1
+    assert simulate.rates(one_nic, MB, 4, streams=4).remote_net == pytest.approx(4 / 0.1e9)
+    assert simulate.predict("ring", 2, 4, MB, one_nic) == pytest.approx(simulate.predict("ring", 2, 4, MB, FLAT))
+    assert simulate.predict("hier", 2, 4, MB, one_nic) > simulate.predict("hier", 2, 4, MB, FLAT)
+
+
+def test_tree_hops_by_hand():
+    assert simulate.tree_hops(2, 5) == 10  # a chain of two: up and down, a hop a segment each
+    assert simulate.tree_hops(3, 5) == 15  # a root with two leaves: two reductions and a broadcast a segment
+    assert simulate.tree_hops(8, 1) == 3 + 3 * 3 - 4
+    assert simulate.tree_hops(9, 1) == 3 + 3 * 3 - 4 + 1
+
+
+@pytest.mark.parametrize("hosts,local", [(1, 4), (2, 2), (2, 4), (4, 4), (3, 2), (8, 2), (2, 8)])
+@pytest.mark.parametrize("algo", simulate.ALGOS)
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 3 << 22])
+def test_counts_match_the_cpp_schedule_counts(hosts, local, algo, nbytes):
+    """The closed forms against the C++ model's counts of the built schedules (busiest rank and
+    total critical-path hops; the C++ count weighs both links alike, so the figures here do too)."""
+    P = hosts * local
+    segment = simulate.TREE_SEGMENT if algo in ("tree", "hier_tree") else 0
+    want = _core.schedule_counts(0, _core.ALGOS.index(algo), P, nbytes, 0, segment, [r // local for r in range(P)])
+    got = simulate.counts(algo, hosts, local, nbytes, Machine(tcp_Bps=1e12))
+    assert got.hops - 1 == want["hops"]  # less the executor's handshake, which the C++ adds when pricing
+    for kind in ("sent", "received", "reduced"):
+        assert getattr(got, kind) == pytest.approx(want[kind], abs=P), kind  # blocks round to whole bytes
+
+
+@pytest.mark.parametrize("algo", simulate.ALGOS)
+def test_time_grows_with_size_and_busbw_with_size(algo):
+    sizes = [1 << k for k in range(10, 30, 2)]
+    times = [simulate.predict(algo, 4, 8, n) for n in sizes]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    bw = [simulate.busbw(n, t, 32) for n, t in zip(sizes, times)]
+    assert bw[-1] > bw[0]
+
+
+def test_more_hosts_never_make_a_call_faster():
+    for algo in simulate.ALGOS:
+        times = [simulate.predict(algo, h, 8, 64 << 20) for h in (1, 2, 4, 8, 16, 64, 512)]
+        assert times == sorted(times), (algo, times)
+
+
+def test_hierarchical_beats_flat_ring_at_scale_where_hops_dominate():
+    # the flat ring pays 2(P-1) slow hops; the hierarchical one 2(G-1) and 2(L-1) fast ones
+    m = Machine(tcp_Bps=12.5e9, tcp_hop_s=5e-6)
+    ring, hier = simulate.predict("ring", 512, 8, 1 << 20, m), simulate.predict("hier", 512, 8, 1 << 20, m)
+    assert hier < ring / 4
+    assert ring == pytest.approx(simulate.counts("ring", 512, 8, 1 << 20, m).hops * 5e-6, rel=0.1)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        simulate.predict("nccl", 2, 2, MB)
+    with pytest.raises(ValueError, match="at least 1"):
+        simulate.counts("ring", 0, 2, MB)
+    with pytest.raises(ValueError, match="do not fill"):
+        simulate.sweep(Machine(), 8, [12], MB)
+
+
+def test_cli_prints_a_table_json_and_a_plot(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ringtree.simulate", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    out = run("--inter-GBps", "25", "--inter-hop-us", "5", "--ranks", "8,64,4096", "--size", "16M")
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if not l.startswith("#")]
+    assert lines[0].split()[:3] == ["ranks", "hosts", "x"] and [l.split()[0] for l in lines[1:]] == ["8", "64", "4096"]
+    got = json.loads(run("--json", "--ranks", "16", "--local", "4", "--size", "1M", "--inter-GBps", "1").stdout)
+    assert got["rows"][0]["hosts"] == 4
+    assert got["rows"][0]["ring"]["seconds"] == pytest.approx(
+        simulate.predict("ring", 4, 4, 1 << 20, Machine(tcp_Bps=1e9)))
+    plot = tmp_path / "busbw.png"
+    if run("--plot", str(plot), "--ranks", "8,16").returncode == 0:
+        assert plot.stat().st_size > 1000
+    bad = run("--ranks", "12", "--local", "8")
+    assert bad.returncode == 2 and "multiple of --local" in bad.stderr
