@@ -15,29 +15,13 @@ import pytest
 
 import ringtree as rt
 from harness import run_world
-from reference import NUMPY_DTYPES
+from reference import rank_order_fold, spread_input
 
 ALGOS = {"all_reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"],
          "reduce_scatter": ["auto", "ring", "oneshot", "hier", "rank_order"],
          "reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"]}
 SIZES = [999, 70001]  # 70001 float32: three pipeline segments of the chain
 ROOT = 1
-
-
-def rank_input(seed, rank, n, dtype_name):
-    """Random values over six orders of magnitude, so that the order of a sum changes its bits."""
-    rng = np.random.default_rng([seed, rank, n])
-    values = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
-    return values.astype(NUMPY_DTYPES[dtype_name])
-
-
-def rank_order_sum(arrays, dtype_name):
-    """((x_0 + x_1) + x_2) ... in the dtype: half types add in float32 and round after every step."""
-    dtype = NUMPY_DTYPES[dtype_name]
-    acc = arrays[0].copy()
-    for x in arrays[1:]:
-        acc = (acc.astype(np.float32) + x.astype(np.float32)).astype(dtype)
-    return acc
 
 
 def run_one(comm, coll, x, N, algo, deterministic):
@@ -63,8 +47,8 @@ def results(seed):
             for n in SIZES:
                 N = n if coll != "reduce_scatter" else n // P
                 total = N * P if coll == "reduce_scatter" else N
-                inputs = [rank_input(seed, q, total, dtype_name) for q in range(P)]
-                want = rank_order_sum(inputs, dtype_name)
+                inputs = [spread_input(seed, q, total, dtype_name) for q in range(P)]
+                want = rank_order_fold(inputs, dtype_name)
                 if coll == "reduce_scatter":
                     want = want[r * N:(r + 1) * N]
                 for algo in algos:

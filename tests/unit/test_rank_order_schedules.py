@@ -14,7 +14,7 @@ import pytest
 
 import ringtree as rt
 from ringtree import _core
-from reference import NUMPY_DTYPES
+from reference import NUMPY_DTYPES, rank_order_fold, spread_input
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
@@ -81,26 +81,6 @@ def test_rank_order_costs_what_the_readme_says():
                    for op in step)
 
 
-def random_inputs(P, n, dtype_name, seed):
-    rng = np.random.default_rng([seed, P, n])
-    return [(rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)).astype(NUMPY_DTYPES[dtype_name]) for _ in range(P)]
-
-
-def numpy_fold(inputs, dtype_name, op, factor):
-    """The rank-order fold as the kernels compute it: half types add in float32 and round after
-    every step; premul_sum scales each input first, avg divides the sum (both in double)."""
-    dtype = NUMPY_DTYPES[dtype_name]
-    wide = np.float64 if dtype_name == "float64" else np.float32
-    if op == "premul_sum":
-        inputs = [(x.astype(np.float64) * factor).astype(dtype) for x in inputs]
-    acc = inputs[0].copy()
-    for x in inputs[1:]:
-        acc = (acc.astype(wide) + x.astype(wide)).astype(dtype)
-    if op == "avg":
-        acc = (acc.astype(np.float64) / len(inputs)).astype(dtype)
-    return acc
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float32", "float64"])
 def test_rank_order_walked_on_threads_is_numpys_fold(dtype_name):
@@ -109,12 +89,12 @@ def test_rank_order_walked_on_threads_is_numpys_fold(dtype_name):
             for op in ("sum", "avg", "premul_sum"):
                 N, root, factor = 23, P - 1, 0.37
                 total = N * P if coll == "reduce_scatter" else N
-                inputs = random_inputs(P, total, dtype_name, seed=P)
+                inputs = [spread_input(P, q, total, dtype_name) for q in range(P)]
                 ins = [x.copy() for x in inputs]
                 outputs = [np.zeros(N if coll == "reduce_scatter" else total, NUMPY_DTYPES[dtype_name]) for _ in range(P)]
                 _core.walk_on_threads(COLL[coll], RO, P, N, root, 4, DTYPE[dtype_name], OP[op], factor,
                                       [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], 64, 2, 60.0)
-                want = numpy_fold(inputs, dtype_name, op, factor)
+                want = rank_order_fold(inputs, dtype_name, op, factor)
                 for r in range(P):
                     expect = {"all_reduce": want, "reduce_scatter": want[r * N:(r + 1) * N],
                               "reduce": want if r == root else None}[coll]
