@@ -9,12 +9,14 @@ The rank bodies run in every rank of a test's world (harness.py) and return JSON
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 import pytest
 
 import ringtree as rt
 from harness import run_world
+from rank_checks import outcome
 from reference import rank_order_fold, spread_input
 
 ALGOS = {"all_reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"],
@@ -102,16 +104,9 @@ def test_deterministic_sums_are_the_rank_order_fold_on_every_algorithm_and_layou
 
 def mismatched():
     comm = rt.init()
-    x = np.ones(100, np.float32)
-    try:
-        comm.all_reduce(x)
-        outcome = {"raised": None}
-    except rt.CollectiveMismatch as exc:
-        outcome = {"raised": "CollectiveMismatch", "message": str(exc)}
-    except rt.Error as exc:
-        outcome = {"raised": type(exc).__name__, "message": str(exc)}
+    out = outcome(comm.all_reduce(np.ones(100, np.float32), async_op=True), time.monotonic())
     comm.close()
-    return outcome
+    return out
 
 
 @pytest.mark.timeout(60)
