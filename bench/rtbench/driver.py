@@ -373,7 +373,8 @@ class Sweep:
         predicted time at each size, the measured best, auto's choice, and the measured time of
         auto's choice over the best's (the goal: within 1.10 at every size)."""
         estimate = getattr(self.comm, "estimate", None)
-        explicit = [i for i in self.subjects_for(coll) if i.algo not in (None, "auto")]
+        # rank_order is deterministic mode's schedule: auto never weighs it against the others.
+        explicit = [i for i in self.subjects_for(coll) if i.algo not in (None, "auto", "rank_order")]
         if estimate is None or not explicit:
             return []
         placement = IP if coll.name == "broadcast" else OOP

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "sendrecv")
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
-ALGOS = ("ring", "tree", "direct", "oneshot", "hier", "hier_tree", "auto")
+ALGOS = ("ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order", "auto")
 PEERS = ("mpi", "gloo", "nccl", "memcpy")
 
 # Canonical dtype names are numpy's; nccl-tests spellings are accepted on input.
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-T", "--timeout", type=float, default=None,
                    help="seconds before a ringtree collective raises Timeout (default: RINGTREE_TIMEOUT)")
     p.add_argument("--algo", default="auto",
-                   help="ringtree algorithm: ring, tree, direct, oneshot, hier, hier_tree, auto, comma list, or all "
+                   help="ringtree algorithm: ring, tree, direct, oneshot, hier, hier_tree, rank_order, auto, comma list, or all "
                         "(hier needs ranks on several hosts to differ from flat: launch with --hosts H)")
     p.add_argument("--collective", default="all_reduce",
                    help="collective(s): " + ", ".join(COLLECTIVES) + ", comma list, or all")

@@ -36,7 +36,7 @@ void local_copy_only(Schedule& s, const ScheduleKey& k) {
 }  // namespace
 
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes) {
-  const bool pipelined = coll == Collective::Broadcast || coll == Collective::Reduce ||
+  const bool pipelined = coll == Collective::Broadcast || coll == Collective::Reduce || algo == Algo::RankOrder ||
                          (coll == Collective::AllReduce && (algo == Algo::Tree || algo == Algo::HierTree));
   if (!pipelined) return 0;
   const uint64_t bytes = segment_bytes ? segment_bytes : static_cast<uint64_t>(std::max<int64_t>(64, TreeSegmentBytes()));
@@ -57,6 +57,7 @@ Schedule build_schedule(const ScheduleKey& k) {
   if (P == 1) { local_copy_only(s, k); return s; }
   if (k.count == 0 && k.coll != Collective::Barrier) return s;
   if (is_hier(k.algo)) { hier_schedule(s, k); return s; }
+  if (k.algo == Algo::RankOrder) { rank_order_schedule(s, k); return s; }
   const int arity = k.algo == Algo::Ring ? 1 : 2;  // "ring" broadcast/reduce is a chain
   switch (k.coll) {
     case Collective::AllReduce:

@@ -310,6 +310,7 @@ void PriceTable::build(int P, const Topology* topo, LinkWeights w) {
     if (has_board_schedule(c)) algos.push_back(Algo::OneShot);
     if (topo)
       for (Algo a : hier_algos(c)) algos.push_back(a);
+    for (Algo a : rank_order_algos(c)) algos.push_back(a);
     for (Algo a : algos) {
       Table t;
       // Element size 1: the counts come out in bytes, for every dtype. A dtype's schedule cuts

@@ -152,11 +152,14 @@ std::vector<Algo> supported_algos(Collective coll);
 // offers them when its ranks span hosts.
 std::vector<Algo> hier_algos(Collective coll);
 inline bool is_hier(Algo a) { return a == Algo::Hier || a == Algo::HierTree; }
+// The rank-order algorithm of a reduction (all_reduce, reduce_scatter, reduce; none for the
+// others). Not in supported_algos either: auto takes it only in deterministic mode.
+std::vector<Algo> rank_order_algos(Collective coll);
 
 Schedule build_schedule(const ScheduleKey& key);
 
 // ScheduleKey::segment for a call: elements per pipelined segment for the tree and chain
-// algorithms (all_reduce tree, broadcast, reduce), 0 for the others. segment_bytes 0 means
+// algorithms (all_reduce tree, broadcast, reduce, rank_order), 0 for the others. segment_bytes 0 means
 // the RINGTREE_TREE_SEGMENT_BYTES setting (128 KiB); every executor uses this, so all build
 // the same schedule for the same call.
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes = 0);
@@ -177,6 +180,9 @@ void direct_scatter(Schedule& s, int nranks, int rank, int root, uint64_t block)
 void dissemination_barrier(Schedule& s, int nranks, int rank);
 // Hierarchical schedules (hier.cc) over key.topo; key.algo Hier or HierTree.
 void hier_schedule(Schedule& s, const ScheduleKey& key);
+// Deterministic reductions (rank_order.cc): every element reduced in rank order along the chain
+// 0 -> 1 -> ... -> P-1, with the same bits on any layout; key.algo RankOrder.
+void rank_order_schedule(Schedule& s, const ScheduleKey& key);
 // The one-shot board (board.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
 // broadcast, reduce and barrier; P = 1 and count = 0 included (a board call always publishes).
 void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
@@ -188,10 +194,13 @@ void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root
 // first violation. Returns a short summary. Board schedules also get the board rules above
 // checked, the rank order of their reductions (0, 1, ..., P-1 on every rank), and three calls
 // in a row walked over two slots per rank, proving that no rank can overwrite a publication
-// before every reader is done with it.
+// before every reader is done with it. Board and rank_order reductions must also have the shape
+// of the rank-order left fold ((x_0 op x_1) op x_2) ... (operands of each op in either order),
+// which is what makes their bits equal; claim_rank_fold asks that of any algorithm (a check of
+// the checker: the ring and the trees must fail it).
 // drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
 // board_rules false skips the per-call board rules, to show that the data check and the walk
 // of three calls find a fault without them (a check of the checker).
-std::string simulate_schedules(ScheduleKey key, int drop_op = -1, bool board_rules = true);
+std::string simulate_schedules(ScheduleKey key, int drop_op = -1, bool board_rules = true, bool claim_rank_fold = false);
 
 }  // namespace ringtree

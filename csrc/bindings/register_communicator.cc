@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 #include "bindings/bindings.h"
+#include "exec/plan.h"
 #include "runtime/flight_recorder.h"
 #include "common/check.h"
 #include "ringtree/communicator.h"
@@ -78,6 +79,7 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
 }  // namespace
 
 void register_communicator(py::module_& m) {
+  m.def("deterministic_setting", &deterministic_setting, "RINGTREE_DETERMINISTIC=1 in this process (read once).");
   if (_import_array() < 0) throw py::error_already_set();  // NumPy's C API table, for open_ndarray
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
@@ -114,8 +116,9 @@ void register_communicator(py::module_& m) {
           [](Communicator& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
              bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
              int peer, int algo, double timeout, bool async_op, std::vector<uint64_t> send_counts,
-             std::vector<uint64_t> recv_counts, int recv_peer, std::shared_ptr<Gate> gate) {
+             std::vector<uint64_t> recv_counts, int recv_peer, std::shared_ptr<Gate> gate, bool deterministic) {
             CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
+            a.deterministic = deterministic;
             a.dtype = checked_enum(dtype, DataType::Count, "dtype");
             a.input = make_buffer(has_in, in_ptr, in_count, in_ro);
             a.output = make_buffer(has_out, out_ptr, out_count, out_ro);
@@ -129,14 +132,15 @@ void register_communicator(py::module_& m) {
           py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
           py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
-          py::arg("recv_peer") = -1, py::arg("gate") = std::shared_ptr<Gate>(),
+          py::arg("recv_peer") = -1, py::arg("gate") = std::shared_ptr<Gate>(), py::arg("deterministic") = false,
           py::call_guard<py::gil_scoped_release>())
       // The hot path for ndarrays: returns NotImplemented when a buffer needs the Python
       // route, None when a blocking call is done, or the Work of an async call.
       .def("call",
            [](Communicator& c, int coll, py::handle x, py::handle out, int op, double factor, int root, int peer,
-              int algo, double timeout, bool async_op) -> py::object {
+              int algo, double timeout, bool async_op, bool deterministic) -> py::object {
              CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
+             a.deterministic = deterministic;
              int in_dtype = -1, out_dtype = -1;
              const auto python_route = [] { return py::reinterpret_borrow<py::object>(Py_NotImplemented); };
              if (!x.is_none() && !open_ndarray(x.ptr(), a.input, in_dtype)) return python_route();
@@ -150,14 +154,19 @@ void register_communicator(py::module_& m) {
              }
              if (!work) return py::none();
              return py::cast(work);
-           })
+           },
+           py::arg("coll"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("factor"), py::arg("root"),
+           py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"), py::arg("deterministic") = false)
       .def("choose_algo",
-           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype) {
+           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
              return static_cast<int>(c.choose_algo(checked_enum(coll, Collective::Count, "collective"),
                                                    checked_enum(algo, Algo::Count, "algo"), bytes,
-                                                   checked_enum(dtype, DataType::Count, "dtype")));
+                                                   checked_enum(dtype, DataType::Count, "dtype"),
+                                                   checked_enum(op, ReduceOp::Count, "reduce op"),
+                                                   deterministic || deterministic_setting()));
            },
-           py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32))
+           py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+           py::arg("op") = 0, py::arg("deterministic") = false)
       .def("estimate",
            [](Communicator& c, int coll, uint64_t bytes, int dtype) {
              std::vector<std::tuple<int, double, std::string>> out;

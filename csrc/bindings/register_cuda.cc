@@ -78,7 +78,7 @@ void register_device_comm(py::module_& m) {
           [](CudaComm& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
              bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root, int peer, int recv_peer, int algo,
              double timeout, uintptr_t stream, bool use_nccl, bool async_op, std::vector<uint64_t> send_counts,
-             std::vector<uint64_t> recv_counts) {
+             std::vector<uint64_t> recv_counts, bool deterministic) {
             CollectiveArgs a;
             a.coll = checked_code(coll, Collective::Count, "collective");
             a.dtype = checked_code(dtype, DataType::Count, "dtype");
@@ -93,6 +93,7 @@ void register_device_comm(py::module_& m) {
             a.output = {reinterpret_cast<void*>(out_ptr), out_count, out_ro, has_out};
             a.send_counts = std::move(send_counts);
             a.recv_counts = std::move(recv_counts);
+            a.deterministic = deterministic;
             return c.run(a, stream, use_nccl, async_op);
           },
           py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
@@ -100,7 +101,7 @@ void register_device_comm(py::module_& m) {
           py::arg("root"), py::arg("peer"), py::arg("recv_peer"), py::arg("algo"), py::arg("timeout"),
           py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("deterministic") = false, py::call_guard<py::gil_scoped_release>())
       .def("executor", &CudaComm::executor)
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
   m.def("cuda_available", []() { return cuda_runtime_available(); },

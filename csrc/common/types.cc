@@ -41,7 +41,8 @@ const char* collective_name(Collective c) {
 }
 
 const char* algo_name(Algo a) {
-  static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot", "hier", "hier_tree"};
+  static const char* names[] = {"auto", "ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Algo::Count), "one name per algorithm");
   return a < Algo::Count ? names[static_cast<int>(a)] : "invalid-algo";
 }
 

@@ -3,11 +3,14 @@
 
 #include <cmath>
 #include "common/check.h"
+#include "common/env.h"
 #include "common/hash.h"
 
 namespace ringtree {
 
 namespace {
+
+RT_PARAM(DeterministicSetting, "RINGTREE_DETERMINISTIC", 0)
 
 // The buffer-size check of each collective, with the message users have always seen.
 void check_sizes(const CollectiveTraits& t, const Buffer& in, const Buffer& out, uint64_t P, bool is_root) {
@@ -83,7 +86,8 @@ void check_overlap(const CollectiveTraits& t, const Buffer& in, const Buffer& ou
 uint64_t Fingerprint::tag() const {
   uint64_t h = kFnvOffset;
   for (uint64_t v : {static_cast<uint64_t>(coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(dtype),
-                     static_cast<uint64_t>(op), static_cast<uint64_t>(static_cast<int64_t>(root)), count, seq})
+                     static_cast<uint64_t>(op), static_cast<uint64_t>(static_cast<int64_t>(root)), count, seq,
+                     uint64_t{deterministic}})
     h = fnv1a(h, v);
   return h | 1;
 }
@@ -94,7 +98,7 @@ std::string describe(const Fingerprint& fp) {
   std::string d = str_cat(collective_name(fp.coll), " #", fp.seq, " (count=", fp.count, ", dtype=", dtype);
   if (fp.op != Fingerprint::kNoOp) d += str_cat(", op=", op_name(static_cast<ReduceOp>(fp.op)));
   if (fp.root >= 0) d += str_cat(", root=", fp.root);
-  return d + str_cat(", algo=", algo_name(fp.algo), ")");
+  return d + str_cat(", algo=", algo_name(fp.algo), fp.deterministic ? ", deterministic" : "", ")");
 }
 
 Fingerprint CallPlan::fingerprint(uint64_t seq) const {
@@ -108,7 +112,16 @@ Fingerprint CallPlan::fingerprint(uint64_t seq) const {
   f.root = collective_traits(c).rooted ? key.root : -1;
   f.seq = seq;
   f.count = key.count;
+  f.deterministic = collective_traits(c).reduction && deterministic;
   return f;
+}
+
+bool deterministic_setting() { return DeterministicSetting() != 0; }
+
+bool deterministic_mode(const CollectiveArgs& a) { return a.deterministic || deterministic_setting(); }
+
+bool needs_rank_order(const CollectiveArgs& a) {
+  return deterministic_mode(a) && is_reduction(a.coll) && dtype_is_floating(a.dtype);
 }
 
 ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
@@ -176,6 +189,7 @@ CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nr
   p.op = t.reduction ? a.op : ReduceOp::Sum;
   p.combine = p.op == ReduceOp::Avg || p.op == ReduceOp::PremulSum ? ReduceOp::Sum : p.op;
   p.premul_factor = a.premul_factor;
+  p.deterministic = deterministic_mode(a);
   p.input = v.input;
   p.output = v.output;
   p.timeout_s = timeout_s;

@@ -33,7 +33,8 @@ enum class PostStep : uint8_t {
 };
 
 // What every message of a call carries so that ranks that made different calls find out:
-// collective (p2p calls all as send), dtype, op, root, algorithm, sequence number and count.
+// collective (p2p calls all as send), dtype, op, root, algorithm, sequence number, count and, for
+// reductions, deterministic mode.
 struct Fingerprint {
   static constexpr uint8_t kNoOp = 0xff;
   Collective coll = Collective::Barrier;
@@ -43,9 +44,10 @@ struct Fingerprint {
   int32_t root = -1;   // rooted collectives only
   uint64_t seq = 0;
   uint64_t count = 0;  // ScheduleKey::count
+  bool deterministic = false;  // reductions: deterministic mode, which every rank must share
   bool operator==(const Fingerprint& o) const {
     return coll == o.coll && dtype == o.dtype && op == o.op && algo == o.algo && root == o.root && seq == o.seq &&
-           count == o.count;
+           count == o.count && deterministic == o.deterministic;
   }
   // A 64-bit hash of all of it, never 0 (the value of a mailbox header nobody wrote).
   uint64_t tag() const;
@@ -60,6 +62,7 @@ struct CallPlan {
   ReduceOp op = ReduceOp::Sum;       // as the user asked (fingerprinted)
   ReduceOp combine = ReduceOp::Sum;  // what the schedule reduces with (avg, premul_sum: sum)
   double premul_factor = 1.0;
+  bool deterministic = false;  // deterministic_mode() of the call (fingerprinted)
   Buffer input, output;  // as the schedule sees them: broadcast's one buffer is both
   PreStep pre = PreStep::None;
   uint64_t pre_elems = 0;  // elements the pre-step writes into temp (the whole input)
@@ -75,6 +78,14 @@ struct CallPlan {
   // The fingerprint of this plan as call number `seq`.
   Fingerprint fingerprint(uint64_t seq) const;
 };
+
+// RINGTREE_DETERMINISTIC=1: deterministic mode for every call of this process.
+bool deterministic_setting();
+// Deterministic mode: the call asked for it, or the setting.
+bool deterministic_mode(const CollectiveArgs& a);
+// Whether the call must take a rank-order schedule: deterministic mode, a reduction, and a
+// floating-point dtype (integer sum, prod, min and max give the same bits in any order).
+bool needs_rank_order(const CollectiveArgs& a);
 
 // The checks every call gets before any traffic, on the rank that made it: throws
 // InvalidArgument (the communicator stays usable) or returns the buffers as the collective uses

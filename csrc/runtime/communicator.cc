@@ -65,7 +65,8 @@ Algo parse_algo_setting() {
   if (v == "oneshot") return Algo::OneShot;
   if (v == "hier") return Algo::Hier;
   if (v == "hier_tree") return Algo::HierTree;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier or hier_tree, got '", v, "'");
+  if (v == "rank_order") return Algo::RankOrder;
+  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier, hier_tree or rank_order, got '", v, "'");
 }
 
 }  // namespace
@@ -183,8 +184,24 @@ std::vector<Algo> CommunicatorImpl::available_algos(Collective coll, uint64_t by
   return algos;
 }
 
-Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const {
+Algo CommunicatorImpl::choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const {
+  // The board reduces in the same order; min and max may keep another zero or NaN when the
+  // operands of a step come the other way round, so they stay on the chain.
+  const bool board = exec_.board_fits(coll, bytes) && op != ReduceOp::Min && op != ReduceOp::Max;
+  if (!board) return Algo::RankOrder;
+  if (wanted == Algo::OneShot) return Algo::OneShot;
+  if (wanted != Algo::Auto) return Algo::RankOrder;
+  return predict(costs_, prices_, coll, Algo::OneShot, bytes, dtype, nullptr) <
+                 predict(costs_, prices_, coll, Algo::RankOrder, bytes, dtype, nullptr)
+             ? Algo::OneShot
+             : Algo::RankOrder;
+}
+
+Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op,
+                                   bool deterministic) const {
   RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
+  // Deterministic mode: floating-point reductions reduce in rank order whatever was asked for.
+  const bool rank_order = deterministic && is_reduction(coll) && dtype_is_floating(dtype);
   // Runs on every call: no allocation unless the request is refused.
   const std::vector<Algo>& scheduled = scheduled_algos_[static_cast<int>(coll)];
   const bool board = exec_.board_fits(coll, bytes);
@@ -193,14 +210,15 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   const std::vector<Algo>& hier = hier_algos_[static_cast<int>(coll)];
   auto is_supported = [&](Algo a) {
     return (a == Algo::OneShot && board) || std::find(scheduled.begin(), scheduled.end(), a) != scheduled.end() ||
-           std::find(hier.begin(), hier.end(), a) != hier.end();
+           std::find(hier.begin(), hier.end(), a) != hier.end() || (a == Algo::RankOrder && is_reduction(coll));
   };
   if (requested != Algo::Auto) {
-    if (is_supported(requested)) return requested;
+    if (is_supported(requested)) return rank_order ? choose_rank_order(coll, requested, bytes, dtype, op) : requested;
     std::string names;
     for (Algo a : available_algos(coll, bytes)) names += std::string(algo_name(a)) + ", ";
     if (!multi_host_)
       for (Algo a : hier) names += std::string(algo_name(a)) + ", ";
+    for (Algo a : rank_order_algos(coll)) names += std::string(algo_name(a)) + ", ";
     if (requested == Algo::OneShot && exec_.board_payload_bytes(coll, bytes) != UINT64_MAX)
       RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
                " on one host and at most ", exec_.board_bytes(), " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
@@ -209,6 +227,8 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
     RT_THROW(InvalidArgument, "algo '", algo_name(requested), "' is not available for ", collective_name(coll),
              "; choose from ", names, "auto");
   }
+  if (rank_order)
+    return choose_rank_order(coll, is_supported(forced_algo_) ? forced_algo_ : Algo::Auto, bytes, dtype, op);
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
   if (scheduled.size() == 1 && !board && !multi_host_) return scheduled.front();
   // A training loop or a bench calls the same sizes again and again: the last choices are
@@ -284,7 +304,7 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
   p.validated = validate_call(a, rank_, size_);
   p.args = a;
   p.timeout_s = a.timeout_s > 0 ? a.timeout_s : default_timeout_;
-  p.algo = choose_algo(a.coll, a.algo, p.validated.count * dtype_size(a.dtype), a.dtype);
+  p.algo = choose_algo(a.coll, a.algo, p.validated.count * dtype_size(a.dtype), a.dtype, a.op, deterministic_mode(a));
   return p;
 }
 

@@ -41,7 +41,11 @@ class CommunicatorImpl : public Communicator {
   double default_timeout() const override { return default_timeout_; }
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
   ValidatedCall validate(const CollectiveArgs& args) const override { return validate_call(args, rank_, size_); }
-  Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const override;
+  Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op = ReduceOp::Sum,
+                   bool deterministic = false) const override;
+  // Deterministic mode's choice for a floating-point reduction: rank_order, or the one-shot board
+  // (same bits) when it fits and `wanted` is oneshot, or auto and the board is predicted faster.
+  Algo choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const;
   std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
   std::string machine_costs() const override;
   std::string transport_to(int peer) const override;

@@ -19,7 +19,9 @@ struct MsgHeader {
   uint64_t seq;
   uint64_t count;          // the collective's count (its fingerprint), not this message's
   uint64_t payload_bytes;  // this message
-  uint64_t reserved[3];
+  uint8_t deterministic;   // the call ran in deterministic mode (part of the fingerprint)
+  uint8_t pad[7];
+  uint64_t reserved[2];
 };
 static_assert(sizeof(MsgHeader) == 64, "MsgHeader must be one cache line");
 

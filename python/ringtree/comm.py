@@ -141,7 +141,7 @@ def _algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in _ALGO:
         return _ALGO[algo.lower()]
     raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
-                                f"'hier', 'hier_tree' or (CUDA buffers) 'nccl'")
+                                f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'")
 
 
 class Communicator:
@@ -189,11 +189,14 @@ class Communicator:
         """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
         return self._core.transport_to(int(peer))
 
-    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32") -> str:
+    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
+                    op="sum", deterministic: bool = False) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole
         buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
-        all_gather and all_to_all), as in the bench's count column."""
-        code = self._core.choose_algo(_coll_code(collective), _algo_code(algo), int(nbytes), _dtype_code(dtype))
+        all_gather and all_to_all), as in the bench's count column. deterministic: as a call with
+        deterministic=True (RINGTREE_DETERMINISTIC=1 counts too)."""
+        code = self._core.choose_algo(_coll_code(collective), _algo_code(algo), int(nbytes), _dtype_code(dtype),
+                                      resolve_op(op)[0], bool(deterministic))
         return _core.ALGOS[code]
 
     def estimate(self, collective: str, nbytes: int, dtype: str = "float32") -> list:
@@ -208,7 +211,7 @@ class Communicator:
 
     # --- the collectives -------------------------------------------------------------------
 
-    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result):
+    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False):
         """The common case in as little Python as possible: buffers the C++ side can read
         directly (numpy arrays), a named op and algorithm. Everything else goes through _run,
         which converts, checks and explains."""
@@ -222,16 +225,17 @@ class Communicator:
             t = None
         if op_code is not None and algo_code is not None and t is not None:
             try:
-                work = self._core.call(_COLL[coll], x, out, op_code, 1.0, root, peer, algo_code, t, async_op)
+                work = self._core.call(_COLL[coll], x, out, op_code, 1.0, root, peer, algo_code, t, async_op,
+                                       deterministic)
             except TypeError:  # e.g. a root that is not an int: _run converts or explains
                 work = NotImplemented
             if work is not NotImplemented:
                 return Work(work, (x, out), result) if async_op else result
         return self._run(coll, x, out, op=op, root=root, peer=peer, algo=algo, timeout=timeout,
-                         async_op=async_op, result=result)
+                         async_op=async_op, result=result, deterministic=deterministic)
 
     def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
-             async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1):
+             async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1, deterministic=False):
         keep = []
         has_in = x is not None
         has_out = out is not None
@@ -263,26 +267,30 @@ class Communicator:
                 has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
                 op_code, factor, int(root),
                 int(peer), int(recv_peer), 0 if use_nccl else _algo_code(algo), t, (inb or outb).stream,
-                use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"))
+                use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"),
+                bool(deterministic))
             return Work(work, keep, result) if async_op else result
         work = self._core.run(
             _COLL[coll], dtype,
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
             has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
             op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op),
-            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"), int(recv_peer))
+            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"), int(recv_peer),
+            deterministic=bool(deterministic))
         if async_op:
             return Work(work, keep, result)
         return result
 
-    def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None):
-        """Reduce x over all ranks into out (in place when out is None)."""
+    def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
+        """Reduce x over all ranks into out (in place when out is None). deterministic=True: a
+        floating-point reduction in rank order, the same bits whatever the algorithm and layout
+        (see the README's Deterministic mode); every rank must pass the same."""
         out = x if out is None else out
-        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out)
+        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
 
-    def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None):
+    def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
-        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out)
+        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
         """out (N*P) receives every rank's x (N), block r from rank r."""
@@ -302,13 +310,13 @@ class Communicator:
         """Every rank's x receives root's x."""
         return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
-    def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None):
+    def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
         if out is None and self.rank == root:
             out = x
         if self.rank != root:
             out = None
-        return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out)
+        return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
         """The root's out (N*P) receives every rank's x (N); out is needed on the root only."""

@@ -73,7 +73,7 @@ def test_all_expands():
     o = options.parse_args("-o all -d all --algo all --collective all --vs all".split())
     assert o.ops == list(options.REDUCE_OPS)
     assert o.dtypes == list(options.DTYPES)
-    assert o.algos == ["ring", "tree", "direct", "oneshot", "auto"]
+    assert o.algos == ["ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order", "auto"]
     assert o.collectives == list(options.COLLECTIVES)
     assert o.peers == list(options.PEERS)
 

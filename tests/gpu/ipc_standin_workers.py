@@ -13,6 +13,7 @@ import numpy as np
 import ringtree as rt
 from ringtree import _core
 from rank_checks import outcome
+from reference import rank_order_fold, spread_input
 from test_device_comm import DeviceArrays
 
 
@@ -147,3 +148,26 @@ def setup_refused(n=1000):
             "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
             "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))),
             "ipc_env": os.environ.get("RINGTREE_CUDA_IPC", ""), "fail_env": os.environ.get("RINGTREE_STANDIN_FAIL", "")}
+
+
+def deterministic_sums(n=5003, seed=7):
+    """Deterministic mode on the CUDA IPC executor: float32 all_reduce and reduce_scatter of
+    random data, every algorithm requested; the bits must be numpy's rank-order fold."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    inputs = [spread_input(seed, q, n * P, "float32") for q in range(P)]
+    want = rank_order_fold(inputs, "float32")
+    wrong = []
+    for algo in ("auto", "ring", "tree", "rank_order"):
+        x = arrays.upload(inputs[r][:n])
+        comm.all_reduce(x, algo=algo, deterministic=True)
+        arrays.synchronize()
+        if peek(x).tobytes() != want[:n].tobytes():
+            wrong.append(f"all_reduce/{algo}")
+    out = arrays.upload(np.zeros(n, np.float32))
+    comm.reduce_scatter(arrays.upload(inputs[r]), out, deterministic=True)
+    arrays.synchronize()
+    if peek(out).tobytes() != want[r * n:(r + 1) * n].tobytes():
+        wrong.append("reduce_scatter/auto")
+    return {"wrong": wrong, "executor": comm.cuda_executor()}

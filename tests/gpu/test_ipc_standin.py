@@ -15,7 +15,7 @@ import importlib.util
 import pytest
 
 from harness import run_world
-from ipc_standin_workers import caller_stream_order, mismatched_count, setup_refused
+from ipc_standin_workers import caller_stream_order, deterministic_sums, mismatched_count, setup_refused
 from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
 
 STANDIN = {"RINGTREE_CUDA_STANDIN": "1"}
@@ -48,6 +48,13 @@ def test_async_work_with_the_default_channels():
     for rank, res in enumerate(world.check_ok()):
         assert res["cases"] == 56 and not res["failures"], (rank, res)
         assert res["executor"] == "ipc", (rank, res["executor"])
+
+
+@pytest.mark.timeout(100)
+def test_deterministic_mode_walks_rank_order_on_the_ipc_executor():
+    world = run_world(3, deterministic_sums, {}, timeout=90, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["executor"] == "ipc" and not res["wrong"], (rank, res)
 
 
 @pytest.mark.timeout(100)

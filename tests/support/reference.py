@@ -111,3 +111,27 @@ def mismatches(got: np.ndarray, want: np.ndarray, dtype_name: str, op: str) -> i
     if op == "avg" and not is_int(dtype_name):
         return int(np.count_nonzero(~np.isclose(g, w, rtol=AVG_RTOL[dtype_name], atol=0)))
     return int(np.count_nonzero(g != w))
+
+
+def spread_input(seed: int, rank: int, n: int, dtype_name: str) -> np.ndarray:
+    """Random values over six orders of magnitude, so that the order of a sum changes its bits
+    (deterministic mode's tests; the small integers above are exact in any order)."""
+    rng = np.random.default_rng([seed, rank, n])
+    values = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
+    return values.astype(NUMPY_DTYPES[dtype_name])
+
+
+def rank_order_fold(arrays, dtype_name: str, op: str = "sum", factor: float = 1.0) -> np.ndarray:
+    """((x_0 + x_1) + x_2) ... in the dtype, as the kernels compute it: half types add in float32
+    and round after every step; premul_sum scales each input first and avg divides the sum (both
+    in double), once."""
+    dtype = NUMPY_DTYPES[dtype_name]
+    wide = np.float64 if dtype_name == "float64" else np.float32
+    if op == "premul_sum":
+        arrays = [(x.astype(np.float64) * factor).astype(dtype) for x in arrays]
+    acc = arrays[0].copy()
+    for x in arrays[1:]:
+        acc = (acc.astype(wide) + x.astype(wide)).astype(dtype)
+    if op == "avg":
+        acc = (acc.astype(np.float64) / len(arrays)).astype(dtype)
+    return acc

@@ -1,6 +1,9 @@
 // Transport-free check of the schedules (see simulate_schedules in schedule.h).
 //
-// Every element holds the ordered list of (rank, input index) atoms that were reduced into it.
+// Every element holds the ordered list of (rank, input index) atoms that were reduced into it,
+// and the shape of its reduction: a tree interned so that equal shapes have equal ids, with the
+// two operands of each op unordered (IEEE sum and product are commutative; association is what
+// changes bits).
 // Ops within a step must touch disjoint memory (with the in-place aliasing the collective
 // permits); a send completes only when its receiver's current step holds the matching recv.
 // A publication is a snapshot of atoms; a board read takes atoms from it once it exists.
@@ -21,7 +24,31 @@ struct Atom {
   bool operator==(const Atom& o) const { return rank == o.rank && index == o.index; }
   bool operator<(const Atom& o) const { return rank != o.rank ? rank < o.rank : index < o.index; }
 };
-using Value = std::vector<Atom>;  // empty: never written
+
+// Reduction shapes. A leaf is one rank's input element; a node joins two shapes, either way round.
+class Shapes {
+ public:
+  uint64_t leaf(int rank, uint64_t index) { return intern({kLeaf + static_cast<uint64_t>(rank), index}); }
+  uint64_t join(uint64_t a, uint64_t b) { return intern({std::min(a, b), std::max(a, b)}); }
+  // ((x_0 op x_1) op x_2) ... op x_{P-1} of element `index`.
+  uint64_t rank_fold(int P, uint64_t index) {
+    uint64_t id = leaf(0, index);
+    for (int q = 1; q < P; ++q) id = join(id, leaf(q, index));
+    return id;
+  }
+
+ private:
+  static constexpr uint64_t kLeaf = uint64_t{1} << 62;  // above every id, so leaf keys never meet node keys
+  uint64_t intern(std::pair<uint64_t, uint64_t> key) { return ids_.emplace(key, ids_.size() + 1).first->second; }
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> ids_;
+};
+
+struct Value {
+  std::vector<Atom> atoms;  // empty: never written
+  uint64_t shape = 0;
+  bool empty() const { return atoms.empty(); }
+  bool operator==(const Value& o) const { return atoms == o.atoms && shape == o.shape; }
+};
 
 struct Sizes { uint64_t input, output; };
 
@@ -166,7 +193,8 @@ void check_board_rules(const Schedule& s, int P, int r, const ScheduleKey& k) {
                         " rank ", q, " may still be reading"));
 }
 
-void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) {
+void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, bool claim_rank_fold) {
+  Shapes shapes;
   const int P = base.nranks;
   const uint64_t N = base.count;
   const Sizes sz = buffer_sizes(base.coll, P, N);
@@ -185,16 +213,23 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) 
     st.knows.assign(P, 0);
     st.knows[r] = 1;
     // Inputs first; then where input and output share storage the input wins, as in memory.
-    for (uint64_t i = 0; i < sz.input; ++i) at(st, {BufId::Input, i}, 0, base, in_place, r) = {Atom{r, i}};
+    for (uint64_t i = 0; i < sz.input; ++i) at(st, {BufId::Input, i}, 0, base, in_place, r) = {{Atom{r, i}}, shapes.leaf(r, i)};
     if (base.coll == Collective::Broadcast && r == base.root)
-      for (uint64_t i = 0; i < sz.output; ++i) st.storage[1][i] = {Atom{r, i}};
+      for (uint64_t i = 0; i < sz.output; ++i) st.storage[1][i] = {{Atom{r, i}}, shapes.leaf(r, i)};
   }
   // Values flow as the shared rendezvous walk matches sends with receives.
   struct Flow : RendezvousVisitor {
     std::vector<RankState>& ranks;
     const ScheduleKey& base;
     bool in_place;
-    Flow(std::vector<RankState>& r, const ScheduleKey& k, bool ip) : ranks(r), base(k), in_place(ip) {}
+    Shapes& shapes;
+    Flow(std::vector<RankState>& r, const ScheduleKey& k, bool ip, Shapes& sh) : ranks(r), base(k), in_place(ip), shapes(sh) {}
+    // dst = lhs (op) incoming
+    Value reduced(Value lhs, const Value& incoming) {
+      lhs.atoms.insert(lhs.atoms.end(), incoming.atoms.begin(), incoming.atoms.end());
+      lhs.shape = shapes.join(lhs.shape, incoming.shape);
+      return lhs;
+    }
     void enter_step(int r, size_t step) override {
       RankState& st = ranks[r];
       const size_t b = st.sched.step_begin(step), e = st.sched.step_end[step];
@@ -217,10 +252,9 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) 
       for (uint64_t x = 0; x < rcv.count; ++x) {
         Value& d = at(sb, rcv.dst, x, base, in_place, b);
         if (rcv.kind == OpKind::Recv) { d = msg[x]; continue; }
-        Value v = at(sb, rcv.src, x, base, in_place, b);
+        const Value& v = at(sb, rcv.src, x, base, in_place, b);
         if (v.empty()) fail(base, in_place, str_cat("rank ", b, " reduces into an unwritten element"));
-        v.insert(v.end(), msg[x].begin(), msg[x].end());
-        d = std::move(v);
+        d = reduced(v, msg[x]);
       }
       for (size_t q = 0; q < ranks.size(); ++q) sb.knows[q] |= sa.knows[q];
     }
@@ -247,35 +281,39 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) 
         const Value& incoming = published(op.peer, op.src.offset + x, r);
         Value& d = at(st, op.dst, x, base, in_place, r);
         if (op.kind == OpKind::CopyPublished) { d = incoming; continue; }
-        Value v = lhs ? published(op.lhs_peer, op.src.offset + x, r) : d;
+        const Value& v = lhs ? published(op.lhs_peer, op.src.offset + x, r) : d;
         if (v.empty()) fail(base, in_place, str_cat("rank ", r, " reduces into an unwritten element"));
-        v.insert(v.end(), incoming.begin(), incoming.end());
-        d = std::move(v);
+        d = reduced(v, incoming);
       }
       for (int q : {op.peer, lhs ? op.lhs_peer : op.peer})
         for (size_t x = 0; x < ranks.size(); ++x) st.knows[x] |= ranks[q].knows_published[x];
     }
-  } flow(ranks, base, in_place);
+  } flow(ranks, base, in_place, shapes);
   std::vector<const Schedule*> schedules;
   for (const RankState& st : ranks) schedules.push_back(&st.sched);
   const std::string problem = walk_rendezvous(schedules, flow);
   if (!problem.empty()) fail(base, in_place, problem);
 
   // Expected contents.
-  // The board's claim is stronger than one order on every rank: rank order 0, 1, ..., P-1.
-  const bool rank_order = is_board_schedule(base);
+  // The board's claim is stronger than one order on every rank: rank order 0, 1, ..., P-1, as
+  // operands too. Board and rank_order reductions both have the shape of the rank-order left fold.
+  const bool rank_operands = is_board_schedule(base);
+  const bool rank_fold = rank_operands || base.algo == Algo::RankOrder || claim_rank_fold;
   auto all_ranks_once = [&](const Value& v, uint64_t index, int r, uint64_t i) {
-    Value sorted = v;
+    std::vector<Atom> sorted = v.atoms;
     std::sort(sorted.begin(), sorted.end());
     bool ok = sorted.size() == static_cast<size_t>(P);
     for (int q = 0; ok && q < P; ++q) ok = sorted[q] == Atom{q, index};
     if (!ok) fail(base, in_place, str_cat("rank ", r, " element ", i, " is not the reduction of every rank's element ", index,
-                                          " exactly once (", v.size(), " terms)"));
-    if (rank_order && !(v == sorted))
+                                          " exactly once (", v.atoms.size(), " terms)"));
+    if (rank_operands && !(v.atoms == sorted))
       fail(base, in_place, str_cat("rank ", r, " element ", i, " is not reduced in rank order 0, 1, ..., P-1"));
+    if (rank_fold && v.shape != shapes.rank_fold(P, index))
+      fail(base, in_place, str_cat("rank ", r, " element ", i, " is not reduced as ((x_0 op x_1) op x_2) ... op x_",
+                                   P - 1, " (the rank-order left fold)"));
   };
   auto expect_single = [&](const Value& v, Atom want, int r, uint64_t i) {
-    if (!(v.size() == 1 && v[0] == want))
+    if (!(v.atoms.size() == 1 && v.atoms[0] == want))
       fail(base, in_place, str_cat("rank ", r, " output element ", i, " should be rank ", want.rank, "'s element ", want.index));
   };
   auto out = [&](int r, uint64_t i) -> const Value& { return at(ranks[r], {BufId::Output, i}, 0, base, in_place, r); };
@@ -327,7 +365,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules) 
     if (input_private && base.coll != Collective::Broadcast)
       for (uint64_t i = 0; i < sz.input; ++i) {
         const Value& v = ranks[r].storage[0][i];
-        if (!(v.size() == 1 && v[0] == Atom{r, i})) fail(base, in_place, str_cat("rank ", r, " overwrote its input element ", i));
+        if (!(v.atoms.size() == 1 && v.atoms[0] == Atom{r, i})) fail(base, in_place, str_cat("rank ", r, " overwrote its input element ", i));
       }
   }
 }
@@ -364,9 +402,9 @@ void check_board_slots(const ScheduleKey& base, int drop_op) {
 
 }  // namespace
 
-std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules) {
-  run(key, false, drop_op, board_rules);
-  run(key, true, drop_op, board_rules);
+std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules, bool claim_rank_fold) {
+  run(key, false, drop_op, board_rules, claim_rank_fold);
+  run(key, true, drop_op, board_rules, claim_rank_fold);
   const bool board = is_board_schedule(key);
   if (board) check_board_slots(key, drop_op);
   uint64_t steps = 0, messages = 0, reads = 0;

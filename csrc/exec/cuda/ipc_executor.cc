@@ -264,8 +264,11 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
            " but this communicator's CUDA IPC mailboxes live on device ", device_);
   check_device_buffers(a, device);
   // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
+  // Deterministic mode walks the rank-order schedule (the board, the host's other choice, is host memory).
   const uint64_t bytes = v.count * dtype_size(a.dtype);
-  const Algo algo = a.algo == Algo::Auto ? supported_algos(a.coll).front() : host_->choose_algo(a.coll, a.algo, bytes, a.dtype);
+  const Algo algo = needs_rank_order(a) ? Algo::RankOrder
+                    : a.algo == Algo::Auto ? supported_algos(a.coll).front()
+                                           : host_->choose_algo(a.coll, a.algo, bytes, a.dtype);
   RT_CHECK(!is_hier(algo), InvalidArgument, name, ": algo '", algo_name(algo), "' is for ranks on several hosts; the",
            " CUDA IPC executor's ranks share one, so choose ring, tree, direct or auto");
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_->default_timeout();

@@ -140,6 +140,8 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t str
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const char* name = collective_name(a.coll);
   RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
+  RT_CHECK(!needs_rank_order(a), InvalidArgument, name, ": algo 'nccl' does not reduce in a fixed order, and deterministic",
+           " mode (RINGTREE_DETERMINISTIC=1 or deterministic=True) needs one; use algo 'auto' or 'rank_order'");
   const ValidatedCall v = validate_call(a, host_.rank(), host_.size());
   // A dtype NCCL lacks is refused here, before the first call's set-up traffic.
   (void)nccl_dtype(a.dtype);

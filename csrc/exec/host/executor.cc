@@ -47,6 +47,7 @@ MsgHeader header_of(const Fingerprint& fp, int sender) {
   h.sender = sender;
   h.seq = fp.seq;
   h.count = fp.count;
+  h.deterministic = fp.deterministic;
   return h;
 }
 
@@ -59,6 +60,7 @@ Fingerprint fingerprint_of(const MsgHeader& h) {
   fp.root = h.root;
   fp.seq = h.seq;
   fp.count = h.count;
+  fp.deterministic = h.deterministic != 0;
   return fp;
 }
 
@@ -446,7 +448,8 @@ void HostExecutor::doze(const Deadline& deadline, const std::function<bool()>& r
 void HostExecutor::check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const {
   RT_CHECK(got.magic == MsgHeader::kMagic, Error, "corrupt message header from rank ", peer, " during ", describe_current());
   const bool same = got.coll == want.coll && got.dtype == want.dtype && got.op == want.op && got.algo == want.algo &&
-                    got.root == want.root && got.seq == want.seq && got.count == want.count;
+                    got.root == want.root && got.seq == want.seq && got.count == want.count &&
+                    got.deterministic == want.deterministic;
   if (!same)
     RT_THROW(CollectiveMismatch, "collective mismatch: rank ", rank_, " called ", describe(fingerprint_of(want)), " but rank ",
              peer, " called ", describe(fingerprint_of(got)));

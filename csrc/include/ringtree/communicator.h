@@ -55,6 +55,9 @@ struct CollectiveArgs {
   int peer = -1;       // send, recv; sendrecv: the destination
   int recv_peer = -1;  // sendrecv: the source
   Algo algo = Algo::Auto;
+  // Deterministic mode for this call (RINGTREE_DETERMINISTIC turns it on for every call):
+  // floating-point reductions reduce in rank order, with the same bits on any layout.
+  bool deterministic = false;
   double timeout_s = 0;  // <= 0: the communicator's default
   // all_to_all_v: elements this rank sends to / receives from each rank; blocks are
   // contiguous in rank order (displacements are the prefix sums).
@@ -139,8 +142,10 @@ class Communicator {
   // The checks run() makes before any traffic, alone: throws InvalidArgument or returns what
   // they made of the call.
   virtual ValidatedCall validate(const CollectiveArgs& args) const = 0;
-  // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would.
-  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype) const = 0;
+  // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would;
+  // deterministic: as a call in deterministic mode (the setting's or the call's).
+  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype,
+                           ReduceOp op = ReduceOp::Sum, bool deterministic = false) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction.
   virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const = 0;
   // The machine figures the cost model uses ("name value" lines).

@@ -18,7 +18,9 @@ enum class Collective : uint8_t {
 // Hier, HierTree: topology-aware (algorithms/hier.cc): an intra-host phase, an inter-host phase
 // between counterpart ranks of every host (ring or chain for Hier, binary tree for HierTree),
 // and an intra-host phase back.
-enum class Algo : uint8_t { Auto, Ring, Tree, Direct, OneShot, Hier, HierTree, Count };
+// RankOrder: deterministic mode's reductions (algorithms/rank_order.cc): every element reduced
+// along the chain 0 -> 1 -> ... -> P-1, so its bits depend on nothing but the rank order.
+enum class Algo : uint8_t { Auto, Ring, Tree, Direct, OneShot, Hier, HierTree, RankOrder, Count };
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);
