@@ -228,6 +228,7 @@ class Victim:
         self.t = trial
         self.phase = "start"  # start, init, call, between: where the process was when it failed
         self.comm = None
+        self.fired = False
 
     def announce(self, kind=None):
         print("ringtree-fault " + json.dumps({"wall": time.time(), "phase": self.phase, "kind": kind or self.t.kind}),
@@ -235,6 +236,7 @@ class Victim:
 
     def inject(self, kind=None):
         kind = kind or self.t.kind
+        self.fired = True
         if kind == "shutdown":
             return self.shut_sockets()
         self.announce(kind)
@@ -254,6 +256,7 @@ class Victim:
         timer = threading.Timer(delay_ms / 1000.0, self.inject, (kind,))
         timer.daemon = True
         timer.start()
+        return timer
 
     def shut_sockets(self):
         """Shuts down every connected TCP socket of this process, as a failed network would
@@ -362,7 +365,18 @@ def shrink_and_check(comm, t: Trial, rank: int) -> dict:
         second.comm, second.phase = comm, "shrink"
         if t.kind == "raise":
             second.inject()  # leaves this function, and the process, at once
-        second.inject_later(t.delay_ms)
+        timer = second.inject_later(t.delay_ms)
+        # Its fault must land during the shrink: if the shrink ends first, it fails at once (on
+        # the new communicator, which the others then find broken and shrink again).
+        try:
+            new = comm.shrink(timeout=t.timeout)
+        except rt.Error:
+            new = comm
+        timer.cancel()
+        if not second.fired:
+            second.comm = new
+            second.inject()
+        return {"status": "second victim"}
     start = time.monotonic()
     try:
         # A second failure during the shrink (moment "shrink") either fails the new

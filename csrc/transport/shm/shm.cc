@@ -65,6 +65,9 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
   board_bytes_ = board_bytes;
   bytes_ = bytes_for(slots, ring_bytes, board_bytes);
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  // It existed at the barrier before this open, so its owner has since failed set-up (and
+  // unlinked it): a failure of the set-up, like a closed connection, not a system error.
+  if (fd < 0 && errno == ENOENT) RT_THROW(BootstrapError, "shared memory segment ", name, " vanished during set-up: its owner failed");
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
   map(fd, name);
   RT_CHECK(header()->magic == kSegmentMagic, Error, "shared memory segment ", name, " is not a ringtree segment");
