@@ -230,7 +230,8 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   if (rank_order)
     return choose_rank_order(coll, is_supported(forced_algo_) ? forced_algo_ : Algo::Auto, bytes, dtype, op);
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
-  if (scheduled.size() == 1 && !board && !multi_host_) return scheduled.front();
+  // One candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
+  if (scheduled.size() == 1 && !board && (!multi_host_ || hier.empty())) return scheduled.front();
   // A training loop or a bench calls the same sizes again and again: the last choices are
   // remembered (one word each, lock-free; the figures never change after set-up).
   std::atomic<uint64_t>& memo = choice_memo_[(bytes * 31 + static_cast<uint64_t>(coll) * 7 +

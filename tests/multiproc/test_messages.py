@@ -600,6 +600,7 @@ def reserved_tags_and_any_tag():
         time.sleep(0.2)  # the reserved message is there first
         comm.isend(np.full(4, 5, np.int64), 1, tag=7).wait()
         result = {}
+    comm.barrier()  # rank 1's iprobe names rank 0, which must not have closed yet
     comm.close()
     return result
 
