@@ -67,11 +67,14 @@ def test_abort_from_another_thread_ends_the_call_on_every_rank(hosts):
     assert results[2]["seconds"] < 3.0, results[2]  # its late call, from when it made it
 
 
-def resources():
-    """(open file descriptors, threads, ringtree /dev/shm entries, resident bytes) of this process."""
+def resources(ids=()):
+    """(open file descriptors, threads, /dev/shm entries of the communicators named by `ids`,
+    resident bytes) of this process. Only our own segments count: other jobs on the machine may
+    hold theirs."""
     fds = len(os.listdir("/proc/self/fd"))
     threads = len(os.listdir("/proc/self/task"))
-    shm = len([f for f in os.listdir("/dev/shm") if f.startswith("rt-")])
+    prefixes = tuple(f"rt-{i}-" for i in ids)
+    shm = len([f for f in os.listdir("/dev/shm") if prefixes and f.startswith(prefixes)])
     rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return fds, threads, shm, rss
 
@@ -85,6 +88,7 @@ def init_use_close_cycles(cycles=200, warmup=20):
     r, P = base.rank, base.size
     token = np.zeros(96, np.uint8)
     report = {"mismatches": 0, "wrong": 0}
+    ids = [base.id]  # each communicator's segments are named after its id
     for i in range(cycles):
         if r == 0:
             raw = str(rt.UniqueId.create()).encode()
@@ -92,6 +96,7 @@ def init_use_close_cycles(cycles=200, warmup=20):
             token[: len(raw)] = np.frombuffer(raw, np.uint8)
         base.broadcast(token)
         comm = rt.Communicator(r, P, token.tobytes().rstrip(b"\0").decode(), 30.0)
+        ids.append(comm.id)
         x = np.full(1000, r + i, np.int64)
         comm.all_reduce(x)
         report["wrong"] += int(np.count_nonzero(x != sum(q + i for q in range(P))))
@@ -106,8 +111,8 @@ def init_use_close_cycles(cycles=200, warmup=20):
         comm.close()
         del comm
         if i + 1 == warmup:
-            report["before"] = resources()
-    report["after"] = resources()
+            report["before"] = resources(ids)
+    report["after"] = resources(ids)
     base.close()
     return report
 
