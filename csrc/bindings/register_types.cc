@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 #include "bindings/bindings.h"
 #include "common/collective.h"
+#include "ringtree/communicator.h"
 #include "ringtree/types.h"
 #include "ringtree/unique_id.h"
 
@@ -19,6 +20,8 @@ void register_types(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("COLLECTIVES") = colls;
   m.attr("ALGOS") = algos;
+  // Message tags from here up are ringtree's own (shrink); the messenger's any-tag skips them.
+  m.attr("FIRST_RESERVED_TAG") = kFirstReservedTag;
 
   // The one description of each collective (common/collective.h), for the Python layer, the
   // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,

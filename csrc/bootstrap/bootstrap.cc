@@ -348,19 +348,11 @@ void Bootstrap::connect_mesh(Mesh& mesh, int mesh_listener) {
   }
 }
 
-void Bootstrap::barrier() {
-  char token = 1;
-  if (size_ == 1) return;
-  if (rank_ == 0) {
-    for (int r = 1; r < size_; ++r) read_full(star_fd_[r], &token, 1, deadline_);
-    for (int r = 1; r < size_; ++r) write_full(star_fd_[r], &token, 1, deadline_);
-  } else {
-    write_full(star_fd_[0], &token, 1, deadline_);
-    read_full(star_fd_[0], &token, 1, deadline_);
-  }
-}
+void Bootstrap::barrier() { gather_then_release(false); }
 
-void Bootstrap::confirm_setup() {
+void Bootstrap::confirm_setup() { gather_then_release(true); }
+
+void Bootstrap::gather_then_release(bool release_may_fail) {
   char token = 1;
   if (size_ == 1) return;
   if (rank_ == 0) {
@@ -369,7 +361,9 @@ void Bootstrap::confirm_setup() {
       try {
         write_full(star_fd_[r], &token, 1, deadline_);
       } catch (const Error&) {
-        // It said it was ready and died since: the communicator's first call reports it.
+        // confirm_setup: it said it was ready and died since; the communicator's first call
+        // reports it.
+        if (!release_may_fail) throw;
       }
     }
   } else {

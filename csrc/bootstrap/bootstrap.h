@@ -73,6 +73,9 @@ class Bootstrap {
   void close_star();
 
  private:
+  // Every rank reports to rank 0, which then releases them all; with release_may_fail, a rank
+  // that died after reporting does not fail rank 0.
+  void gather_then_release(bool release_may_fail);
   void rendezvous_as_root(PeerInfo self, Mesh& mesh);
   void rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd);
   void connect_mesh(Mesh& mesh, int mesh_listener);

@@ -355,18 +355,23 @@ class Communicator:
         once; the MessageWork completes when the bytes are written (x may then be reused), and
         never waits for dst to post its receive. Messages from one rank to another with the same
         tag arrive in the order sent."""
-        ptr, nbytes, _, keep = host_bytes(x, "isend")
-        work = self._core.isend(ptr, nbytes, _rank_arg(dst, "isend: dst"), _user_tag(tag, "isend"))
-        return self._track(work, x, keep)
+        return self._isend(x, _rank_arg(dst, "isend: dst"), _user_tag(tag, "isend"), "isend")
 
     def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
         """Receive into x the first message from `src` (ANY_SOURCE: any rank) with `tag`
         (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
         was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
         alive until the work is done (the communicator also holds it)."""
-        ptr, nbytes, readonly, keep = host_bytes(x, "irecv")
-        work = self._core.irecv(ptr, nbytes, readonly, _rank_arg(src, "irecv: src"), _user_tag(tag, "irecv"))
-        return self._track(work, x, keep)
+        return self._irecv(x, _rank_arg(src, "irecv: src"), _user_tag(tag, "irecv"), "irecv")
+
+    # Any tag, reserved ones included: ringtree's own protocols (shrink) use these.
+    def _isend(self, x, dst, tag, what) -> MessageWork:
+        ptr, nbytes, _, keep = host_bytes(x, what)
+        return self._track(self._core.isend(ptr, nbytes, dst, tag), x, keep)
+
+    def _irecv(self, x, src, tag, what) -> MessageWork:
+        ptr, nbytes, readonly, keep = host_bytes(x, what)
+        return self._track(self._core.irecv(ptr, nbytes, readonly, src, tag), x, keep)
 
     def probe(self, src=ANY_SOURCE, tag=ANY_TAG, timeout=None) -> tuple:
         """Wait (up to timeout s; None: the communicator's) for a matching message that no

@@ -30,12 +30,11 @@ import time
 import numpy as np
 
 from . import _core
-from ._buffers import host_bytes
 
 __all__ = ["Excluded", "RESERVED_TAGS", "shrink", "grow", "join"]
 
 # Tags from here up belong to shrink (user messages are refused there, see Communicator.isend).
-RESERVED_TAGS = 1 << 62
+RESERVED_TAGS = _core.FIRST_RESERVED_TAG  # 2**62: the messenger's any-tag never matches these
 # One shrink attempt's tags: its commit tag, then a view tag per round. A shrink whose new
 # communicator failed to form (on every member: set-up ends everywhere or nowhere) may be retried
 # on the old one; the retry's messages must not meet the failed attempt's leftovers.
@@ -89,13 +88,11 @@ def _rendezvous_ip(comm) -> str:
 
 
 def _send(comm, buf, dst, tag):
-    ptr, nbytes, _, keep = host_bytes(buf, "shrink")
-    return comm._track(comm._core.isend(ptr, nbytes, dst, tag), buf, keep)
+    return comm._isend(buf, dst, tag, "shrink")
 
 
 def _recv(comm, buf, src, tag):
-    ptr, nbytes, readonly, keep = host_bytes(buf, "shrink")
-    return comm._track(comm._core.irecv(ptr, nbytes, readonly, src, tag), buf, keep)
+    return comm._irecv(buf, src, tag, "shrink")
 
 
 def _attempt_tags(comm):

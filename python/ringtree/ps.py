@@ -134,11 +134,11 @@ def start(comm, tables, num_servers: int = 1, mode: str = "async", staleness: in
 def _check_same_setup(comm, tables, num_servers, mode, staleness):
     text = repr(([(t.name, t.dim, t.rows, t.init_scale, t.optimizer, t.seed) for t in tables],
                  num_servers, mode, staleness))
-    digest = np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.int64).copy()
-    low, high = digest.copy(), digest.copy()
-    comm.all_reduce(low, op="min")
-    comm.all_reduce(high, op="max")
-    if low[0] != high[0]:
+    digest = int(np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.int64)[0])
+    # max of (d, -d) in one call: every rank's d is the same iff max(d) == -max(-d).
+    bounds = np.array([digest, -digest], np.int64)
+    comm.all_reduce(bounds, op="max")
+    if bounds[0] != -bounds[1]:
         raise _core.InvalidArgument(f"ps.start: ranks were given different tables, num_servers, mode or "
                                     f"staleness (this rank: {text})")
 
