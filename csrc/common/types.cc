@@ -25,12 +25,15 @@ bool dtype_is_floating(DataType t) {
   return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
 }
 
+bool is_bitwise(ReduceOp op) { return op == ReduceOp::BitAnd || op == ReduceOp::BitOr || op == ReduceOp::BitXor; }
+
 bool is_reduction(Collective c) { return c < Collective::Count && collective_traits(c).reduction; }
 
 bool is_rooted(Collective c) { return c < Collective::Count && collective_traits(c).rooted; }
 
 const char* op_name(ReduceOp op) {
-  static const char* names[] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
+  static const char* names[] = {"sum", "prod", "min", "max", "avg", "premul_sum", "band", "bor", "bxor"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(ReduceOp::Count), "one name per op");
   return op < ReduceOp::Count ? names[static_cast<int>(op)] : "invalid-op";
 }
 

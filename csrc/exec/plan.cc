@@ -136,6 +136,8 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
     RT_CHECK(a.op < ReduceOp::Count, InvalidArgument, name, ": unknown reduce op code ", static_cast<int>(a.op));
     RT_CHECK(a.op != ReduceOp::PremulSum || std::isfinite(a.premul_factor), InvalidArgument, name,
              ": premul_sum factor must be finite, got ", a.premul_factor);
+    RT_CHECK(!is_bitwise(a.op) || !dtype_is_floating(a.dtype), InvalidArgument, name, ": ", op_name(a.op),
+             " needs an integer dtype, got ", dtype_name(a.dtype));
   }
   if (t.rooted)
     RT_CHECK(a.root >= 0 && a.root < nranks, InvalidArgument, name, ": root must be in [0, ", nranks, "), got ", a.root);

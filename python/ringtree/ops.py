@@ -16,6 +16,10 @@ class ReduceOp(enum.IntEnum):
     MAX = _OP_CODES["max"]
     AVG = _OP_CODES["avg"]
     PREMUL_SUM = _OP_CODES["premul_sum"]
+    # Integer dtypes only (torch's BAND/BOR/BXOR).
+    BAND = _OP_CODES["band"]
+    BOR = _OP_CODES["bor"]
+    BXOR = _OP_CODES["bxor"]
 
 
 class PremulSum:
@@ -48,5 +52,5 @@ def resolve_op(op) -> tuple[int, float]:
     if isinstance(op, str) and op.lower() in _OP_CODES and op.lower() != "premul_sum":
         return _OP_CODES[op.lower()], 1.0
     raise _core.InvalidArgument(
-        f"unsupported reduce op {op!r}; expected one of 'sum', 'prod', 'min', 'max', 'avg', "
-        f"a ringtree.ReduceOp, or ringtree.premul_sum(factor)")
+        f"unsupported reduce op {op!r}; expected one of 'sum', 'prod', 'min', 'max', 'avg', 'band', 'bor', "
+        f"'bxor', a ringtree.ReduceOp, or ringtree.premul_sum(factor)")

@@ -26,6 +26,7 @@ DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
 OP = {name: code for code, name in enumerate(_core.OPS)}
 DTYPES = list(_core.DTYPES)
 OPS = list(_core.OPS)
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
          ("all_to_all", "direct"), ("broadcast", "tree"), ("broadcast", "ring"), ("reduce", "tree"),
          ("reduce", "ring"), ("gather", "direct"), ("scatter", "direct")]
@@ -176,7 +177,7 @@ def _reduce_ranks(dtype: str, op: str, factor: float, xs: list[np.ndarray], P: i
         else:
             xs = [(x.astype(np.int64) * int(factor)).astype(x.dtype) for x in xs]
     base = {"sum": np.add, "avg": np.add, "premul_sum": np.add, "prod": np.multiply, "min": np.minimum,
-            "max": np.maximum}[op]
+            "max": np.maximum, **BITWISE}[op]
     with np.errstate(over="ignore"):
         acc = functools.reduce(base, xs)
     if op == "avg":
@@ -277,6 +278,8 @@ def _plan(coll, P):
     for N in (0, 1, 7, 3 * P + 1):
         for dtype in DTYPES:
             for op in (OPS if coll in REDUCTIONS else ["sum"]):
+                if op in BITWISE and _is_float(dtype):
+                    continue  # integer dtypes only (refused before any traffic)
                 runs.append((N, dtype, op, roots[i % len(roots)], i % 2 == 1))
                 i += 1
     big_dtypes = ["float32", "bfloat16", "int8", "float16", "int32", "float64", "uint8", "int64"]
@@ -286,6 +289,8 @@ def _plan(coll, P):
         if coll not in ("all_reduce", "broadcast", "reduce") and np.dtype(NP_STORAGE[dtype]).itemsize > 4:
             dtype = "float32"  # N*P-element buffers: keep host memory and time bounded
         op = OPS[k % len(OPS)] if coll in REDUCTIONS else "sum"
+        if op in BITWISE and _is_float(dtype):
+            op = "max"
         runs.append((1 << 20, dtype, op, roots[k % len(roots)], j == 1))
     return runs
 
@@ -373,7 +378,7 @@ def test_stats_count_the_schedule(dev):
 
 def _kernel_expect(dtype, op, a, b):
     """a (op) b for storage arrays, computed as the kernels do (halves in float32, RNE)."""
-    f = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    f = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, **BITWISE}[op]
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "bfloat16":
             return _bf16_bits(f(_bf16_value(a), _bf16_value(b)))
@@ -396,7 +401,7 @@ def _random_storage(dtype, n, rng):
 def test_reduce_kernel_every_op_and_alignment(dev, dtype):
     rng = np.random.default_rng(DTYPE[dtype])
     esz = np.dtype(NP_STORAGE[dtype]).itemsize
-    for op in ("sum", "prod", "min", "max"):
+    for op in ("sum", "prod", "min", "max") + (() if _is_float(dtype) else tuple(BITWISE)):
         for n in (0, 1, 15, 16, 17, 1000, 100_003):
             # (dst, a, b) element offsets: all aligned, equally misaligned (head/packs/tail), unequal (scalar)
             for offs in ((0, 0, 0), (1, 1, 1), (3, 3, 3), (0, 1, 2)):

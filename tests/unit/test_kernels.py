@@ -26,7 +26,9 @@ except ImportError:  # the test extra installs it
 HALF = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
 DTYPE_PARAMS = [pytest.param(name, marks=pytest.mark.skipif(dt is None, reason="needs ml_dtypes"))
                 for name, dt in HALF.items()]
-OPS = list(_core.OPS)  # avg and premul_sum reduce with sum; their scaling is a separate pass
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+# The half types' ops (avg and premul_sum reduce with sum; their scaling is a separate pass).
+OPS = [op for op in _core.OPS if op not in BITWISE]
 LENGTHS = [0, 1, 7, 8, 15, 16, 17, 1000, 4099]
 FACTORS = [0.5, 1 / 3, -2.5, 3.0, 1e-3, 7e4, 1e-30, 1e30, 0.0, float("inf"), float("nan")]
 DIVISORS = [1, 2, 3, 5, 7, 8, 1000, -3]
@@ -147,6 +149,27 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray, name: str, what: str, lo
     wrong = np.nonzero((got != want) & compare)[0]
     assert len(wrong) == 0, (f"{what}: {len(wrong)} wrong, first at {wrong[:4]}: "
                              f"got {[hex(v) for v in got[wrong[:4]]]} want {[hex(v) for v in want[wrong[:4]]]}")
+
+
+@pytest.mark.parametrize("op", list(BITWISE))
+@pytest.mark.parametrize("name", ["int8", "uint8", "int32", "int64"])
+def test_bitwise_kernels_match_numpy(name, op):
+    dtype = np.dtype(name)
+    rng = np.random.default_rng(7)
+    for n in LENGTHS:
+        a, b = (rng.integers(0, 1 << 63, n, dtype=np.uint64).astype(dtype) for _ in range(2))
+        dst = np.full(n + 16, 0x5a, dtype)
+        _core._reduce(dst.ctypes.data, a.ctypes.data, b.ctypes.data, n, _core.DTYPES.index(name), _core.OPS.index(op))
+        assert np.array_equal(dst[:n], BITWISE[op](a, b)), f"{name} {op} n={n}"
+        assert (dst[n:] == dtype.type(0x5a)).all(), "wrote past count"
+
+
+@pytest.mark.parametrize("op", list(BITWISE))
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64"])
+def test_bitwise_kernels_refuse_floating_types(name, op):
+    x = np.zeros(4, np.float64)
+    with pytest.raises(_core.InvalidArgument, match="integer dtype"):
+        _core._reduce(x.ctypes.data, x.ctypes.data, x.ctypes.data, 1, _core.DTYPES.index(name), _core.OPS.index(op))
 
 
 @pytest.mark.parametrize("name", DTYPE_PARAMS)

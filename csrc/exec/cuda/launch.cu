@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, 
 
 template <typename Op>
 void launch_walk_with(const WalkLaunch& l, DataType dtype) {
-  cuda::with_storage_type(dtype, [&](auto tag) {
+  cuda::for_op_types<Op>(dtype, [&](auto tag) {
     using T = decltype(tag);
     using F = cuda::Combine<T, Op>;
     F f{};
@@ -160,6 +160,9 @@ void launch_walk(const WalkLaunch& l, DataType dtype, ReduceOp op) {
     case ReduceOp::Prod: return launch_walk_with<cuda::OpProd>(l, dtype);
     case ReduceOp::Min: return launch_walk_with<cuda::OpMin>(l, dtype);
     case ReduceOp::Max: return launch_walk_with<cuda::OpMax>(l, dtype);
+    case ReduceOp::BitAnd: return launch_walk_with<cuda::OpBitAnd>(l, dtype);
+    case ReduceOp::BitOr: return launch_walk_with<cuda::OpBitOr>(l, dtype);
+    case ReduceOp::BitXor: return launch_walk_with<cuda::OpBitXor>(l, dtype);
     default: return launch_walk_with<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
   }
 }

@@ -142,6 +142,8 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t str
   RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
   RT_CHECK(!needs_rank_order(a), InvalidArgument, name, ": algo 'nccl' does not reduce in a fixed order, and deterministic",
            " mode (RINGTREE_DETERMINISTIC=1 or deterministic=True) needs one; use algo 'auto' or 'rank_order'");
+  RT_CHECK(!collective_traits(a.coll).reduction || !is_bitwise(a.op), InvalidArgument, name, ": algo 'nccl' has no ",
+           op_name(a.op), " (NCCL has no bitwise reductions); use algo 'auto', which walks ringtree's schedules");
   const ValidatedCall v = validate_call(a, host_.rank(), host_.size());
   // A dtype NCCL lacks is refused here, before the first call's set-up traffic.
   (void)nccl_dtype(a.dtype);

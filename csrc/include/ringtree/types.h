@@ -7,7 +7,8 @@
 namespace ringtree {
 
 enum class DataType : uint8_t { Int8, Uint8, Int32, Int64, Float16, BFloat16, Float32, Float64, Count };
-enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, Count };
+// BitAnd, BitOr, BitXor: integer dtypes only (torch's BAND/BOR/BXOR; bool travels as uint8).
+enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, BitAnd, BitOr, BitXor, Count };
 enum class Collective : uint8_t {
   AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, Barrier,
   Send, Recv, AllToAllV, SendRecv, Count
@@ -28,6 +29,7 @@ const char* op_name(ReduceOp op);
 const char* collective_name(Collective c);
 const char* algo_name(Algo a);
 bool dtype_is_floating(DataType t);
+bool is_bitwise(ReduceOp op);
 // all_reduce, reduce_scatter, reduce.
 bool is_reduction(Collective c);
 // broadcast, reduce, gather, scatter.

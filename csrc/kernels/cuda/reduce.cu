@@ -73,7 +73,7 @@ void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStre
 
 template <typename Op>
 void reduce_with(void* dst, const void* a, const void* b, size_t count, DataType dtype, cudaStream_t stream) {
-  with_storage_type(dtype, [&](auto tag) {
+  cuda::for_op_types<Op>(dtype, [&](auto tag) {
     using T = decltype(tag);
     launch<T>(dst, a, b, count, cuda::Combine<T, Op>{}, stream);
   });
@@ -89,6 +89,9 @@ void cuda_reduce(void* dst, const void* a, const void* b, size_t count, DataType
     case ReduceOp::Prod: return reduce_with<cuda::OpProd>(dst, a, b, count, dtype, stream);
     case ReduceOp::Min: return reduce_with<cuda::OpMin>(dst, a, b, count, dtype, stream);
     case ReduceOp::Max: return reduce_with<cuda::OpMax>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitAnd: return reduce_with<cuda::OpBitAnd>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitOr: return reduce_with<cuda::OpBitOr>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitXor: return reduce_with<cuda::OpBitXor>(dst, a, b, count, dtype, stream);
     default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
   }
 }

@@ -49,10 +49,14 @@ template <> struct Arith<bf16_t> {
 // ---- reduce ops -----------------------------------------------------------------------------
 // Same formulas as the host (b < a ? b : a, not fminf), so NaN handling matches too.
 
-struct OpSum { static constexpr bool kWraps = true;  template <typename C> __device__ static C apply(C a, C b) { return a + b; } };
-struct OpProd { static constexpr bool kWraps = true; template <typename C> __device__ static C apply(C a, C b) { return a * b; } };
-struct OpMin { static constexpr bool kWraps = false; template <typename C> __device__ static C apply(C a, C b) { return b < a ? b : a; } };
-struct OpMax { static constexpr bool kWraps = false; template <typename C> __device__ static C apply(C a, C b) { return a < b ? b : a; } };
+struct OpSum { static constexpr bool kWraps = true;  static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a + b; } };
+struct OpProd { static constexpr bool kWraps = true; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a * b; } };
+struct OpMin { static constexpr bool kWraps = false; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return b < a ? b : a; } };
+struct OpMax { static constexpr bool kWraps = false; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a < b ? b : a; } };
+// Integer storage types only (for_op_types never instantiates them for the others).
+struct OpBitAnd { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a & b; } };
+struct OpBitOr { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a | b; } };
+struct OpBitXor { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a ^ b; } };
 
 template <typename T> struct Unsigned { using type = T; };
 template <> struct Unsigned<int8_t> { using type = uint8_t; };
@@ -158,6 +162,23 @@ void with_storage_type(DataType dtype, Fn&& fn) {
     case DataType::Float32: return fn(float{});
     case DataType::Float64: return fn(double{});
     default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
+  }
+}
+
+// with_storage_type for a reduce op: the bitwise ops exist for the integer types only
+// (validate_call refuses the others before any kernel is chosen).
+template <typename Op, typename Fn>
+void for_op_types(DataType dtype, Fn&& fn) {
+  if constexpr (Op::kBitwise) {
+    switch (dtype) {
+      case DataType::Int8: return fn(int8_t{});
+      case DataType::Uint8: return fn(uint8_t{});
+      case DataType::Int32: return fn(int32_t{});
+      case DataType::Int64: return fn(int64_t{});
+      default: RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(dtype));
+    }
+  } else {
+    with_storage_type(dtype, fn);
   }
 }
 

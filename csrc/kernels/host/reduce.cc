@@ -63,6 +63,9 @@ struct OpSum { template <typename T> static T apply(T a, T b) { return a + b; } 
 struct OpProd { template <typename T> static T apply(T a, T b) { return a * b; } };
 struct OpMin { template <typename T> static T apply(T a, T b) { return b < a ? b : a; } };
 struct OpMax { template <typename T> static T apply(T a, T b) { return a < b ? b : a; } };
+struct OpBitAnd { template <typename T> static T apply(T a, T b) { return a & b; } };
+struct OpBitOr { template <typename T> static T apply(T a, T b) { return a | b; } };
+struct OpBitXor { template <typename T> static T apply(T a, T b) { return a ^ b; } };
 
 // Integer sums and products wrap (two's complement), as in NCCL; done in unsigned to avoid UB.
 template <typename T> struct Wide { using type = T; };
@@ -112,6 +115,19 @@ ReduceFn pick(DataType t) {
     case DataType::Float32: return reduce_plain<float, Op>;
     case DataType::Float64: return reduce_plain<double, Op>;
     default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
+  }
+}
+
+// Bitwise ops exist for integers only; validate_call refuses them on floating dtypes earlier,
+// with the collective's name.
+template <typename Op>
+ReduceFn pick_bitwise(DataType t) {
+  switch (t) {
+    case DataType::Int8: return reduce_plain<int8_t, Op>;
+    case DataType::Uint8: return reduce_plain<uint8_t, Op>;
+    case DataType::Int32: return reduce_plain<int32_t, Op>;
+    case DataType::Int64: return reduce_plain<int64_t, Op>;
+    default: RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(t));
   }
 }
 
@@ -185,6 +201,9 @@ ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
     case ReduceOp::Prod: return pick<OpProd>(dtype);
     case ReduceOp::Min: return pick<OpMin>(dtype);
     case ReduceOp::Max: return pick<OpMax>(dtype);
+    case ReduceOp::BitAnd: return pick_bitwise<OpBitAnd>(dtype);
+    case ReduceOp::BitOr: return pick_bitwise<OpBitOr>(dtype);
+    case ReduceOp::BitXor: return pick_bitwise<OpBitXor>(dtype);
     default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
   }
 }

@@ -44,12 +44,12 @@ _NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPE
 _RED_OP = dist.ReduceOp.RedOpType
 _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
                _RED_OP.AVG: "avg"}
-# Flags: a bool all_reduce with MIN or BAND is a logical and, with MAX or BOR a logical or, which
-# ringtree computes as min / max of the flags' bytes (0 or 1), as Gloo accepts them.
-_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.BAND: "min", _RED_OP.MAX: "max", _RED_OP.BOR: "max"}
-# Bitwise ops on integer tensors (and BXOR on flags), which the core does not reduce: see
-# ProcessGroupRingtree._bitwise_allreduce.
-_BITWISE_OPS = {_RED_OP.BAND: torch.bitwise_and, _RED_OP.BOR: torch.bitwise_or, _RED_OP.BXOR: torch.bitwise_xor}
+# Flags: a bool all_reduce with MIN is a logical and, with MAX a logical or: min / max of the
+# flags' bytes (0 or 1), as Gloo accepts them.
+_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.MAX: "max"}
+# Bitwise ops act byte by byte, so any integer or bool tensor reduces as its bytes with the core's
+# band / bor / bxor (a bool BAND is a logical and, BXOR a logical xor).
+_BITWISE_OPS = {_RED_OP.BAND: "band", _RED_OP.BOR: "bor", _RED_OP.BXOR: "bxor"}
 
 
 # --- work and completion ------------------------------------------------------------------
@@ -198,6 +198,8 @@ def _reduce_op(op):
     kind = getattr(op, "op", op)
     if kind in _SIMPLE_OPS:
         return _SIMPLE_OPS[kind]
+    if kind in _BITWISE_OPS:
+        return _BITWISE_OPS[kind]
     if kind == _RED_OP.PREMUL_SUM:
         factor = getattr(op, "factor", None)
         if isinstance(factor, torch.Tensor):
@@ -208,7 +210,7 @@ def _reduce_op(op):
             raise ValueError("ringtree: premul_sum without a factor")
         return rt.premul_sum(float(factor))
     raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
-                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM")
+                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR")
 
 
 class _Staged:
@@ -419,46 +421,24 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         tensors = _tensor_list(tensors, "allreduce")
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
-        flags = all(t.dtype == torch.bool for t in tensors) and kind in _BOOL_OPS
         timeout = self._call_timeout(opts)
-        if kind in _BITWISE_OPS and not flags:
-            return self._bitwise_allreduce(tensors, kind, timeout, opts)
-        op = _BOOL_OPS[kind] if flags else _reduce_op(requested)
-        # Flags travel as their bytes (reduction=False stages a bool tensor as uint8).
-        staged = [_Staged(t, "allreduce tensor", reduction=not flags) for t in tensors]
+        if kind in _BITWISE_OPS:
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
+                    raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
+                                     f"got {t.dtype}")
+            op, as_bytes = _BITWISE_OPS[kind], True
+        elif kind in _BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
+            op, as_bytes = _BOOL_OPS[kind], True
+        else:
+            op, as_bytes = _reduce_op(requested), False
+        # Bytes-wise reductions stage dtypes the core lacks (bool, int16...) as uint8.
+        staged = [_Staged(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
 
         def issue(async_op):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
 
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
-
-    def _bitwise_allreduce(self, tensors, kind, timeout, opts):
-        """BAND, BOR or BXOR of integer or bool tensors. The core has no bitwise reduction, so each
-        rank all-gathers every rank's bits in one call (so the work runs async like any other) and
-        folds them itself. Exact; it moves (P-1)N elements per rank where a ring all-reduce moves
-        about 2N, which suits the masks and flags these ops are used for."""
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
-                raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
-                                 f"got {t.dtype}")
-        combine, P = _BITWISE_OPS[kind], self._comm.size
-        # Bitwise ops act byte by byte, so dtypes that travel as bytes fold as bytes.
-        staged = [_Staged(t, "allreduce tensor") for t in tensors]
-        gathered = [torch.empty((P, s.buffer.numel()), dtype=s.buffer.dtype, device=s.buffer.device) for s in staged]
-
-        def issue(async_op):
-            return [self._comm.all_gather(s.buffer, rows, async_op=async_op, timeout=timeout)
-                    for s, rows in zip(staged, gathered)]
-
-        def finish():
-            for s, rows in zip(staged, gathered):
-                folded = s.buffer.view(-1)
-                folded.copy_(rows[0])
-                for row in rows[1:]:
-                    combine(folded, row, out=folded)
-                s.write_back()
-
-        return self._launch(issue, tensors, finish, opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "allreduce_coalesced")
