@@ -2,6 +2,7 @@
 
     python bench/train_profile.py                            # P = 2, ~10M-parameter deep MLP
     python bench/train_profile.py --ranks 2 --width 1120 --depth 8 --steps 10 --top 25
+    python -m ringtree.launch -n 2 bench/train_profile.py --percall     # per-call cost vs Gloo
 
 Each variant (see train_step.VARIANTS: DDP on ringtree / Gloo, DataParallelHook, ZeRO stages
 1-3, FSDP2 on ringtree / Gloo, and the no-communication "local" step) is built in the same
@@ -62,6 +63,48 @@ def worker(args):
     setup.close()
 
 
+def percall():
+    """Per-call cost of small and mid-size collectives through torch.distributed, on the ringtree
+    group and on a Gloo group over the same ranks: async + wait, and blocking; best of 5 x 200
+    calls, slowest rank (run under ringtree.launch with --percall)."""
+    import torch
+    import torch.distributed as dist
+
+    import ringtree.torch as rtt
+
+    torch.set_num_threads(1)
+    rtt.init_process_group()
+    gloo = dist.new_group(backend="gloo")
+    out = {}
+    for name, group in (("ringtree", dist.group.WORLD), ("gloo", gloo)):
+        for n in (256, 262144):
+            t = torch.ones(n)
+            big = torch.empty(n * dist.get_world_size())
+            cases = {
+                "all_reduce async+wait": lambda: dist.all_reduce(t, group=group, async_op=True).wait(),
+                "all_reduce blocking": lambda: dist.all_reduce(t, group=group),
+                "all_gather_into_tensor blocking": lambda: dist.all_gather_into_tensor(big, t, group=group),
+            }
+            for case, fn in cases.items():
+                for _ in range(50):
+                    fn()
+                best = []
+                for _ in range(5):
+                    dist.barrier(group=gloo)
+                    started = time.perf_counter()
+                    for _ in range(200):
+                        fn()
+                    best.append((time.perf_counter() - started) / 200)
+                worst = torch.tensor([min(best)], dtype=torch.float64)
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=gloo)
+                out[f"{name} {case} {n * 4}B"] = worst.item() * 1e6
+    if dist.get_rank() == 0:
+        for key, us in out.items():
+            print(f"{key:55s} {us:9.1f} us")
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
@@ -72,8 +115,12 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--variants", default="", help="comma-separated (default: all of train_step.VARIANTS)")
+    p.add_argument("--percall", action="store_true",
+                   help="instead: per-call cost of small collectives, ringtree vs Gloo (under ringtree.launch)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.percall:
+        return percall()
     if args.worker:
         return worker(args)
     command = [sys.executable, "-m", "ringtree.launch", "-n", str(args.ranks), "--timeout", "900",
