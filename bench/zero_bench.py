@@ -72,14 +72,15 @@ def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: i
         roots, step, zero_grad, module = [ddp, optimizer], optimizer.step, optimizer.zero_grad, ddp
 
         def grads_and_state():  # what the optimizer keeps, and the gradients (DDP's bucket views)
-            return [optimizer.state, [p.grad for p in ddp.parameters()]]
+            # The state's values only: its keys are the parameters themselves.
+            return [list(optimizer.state.values()), [p.grad for p in ddp.parameters()]]
     else:
         zero = rtt.ShardedDataParallel(model, torch.optim.Adam, dist.group.WORLD.comm, stage=int(variant[-1]),
                                        bucket_cap_mb=cap_bytes / 2**20, lr=1e-3)
         roots, step, zero_grad, module = [zero], zero.step, zero.zero_grad, model
 
         def grads_and_state():  # the shards' state and gradients, the model's full gradients (stage 1)
-            return [zero.optimizer.state, [b.master.grad for b in zero.buckets],
+            return [list(zero.optimizer.state.values()), [b.master.grad for b in zero.buckets],
                     [b.flat_grads for b in zero.buckets], [p.grad for p in zero.params]]
     meter = StorageMeter(roots, model)
     rest = grads_state = 0
