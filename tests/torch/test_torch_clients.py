@@ -1,7 +1,7 @@
 """torch's own clients that once failed on the ringtree backend, each against Gloo: DCP's
 broadcast_from_rank0 and async_save (they need the group's device types), bitwise all_reduce,
 and all_gather_coalesced as torch's distributed tests run it (with the other coalesced calls and
-batch_isend_irecv beside it).
+batch_isend_irecv beside it); and FSDP2 with the group's allocation hook (allocate_tensor).
 
 The rank bodies run in every rank of a test's world (harness.py) and return a JSON report. Where
 torch's client reads the default group (DCP), one world runs on each backend; elsewhere one world
