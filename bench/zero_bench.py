@@ -57,7 +57,7 @@ def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: i
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtree.torch as rtt
-    from ringtree.torch.memory import StorageMeter
+    from ringtree.torch.memory import StorageMeter, storage_bytes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = deep_mlp(width, depth)
@@ -70,22 +70,31 @@ def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: i
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap_bytes / 2**20, gradient_as_bucket_view=True)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
         roots, step, zero_grad, module = [ddp, optimizer], optimizer.step, optimizer.zero_grad, ddp
+
+        def grads_and_state():  # what the optimizer keeps, and the gradients (DDP's bucket views)
+            # The state's values only: its keys are the parameters themselves.
+            return [list(optimizer.state.values()), [p.grad for p in ddp.parameters()]]
     else:
         zero = rtt.ShardedDataParallel(model, torch.optim.Adam, dist.group.WORLD.comm, stage=int(variant[-1]),
                                        bucket_cap_mb=cap_bytes / 2**20, lr=1e-3)
         roots, step, zero_grad, module = [zero], zero.step, zero.zero_grad, model
+
+        def grads_and_state():  # the shards' state and gradients, the model's full gradients (stage 1)
+            return [list(zero.optimizer.state.values()), [b.master.grad for b in zero.buckets],
+                    [b.flat_grads for b in zero.buckets], [p.grad for p in zero.params]]
     meter = StorageMeter(roots, model)
-    rest = 0
+    rest = grads_state = 0
     for _ in range(steps):
         torch.nn.functional.mse_loss(module(x), y).backward()
         meter.sample("after backward")
         step()
         rest = meter.sample("after step")
+        grads_state = storage_bytes(grads_and_state())
         zero_grad()
     meter.remove()
     largest = max(b.flat_params.numel() * 4 for b in zero.buckets) if variant != "ddp" else None
     return {"rest": rest, "peak": meter.peak, "peak_at": meter.peak_at, "params": numel, "cap_bytes": cap_bytes,
-            "largest_bucket_bytes": largest}
+            "largest_bucket_bytes": largest, "grads_state": grads_state}
 
 
 def memory_worker(args):
@@ -185,6 +194,7 @@ def memory_table(args):
           f"largest sample; deep MLP of {args.depth} Linear layers, bucket cap = model bytes / {args.buckets}; "
           f"(x) = / DDP's; ideal = DDP/P (stage 3 at rest); the largest rank shown")
     columns = [f"{v} {kind}" for v in MEMORY_VARIANTS for kind in ("rest", "peak")]
+    rows = []
     print(f"| P | width | params | " + " | ".join(columns) + " | ideal 1/P |")
     print("|" + "---|" * (len(columns) + 4))
     for ranks in (int(r) for r in args.ranks.split(",")):
@@ -198,6 +208,17 @@ def memory_table(args):
             params = ranks_results[0]["ddp"]["params"]
             print(f"| {ranks} | {width} | {params} | " + " | ".join(cells) +
                   f" | {ddp['rest'] / ranks / 2**20:.2f} |", flush=True)
+            rows.append((ranks, width, params, {v: max(r[v]["grads_state"] for r in ranks_results)
+                                                for v in MEMORY_VARIANTS}))
+    print(f"\nGradients + Adam state per rank after the step (MiB), the largest rank; (x) = / DDP's; "
+          f"ideal = DDP's / P")
+    print("| P | width | params | " + " | ".join(MEMORY_VARIANTS) + " | ideal 1/P |")
+    print("|" + "---|" * (len(MEMORY_VARIANTS) + 4))
+    for ranks, width, params, sizes in rows:
+        ddp = sizes["ddp"]
+        print(f"| {ranks} | {width} | {params} | " +
+              " | ".join(f"{sizes[v] / 2**20:.2f} ({sizes[v] / ddp:.3f}x)" for v in MEMORY_VARIANTS) +
+              f" | {ddp / ranks / 2**20:.2f} ({1 / ranks:.3f}x) |", flush=True)
 
 
 def main(argv=None):

@@ -169,9 +169,10 @@ class Bucketer:
             bucket.grads = {}
         self._active = True
 
-    def mark_ready(self, index: int, grad):
+    def mark_ready(self, index: int, grad, copy_back: bool = True):
         """Gradient `index` is final for this step: copy it into its bucket; launch every
-        bucket, in order, whose gradients are all in."""
+        bucket, in order, whose gradients are all in. copy_back=False: finish() does not copy
+        the result into `grad` (the caller uses the flat view finish() returns instead)."""
         if not self._active:
             raise RuntimeError("Bucketer.mark_ready called outside a step; call start_step(comm) first")
         bucket = self.buckets[self.bucket_of[index]]
@@ -184,7 +185,8 @@ class Bucketer:
             bucket.buffer = _new_flat_like(grad, bucket.count)
         start = bucket.offsets[index]
         _copy_into(bucket.buffer[start:start + self.sizes[index]], grad.reshape(-1))
-        bucket.grads[index] = grad
+        if copy_back:
+            bucket.grads[index] = grad
         bucket.pending.discard(index)
         self._launch_ready()
 

@@ -1,7 +1,7 @@
 """torch's own clients that once failed on the ringtree backend, each against Gloo: DCP's
 broadcast_from_rank0 and async_save (they need the group's device types), bitwise all_reduce,
 and all_gather_coalesced as torch's distributed tests run it (with the other coalesced calls and
-batch_isend_irecv beside it).
+batch_isend_irecv beside it); and FSDP2 with the group's allocation hook (allocate_tensor).
 
 The rank bodies run in every rank of a test's world (harness.py) and return a JSON report. Where
 torch's client reads the default group (DCP), one world runs on each backend; elsewhere one world
@@ -258,3 +258,48 @@ def test_all_gather_coalesced_as_torch_tests_it_and_as_gloo():
         rank_sum = sum(q + 1 for q in range(P))
         scattered = [[float(rank_sum * (rank * (i + 1) + k)) for k in range(i + 1)] for i in range(3)]
         assert other["ringtree"] == gathered + scattered + [[float((rank - 1) % P)] * 5], (rank, other["ringtree"])
+
+
+def fsdp2_allocation_hook_vs_gloo(steps=4):
+    """FSDP2 (fully_shard per Linear and at the root, Adam) trained on the ringtree group with its
+    allocation hook on, and on a Gloo group over the same ranks, from the same start and data."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, P = init_group()
+    groups = {"ringtree": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    pool = groups["ringtree"]._pool
+    report = {}
+    for backend, group in groups.items():
+        model = _model(0)
+        mesh = DeviceMesh.from_group(group, "cpu")
+        layers = [layer for layer in model if isinstance(layer, torch.nn.Linear)]
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if backend == "ringtree":
+            for layer in layers:  # the setting is per fully_shard module
+                layer.set_allocate_memory_from_process_group_for_comm(True)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        before = (pool.allocated, pool.reused)
+        for step in range(steps):
+            _train_step(model, optimizer, seed=100 * step + rank)
+        report[backend] = [p.full_tensor().reshape(-1).tolist() for p in model.parameters()]
+        report[f"{backend}_pool"] = [pool.allocated - before[0], pool.reused - before[1]]
+    report["hooked"] = groups["ringtree"]._get_backend(torch.device("cpu")).supports_tensor_alloc(torch.device("cpu"))
+    finish_group()
+    return report
+
+
+@pytest.mark.timeout(120)
+def test_fsdp2_with_the_allocation_hook_matches_gloo():
+    for rank, res in enumerate(run_world(2, fsdp2_allocation_hook_vs_gloo, timeout=100).check_ok()):
+        assert res["hooked"], rank
+        assert res["ringtree"] == res["gloo"], rank  # bit for bit at P = 2
+        allocated, reused = res["ringtree_pool"]
+        # FSDP2 took its all-gather outputs and reduce-scatter inputs from the pool, and later
+        # steps reused the first steps' buffers; the Gloo run never asks it.
+        assert allocated >= 1 and reused > allocated, (rank, res["ringtree_pool"])
+        assert res["gloo_pool"] == [0, 0], (rank, res["gloo_pool"])

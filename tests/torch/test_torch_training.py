@@ -139,6 +139,10 @@ def training_matches_single_process(steps=4, batch=24, lr=0.05, hidden=24):
             "moved": (mine - _flat_params(_model(hidden, extra_unused))).abs().max().item(),
         }
         if hook is not None:
+            # The all_reduce ran in place on the buckets, and the gradients are views of them.
+            bucket_storages = {b.buffer.untyped_storage().data_ptr() for b in hook.bucketer.buckets}
+            results[name]["grads_are_bucket_views"] = all(
+                p.grad is not None and p.grad.untyped_storage().data_ptr() in bucket_storages for p in hook.params)
             hook.remove()
             calls[name] = counting.all_reduce_calls
             expected_calls[name] = steps * len(hook.bucket_assignment)
@@ -171,6 +175,7 @@ def test_ddp_and_hook_match_single_process_training():
             assert outcome["identical_across_ranks"], (rank, name, outcome)
             assert outcome["max_diff_vs_single"] <= SINGLE_PROCESS_TOLERANCE, (rank, name, outcome)
             assert outcome["moved"] > 1e-3, (rank, name, outcome)  # training did happen
+            assert outcome.get("grads_are_bucket_views", True), (rank, name, outcome)
         for name, calls in res["all_reduce_calls"].items():
             # Accumulation: one all_reduce per bucket per optimizer step, not per micro-batch.
             assert calls == res["expected_calls"][name], (rank, name, calls, res["expected_calls"][name])

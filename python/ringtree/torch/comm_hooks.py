@@ -22,7 +22,7 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from .process_group import bucket_label
+from .process_group import ProcessGroupRingtree, bucket_label
 
 __all__ = ["AllReduceState", "Int8QuantizationState", "TopKState", "allreduce_hook", "fp16_compress_hook",
            "bf16_compress_hook", "bfloat16_compress_hook", "int8_quantize_hook", "topk_hook"]
@@ -39,21 +39,35 @@ class AllReduceState:
         self.process_group = process_group
 
 
+# Bucket dtypes whose sum of P gradients is safe to take before dividing.
+_WIDE = (torch.float32, torch.float64)
+
+
+def _on_ringtree(group) -> bool:
+    return isinstance(dist.group.WORLD if group is None else group, ProcessGroupRingtree)
+
+
 def _average_in(dtype, state, bucket):
     """All-reduce the bucket converted to `dtype`, averaged; then back into the bucket."""
     group = state.process_group if state is not None else None
     buffer = bucket.buffer()
-    # Divide before converting, so a 16-bit sum of P gradients cannot overflow. In place: in
-    # the bucket's own dtype the all_reduce then runs on the bucket itself, with no copy.
-    payload = buffer.div_(dist.get_world_size(group))
-    if payload.dtype != dtype:
-        payload = payload.to(dtype)
+    if dtype == buffer.dtype and dtype in _WIDE and _on_ringtree(group):
+        # ringtree averages in the collective itself (Gloo has no AVG): one pass over the
+        # bucket fewer than dividing first, and in place on the bucket.
+        payload, op = buffer, dist.ReduceOp.AVG
+    else:
+        # Divide before converting, so a 16-bit sum of P gradients cannot overflow. In place: in
+        # the bucket's own dtype the all_reduce then runs on the bucket itself, with no copy.
+        payload, op = buffer.div_(dist.get_world_size(group)), dist.ReduceOp.SUM
+        if payload.dtype != dtype:
+            payload = payload.to(dtype)
     with bucket_label(group, bucket.index()):
-        future = dist.all_reduce(payload, group=group, async_op=True).get_future()
+        future = dist.all_reduce(payload, op=op, group=group, async_op=True).get_future()
 
     def unpack(fut):
+        reduced = fut.value()[0]  # re-raises the collective's error
         if payload is not buffer:
-            buffer.copy_(fut.value()[0])
+            buffer.copy_(reduced)
         return buffer
 
     return future.then(unpack)

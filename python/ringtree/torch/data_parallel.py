@@ -10,8 +10,9 @@ Each parameter gets a post-accumulate-grad hook that hands its gradient to a
 ringtree.Bucketer, which starts a bucket's all_reduce the moment the bucket is complete,
 so communication overlaps the rest of backward. At the end of each backward pass the
 remaining buckets are launched (gradients that did not arrive count as zeros, so unused
-parameters need no special flag) and, by default, all buckets are waited for and copied
-back, so the optimizer step sees averaged gradients.
+parameters need no special flag) and, by default, all buckets are waited for, so the
+optimizer step sees averaged gradients: each .grad becomes a view of its bucket's buffer
+(like DDP's gradient_as_bucket_view), so a gradient is copied once per step, into its bucket.
 """
 from __future__ import annotations
 
@@ -173,7 +174,8 @@ class DataParallelHook(BackwardSync):
         self.bucketer.start_step(self.comm)
 
     def _mark_ready(self, index, param):
-        self.bucketer.mark_ready(index, param.grad)
+        # finish() makes .grad a view of the reduced bucket: nothing to copy back.
+        self.bucketer.mark_ready(index, param.grad, copy_back=False)
 
     def _flush(self):
         self.bucketer.flush()
@@ -183,16 +185,16 @@ class DataParallelHook(BackwardSync):
     # --- public -----------------------------------------------------------------------------
 
     def finish(self):
-        """Wait for every bucket of the last communicating backward pass and write the
-        averaged gradients. A parameter without a local gradient gets the average (zeros if
-        no rank produced one). Does nothing when no step is outstanding."""
+        """Wait for every bucket of the last communicating backward pass; each parameter's
+        .grad then is the average, as a view into its bucket's buffer (the all_reduce ran on
+        it in place, so nothing is copied back), also where this rank produced no gradient
+        (zeros if no rank did). Does nothing when no step is outstanding."""
         if not self.bucketer.active:
             return
         reduced = self.bucketer.finish()
         with torch.no_grad():
             for index, param in enumerate(self.params):
-                if param.grad is None:
-                    param.grad = reduced[index].clone().view(param.shape)
+                param.grad = reduced[index].view(param.shape)
 
     @property
     def bucket_assignment(self) -> list[list[int]]:

@@ -27,8 +27,10 @@ from torch.distributed.constants import default_pg_timeout
 from torch.futures import Future
 
 import ringtree as rt
+from ringtree import _core
 from ringtree.comm import Communicator
-from ringtree._buffers import _TORCH_DTYPES
+from ringtree.ops import resolve_op
+from ringtree._buffers import _DTYPE_CODES, _TORCH_DTYPES
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
@@ -40,6 +42,14 @@ DEVICES = ("cpu", "cuda")
 # torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
 # moved as raw bytes.
 _NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPES}
+# The core's dtype code of each of them, for calls that hand the core a tensor's pointer directly.
+_DTYPE_CODE = {getattr(torch, name.split(".", 1)[1]): _DTYPE_CODES[code] for name, code in _TORCH_DTYPES.items()}
+_COLL_CODE = {name: code for code, name in enumerate(_core.COLLECTIVES)}
+_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _BROADCAST = (
+    _COLL_CODE["all_reduce"], _COLL_CODE["reduce_scatter"], _COLL_CODE["all_gather"], _COLL_CODE["broadcast"])
+_AUTO_ALGO = list(_core.ALGOS).index("auto")
+# Idle staging buffers a group keeps for reuse (allocate_tensor), in bytes.
+_POOL_BYTES = 1 << 30
 
 _RED_OP = dist.ReduceOp.RedOpType
 _SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
@@ -86,16 +96,18 @@ class RingtreeWork(dist.Work):
     _Failure for errors, and the public future is its then() child that raises it.
     """
 
-    def __init__(self, outputs):
+    def __init__(self, outputs, keep=None):
         super().__init__()
         self._settled = Future()
-        self._future = self._settled.then(_raise_failure)
+        self._future = None  # made by the first get_future(): most works are only waited for
         self._done = threading.Event()
         self._outputs = outputs
+        self._keep = keep  # inputs the call reads, alive until it is done
         self._error = None
 
     def _complete(self, error):
         self._error = error
+        self._keep = None
         # Future first, so that once wait() returns, get_future() is done too.
         self._settled.set_result(self._outputs if error is None else _Failure(error))
         self._done.set()
@@ -118,6 +130,9 @@ class RingtreeWork(dist.Work):
         return self._error
 
     def get_future(self):
+        if self._future is None:
+            # A then() child of a future already settled is settled at once.
+            self._future = self._settled.then(_raise_failure)
         return self._future
 
     def result(self):
@@ -276,6 +291,18 @@ def _as_buffer(tensor):
     return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
 
 
+def _host_view(tensor):
+    """(pointer, element count, dtype code) of a tensor the core can take as it is: a dense,
+    contiguous CPU tensor of a dtype it reduces. None for anything else, which takes the
+    staged route (_Staged) with its checks and copies."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    code = _DTYPE_CODE.get(tensor.dtype)
+    if code is None or tensor.device.type != "cpu" or tensor.layout != torch.strided or not tensor.is_contiguous():
+        return None
+    return tensor.data_ptr(), tensor.numel(), code
+
+
 def _units(dtype):
     """Elements ringtree moves per tensor element: 1, or the item size for dtypes moved as bytes."""
     return 1 if dtype in _NATIVE_DTYPES else dtype.itemsize
@@ -305,6 +332,72 @@ def bucket_label(group, index: int):
     return comm.label(index) if isinstance(comm, Communicator) else contextlib.nullcontext()
 
 
+# --- staging buffers for FSDP2 --------------------------------------------------------------
+
+
+def _storage_users(tensor):
+    """How many tensors hold tensor's storage (torch's own count; the storage object asked adds one)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
+
+
+class _BufferPool:
+    """Host buffers for ProcessGroupRingtree.allocate_tensor: FSDP2's all-gather outputs and
+    reduce-scatter inputs, the same few sizes every step. A buffer is handed out again once
+    nothing but the pool holds its storage, so a step reuses warm memory instead of asking the
+    allocator (and, for buffers past glibc's mmap threshold, the kernel) for fresh pages, and
+    collectives run on it in place. Holds at most `max_bytes` of idle buffers."""
+
+    def __init__(self, max_bytes: int):
+        self._max_bytes = max_bytes
+        self._buffers = []  # uint8 tensors, oldest first
+        self._lock = threading.Lock()
+        self.reused = 0
+        self.allocated = 0
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = numel * dtype.itemsize
+        with self._lock:
+            for buffer in self._buffers:
+                if buffer.numel() == nbytes and _storage_users(buffer) == 1:
+                    self.reused += 1
+                    return buffer.view(dtype)
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.allocated += 1
+            self._buffers.append(buffer)
+            held = sum(b.numel() for b in self._buffers)
+            for old in list(self._buffers):  # drop idle buffers, oldest first, beyond the cap
+                if held <= self._max_bytes:
+                    break
+                if old is not buffer and _storage_users(old) == 1:
+                    self._buffers.remove(old)
+                    held -= old.numel()
+            return buffer.view(dtype)
+
+
+class _AllocatingBackend:
+    """What ProcessGroupRingtree._get_backend(device) returns: the registered stand-in backend
+    (every attribute read goes to it) that also answers FSDP2's allocation hook with the group's
+    own allocate_tensor. torch cannot build a C++ Backend from Python, and FSDP2 asks the backend,
+    not the group, through this Python call (_fsdp_collectives.ProcessGroupAllocMixin)."""
+
+    __slots__ = ("_backend", "_group")
+
+    def __init__(self, backend, group):
+        self._backend, self._group = backend, group
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return self._group.supports_tensor_alloc(device)
+
+    def allocate_tensor(self, size, *, dtype, device):
+        return self._group.allocate_tensor(size, dtype=dtype, device=device)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def __repr__(self):
+        return f"<ringtree allocating view of {self._backend!r}>"
+
+
 # --- the process group --------------------------------------------------------------------
 
 
@@ -324,6 +417,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         self._comm = comm
         self._timeout = _seconds(timeout)
         self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
+        self._pool = _BufferPool(_POOL_BYTES)
         self._register_devices()
 
     def _register_devices(self):
@@ -342,6 +436,23 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         for device in DEVICES:
             self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, stand_in)
         self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+
+    # FSDP2's allocation hook (fully_shard module .set_allocate_memory_from_process_group_for_comm(True))
+
+    def _get_backend(self, device):
+        return _AllocatingBackend(super()._get_backend(device), self)
+
+    def supports_tensor_alloc(self, device) -> bool:
+        """True for the CPU: allocate_tensor then gives pooled host buffers (see _BufferPool).
+        CUDA tensors are staged through the host by the core, whatever memory they live in."""
+        return torch.device(device).type == "cpu"
+
+    def allocate_tensor(self, size, *, dtype, device):
+        """A 1-D tensor of `size` elements for a collective's buffer (FSDP2's all-gather output
+        and reduce-scatter input); on the CPU from the group's pool of reused buffers."""
+        if torch.device(device).type != "cpu":
+            return torch.empty(int(size), dtype=dtype, device=device)
+        return self._pool.take(int(size), dtype)
 
     # identity ---------------------------------------------------------------------------
 
@@ -411,6 +522,25 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         self._completer.submit(issue(True), finish, work)
         return work
 
+    def _direct(self, coll, inp, out, op, outputs, keep, opts, timeout, root=0):
+        """One core call on host views (_host_view) of tensors used in place: no staging, no
+        closures, no conversion by the Python communicator. The core checks the call (counts,
+        dtypes, root) before any traffic, as on the staged route."""
+        op_code, factor = resolve_op(op)
+        blocking = opts is not None and not getattr(opts, "asyncOp", True)
+        in_ptr, in_count, dtype = inp if inp is not None else (0, 0, out[2])
+        out_ptr, out_count, _ = out if out is not None else (0, 0, 0)
+        core_work = self._comm._core.run(coll, dtype, inp is not None, in_ptr, in_count, False, out is not None,
+                                         out_ptr, out_count, False, op_code, factor, root, -1, _AUTO_ALGO,
+                                         -1.0 if timeout is None else timeout, not blocking)
+        if blocking:
+            work = RingtreeWork(outputs)
+            work._complete(None)
+            return work
+        work = RingtreeWork(outputs, keep)
+        self._completer.submit((core_work,), None, work)
+        return work
+
     def _check_root(self, root, what):
         if not 0 <= root < self._comm.size:
             raise ValueError(f"ringtree: {what}: root {root} is not a rank of this group of {self._comm.size}")
@@ -432,6 +562,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             op, as_bytes = _BOOL_OPS[kind], True
         else:
             op, as_bytes = _reduce_op(requested), False
+        # One dense CPU tensor of a dtype the core knows (DDP's buckets): the tensor itself, in place.
+        view = _host_view(tensors[0]) if len(tensors) == 1 else None
+        if view is not None:
+            return self._direct(_ALL_REDUCE, view, view, op, tensors, None, opts, timeout)
         # Bytes-wise reductions stage dtypes the core lacks (bool, int16...) as uint8.
         staged = [_Staged(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
 
@@ -466,6 +600,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
         timeout = self._call_timeout(opts)
+        if len(tensors) == 1:
+            view = _host_view(tensors[0])
+            if view is not None:
+                return self._direct(_BROADCAST, view, None, "sum", tensors, None, opts, timeout, root=root)
         staged = [_Staged(t, "broadcast tensor") for t in tensors]
 
         def issue(async_op):
@@ -553,6 +691,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         timeout = self._call_timeout(opts)
+        if output.dtype == input.dtype and output.numel() == self._comm.size * input.numel():
+            out, x = _host_view(output), _host_view(input)
+            if out is not None and x is not None:  # FSDP's gathers: straight into the output
+                return self._direct(_ALL_GATHER, x, out, "sum", [output], input, opts, timeout)
         out, x = self._gather_single(output, input, "all_gather_single")
 
         def issue(async_op):
@@ -615,6 +757,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
+        if output.dtype == input.dtype and input.numel() == self._comm.size * output.numel():
+            out, x = _host_view(output), _host_view(input)
+            if out is not None and x is not None:
+                return self._direct(_REDUCE_SCATTER, x, out, op, [output], input, opts, timeout)
         out, x = self._scatter_single(output, input, "reduce_scatter_single", True)
 
         def issue(async_op):
