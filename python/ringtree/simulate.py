@@ -328,33 +328,34 @@ def buffer_bytes(collective: str, nbytes: float, P: int) -> float:
     return nbytes if collective == "all_reduce" else nbytes * P
 
 
-def busbw(nbytes: float, seconds: float, P: int, collective: str = "all_reduce") -> float:
-    """nccl-tests' bus bandwidth in bytes/s: size (the larger buffer) / time x the collective's
-    factor, 2(P-1)/P for all_reduce and (P-1)/P for reduce_scatter and all_gather."""
+def busbw(size: float, seconds: float, P: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' bus bandwidth in bytes/s: size (the larger buffer: all_reduce's buffer, the
+    P blocks of reduce_scatter's input or all_gather's output) / time x 2(P-1)/P for all_reduce,
+    (P-1)/P for reduce_scatter and all_gather."""
     if P <= 1:
-        return nbytes / seconds
-    if collective == "all_reduce":
-        return nbytes / seconds * 2 * (P - 1) / P
-    return nbytes * P / seconds * (P - 1) / P
+        return size / seconds
+    return size / seconds * (2 if collective == "all_reduce" else 1) * (P - 1) / P
 
 
-def sweep(m: Machine, local: int, ranks: list, nbytes: float, algos=ALGOS, collective: str = "all_reduce") -> list:
-    """Rows of {ranks, hosts, local, algo: {seconds, busbw}} for each rank count."""
+def sweep(m: Machine, local: int, ranks: list, size: float, algos=ALGOS, collective: str = "all_reduce") -> list:
+    """Rows of {ranks, hosts, local, algo: {seconds, busbw}} for each rank count; size as in
+    nccl-tests, the larger buffer (reduce_scatter and all_gather: P blocks of size / P)."""
     rows = []
     for P in ranks:
         if P % local:
             raise ValueError(f"{P} ranks do not fill hosts of {local} local ranks")
         hosts = P // local
         row = {"ranks": P, "hosts": hosts, "local": local}
+        block = size if collective == "all_reduce" else size / P
         for a in algos:
-            t = predict(a, hosts, local, nbytes, m, collective=collective)
-            row[a] = {"seconds": t, "busbw": busbw(nbytes, t, P, collective)}
+            t = predict(a, hosts, local, block, m, collective=collective)
+            row[a] = {"seconds": t, "busbw": busbw(size, t, P, collective)}
         rows.append(row)
     return rows
 
 
-def _what(collective: str, nbytes: float) -> str:
-    return f"{collective} of {nbytes / 2**20:g} MiB {'a rank' if collective == 'all_reduce' else 'a block'}"
+def _what(collective: str, size: float) -> str:
+    return f"{collective}, {size / 2**20:g} MiB (nccl-tests size)"
 
 
 def table(rows: list, algos, nbytes: float, collective: str = "all_reduce") -> str:
@@ -424,7 +425,8 @@ def _parse(argv):
     p.add_argument("--local", type=int, default=8, help="ranks per host")
     p.add_argument("--ranks", default="8,16,32,64,128,256,512,1024,2048,4096", help="comma list of world sizes")
     p.add_argument("--size", default="64M",
-                   help="bytes a rank (K/M/G): all_reduce's buffer, one rank's block of reduce_scatter and all_gather")
+                   help="bytes (K/M/G) as nccl-tests' size column: the larger buffer of a rank (all_reduce's "
+                        "buffer; reduce_scatter's input and all_gather's output, P blocks)")
     p.add_argument("--collective", default="all_reduce",
                    help="comma list of " + ", ".join(COLLECTIVES) + " (one table and one plot panel each)")
     p.add_argument("--algos", default=",".join(ALGOS),
