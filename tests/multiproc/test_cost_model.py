@@ -296,3 +296,27 @@ def test_hier_block_collectives_on_uneven_hosts_cross_each_block_once_per_host_p
         owners_link.append(N * sum(steps))
     assert k["remote_link"] in owners_link, (k, owners_link)
     assert k["remote_link"] <= max(owners_link)
+
+
+def explain_across_hosts():
+    comm = rt.init()
+    out = {"explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None),
+           "estimates": {a: t for a, t, _ in comm.estimate("all_reduce", 1 << 20)},
+           "chosen": comm.choose_algo("all_reduce", 1 << 20)}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_explain_across_hosts_gives_the_terms_of_the_hier_verdict():
+    res = run_world(4, explain_across_hosts, hosts=2, timeout=50).check_ok()[0]
+    text, est = res["explain"], res["estimates"]
+    verdict = next(line for line in text.splitlines() if "hierarchical vs flat:" in line)
+    hier = min((a for a in est if a.startswith("hier")), key=est.get)
+    flat = min((a for a in est if not a.startswith("hier")), key=est.get)
+    assert f"({hier} vs {flat})" in verdict and "latency" in verdict and "data" in verdict, verdict
+    assert ("wins by" in verdict) == res["chosen"].startswith("hier"), verdict
+    # every candidate that crosses hosts says what the link carries one way
+    for line in text.splitlines():
+        if line[2:].startswith(("ring ", "hier ", "hier_tree ", "tree ")):
+            assert "the host link carries" in line, line
