@@ -42,7 +42,7 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
          line(a.remote_sent, b.remote_sent, c.remote_sent) &&
          line(a.remote_received, b.remote_received, c.remote_received) &&
          line(a.remote_reduced, b.remote_reduced, c.remote_reduced) &&
-         line(a.remote_link, b.remote_link, c.remote_link);
+         line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -164,7 +164,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
   // bounds the call; the critical path adds the latency. Busiest means the most bytes of all
   // kinds together (a byte across hosts weighing w.byte); of two ranks that tie, the one that
   // reduces more (a reduction costs more than a copy), then the lower rank.
-  double most = -1, most_reduced = -1;
+  double most = -1, most_reduced = -1, published = 0;
   for (int r = 0; r < P; ++r) {
     k.rank = r;
     all[r] = build_schedule(k);
@@ -185,6 +185,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
           case OpKind::ReducePublished: mine.reduced += n; break;
           case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
         }
+        if (op.kind == OpKind::Publish) published = std::max(published, n);
       }
       mine.remote_link += std::max(step_out, step_in);
     }
@@ -199,6 +200,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
       out.steps = steps;
     }
   }
+  out.published = published;
   const PathLength path = critical_path(all, topo, w.hop);
   out.hops = path.local + path.remote;
   out.remote_hops = path.remote;
@@ -211,7 +213,7 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
           mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied),
           mix(a.remote_hops, b.remote_hops), mix(a.remote_sent, b.remote_sent),
           mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced),
-          mix(a.remote_link, b.remote_link)};
+          mix(a.remote_link, b.remote_link), mix(a.published, b.published)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -385,12 +387,14 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const double hops = handshake + k.hops;
   const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);
   const double data = data_seconds(k, r);
-  const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + data;
+  const double publish = k.published * r.copy;  // the board's publication, before any read
+  const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + publish + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
     std::string hop_terms = hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
     if (remote_hops > 0)
       hop_terms += str_cat(hop_terms.empty() ? "" : " + ", count_text(remote_hops), " x ", us(r.remote_hop));
-    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ", us(data), " us");
+    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ",
+                                    publish > 0 ? str_cat(us(publish), " (publication) + ") : std::string(), us(data), " us");
     const std::string where =
         lo == bytes || hi == bytes ? std::string()
                     : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",

@@ -320,3 +320,19 @@ def test_explain_across_hosts_gives_the_terms_of_the_hier_verdict():
     for line in text.splitlines():
         if line[2:].startswith(("ring ", "hier ", "hier_tree ", "tree ")):
             assert "the host link carries" in line, line
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_board_publication_is_counted_once_on_the_critical_path(P):
+    # A reader starts only once a whole publication is out: the largest one is counted apart
+    # (all_reduce and all_gather publish the input, reduce_scatter all P blocks, broadcast the
+    # root alone, a barrier nothing); the busiest rank's own copy stays in its bytes.
+    N = 4096
+    assert counted("all_reduce", "oneshot", P, N)["published"] == N
+    assert counted("all_gather", "oneshot", P, N)["published"] == N
+    assert counted("reduce_scatter", "oneshot", P, N)["published"] == N * P
+    assert counted("broadcast", "oneshot", P, N)["published"] == N
+    assert counted("barrier", "oneshot", P, 0)["published"] == 0
+    assert counted("all_reduce", "ring", P, N)["published"] == 0  # messages pipeline by pieces
+    k = counted("all_reduce", "oneshot", P, N)
+    assert k["copied"] == N and k["reduced"] == (P - 1) * N and k["hops"] == 1
