@@ -42,7 +42,9 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
          line(a.remote_sent, b.remote_sent, c.remote_sent) &&
          line(a.remote_received, b.remote_received, c.remote_received) &&
          line(a.remote_reduced, b.remote_reduced, c.remote_reduced) &&
-         line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published);
+         line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published) &&
+         line(a.host_net, b.host_net, c.host_net) && line(a.host_reduced, b.host_reduced, c.host_reduced) &&
+         line(a.host_copied, b.host_copied, c.host_copied);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -165,6 +167,9 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
   // kinds together (a byte across hosts weighing w.byte); of two ranks that tie, the one that
   // reduces more (a reduction costs more than a copy), then the lower rank.
   double most = -1, most_reduced = -1, published = 0;
+  // Per host label (rank 0's host alone without a topology): ranks, then the work of each kind.
+  struct HostWork { int ranks = 0; double net = 0, reduced = 0, copied = 0; };
+  std::vector<HostWork> hosts(topo ? topo->hosts.size() : 1);
   for (int r = 0; r < P; ++r) {
     k.rank = r;
     all[r] = build_schedule(k);
@@ -190,6 +195,8 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
       mine.remote_link += std::max(step_out, step_in);
     }
     out.steps = std::max(out.steps, mine.steps);
+    HostWork& hw = hosts[topo ? topo->host_of[r] : 0];
+    ++hw.ranks, hw.net += mine.sent + mine.received, hw.reduced += mine.reduced, hw.copied += mine.copied;
     const double remote = mine.remote_sent + mine.remote_received + mine.remote_reduced;
     const double total = mine.sent + mine.received + mine.reduced + mine.copied - remote +
                          std::max(remote, w.byte * mine.remote_link);
@@ -201,6 +208,12 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
     }
   }
   out.published = published;
+  const HostWork* big = &hosts[0];
+  for (const HostWork& h : hosts) {
+    const double work = h.net + h.reduced + h.copied, most_work = big->net + big->reduced + big->copied;
+    if (h.ranks > big->ranks || (h.ranks == big->ranks && work > most_work)) big = &h;
+  }
+  out.host_net = big->net, out.host_reduced = big->reduced, out.host_copied = big->copied;
   const PathLength path = critical_path(all, topo, w.hop);
   out.hops = path.local + path.remote;
   out.remote_hops = path.remote;
@@ -213,7 +226,8 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
           mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied),
           mix(a.remote_hops, b.remote_hops), mix(a.remote_sent, b.remote_sent),
           mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced),
-          mix(a.remote_link, b.remote_link), mix(a.published, b.published)};
+          mix(a.remote_link, b.remote_link), mix(a.published, b.published), mix(a.host_net, b.host_net),
+          mix(a.host_reduced, b.host_reduced), mix(a.host_copied, b.host_copied)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -229,6 +243,8 @@ double buffer_bytes(Collective c, int P, uint64_t bytes) {
 struct Rates {
   double call, hop, net, reduce, copy;  // net: a byte sent or received
   double remote_hop, link;                // link: a byte one way over the link between hosts
+  double share;                           // ranks per core on this host (1 when they have a core each)
+  int cores;
 };
 
 // all_remote: every pair talks over TCP and the table has no topology to tell which (the old
@@ -244,6 +260,8 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_r
   const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
   const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
   Rates r;
+  r.share = share;
+  r.cores = std::max(1, m.cores);
   r.call = m.call_s * share;  // the call's own CPU time is shared too
   r.copy = share * per_byte(m.copy_hot_Bps, m.copy_cold_Bps);
   r.reduce = share * half * per_byte(m.reduce_hot_Bps, m.reduce_cold_Bps);
@@ -266,8 +284,13 @@ double remote_seconds(const ScheduleCounts& k, const Rates& r) {
 }
 
 double data_seconds(const ScheduleCounts& k, const Rates& r) {
-  return (k.sent + k.received - k.remote_sent - k.remote_received) * r.net + (k.reduced - k.remote_reduced) * r.reduce +
-         k.copied * r.copy + remote_seconds(k, r);
+  const double local = (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
+                       (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy;
+  if (r.share <= 1) return local + remote_seconds(k, r);
+  // Ranks outnumber cores: the busiest rank's own work at a core's pace, or the host's work
+  // over its cores, whichever is longer (the rates carry the share: take it out).
+  const double host = (k.host_net * r.net + k.host_reduced * r.reduce + k.host_copied * r.copy) / r.cores;
+  return std::max(local, host) / r.share + remote_seconds(k, r);
 }
 
 std::string us(double seconds) {  // 3 significant digits, whole microseconds from 1000

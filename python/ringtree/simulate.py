@@ -110,6 +110,10 @@ class Counts:
     remote_received: float = 0
     remote_reduced: float = 0
     link: float = 0  # bytes one way over the host link (per step the larger direction)
+    # the busiest host's ranks together: sent + received, reduced, copied (pricing.h)
+    host_net: float = 0
+    host_reduced: float = 0
+    host_copied: float = 0
     streams: int = 1  # ranks of one host that cross its link at once
 
 
@@ -287,8 +291,12 @@ def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machin
     P = hosts * local
     if P == 1 or nbytes == 0:
         return Counts()
-    me = busiest(per_rank(algo, hosts, local, nbytes, collective, segment), link_weight(m))
-    k = Counts(sent=me.sent, received=me.received, reduced=me.reduced, copied=me.copied, remote_sent=me.remote_sent,
+    ranks = per_rank(algo, hosts, local, nbytes, collective, segment)
+    me = busiest(ranks, link_weight(m))
+    host = max((ranks[h * local:(h + 1) * local] for h in range(hosts)),
+               key=lambda rs: sum(q.sent + q.received + q.reduced + q.copied for q in rs))
+    k = Counts(host_net=sum(q.sent + q.received for q in host), host_reduced=sum(q.reduced for q in host),
+               host_copied=sum(q.copied for q in host), sent=me.sent, received=me.received, reduced=me.reduced, copied=me.copied, remote_sent=me.remote_sent,
                remote_received=me.remote_received, remote_reduced=me.remote_reduced, link=me.link)
     across = hosts > 1
     segments = lambda n: max(1, math.ceil(n / segment))  # noqa: E731
@@ -318,8 +326,14 @@ def predict(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machi
     k = counts(algo, hosts, local, nbytes, m, collective=collective)
     r = rates(m, buffer_bytes(collective, nbytes, hosts * local), local, k.streams, half)
     remote = max((k.remote_sent + k.remote_received) * r.net + k.remote_reduced * r.reduce, k.link * r.link)
-    data = ((k.sent + k.received - k.remote_sent - k.remote_received) * r.net
-            + (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy + remote)
+    local_data = ((k.sent + k.received - k.remote_sent - k.remote_received) * r.net
+                  + (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy)
+    cores = m.cores or local
+    if local > cores:  # ranks share the cores: the busiest rank's work, or the host's over its cores
+        share = local / cores
+        host_data = (k.host_net * r.net + k.host_reduced * r.reduce + k.host_copied * r.copy) / cores
+        local_data = max(local_data, host_data) / share
+    data = local_data + remote
     return r.call + (k.hops - k.remote_hops) * r.hop + k.remote_hops * r.remote_hop + data
 
 

@@ -336,3 +336,19 @@ def test_board_publication_is_counted_once_on_the_critical_path(P):
     assert counted("all_reduce", "ring", P, N)["published"] == 0  # messages pipeline by pieces
     k = counted("all_reduce", "oneshot", P, N)
     assert k["copied"] == N and k["reduced"] == (P - 1) * N and k["hops"] == 1
+
+
+def test_host_work_sums_every_rank_so_a_tree_and_a_ring_share_cores_alike():
+    # P=4 on one host, n = 8 segments. Tree 0 -> {1, 2}, 1 -> {3}: the root reduces 2n and sends
+    # 2n down; rank 1 reduces n, sends n up and n down, receives n; the leaves send n and receive
+    # n: 9n sent or received, 3n reduced over the host. The ring: each rank sends 1.5n and
+    # receives and reduces 0.75n each, the same 9n and 3n. So when 4 ranks share 2 cores both
+    # take at least that work over the cores, though the tree's root alone does more.
+    n = 8 * SEGMENT
+    tree, ring = counted("all_reduce", "tree", 4, n, SEGMENT), counted("all_reduce", "ring", 4, n)
+    for k in (tree, ring):
+        assert (k["host_net"], k["host_reduced"], k["host_copied"]) == (9 * n, 3 * n, 0)
+    assert tree["reduced"] == 2 * n and ring["reduced"] == 3 * n / 4
+    # across hosts the busiest host's ranks are summed: 2 x 2, the ring's two ranks of host 0
+    k = counted_on("all_reduce", "ring", [0, 0, 1, 1], n)
+    assert (k["host_net"], k["host_reduced"]) == (2 * 2.25 * n, 2 * 0.75 * n)

@@ -173,3 +173,15 @@ def test_cli_prints_a_table_json_and_a_plot(tmp_path):
     assert both["all_gather"][0]["hier"]["seconds"] == pytest.approx(  # 1 MiB over 16 ranks: blocks of 64 KiB
         simulate.predict("hier", 4, 4, 1 << 16, Machine(), collective="all_gather"))
     assert run("--collective", "gather").returncode == 2
+
+
+def test_ranks_sharing_cores_take_the_hosts_work_over_its_cores():
+    # 1 host x 4 ranks on 2 cores, 1 MB: the ring's busiest rank and the host's work over the
+    # cores agree (every rank does the same): 2 x (1.5 + 0.75) MB of copies and 2 x 0.75 MB of
+    # reductions at a core's pace. A handoff waits for the peer's turn: 2 x share x switch.
+    two = Machine(**{**FLAT.__dict__, "cores": 2, "switch_s": 5e-6})
+    data = 2 * (2.25 * MB / 1e9 + 0.75 * MB / 0.5e9)
+    want = 2 * 2e-6 + 7 * 2 * 2 * 5e-6 + data
+    assert simulate.predict("ring", 1, 4, MB, two) == pytest.approx(want)
+    k = simulate.counts("tree", 1, 4, MB, two)
+    assert (k.host_net, k.host_reduced) == pytest.approx((9 * MB, 3 * MB), abs=8)
