@@ -9,7 +9,9 @@ The prices are the C++ cost model's (csrc/algorithms/pricing.cc), term for term:
 with a hop and a byte priced by link (shared memory inside a host, TCP between hosts) and by the
 working set (in cache or from memory), as rates_for() there prices them. The bytes across hosts
 cost the larger of their CPU time and the link's time, and a link carries both directions at
-once: it counts, step by step, the larger of what a step sends and receives across hosts. What the C++ model counts
+once: it counts, step by step, the larger of what a step sends and receives across hosts. When a
+host's ranks outnumber its cores (--cores), the data takes the longer of the busiest rank's work
+and the host's whole work over its cores. What the C++ model counts
 by building every rank's schedule (O(P^2) work, out of reach at thousands of ranks), this module
 writes in closed form: the busiest rank's bytes of each kind (computed for every rank, and the
 busiest chosen as pricing.cc chooses it) and the hops on the critical path. tests/unit check these
