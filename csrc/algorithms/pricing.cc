@@ -196,7 +196,9 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
     }
     out.steps = std::max(out.steps, mine.steps);
     HostWork& hw = hosts[topo ? topo->host_of[r] : 0];
-    ++hw.ranks, hw.net += mine.sent + mine.received, hw.reduced += mine.reduced, hw.copied += mine.copied;
+    // Inside the host only: bytes across hosts are priced by the busiest rank's link term.
+    ++hw.ranks, hw.net += mine.sent + mine.received - mine.remote_sent - mine.remote_received;
+    hw.reduced += mine.reduced - mine.remote_reduced, hw.copied += mine.copied;
     const double remote = mine.remote_sent + mine.remote_received + mine.remote_reduced;
     const double total = mine.sent + mine.received + mine.reduced + mine.copied - remote +
                          std::max(remote, w.byte * mine.remote_link);

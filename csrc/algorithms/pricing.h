@@ -71,7 +71,7 @@ struct ScheduleCounts {
   // pieces the receiver takes while the sender still writes, that copy is on the critical path.
   double published = 0;
   // The busiest host (most ranks; the most bytes among those): what all its ranks together send
-  // or receive, reduce and copy. When a host's ranks outnumber its cores they share the cores,
+  // or receive, reduce and copy inside the host (bytes across hosts go by the link term). When a host's ranks outnumber its cores they share the cores,
   // so a call takes at least this work over the cores, as well as the busiest rank's own work
   // (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound
   // either way; a tree's leaves and a chain's ends, which do less, leave cores to the others.

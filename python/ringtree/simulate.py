@@ -112,7 +112,7 @@ class Counts:
     remote_received: float = 0
     remote_reduced: float = 0
     link: float = 0  # bytes one way over the host link (per step the larger direction)
-    # the busiest host's ranks together: sent + received, reduced, copied (pricing.h)
+    # the busiest host's ranks together, inside the host: sent + received, reduced, copied (pricing.h)
     host_net: float = 0
     host_reduced: float = 0
     host_copied: float = 0
@@ -297,7 +297,8 @@ def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machin
     me = busiest(ranks, link_weight(m))
     host = max((ranks[h * local:(h + 1) * local] for h in range(hosts)),
                key=lambda rs: sum(q.sent + q.received + q.reduced + q.copied for q in rs))
-    k = Counts(host_net=sum(q.sent + q.received for q in host), host_reduced=sum(q.reduced for q in host),
+    k = Counts(host_net=sum(q.sent + q.received - q.remote_sent - q.remote_received for q in host),
+               host_reduced=sum(q.reduced - q.remote_reduced for q in host),
                host_copied=sum(q.copied for q in host), sent=me.sent, received=me.received, reduced=me.reduced, copied=me.copied, remote_sent=me.remote_sent,
                remote_received=me.remote_received, remote_reduced=me.remote_reduced, link=me.link)
     across = hosts > 1
