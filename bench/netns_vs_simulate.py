@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""The simulator's predictions beside a namespace run's measurements (bench/RESULTS.md).
+"""The simulator's predictions beside namespace runs' measurements (bench/RESULTS.md).
 
-    python bench/netns_vs_simulate.py RESULTS.json --hosts 2 --local 2 --link-MBps 238 [--cores 1]
+    python bench/netns_vs_simulate.py RUN1.json [RUN2.json ...] --hosts 2 --local 2 --link-MBps 238 [--cores 1]
 
-RESULTS.json: rt_bench -J output of an all_reduce sweep run under bench/netns_launch.py; the link
-figure: the raw-socket baseline that run printed. Prints measured and predicted time per algorithm
-and size, and the ratio; the shared-memory figures are this machine's (its cached probe)."""
+RUN*.json: rt_bench -J output of the same sweep run under bench/netns_launch.py, repeated (the
+measured time is the median over the runs, out of place; reduce_scatter and all_gather runs are
+read too); the link figure: the raw-socket baseline those runs printed. Prints measured and
+predicted time per collective, algorithm and size, and the ratio; the shared-memory figures are
+this machine's (its cached probe)."""
 import argparse
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
@@ -16,32 +19,61 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from ringtree import simulate  # noqa: E402
 
 
+def measured(paths):
+    """{(collective, size, count, algo): [seconds per run]}."""
+    out = {}
+    for path in paths:
+        for row in json.load(open(path))["results"]:
+            for impl, cell in row["cells"].items():
+                algo = impl.partition(":")[2]
+                if row["collective"] in simulate.COLLECTIVES and algo in simulate.COLLECTIVES[row["collective"]]:
+                    key = (row["collective"], row["size"], row["count"], algo)
+                    out.setdefault(key, []).append(cell["oop"]["seconds"])
+    return out
+
+
+def burst_saving(algo, hosts, local, block, m, coll, burst):
+    """What tbf's bucket saves a call: the trees' reduce and broadcast phases use one direction
+    each, in turn, so each phase starts on a direction idle (and its bucket refilled) during
+    the other, and passes up to `burst` bytes of the host's traffic at line speed; the rings
+    keep both directions busy call after call and save nothing once running. Over back-to-back
+    calls a direction cannot average more than the rate, so a call still takes at least one
+    phase's bytes at the rate: the saving is at most one phase's link time."""
+    if not burst or hosts < 2 or algo not in ("tree", "hier_tree"):
+        return 0.0
+    k = simulate.counts(algo, hosts, local, block, m, collective=coll)
+    per_phase = k.link / 2 * k.streams  # the host's bytes one way in one phase
+    return min(2 * burst, per_phase) / m.tcp_Bps
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results")
+    p.add_argument("results", nargs="+")
     p.add_argument("--hosts", type=int, required=True)
     p.add_argument("--local", type=int, required=True)
     p.add_argument("--link-MBps", type=float, required=True, help="the host link's rate (raw-socket baseline)")
     p.add_argument("--inter-hop-us", type=float, default=None, help="one message between hosts (default: the model's)")
     p.add_argument("--cores", type=int, default=0, help="cores per host (default: one per rank)")
+    p.add_argument("--burst-KB", type=float, default=0,
+                   help="the emulated link's tc tbf bucket (tests/support/netns.py: 2 ms of the rate, 500 KB at "
+                        "2gbit): a link direction that has been idle passes that much at line speed")
     args = p.parse_args(argv)
     over = dict(tcp_Bps=args.link_MBps * 1e6, nics=1, cores=args.cores)
     if args.inter_hop_us is not None:
         over["tcp_hop_s"] = args.inter_hop_us * 1e-6
     m = simulate.Machine.from_costs(simulate.measured_machine(), **over)
     print(f"# {args.hosts} x {args.local}, link {args.link_MBps:g} MB/s shared by a host's ranks, "
-          f"inter-host hop {m.tcp_hop_s * 1e6:g} us, cores per host {args.cores or 'one per rank'}")
-    print(f"| {'algo':9s} | {'size':>9s} | measured us | predicted us | predicted / measured |")
-    print("|---|---:|---:|---:|---:|")
-    for row in json.load(open(args.results))["results"]:
-        for impl, cell in row["cells"].items():
-            algo = impl.partition(":")[2]
-            if algo not in simulate.ALGOS:
-                continue
-            measured = cell["oop"]["seconds"]
-            predicted = simulate.predict(algo, args.hosts, args.local, row["size"], m)
-            print(f"| {algo:9s} | {row['size']:9d} | {measured * 1e6:11.0f} | {predicted * 1e6:12.0f} | "
-                  f"{predicted / measured:20.2f} |")
+          f"inter-host hop {m.tcp_hop_s * 1e6:g} us, cores per host {args.cores or 'one per rank'}, "
+          f"tbf bucket {args.burst_KB:g} KB; "
+          f"measured: median of {len(args.results)} run(s)")
+    print(f"| {'collective':14s} | {'algo':9s} | {'size':>9s} | measured us | predicted us | predicted / measured |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (coll, size, count, algo), times in sorted(measured(args.results).items()):
+        t = statistics.median(times)
+        block = size if coll == "all_reduce" else size // (args.hosts * args.local)
+        predicted = simulate.predict(algo, args.hosts, args.local, block, m, collective=coll)
+        predicted -= burst_saving(algo, args.hosts, args.local, block, m, coll, args.burst_KB * 1e3)
+        print(f"| {coll:14s} | {algo:9s} | {size:9d} | {t * 1e6:11.0f} | {predicted * 1e6:12.0f} | {predicted / t:20.2f} |")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,10 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
          line(a.copied, b.copied, c.copied) && line(a.remote_hops, b.remote_hops, c.remote_hops) &&
          line(a.remote_sent, b.remote_sent, c.remote_sent) &&
          line(a.remote_received, b.remote_received, c.remote_received) &&
-         line(a.remote_reduced, b.remote_reduced, c.remote_reduced);
+         line(a.remote_reduced, b.remote_reduced, c.remote_reduced) &&
+         line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published) &&
+         line(a.host_net, b.host_net, c.host_net) && line(a.host_reduced, b.host_reduced, c.host_reduced) &&
+         line(a.host_copied, b.host_copied, c.host_copied);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -163,27 +166,42 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
   // bounds the call; the critical path adds the latency. Busiest means the most bytes of all
   // kinds together (a byte across hosts weighing w.byte); of two ranks that tie, the one that
   // reduces more (a reduction costs more than a copy), then the lower rank.
-  double most = -1, most_reduced = -1;
+  double most = -1, most_reduced = -1, published = 0;
+  // Per host label (rank 0's host alone without a topology): ranks, then the work of each kind.
+  struct HostWork { int ranks = 0; double net = 0, reduced = 0, copied = 0; };
+  std::vector<HostWork> hosts(topo ? topo->hosts.size() : 1);
   for (int r = 0; r < P; ++r) {
     k.rank = r;
     all[r] = build_schedule(k);
     if (ops) *ops += all[r].ops.size();
     ScheduleCounts mine;
-    mine.steps = static_cast<double>(all[r].num_steps());
-    for (const Op& op : all[r].ops) {
-      const double n = static_cast<double>(op.count);
-      const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_board_op(op.kind);
-      switch (op.kind) {
-        case OpKind::Send: mine.sent += n, mine.remote_sent += remote ? n : 0; break;
-        case OpKind::Recv: mine.received += n, mine.remote_received += remote ? n : 0; break;
-        case OpKind::RecvReduce: mine.reduced += n, mine.remote_reduced += remote ? n : 0; break;
-        case OpKind::ReducePublished: mine.reduced += n; break;
-        case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
+    const Schedule& sched = all[r];
+    mine.steps = static_cast<double>(sched.num_steps());
+    for (size_t step = 0; step < sched.num_steps(); ++step) {
+      double step_out = 0, step_in = 0;  // across hosts, this step
+      for (uint32_t i = sched.step_begin(step); i < sched.step_end[step]; ++i) {
+        const Op& op = sched.ops[i];
+        const double n = static_cast<double>(op.count);
+        const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_board_op(op.kind);
+        switch (op.kind) {
+          case OpKind::Send: mine.sent += n, mine.remote_sent += remote ? n : 0, step_out += remote ? n : 0; break;
+          case OpKind::Recv: mine.received += n, mine.remote_received += remote ? n : 0, step_in += remote ? n : 0; break;
+          case OpKind::RecvReduce: mine.reduced += n, mine.remote_reduced += remote ? n : 0, step_in += remote ? n : 0; break;
+          case OpKind::ReducePublished: mine.reduced += n; break;
+          case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
+        }
+        if (op.kind == OpKind::Publish) published = std::max(published, n);
       }
+      mine.remote_link += std::max(step_out, step_in);
     }
     out.steps = std::max(out.steps, mine.steps);
+    HostWork& hw = hosts[topo ? topo->host_of[r] : 0];
+    // Inside the host only: bytes across hosts are priced by the busiest rank's link term.
+    ++hw.ranks, hw.net += mine.sent + mine.received - mine.remote_sent - mine.remote_received;
+    hw.reduced += mine.reduced - mine.remote_reduced, hw.copied += mine.copied;
     const double remote = mine.remote_sent + mine.remote_received + mine.remote_reduced;
-    const double total = mine.sent + mine.received + mine.reduced + mine.copied + (w.byte - 1) * remote;
+    const double total = mine.sent + mine.received + mine.reduced + mine.copied - remote +
+                         std::max(remote, w.byte * mine.remote_link);
     if (total > most || (total == most && mine.reduced > most_reduced)) {
       most = total, most_reduced = mine.reduced;
       const double steps = out.steps;
@@ -191,6 +209,13 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
       out.steps = steps;
     }
   }
+  out.published = published;
+  const HostWork* big = &hosts[0];
+  for (const HostWork& h : hosts) {
+    const double work = h.net + h.reduced + h.copied, most_work = big->net + big->reduced + big->copied;
+    if (h.ranks > big->ranks || (h.ranks == big->ranks && work > most_work)) big = &h;
+  }
+  out.host_net = big->net, out.host_reduced = big->reduced, out.host_copied = big->copied;
   const PathLength path = critical_path(all, topo, w.hop);
   out.hops = path.local + path.remote;
   out.remote_hops = path.remote;
@@ -202,7 +227,9 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
   return {mix(a.steps, b.steps), mix(a.hops, b.hops), mix(a.sent, b.sent),
           mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied),
           mix(a.remote_hops, b.remote_hops), mix(a.remote_sent, b.remote_sent),
-          mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced)};
+          mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced),
+          mix(a.remote_link, b.remote_link), mix(a.published, b.published), mix(a.host_net, b.host_net),
+          mix(a.host_reduced, b.host_reduced), mix(a.host_copied, b.host_copied)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -217,7 +244,9 @@ double buffer_bytes(Collective c, int P, uint64_t bytes) {
 // hosts (TCP).
 struct Rates {
   double call, hop, net, reduce, copy;  // net: a byte sent or received
-  double remote_hop, remote_net, remote_reduce;
+  double remote_hop, link;                // link: a byte one way over the link between hosts
+  double share;                           // ranks per core on this host (1 when they have a core each)
+  int cores;
 };
 
 // all_remote: every pair talks over TCP and the table has no topology to tell which (the old
@@ -233,6 +262,8 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_r
   const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
   const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
   Rates r;
+  r.share = share;
+  r.cores = std::max(1, m.cores);
   r.call = m.call_s * share;  // the call's own CPU time is shared too
   r.copy = share * per_byte(m.copy_hot_Bps, m.copy_cold_Bps);
   r.reduce = share * half * per_byte(m.reduce_hot_Bps, m.reduce_cold_Bps);
@@ -242,10 +273,26 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_r
   r.hop = m.local_ranks > m.cores ? 2 * share * m.switch_s : m.hop_s;
   // Between hosts the link sets the pace of messages and of what arrives on them.
   r.remote_hop = m.tcp_hop_s;
-  r.remote_net = std::max(r.net, 1.0 / m.tcp_Bps);
-  r.remote_reduce = std::max(r.reduce, 1.0 / m.tcp_Bps);
-  if (all_remote) r.hop = r.remote_hop, r.net = r.remote_net, r.reduce = r.remote_reduce;
+  r.link = 1.0 / m.tcp_Bps;
+  if (all_remote) r.hop = r.remote_hop, r.net = std::max(r.net, r.link), r.reduce = std::max(r.reduce, r.link);
   return r;
+}
+
+// The busiest rank's bytes: those inside the host at CPU rates; those across hosts at the larger
+// of their CPU time and the link's time one way (full duplex: see pricing.h).
+double remote_seconds(const ScheduleCounts& k, const Rates& r) {
+  const double cpu = (k.remote_sent + k.remote_received) * r.net + k.remote_reduced * r.reduce;
+  return std::max(cpu, k.remote_link * r.link);
+}
+
+double data_seconds(const ScheduleCounts& k, const Rates& r) {
+  const double local = (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
+                       (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy;
+  if (r.share <= 1) return local + remote_seconds(k, r);
+  // Ranks outnumber cores: the busiest rank's own work at a core's pace, or the host's work
+  // over its cores, whichever is longer (the rates carry the share: take it out).
+  const double host = (k.host_net * r.net + k.host_reduced * r.reduce + k.host_copied * r.copy) / r.cores;
+  return std::max(local, host) / r.share + remote_seconds(k, r);
 }
 
 std::string us(double seconds) {  // 3 significant digits, whole microseconds from 1000
@@ -281,6 +328,8 @@ std::string data_text(const ScheduleCounts& k) {
     out += str_cat(out.empty() ? "" : ", ", verb, " ", size_text(bytes));
     if (remote > 0) out += str_cat(" (", remote < bytes ? size_text(remote) : std::string("all"), " across hosts)");
   }
+  // Full duplex: the link's load is the larger direction, step by step (pricing.h).
+  if (k.remote_link > 0) out += str_cat("; the host link carries ", size_text(k.remote_link), " one way");
   return out.empty() ? "moves no data" : out;
 }
 
@@ -290,7 +339,7 @@ ScheduleCounts count_schedules(const ScheduleKey& key, LinkWeights w) { return c
 
 LinkWeights link_weights(const MachineCosts& m) {
   const Rates r = rates_for(m, m.l3_bytes, DataType::Float32, false);
-  return {r.remote_hop / r.hop, r.remote_net / r.net};
+  return {r.remote_hop / r.hop, std::max(1.0, r.link / r.net)};
 }
 
 void PriceTable::build(int P, const Topology* topo, LinkWeights w) {
@@ -362,15 +411,15 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const Rates r = rates_for(m, buffer, dtype, !table.topology() && m.any_tcp);
   const double hops = handshake + k.hops;
   const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);
-  const double data = (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
-                      (k.remote_sent + k.remote_received) * r.remote_net + (k.reduced - k.remote_reduced) * r.reduce +
-                      k.remote_reduced * r.remote_reduce + k.copied * r.copy;
-  const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + data;
+  const double data = data_seconds(k, r);
+  const double publish = k.published * r.copy;  // the board's publication, before any read
+  const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + publish + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
     std::string hop_terms = hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
     if (remote_hops > 0)
       hop_terms += str_cat(hop_terms.empty() ? "" : " + ", count_text(remote_hops), " x ", us(r.remote_hop));
-    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ", us(data), " us");
+    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ",
+                                    publish > 0 ? str_cat(us(publish), " (publication) + ") : std::string(), us(data), " us");
     const std::string where =
         lo == bytes || hi == bytes ? std::string()
                     : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",

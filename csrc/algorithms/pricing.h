@@ -7,6 +7,12 @@
 //   hops   messages on the critical path: the longest chain of steps that wait on each other,
 //          one hop per step that sends or receives, plus the executor's fingerprint handshake;
 //   bytes  what the busiest rank sends, receives, receives-and-reduces and copies locally.
+// A link between hosts carries both directions at once (full duplex), and its bytes move while the
+// rank's CPU handles them: the bytes across hosts cost the larger of their CPU time and the link's
+// time, which counts, step by step, the larger of what the step sends and what it receives across
+// hosts (a ring's step sends and receives at once; a tree's reduce and broadcast phases use one
+// direction each, in turn). Every rank drives its own messages, so the local ranks of a host
+// crossing to other hosts at once (hier's shards) run in parallel, each priced on its own stream.
 // With a topology (which ranks share a host), hops and bytes are split by link: a step with a
 // message to or from another host costs an inter-host hop (TCP), and the bytes those messages
 // carry move at TCP's rate; the rest at shared memory's. The critical path and the busiest rank
@@ -57,6 +63,19 @@ struct ScheduleCounts {
   double copied = 0;    // and copies locally
   // Of the above, over links between hosts (zero without a topology).
   double remote_hops = 0, remote_sent = 0, remote_received = 0, remote_reduced = 0;
+  // What the link must carry one way for the busiest rank: over its steps, the larger of what a
+  // step sends and what it receives (and reduces) across hosts.
+  double remote_link = 0;
+  // The one-shot board: the largest publication of any rank. A reader starts only once the whole
+  // publication is out (its generation is stored after the copy), so, unlike a message, whose
+  // pieces the receiver takes while the sender still writes, that copy is on the critical path.
+  double published = 0;
+  // The busiest host (most ranks; the most bytes among those): what all its ranks together send
+  // or receive, reduce and copy inside the host (bytes across hosts go by the link term). When a host's ranks outnumber its cores they share the cores,
+  // so a call takes at least this work over the cores, as well as the busiest rank's own work
+  // (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound
+  // either way; a tree's leaves and a chain's ends, which do less, leave cores to the others.
+  double host_net = 0, host_reduced = 0, host_copied = 0;
 };
 
 // How much an inter-host hop and byte weigh against a local one, to find the critical path and

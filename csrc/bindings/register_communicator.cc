@@ -168,13 +168,15 @@ void register_communicator(py::module_& m) {
            py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
            py::arg("op") = 0, py::arg("deterministic") = false)
       .def("estimate",
-           [](Communicator& c, int coll, uint64_t bytes, int dtype) {
+           [](Communicator& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
              std::vector<std::tuple<int, double, std::string>> out;
              for (const AlgoEstimate& e : c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
-                                                     checked_enum(dtype, DataType::Count, "dtype")))
+                                                     checked_enum(dtype, DataType::Count, "dtype"), deterministic))
                out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
              return out;
-           })
+           },
+           py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+           py::arg("deterministic") = false)
       .def("isend",
            [](Communicator& c, uintptr_t ptr, uint64_t bytes, int dst, int64_t tag) {
              return c.isend(reinterpret_cast<const void*>(ptr), bytes, dst, tag);

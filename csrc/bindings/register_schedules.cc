@@ -16,7 +16,10 @@ py::dict counts_dict(const ScheduleCounts& k) {
   return py::dict(py::arg("steps") = k.steps, py::arg("hops") = k.hops, py::arg("sent") = k.sent,
                   py::arg("received") = k.received, py::arg("reduced") = k.reduced, py::arg("copied") = k.copied,
                   py::arg("remote_hops") = k.remote_hops, py::arg("remote_sent") = k.remote_sent,
-                  py::arg("remote_received") = k.remote_received, py::arg("remote_reduced") = k.remote_reduced);
+                  py::arg("remote_received") = k.remote_received, py::arg("remote_reduced") = k.remote_reduced,
+                  py::arg("remote_link") = k.remote_link, py::arg("published") = k.published,
+                  py::arg("host_net") = k.host_net, py::arg("host_reduced") = k.host_reduced,
+                  py::arg("host_copied") = k.host_copied);
 }
 
 // A topology from per-rank host labels, or none (hier keys then fail with a clear error).

@@ -257,10 +257,18 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   return best;
 }
 
-std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t bytes, DataType dtype) const {
+std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t bytes, DataType dtype,
+                                                     bool deterministic) const {
   RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
   RT_CHECK(dtype < DataType::Count, InvalidArgument, "unknown dtype code ", static_cast<int>(dtype));
-  const std::vector<Algo> algos = available_algos(coll, bytes);
+  std::vector<Algo> algos;
+  if (deterministic && is_reduction(coll) && dtype_is_floating(dtype)) {
+    // What choose_rank_order() weighs for a sum (min and max keep to the chain).
+    algos = rank_order_algos(coll);
+    if (exec_.board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
+  } else {
+    algos = available_algos(coll, bytes);
+  }
   std::vector<AlgoEstimate> out;
   for (const Candidate& c : price(costs_, prices_, coll, algos, bytes, dtype))
     out.push_back({c.algo, c.seconds, c.terms});

@@ -46,7 +46,8 @@ class CommunicatorImpl : public Communicator {
   // Deterministic mode's choice for a floating-point reduction: rank_order, or the one-shot board
   // (same bits) when it fits and `wanted` is oneshot, or auto and the board is predicted faster.
   Algo choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const;
-  std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const override;
+  std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype,
+                                     bool deterministic = false) const override;
   std::string machine_costs() const override;
   std::string transport_to(int peer) const override;
   std::string address() const override;

@@ -199,10 +199,13 @@ class Communicator:
                                       resolve_op(op)[0], bool(deterministic))
         return _core.ALGOS[code]
 
-    def estimate(self, collective: str, nbytes: int, dtype: str = "float32") -> list:
-        """[(algo, predicted seconds, formula)] for every algorithm available to such a call."""
+    def estimate(self, collective: str, nbytes: int, dtype: str = "float32", deterministic: bool = False) -> list:
+        """[(algo, predicted seconds, formula)] for every algorithm available to such a call;
+        deterministic=True: those a deterministic call of a floating-point reduction chooses from
+        (rank_order, and oneshot where the board fits), to weigh their cost against auto's."""
         return [(_core.ALGOS[a], t, formula)
-                for a, t, formula in self._core.estimate(_coll_code(collective), int(nbytes), _dtype_code(dtype))]
+                for a, t, formula in self._core.estimate(_coll_code(collective), int(nbytes), _dtype_code(dtype),
+                                                         bool(deterministic))]
 
     def machine_costs(self) -> dict:
         """The figures the cost model prices with (rank 0's, shared by every rank)."""

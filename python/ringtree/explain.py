@@ -6,9 +6,59 @@ import sys
 from . import _core
 
 
+_FLOAT_REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
+_FLOATS = ("float32", "float64", "float16", "bfloat16")
+
+
+def _split(formula: str, seconds: float):
+    """(latency, data) seconds of a formula that ends '= call + hops + data us'."""
+    try:
+        terms = formula.rsplit(" = ", 1)[1].split(" + ")
+        call, data = float(terms[0]) * 1e-6, float(terms[-1].split()[0]) * 1e-6
+    except (IndexError, ValueError):
+        return None
+    return seconds - call - data, data
+
+
+def _hier_verdict(chosen: str, hier, flat) -> str:
+    """Why auto does or does not take the best hierarchical candidate, in the model's two terms:
+    latency (hops on the critical path) and data (the busiest rank's bytes, those across hosts at
+    the link's pace)."""
+    (h, ht, hf), (f, ft, ff) = hier, flat
+    hs, fs = _split(hf, ht), _split(ff, ft)
+    why = ""
+    if hs and fs:
+        why = (f": latency {hs[0] * 1e6:.1f} vs {fs[0] * 1e6:.1f} us, data {hs[1] * 1e6:.1f} vs {fs[1] * 1e6:.1f} us "
+               f"({h} vs {f})")
+    if chosen.startswith("hier"):
+        return f"hierarchical {h} wins by {(ft - ht) / ft:.0%}{why}"
+    margin = "within 1% of" if ht >= ft * 0.99 else f"{(ht - ft) / ft:.0%} more than"
+    return f"flat {chosen} stays: {h} would take {ht * 1e6:.1f} us, {margin} {f}{why}"
+
+
+def _deterministic_lines(comm, collective, nbytes, dtype, chosen, auto_times) -> list:
+    """What deterministic mode (RINGTREE_DETERMINISTIC=1 or deterministic=True) would run, and its
+    predicted cost against auto's choice."""
+    det = sorted(comm.estimate(collective, nbytes, dtype, deterministic=True), key=lambda e: e[1])
+    if not det:
+        return []
+    pick = comm.choose_algo(collective, nbytes, "auto", dtype, deterministic=True)
+    lines = ["  deterministic mode (RINGTREE_DETERMINISTIC=1 or deterministic=True): reduces in rank order"]
+    for algo, seconds, formula in det:
+        mark = "*" if algo == pick else " "
+        lines.append(f"{mark} {algo:9s} {seconds * 1e6:9.1f} us   {formula}")
+    t = dict((a, s) for a, s, _ in det)[pick]
+    base = auto_times.get(chosen)
+    if base:
+        lines.append(f"  deterministic mode chooses {pick}: {t * 1e6:.1f} us, {t / base:.2f}x auto's {chosen}")
+    return lines
+
+
 def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", file=sys.stdout) -> str:
     """Prints (and returns) every candidate algorithm's predicted time for a call of
-    `collective` on this communicator, the formula behind each, and the choice.
+    `collective` on this communicator, the formula behind each, and the choice: across hosts, why
+    hierarchical wins or not; for a floating-point reduction, what deterministic mode would run
+    (rank_order or the board) and its cost against auto's choice.
 
     nbytes is one rank's block (count x itemsize), as for Communicator.choose_algo.
     """
@@ -31,17 +81,15 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
     for algo, seconds, formula in estimates:
         mark = "*" if algo == chosen else " "
         lines.append(f"{mark} {algo:9s} {seconds * 1e6:9.1f} us   {formula}")
-    hier = [(a, t) for a, t, _ in estimates if a.startswith("hier")]
-    flat = [(a, t) for a, t, _ in estimates if not a.startswith("hier")]
+    hier = [e for e in estimates if e[0].startswith("hier")]
+    flat = [e for e in estimates if not e[0].startswith("hier")]
     if hier and flat:
-        (h, ht), (f, ft) = hier[0], flat[0]
-        verdict = (f"hierarchical {h} wins by {(ft - ht) / ft:.0%}" if chosen.startswith("hier")
-                   else f"flat {chosen} stays: {h} would take {ht * 1e6:.1f} us, "
-                        f"{'within 1% of' if ht >= ft * 0.99 else f'{(ht - ft) / ft:.0%} more than'} {f}")
-        lines.append(f"  hierarchical vs flat: {verdict}")
+        lines.append(f"  hierarchical vs flat: {_hier_verdict(chosen, hier[0], flat[0])}")
     elif not hier and m["hosts"].startswith("1 host"):
         lines.append("  hierarchical: not a candidate, every rank is on one host")
     lines.append(f"  auto chooses {chosen}")
+    if collective in _FLOAT_REDUCTIONS and dtype in _FLOATS:
+        lines += _deterministic_lines(comm, collective, nbytes, dtype, chosen, dict((a, t) for a, t, _ in estimates))
     text = "\n".join(lines)
     if file is not None:
         print(text, file=file)

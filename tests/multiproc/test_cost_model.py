@@ -93,6 +93,37 @@ def test_default_figures_without_measuring():
     assert all(r["costs"]["source"] == "defaults" for r in res)
 
 
+def deterministic_estimates():
+    """What deterministic mode weighs for a small and a large all_reduce, what it chooses and
+    what it runs, and explain()'s account of it."""
+    comm = rt.init()
+    out = {}
+    for n in (64, 1 << 20):
+        out[str(n)] = {"estimates": [(a, t) for a, t, _ in comm.estimate("all_reduce", n, deterministic=True)],
+                       "auto": comm.choose_algo("all_reduce", n),
+                       "chosen": comm.choose_algo("all_reduce", n, deterministic=True),
+                       "ints": [a for a, _, _ in comm.estimate("all_reduce", n, "int32", deterministic=True)],
+                       "explain": rt.explain("all_reduce", n, comm=comm, file=None)}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_estimate_and_explain_show_deterministic_mode_and_its_cost():
+    for res in run_world(3, deterministic_estimates, timeout=50).check_ok():
+        small, large = res["64"], res[str(1 << 20)]
+        # the board fits a small call and reduces in rank order too; a large one has the chain alone
+        assert {a for a, _ in small["estimates"]} == {"rank_order", "oneshot"}
+        assert [a for a, _ in large["estimates"]] == ["rank_order"]
+        for case in (small, large):
+            times = dict(case["estimates"])
+            assert case["chosen"] == min(times, key=times.get)
+            assert f"deterministic mode chooses {case['chosen']}" in case["explain"]
+            assert f"x auto's {case['auto']}" in case["explain"]
+            # integers are exact whatever the order: deterministic mode leaves them to auto
+            assert "rank_order" not in case["ints"]
+
+
 def board_boundary(limit_bytes):
     """With RINGTREE_ONESHOT_BYTES=limit_bytes, the largest all_reduce that fits runs on the
     board and the next size up does not; both give numpy's answer."""
@@ -196,3 +227,130 @@ def test_price_table_matches_counting_the_call_itself(P):
             table = _core.price_table_counts(COLL[coll], ALGO[algo], P, nbytes)
             for field, value in exact.items():
                 assert table[field] == pytest.approx(value, rel=1e-3, abs=1e-6), (coll, algo, nbytes, field)
+
+
+# Across hosts a link carries both directions at once: what it must carry is counted step by step,
+# the larger of what a step sends and what it receives across hosts (remote_link), worked out
+# here by hand from what each schedule does.
+
+def counted_on(coll, algo, hosts, count, segment=0):
+    return _core.schedule_counts(COLL[coll], ALGO[algo], len(hosts), count, 0, segment, hosts)
+
+
+def test_a_ring_between_two_hosts_sends_and_receives_at_once():
+    n = 1 << 20
+    k = counted_on("all_reduce", "ring", [0, 1], n)
+    # 2 steps of n/2: each sends n/2 and receives (or reduces) n/2 across, both at once
+    assert (k["remote_sent"], k["remote_received"], k["remote_reduced"]) == (n, n / 2, n / 2)
+    assert k["remote_link"] == n
+    # 2 x 2 flat ring: rank 0 only receives across (from rank 3), a quarter a step for 6 steps
+    k = counted_on("all_reduce", "ring", [0, 0, 1, 1], n)
+    assert k["remote_link"] == 6 * n / 4 and k["remote_sent"] + k["remote_received"] + k["remote_reduced"] == 6 * n / 4
+
+
+def test_tree_phases_cross_one_direction_at_a_time():
+    S = 8
+    n = S * SEGMENT
+    # P=2 across hosts: rank 0 reduces all of rank 1's segments, then sends all back
+    k = counted_on("all_reduce", "tree", [0, 1], n, SEGMENT)
+    assert k["remote_link"] == 2 * n and k["remote_reduced"] == n and k["remote_sent"] == n
+    # hier_tree on 2 x 2: the column (n/2) goes up, then comes down
+    k = counted_on("all_reduce", "hier_tree", [0, 0, 1, 1], n, SEGMENT)
+    assert k["remote_link"] == n
+    # hier on 2 x 2: a ring of two on the column, a quarter each way per step, two steps
+    k = counted_on("all_reduce", "hier", [0, 0, 1, 1], n)
+    assert k["remote_link"] == n / 2 and k["remote_sent"] == n / 2
+
+
+def test_hier_tree_root_carries_both_children_one_way():
+    # 4 hosts x 1, tree 0 -> {1, 2}, 1 -> {3}. The root reduces its two children in separate
+    # steps (2n in), then sends each segment to both in one step (2n out, the same direction);
+    # rank 1 overlaps receiving segment t from rank 3 with forwarding t-1 to rank 0, so it
+    # carries n plus one segment (the pipeline shift, its drain step) a phase: 2n + 2 segments.
+    # The busiest is the root.
+    S = 4
+    n = S * SEGMENT
+    k = _core.schedule_counts(COLL["all_reduce"], ALGO["hier_tree"], 4, n, 0, SEGMENT, [0, 1, 2, 3])
+    assert k["remote_link"] == 4 * n
+    assert k["remote_reduced"] == 2 * n and k["remote_sent"] == 2 * n
+
+
+@pytest.mark.parametrize("hosts", [[0, 0, 0, 1], [0, 1, 1, 2, 2, 2], [0, 0, 1, 2, 2, 2, 3, 3], [0, 0, 0, 1, 1, 2]])
+@pytest.mark.parametrize("coll", ["reduce_scatter", "all_gather"])
+def test_hier_block_collectives_on_uneven_hosts_cross_each_block_once_per_host_pair(hosts, coll):
+    # Every case has a host of one rank, so S = 1 column: the owners (local rank 0 of each host)
+    # run a ring over the G hosts on a column of every rank's block, each step carrying one
+    # host's share (the blocks of that host's ranks) one way and another's the other way.
+    N = 4096
+    G = max(hosts) + 1
+    per_host = [hosts.count(g) for g in range(G)]
+    k = counted_on(coll, "hier", hosts, N)
+    assert k["hops"] >= G - 1
+    # the busiest owner: over its G-1 steps, the larger of the share it sends and the one it receives
+    owners_link = []
+    for g in range(G):
+        if coll == "reduce_scatter":  # step i sends the share of host g-1-i and receives that of g-2-i
+            steps = [max(per_host[(g - 1 - i) % G], per_host[(g - 2 - i) % G]) for i in range(G - 1)]
+        else:  # all_gather: step i sends host (g-i)'s share and receives host (g-1-i)'s
+            steps = [max(per_host[(g - i) % G], per_host[(g - 1 - i) % G]) for i in range(G - 1)]
+        owners_link.append(N * sum(steps))
+    assert k["remote_link"] in owners_link, (k, owners_link)
+    assert k["remote_link"] <= max(owners_link)
+
+
+def explain_across_hosts():
+    comm = rt.init()
+    out = {"explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None),
+           "estimates": {a: t for a, t, _ in comm.estimate("all_reduce", 1 << 20)},
+           "chosen": comm.choose_algo("all_reduce", 1 << 20)}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_explain_across_hosts_gives_the_terms_of_the_hier_verdict():
+    res = run_world(4, explain_across_hosts, hosts=2, timeout=50).check_ok()[0]
+    text, est = res["explain"], res["estimates"]
+    verdict = next(line for line in text.splitlines() if "hierarchical vs flat:" in line)
+    hier = min((a for a in est if a.startswith("hier")), key=est.get)
+    flat = min((a for a in est if not a.startswith("hier")), key=est.get)
+    assert f"({hier} vs {flat})" in verdict and "latency" in verdict and "data" in verdict, verdict
+    assert ("wins by" in verdict) == res["chosen"].startswith("hier"), verdict
+    # every candidate that crosses hosts says what the link carries one way
+    for line in text.splitlines():
+        if line[2:].startswith(("ring ", "hier ", "hier_tree ", "tree ")):
+            assert "the host link carries" in line, line
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_board_publication_is_counted_once_on_the_critical_path(P):
+    # A reader starts only once a whole publication is out: the largest one is counted apart
+    # (all_reduce and all_gather publish the input, reduce_scatter all P blocks, broadcast the
+    # root alone, a barrier nothing); the busiest rank's own copy stays in its bytes.
+    N = 4096
+    assert counted("all_reduce", "oneshot", P, N)["published"] == N
+    assert counted("all_gather", "oneshot", P, N)["published"] == N
+    assert counted("reduce_scatter", "oneshot", P, N)["published"] == N * P
+    assert counted("broadcast", "oneshot", P, N)["published"] == N
+    assert counted("barrier", "oneshot", P, 0)["published"] == 0
+    assert counted("all_reduce", "ring", P, N)["published"] == 0  # messages pipeline by pieces
+    k = counted("all_reduce", "oneshot", P, N)
+    assert k["copied"] == N and k["reduced"] == (P - 1) * N and k["hops"] == 1
+
+
+def test_host_work_sums_every_rank_so_a_tree_and_a_ring_share_cores_alike():
+    # P=4 on one host, n = 8 segments. Tree 0 -> {1, 2}, 1 -> {3}: the root reduces 2n and sends
+    # 2n down; rank 1 reduces n, sends n up and n down, receives n; the leaves send n and receive
+    # n: 9n sent or received, 3n reduced over the host. The ring: each rank sends 1.5n and
+    # receives and reduces 0.75n each, the same 9n and 3n. So when 4 ranks share 2 cores both
+    # take at least that work over the cores, though the tree's root alone does more.
+    n = 8 * SEGMENT
+    tree, ring = counted("all_reduce", "tree", 4, n, SEGMENT), counted("all_reduce", "ring", 4, n)
+    for k in (tree, ring):
+        assert (k["host_net"], k["host_reduced"], k["host_copied"]) == (9 * n, 3 * n, 0)
+    assert tree["reduced"] == 2 * n and ring["reduced"] == 3 * n / 4
+    # across hosts the busiest host's ranks are summed, inside the host: 2 x 2 ring, rank 0
+    # sends 1.5n to rank 1 and takes its 1.5n from rank 3 (across); rank 1 sends its 1.5n to
+    # rank 2 (across) and receives 0.75n and reduces 0.75n from rank 0
+    k = counted_on("all_reduce", "ring", [0, 0, 1, 1], n)
+    assert (k["host_net"], k["host_reduced"]) == (2.25 * n, 0.75 * n)

@@ -146,8 +146,11 @@ class Communicator {
   // deterministic: as a call in deterministic mode (the setting's or the call's).
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype,
                            ReduceOp op = ReduceOp::Sum, bool deterministic = false) const = 0;
-  // Every algorithm available for such a call, with the cost model's prediction.
-  virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype) const = 0;
+  // Every algorithm available for such a call, with the cost model's prediction; deterministic:
+  // those a call in deterministic mode chooses from (rank_order, and the board where it fits;
+  // for a floating-point reduction), so its cost can be set against auto's choice.
+  virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype,
+                                             bool deterministic = false) const = 0;
   // The machine figures the cost model uses ("name value" lines).
   virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
