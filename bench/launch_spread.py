@@ -425,6 +425,27 @@ def _uptime():
 
 # ------------------------------------------------------------------ main
 
+def run_all(a, libs, records, interleaved, context):
+    """Every launch, the libraries taking turns, beside the background load (if any)."""
+    with load_mod.BackgroundLoad(a.background_load) as background, \
+            tempfile.TemporaryDirectory(prefix="launch_spread-") as workdir:
+        context["background_load"] = load_mod.describe(background)
+        context["background_pids"] = background.pids
+        for nranks in a.nranks:
+            for index in range(a.launches):
+                for lib in libs:  # interleaved: A B C A B C ...
+                    if a.gap:
+                        time.sleep(a.gap)
+                    rec = run_launch(lib, nranks, a, workdir, index)
+                    records.append(rec)
+                    status = (f"{rec['cells'][0].get('seconds', 0) * 1e6:.0f} us" if rec["ok"] and rec["cells"]
+                              else rec.get("error", ""))
+                    print(f"[launch_spread] P={nranks} launch {index + 1}/{a.launches} {lib}: {status}",
+                          file=sys.stderr, flush=True)
+                if a.interleaved:
+                    interleaved.append(run_interleaved(nranks, a, workdir, index))
+
+
 def _raise_on_term(signum, frame):
     raise SystemExit(128 + signum)  # so `finally` restores THP and stops the load on SIGTERM too
 
@@ -440,6 +461,7 @@ def main(argv=None) -> int:
     thp_before = load_mod.read_thp()
     restore = None
     records, interleaved = [], []
+    interrupted = None
     if a.interleaved and "mpich" in absent:
         print(f"launch_spread.py: --interleaved runs rt_bench under MPICH: {absent['mpich']}", file=sys.stderr)
         return EXIT_USAGE
@@ -451,29 +473,19 @@ def main(argv=None) -> int:
                 print(f"launch_spread.py: {exc}", file=sys.stderr)
                 return EXIT_USAGE
         context = {"thp": load_mod.thp_settings(), "thp_before": thp_before, "uptime_before": _uptime()}
-        with load_mod.BackgroundLoad(a.background_load) as background, \
-                tempfile.TemporaryDirectory(prefix="launch_spread-") as workdir:
-            context["background_load"] = load_mod.describe(background)
-            context["background_pids"] = background.pids
-            for nranks in a.nranks:
-                for index in range(a.launches):
-                    for lib in libs:  # interleaved: A B C A B C ...
-                        if a.gap:
-                            time.sleep(a.gap)
-                        rec = run_launch(lib, nranks, a, workdir, index)
-                        records.append(rec)
-                        status = (f"{rec['cells'][0].get('seconds', 0) * 1e6:.0f} us" if rec["ok"] and rec["cells"]
-                                  else rec.get("error", ""))
-                        print(f"[launch_spread] P={nranks} launch {index + 1}/{a.launches} {lib}: {status}",
-                              file=sys.stderr, flush=True)
-                    if a.interleaved:
-                        interleaved.append(run_interleaved(nranks, a, workdir, index))
+        context.update(background_load="not started", background_pids=[])
+        try:
+            run_all(a, libs, records, interleaved, context)
+        except (KeyboardInterrupt, SystemExit) as exc:  # report what ran (timeout's SIGTERM, Ctrl-C)
+            interrupted = f"interrupted ({type(exc).__name__} {exc})".replace(" )", ")")
         context["uptime_after"] = _uptime()
     finally:
         if restore is not None:
             load_mod.set_thp(restore)
         signal.signal(signal.SIGTERM, old_term)
     lines = format_report(records, libs, absent, a, context, interleaved)
+    if interrupted:
+        lines.append(f"# INCOMPLETE: {interrupted} after {len(records)} launch(es)")
     print("\n".join(lines), flush=True)
     if a.json:
         summary = {}
@@ -486,11 +498,13 @@ def main(argv=None) -> int:
                         dict(stats or {}, huge_every_rank=every, huge_some_rank=some))
         options = {k: v for k, v in vars(a).items()}
         with open(a.json, "w") as fh:
-            json.dump({"options": options, "context": context, "absent": absent, "libs": libs,
+            json.dump({"options": options, "context": context, "interrupted": interrupted, "absent": absent, "libs": libs,
                        "summary": summary,
                        "ratios": {f"P{p}": {c: ratio_table(records, libs, p, c) for c in a.collectives}
                                   for p in a.nranks},
                        "launches": records, "interleaved": interleaved}, fh, indent=1)
+    if interrupted:
+        return 130
     bad = wrong_total(records) or any(not r["ok"] for r in records + interleaved)
     return EXIT_FAILED if bad else EXIT_OK
 

@@ -23,8 +23,9 @@ DRIVER = os.path.join(BENCH, "rt_bench.py")
 TINY = ["-b", "1K", "-n", "2", "--batches", "2", "-w", "1"]
 
 
-def burner_alive(pid):
-    """True while pid is one of our burners and not yet dead (a reused pid runs something else)."""
+def live_with(pid, marker: bytes):
+    """True while pid runs a command line containing marker and is not a zombie (a reused pid
+    runs something else)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
@@ -32,7 +33,11 @@ def burner_alive(pid):
             state = fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return b"while True" in cmdline and state not in ("Z", "X")
+    return marker in cmdline and state not in ("Z", "X")
+
+
+def burner_alive(pid):
+    return live_with(pid, b"while True")
 
 
 def wait_gone(pids, seconds=10.0):
@@ -244,6 +249,39 @@ def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path
             bufs = r["pages"]["all_reduce"]["buffers"]
             assert set(bufs) == {"send", "recv"} and all("anon_huge_kb" in b for b in bufs.values())
     assert "separate launches" in text and "launches: " in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_reports_what_ran_and_stops_its_load(tmp_path, sig):
+    out = tmp_path / "partial.json"
+    proc = subprocess.Popen([sys.executable, SPREAD, "--launches", "50", "--libs", "ringtree", "--background-load", "1",
+                             "-J", str(out)] + TINY, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stderr.readline()  # the first launch is done
+        assert line.startswith("[launch_spread] P=2 launch 1/50 ringtree:"), line
+        proc.send_signal(sig)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stdout[-2000:]
+    assert "# INCOMPLETE: interrupted" in stdout and "  ringtree " in stdout
+    data = json.loads(out.read_text())
+    assert data["interrupted"] and 1 <= len(data["launches"]) < 50
+    assert len(data["context"]["background_pids"]) == 1
+    assert wait_gone(data["context"]["background_pids"], 1.0) == []
+    deadline = time.monotonic() + 10  # the killed launch's ranks are reaped by init, not by us
+    while lingering(os.path.join(BENCH, "launch_worker.py")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lingering(os.path.join(BENCH, "launch_worker.py")) == []
+
+
+def lingering(marker):
+    """Live (not zombie) processes whose command line contains marker."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and live_with(e, marker.encode())]
 
 
 @pytest.mark.timeout(200)
