@@ -535,7 +535,7 @@ def main(argv=None) -> int:
                        "summary": summary,
                        "ratios": {f"P{p}": {c: ratio_table(records, libs, p, c) for c in a.collectives}
                                   for p in a.nranks},
-                       "launches": records, "interleaved": interleaved}, fh, indent=1)
+                       "launches": records, "interleaved": interleaved}, fh)
     if interrupted:
         return 130
     bad = wrong_total(records) or any(not r["ok"] for r in records + interleaved)
