@@ -21,6 +21,7 @@ import numpy as np
 from . import collectives as colls
 from . import device as device_mod
 from . import impls as impls_mod
+from . import load as load_mod
 from . import options as options_mod
 from . import report
 from . import verify
@@ -477,6 +478,15 @@ def env_rank() -> int | None:
 def main(argv=None) -> int:
     opts = options_mod.parse_args(argv)
     quiet = env_rank() not in (None, 0)
+    # --background-load: rank 0 alone starts the burners, before ringtree starts, and they stop
+    # however the job ends (see rtbench/load.py).
+    with load_mod.BackgroundLoad(0 if quiet else opts.background_load) as background:
+        if background.n:
+            print(f"# background load: {load_mod.describe(background)}", flush=True)
+        return _main(opts, quiet)
+
+
+def _main(opts, quiet) -> int:
     try:
         import ringtree as rt
     except ImportError as exc:

@@ -9,6 +9,8 @@ import argparse
 import re
 from dataclasses import dataclass, field
 
+from . import load
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "sendrecv")
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
@@ -109,6 +111,7 @@ class Options:
     progress: bool
     inject_error: bool = False
     trace_dir: str | None = None
+    background_load: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -154,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="each rank writes its timeline of ringtree's calls (the last RINGTREE_FLIGHT_RECORDER) "
                         "to DIR at the end; merge: python -m ringtree.analyze DIR --trace all.json")
+    p.add_argument("--background-load", default="0", metavar="N",
+                   help="start N CPU-burning processes beside the job (from rank 0) for its duration")
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -184,6 +189,7 @@ def parse_args(argv=None) -> Options:
         collectives = _split_names(a.collective, COLLECTIVES, "collective",
                                    normalize=_normalize_collective)
         peers = _split_names(a.vs, PEERS, "peer") if a.vs.strip() else []
+        background_load = load.check_count(a.background_load)
     except ValueError as exc:
         parser.error(str(exc))
     return Options(sizes=sizes, min_bytes=min_bytes, max_bytes=max_bytes, step_factor=factor,
@@ -191,4 +197,4 @@ def parse_args(argv=None) -> Options:
                    ops=ops, dtypes=dtypes, root=a.root, average=a.average, json_path=a.json,
                    timeout=a.timeout, algos=algos, collectives=collectives, peers=peers,
                    plot_path=a.plot, device=a.device, if_gpu=a.if_gpu, progress=not a.no_progress,
-                   inject_error=a.inject_error, trace_dir=a.trace)
+                   inject_error=a.inject_error, trace_dir=a.trace, background_load=background_load)
