@@ -17,14 +17,24 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <random>
 #include "algorithms/ops.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "kernels/host/copy.h"
+#include "common/env.h"
 #include "exec/host/host_executor.h"
+#include "transport/shm/cma.h"
 #include "transport/tcp/tcp.h"
 
 namespace ringtree {
+
+namespace {
+RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
+RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 64 << 10)
+// A test hook: the rank named here reports its single-copy probe as failed.
+RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
+}  // namespace
 
 uint8_t* AlignedBuffer::ensure(size_t bytes) {
   if (bytes <= bytes_ && data_) return data_;
@@ -118,6 +128,16 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     own_segment_ = std::make_unique<ShmSegment>();
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_);
   }
+  if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
+    std::random_device random;
+    single_copy_probe_word_ = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
+    ShmSegmentHeader* h = own_segment_->header();
+    h->cma_pid = static_cast<int32_t>(getpid());
+    h->cma_verdict = kCmaVerdictPending;
+    h->cma_failed_peer = -1;
+    h->cma_probe_addr = reinterpret_cast<uint64_t>(&single_copy_probe_word_);
+    h->cma_probe_value = single_copy_probe_word_;
+  }
   boot.barrier();  // every segment exists
   peer_segments_.resize(size_);
   for (int q : my_senders) {
@@ -134,6 +154,50 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
                                                 own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
                                                 &peer.header()->sleeping, &bell_);
   }
+  probe_single_copy(boot, my_senders);
+}
+
+void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers) {
+  // Every rank takes part in the barrier, with or without peers on its host.
+  int32_t verdict = 0, failed_peer = -1;
+  if (SingleCopy() == 0) verdict = kCmaVerdictOff;
+  else if (TestSingleCopyProbeFail() == rank_) verdict = kCmaVerdictSimulated;
+  for (size_t i = 0; verdict == 0 && i < local_peers.size(); ++i) {
+    const ShmSegmentHeader* h = peer_segments_[local_peers[i]]->header();
+    verdict = cma_probe(h->cma_pid, h->cma_probe_addr, h->cma_probe_value);
+    if (verdict != 0) failed_peer = local_peers[i];
+  }
+  if (have_shm_) {
+    own_segment_->header()->cma_failed_peer = failed_peer;
+    own_segment_->header()->cma_verdict = verdict;
+  }
+  boot.barrier();  // every verdict is written
+  if (!have_shm_) return;
+  // The first rank on this host (in rank order) that could not, and why.
+  std::vector<int> here = local_peers;
+  here.push_back(rank_);
+  std::sort(here.begin(), here.end());
+  for (int q : here) {
+    const ShmSegmentHeader* h = q == rank_ ? own_segment_->header() : peer_segments_[q]->header();
+    if (h->cma_verdict == 0) continue;
+    single_copy_status_ = str_cat("off: rank ", q, h->cma_failed_peer >= 0 ? str_cat(" could not read rank ", h->cma_failed_peer, "'s memory") : std::string(),
+                                  ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
+    return;
+  }
+  const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
+  for (int q : local_peers)
+    static_cast<ShmConnection*>(conns_[q].get())->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+  single_copy_on_ = true;
+  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
+                                here.size(), " ranks on this host");
+}
+
+uint64_t HostExecutor::single_copy_messages() const {
+  uint64_t n = 0;
+  if (single_copy_on_)
+    for (const auto& c : conns_)
+      if (auto* shm = dynamic_cast<const ShmConnection*>(c.get())) n += shm->single_copy_received();
+  return n;
 }
 
 void HostExecutor::open_wake_fd() {
@@ -210,6 +274,10 @@ void HostExecutor::run(const HostCall& call) {
   const CallPlan& plan = call.plan;
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
+  // Receivers of reductions combine what they receive with their own data rather than copy it,
+  // and point-to-point sends keep their buffered completion: both stay on the two-copy path.
+  const CollectiveTraits& traits = collective_traits(plan.key.coll);
+  single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction;
   try {
     try {
       if (!collective_traits(plan.key.coll).point_to_point)
@@ -287,6 +355,7 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header = current_fp_;
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
+    c.send.single_copy_ok = single_copy_reads_;
   } else {
     c.recv = RecvCursor{};
     c.expect = current_fp_;
