@@ -33,6 +33,9 @@ struct SendCursor {
   // The payload stays put until the send completes, so a same-host receiver may read it in
   // place (shm/cma.h); the executor allows it for collectives whose receivers copy, not reduce.
   bool single_copy_ok = false;
+  // ... and nothing in the call writes it again, so the send may complete once announced; the
+  // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).
+  bool defer_ack = false;
   uint64_t ack_at = 0;  // a single-copy send: the ring position that acknowledges it
 };
 

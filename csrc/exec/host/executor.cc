@@ -185,8 +185,11 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
     return;
   }
   const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
-  for (int q : local_peers)
-    static_cast<ShmConnection*>(conns_[q].get())->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+  for (int q : local_peers) {
+    auto* conn = static_cast<ShmConnection*>(conns_[q].get());
+    conn->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+    single_copy_conns_.emplace_back(q, conn);
+  }
   single_copy_on_ = true;
   single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
                                 here.size(), " ranks on this host");
@@ -336,6 +339,11 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   uint8_t* const bases[3] = {in, out, scratch};
   // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
   stream_out_ = stream_bytes_ > 0 && p.output.count * esz >= stream_bytes_;
+  // Schedules without scratch write each output element once, before any send of it, so a sent
+  // region is never written again in the call: its send may complete once announced, and the
+  // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
+  // through the ring). Scratch is reused within a call (hierarchical packing): those wait.
+  single_copy_defer_ = single_copy_reads_ && s.scratch_elems == 0;
   run_schedule(s, bases, Deadline::after_seconds(p.timeout_s));
   if (stream_out_) streaming_copy_fence();
 }
@@ -356,6 +364,7 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
     c.send.single_copy_ok = single_copy_reads_;
+    c.send.defer_ack = single_copy_defer_ && op.src.buf != BufId::Scratch;
   } else {
     c.recv = RecvCursor{};
     c.expect = current_fp_;
@@ -443,7 +452,13 @@ bool HostExecutor::progress_all() {
 bool HostExecutor::step_done(bool final) const {
   for (const OpCursor& c : cursors_)
     if (!c.done) return false;
-  return !final || (!hs_send_pending_ && !hs_recv_pending_);
+  return !final || (!hs_send_pending_ && !hs_recv_pending_ && single_copy_acked());
+}
+
+bool HostExecutor::single_copy_acked() const {
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) return false;
+  return true;
 }
 
 void HostExecutor::pump(const Deadline& deadline, bool final) {
@@ -469,6 +484,9 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged() && !ctrl_.alive(peer))
+      RT_THROW(PeerFailure, "rank ", peer, " closed its communicator before it read this rank's single-copy message");
   if (deadline.expired()) throw_timeout();
 
   // The data descriptors to wait on (TCP); the doorbell and control connections are added by doze().
@@ -483,6 +501,8 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
     pollfd_peer_.push_back(-2);
   };
   for (const OpCursor& c : cursors_) watch_data(c);
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) note_waiting(peer, true);
   if (hs_send_pending_) watch_data(hs_send_);
   if (hs_recv_pending_) watch_data(hs_recv_);
   doze(deadline, [&] { return progress_all() || step_done(final); });
@@ -543,6 +563,8 @@ void HostExecutor::throw_timeout() const {
   if (hs_send_pending_) note(hs_send_, "handshake send");
   if (hs_recv_pending_) note(hs_recv_, "handshake receive");
   for (const OpCursor& c : cursors_) note(c, c.is_send ? "send" : "receive");
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) waiting += str_cat(waiting.empty() ? "" : "; ", "rank ", peer, " (to read a single-copy send)");
   RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", current_ ? current_->plan.timeout_s : 0.0,
            " s waiting for ", waiting);
 }

@@ -149,9 +149,12 @@ class HostExecutor {
   WaitPolicy wait_;
   uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
   bool stream_out_ = false;    // the current call's
-  std::string single_copy_status_ = "off: no other rank on this host";
+  std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
   bool single_copy_reads_ = false;  // the current call's sends may go single-copy
+  bool single_copy_defer_ = false;  // ... and complete before they are acknowledged
+  std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
+  bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot

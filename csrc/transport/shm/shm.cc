@@ -136,7 +136,8 @@ bool ShmConnection::progress_send(SendCursor& c) {
 }
 
 // The header alone goes into the ring, with the payload's address; the send completes once the
-// receiver has consumed it, which it does only after reading the whole payload.
+// receiver has consumed it, which it does only after reading the whole payload (or at once with
+// defer_ack, and the executor waits for acknowledged() before the call returns).
 bool ShmConnection::progress_single_copy_send(SendCursor& c) {
   if (c.ack_at) {
     if (out_->tail.load(std::memory_order_acquire) < c.ack_at) return false;
@@ -151,8 +152,8 @@ bool ShmConnection::progress_single_copy_send(SendCursor& c) {
   h.reserved[1] = kSingleCopyMarker;
   std::memcpy(out_data_ + head % cap_, &h, sizeof(MsgHeader));  // positions are 64-aligned
   out_->head.store(head + sizeof(MsgHeader), std::memory_order_release);
-  c.ack_at = head + sizeof(MsgHeader);
-  c.done = sizeof(MsgHeader);
+  c.ack_at = last_ack_at_ = head + sizeof(MsgHeader);
+  c.done = c.defer_ack ? stream_bytes(c.header.payload_bytes) : sizeof(MsgHeader);
   wake_peer();
   return true;
 }

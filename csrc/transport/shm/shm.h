@@ -102,6 +102,8 @@ class ShmConnection : public Connection {
     cma_min_ = min_bytes;
   }
   uint64_t single_copy_received() const { return cma_received_; }
+  // Whether the peer has read every single-copy message this rank sent it.
+  bool acknowledged() const { return out_->tail.load(std::memory_order_acquire) >= last_ack_at_; }
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
 
  private:
@@ -120,6 +122,7 @@ class ShmConnection : public Connection {
   pid_t cma_pid_ = 0;  // 0: no single-copy transfers on this connection
   uint64_t cma_min_ = 0;
   uint64_t cma_received_ = 0;  // messages received single-copy
+  uint64_t last_ack_at_ = 0;   // the ring position that acknowledges the last single-copy send
 };
 
 }  // namespace ringtree
