@@ -191,10 +191,10 @@ class Communicator:
 
     @property
     def single_copy(self) -> str:
-        """'on: ...' when large collective messages between ranks on this host are read straight
-        from the sender's memory (process_vm_readv), else 'off: <reason>' (RINGTREE_CMA=0, the
-        kernel forbids it, no other rank on this host); then they are copied twice, through
-        shared memory."""
+        """'on: ...' when large messages of all_gather, all_to_all, broadcast and scatter between
+        ranks on this host are read straight from the sender's memory (process_vm_readv), else
+        'off: <reason>' (RINGTREE_CMA=0, the kernel forbids it, no other rank shares memory with
+        this one); then they are copied twice, through shared memory."""
         return self._core.single_copy
 
     @property

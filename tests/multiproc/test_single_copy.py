@@ -1,10 +1,11 @@
 """Single-copy transfers on one host (transport/shm/cma.h): large collective messages between
 ranks on one host are read straight out of the sender's memory with process_vm_readv.
 
-Every collective that goes single-copy (all_gather, all_to_all, broadcast, gather, scatter) is
-checked against numpy below and above the threshold (RINGTREE_CMA_MIN_BYTES, lowered here so
-small arrays cross it), in and out of place, with several dtypes, at P=2, 3 and 4, with the
-path on and forced off; the count of single-copy messages shows which path ran. When the probe
+Every collective that goes single-copy (all_gather, all_to_all, broadcast, scatter; and gather,
+which stays two-copy) is checked against numpy below and above the threshold
+(RINGTREE_CMA_MIN_BYTES, lowered here so small arrays cross it), in and out of place, with several
+dtypes, at P=2, 3 and 4, with the path on and forced off; the count of single-copy messages shows
+which path ran. When the probe
 fails on one rank (the test hook RINGTREE_TEST_CMA_PROBE_FAIL) every rank falls back and says
 why."""
 from __future__ import annotations
@@ -56,11 +57,17 @@ def routed_sweep():
     want = sum(np.arange(50_000, dtype=np.float64) + q for q in range(P))
     if not np.array_equal(got, want):
         failures.append("all_reduce ring: wrong result")
-    reduction_messages = comm.single_copy_messages - mid
+    unrouted_messages = comm.single_copy_messages - mid
+    # So does gather: its root copies every byte either way.
+    mid = comm.single_copy_messages
+    got = comm.gather(x, np.empty(x.size * P, x.dtype) if comm.rank == 0 else None, root=0)
+    if comm.rank == 0 and not np.array_equal(got, np.concatenate([np.arange(50_000, dtype=np.float64) + q for q in range(P)])):
+        failures.append("gather: wrong result")
+    unrouted_messages += comm.single_copy_messages - mid
     status, received = comm.single_copy, comm.single_copy_messages - before
     comm.close()
     return {"failures": failures, "checks": checks, "status": status, "received": received,
-            "reduction_messages": reduction_messages}
+            "unrouted_messages": unrouted_messages}
 
 
 def small_only():
@@ -83,7 +90,7 @@ def test_routed_collectives_exact_with_single_copy(P):
         assert res["checks"] > 0
         assert res["status"].startswith("on: "), res["status"]
         assert f"at least {MIN_BYTES} bytes" in res["status"]
-        assert res["reduction_messages"] == 0
+        assert res["unrouted_messages"] == 0
     # Every rank receives large blocks in all_gather and all_to_all, so each read some single-copy.
     assert all(res["received"] > 0 for res in world.results), [res["received"] for res in world.results]
 
@@ -168,7 +175,8 @@ def kill_during(coll, victim=1):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("coll", ["all_gather", "all_to_all", "broadcast"])
 def test_sigkill_mid_single_copy_is_reported_fast_on_every_rank(coll):
-    world = run_world(3, kill_during, dict(coll=coll), timeout=120)
+    # The threshold under a broadcast's segments, so that every one of them goes single-copy.
+    world = run_world(3, kill_during, dict(coll=coll), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=120)
     assert world.returncodes[1] == -9, world.failure_report()
     for rank in (0, 2):
         res = world.results[rank]

@@ -31,7 +31,9 @@ namespace ringtree {
 
 namespace {
 RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
-RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 64 << 10)
+// Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
+// this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
+RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 1 << 20)
 // A test hook: the rank named here reports its single-copy probe as failed.
 RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
 }  // namespace
@@ -278,9 +280,11 @@ void HostExecutor::run(const HostCall& call) {
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
   // Receivers of reductions combine what they receive with their own data rather than copy it,
-  // and point-to-point sends keep their buffered completion: both stay on the two-copy path.
+  // and point-to-point sends keep their buffered completion: both stay on the two-copy path. So
+  // does gather: its root copies every byte either way, and a single copy only takes the
+  // senders' copies, made in parallel with the root's, off the ring (it measured no faster).
   const CollectiveTraits& traits = collective_traits(plan.key.coll);
-  single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction;
+  single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
   try {
     try {
       if (!collective_traits(plan.key.coll).point_to_point)
