@@ -21,8 +21,8 @@
 #include "algorithms/ops.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "kernels/host/copy.h"
 #include "common/env.h"
+#include "kernels/host/copy.h"
 #include "exec/host/host_executor.h"
 #include "transport/shm/cma.h"
 #include "transport/tcp/tcp.h"
@@ -199,9 +199,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 
 uint64_t HostExecutor::single_copy_messages() const {
   uint64_t n = 0;
-  if (single_copy_on_)
-    for (const auto& c : conns_)
-      if (auto* shm = dynamic_cast<const ShmConnection*>(c.get())) n += shm->single_copy_received();
+  for (const auto& [peer, conn] : single_copy_conns_) n += conn->single_copy_received();
   return n;
 }
 
@@ -235,6 +233,7 @@ std::string HostExecutor::transport_to(int peer) const {
 }
 
 void HostExecutor::close() {
+  single_copy_conns_.clear();  // they point into conns_
   conns_.clear();
   peer_segments_.clear();
   own_segment_.reset();
