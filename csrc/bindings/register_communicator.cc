@@ -207,6 +207,8 @@ void register_communicator(py::module_& m) {
            py::arg("src"), py::arg("tag"))
       .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
+      .def_property_readonly("single_copy", &Communicator::single_copy)
+      .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
       .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)

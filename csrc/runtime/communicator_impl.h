@@ -50,6 +50,8 @@ class CommunicatorImpl : public Communicator {
                                      bool deterministic = false) const override;
   std::string machine_costs() const override;
   std::string transport_to(int peer) const override;
+  std::string single_copy() const override { return exec_.single_copy_status(); }
+  uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
   std::string address() const override;
   std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {
     return messenger_.isend(ptr, bytes, dst, tag);

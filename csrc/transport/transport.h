@@ -21,6 +21,7 @@ struct MsgHeader {
   uint64_t payload_bytes;  // this message
   uint8_t deterministic;   // the call ran in deterministic mode (part of the fingerprint)
   uint8_t pad[7];
+  // Transport use: a shared-memory single-copy message's payload address and marker (shm/cma.h).
   uint64_t reserved[2];
 };
 static_assert(sizeof(MsgHeader) == 64, "MsgHeader must be one cache line");
@@ -29,6 +30,13 @@ struct SendCursor {
   MsgHeader header;
   const uint8_t* payload = nullptr;
   uint64_t done = 0;  // bytes of this message's stream already handed to the wire
+  // The payload stays put until the send completes, so a same-host receiver may read it in
+  // place (shm/cma.h); the executor allows it for collectives whose receivers copy, not reduce.
+  bool single_copy_ok = false;
+  // ... and nothing in the call writes it again, so the send may complete once announced; the
+  // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).
+  bool defer_ack = false;
+  uint64_t ack_at = 0;  // a single-copy send: the ring position that acknowledges it
 };
 
 struct RecvCursor {

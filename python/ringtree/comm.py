@@ -189,6 +189,19 @@ class Communicator:
         """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
         return self._core.transport_to(int(peer))
 
+    @property
+    def single_copy(self) -> str:
+        """'on: ...' when large messages of all_gather, all_to_all, broadcast and scatter between
+        ranks on this host are read straight from the sender's memory (process_vm_readv), else
+        'off: <reason>' (RINGTREE_CMA=0, the kernel forbids it, no other rank shares memory with
+        this one); then they are copied twice, through shared memory."""
+        return self._core.single_copy
+
+    @property
+    def single_copy_messages(self) -> int:
+        """How many messages this rank has received single-copy so far (read it between calls)."""
+        return self._core.single_copy_messages
+
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole

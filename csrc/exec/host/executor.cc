@@ -17,14 +17,26 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <random>
 #include "algorithms/ops.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "kernels/host/copy.h"
 #include "exec/host/host_executor.h"
+#include "transport/shm/cma.h"
 #include "transport/tcp/tcp.h"
 
 namespace ringtree {
+
+namespace {
+RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
+// Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
+// this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
+RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 1 << 20)
+// A test hook: the rank named here reports its single-copy probe as failed.
+RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
+}  // namespace
 
 uint8_t* AlignedBuffer::ensure(size_t bytes) {
   if (bytes <= bytes_ && data_) return data_;
@@ -118,6 +130,16 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     own_segment_ = std::make_unique<ShmSegment>();
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_);
   }
+  if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
+    std::random_device random;
+    single_copy_probe_word_ = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
+    ShmSegmentHeader* h = own_segment_->header();
+    h->cma_pid = static_cast<int32_t>(getpid());
+    h->cma_verdict = kCmaVerdictPending;
+    h->cma_failed_peer = -1;
+    h->cma_probe_addr = reinterpret_cast<uint64_t>(&single_copy_probe_word_);
+    h->cma_probe_value = single_copy_probe_word_;
+  }
   boot.barrier();  // every segment exists
   peer_segments_.resize(size_);
   for (int q : my_senders) {
@@ -134,6 +156,51 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
                                                 own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
                                                 &peer.header()->sleeping, &bell_);
   }
+  probe_single_copy(boot, my_senders);
+}
+
+void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers) {
+  // Every rank takes part in the barrier, with or without peers on its host.
+  int32_t verdict = 0, failed_peer = -1;
+  if (SingleCopy() == 0) verdict = kCmaVerdictOff;
+  else if (TestSingleCopyProbeFail() == rank_) verdict = kCmaVerdictSimulated;
+  for (size_t i = 0; verdict == 0 && i < local_peers.size(); ++i) {
+    const ShmSegmentHeader* h = peer_segments_[local_peers[i]]->header();
+    verdict = cma_probe(h->cma_pid, h->cma_probe_addr, h->cma_probe_value);
+    if (verdict != 0) failed_peer = local_peers[i];
+  }
+  if (have_shm_) {
+    own_segment_->header()->cma_failed_peer = failed_peer;
+    own_segment_->header()->cma_verdict = verdict;
+  }
+  boot.barrier();  // every verdict is written
+  if (!have_shm_) return;
+  // The first rank on this host (in rank order) that could not, and why.
+  std::vector<int> here = local_peers;
+  here.push_back(rank_);
+  std::sort(here.begin(), here.end());
+  for (int q : here) {
+    const ShmSegmentHeader* h = q == rank_ ? own_segment_->header() : peer_segments_[q]->header();
+    if (h->cma_verdict == 0) continue;
+    single_copy_status_ = str_cat("off: rank ", q, h->cma_failed_peer >= 0 ? str_cat(" could not read rank ", h->cma_failed_peer, "'s memory") : std::string(),
+                                  ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
+    return;
+  }
+  const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
+  for (int q : local_peers) {
+    auto* conn = static_cast<ShmConnection*>(conns_[q].get());
+    conn->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+    single_copy_conns_.emplace_back(q, conn);
+  }
+  single_copy_on_ = true;
+  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
+                                here.size(), " ranks on this host");
+}
+
+uint64_t HostExecutor::single_copy_messages() const {
+  uint64_t n = 0;
+  for (const auto& [peer, conn] : single_copy_conns_) n += conn->single_copy_received();
+  return n;
 }
 
 void HostExecutor::open_wake_fd() {
@@ -166,6 +233,7 @@ std::string HostExecutor::transport_to(int peer) const {
 }
 
 void HostExecutor::close() {
+  single_copy_conns_.clear();  // they point into conns_
   conns_.clear();
   peer_segments_.clear();
   own_segment_.reset();
@@ -210,6 +278,12 @@ void HostExecutor::run(const HostCall& call) {
   const CallPlan& plan = call.plan;
   current_fp_ = header_of(plan.fingerprint(call.seq), rank_);
   Device dev{*this};
+  // Receivers of reductions combine what they receive with their own data rather than copy it,
+  // and point-to-point sends keep their buffered completion: both stay on the two-copy path. So
+  // does gather: its root copies every byte either way, and a single copy only takes the
+  // senders' copies, made in parallel with the root's, off the ring (it measured no faster).
+  const CollectiveTraits& traits = collective_traits(plan.key.coll);
+  single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
   try {
     try {
       if (!collective_traits(plan.key.coll).point_to_point)
@@ -268,6 +342,11 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   uint8_t* const bases[3] = {in, out, scratch};
   // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
   stream_out_ = stream_bytes_ > 0 && p.output.count * esz >= stream_bytes_;
+  // Schedules without scratch write each output element once, before any send of it, so a sent
+  // region is never written again in the call: its send may complete once announced, and the
+  // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
+  // through the ring). Scratch is reused within a call (hierarchical packing): those wait.
+  single_copy_defer_ = single_copy_reads_ && s.scratch_elems == 0;
   run_schedule(s, bases, Deadline::after_seconds(p.timeout_s));
   if (stream_out_) streaming_copy_fence();
 }
@@ -287,6 +366,8 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header = current_fp_;
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
+    c.send.single_copy_ok = single_copy_reads_;
+    c.send.defer_ack = single_copy_defer_ && op.src.buf != BufId::Scratch;
   } else {
     c.recv = RecvCursor{};
     c.expect = current_fp_;
@@ -374,7 +455,13 @@ bool HostExecutor::progress_all() {
 bool HostExecutor::step_done(bool final) const {
   for (const OpCursor& c : cursors_)
     if (!c.done) return false;
-  return !final || (!hs_send_pending_ && !hs_recv_pending_);
+  return !final || (!hs_send_pending_ && !hs_recv_pending_ && single_copy_acked());
+}
+
+bool HostExecutor::single_copy_acked() const {
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) return false;
+  return true;
 }
 
 void HostExecutor::pump(const Deadline& deadline, bool final) {
@@ -400,6 +487,9 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged() && !ctrl_.alive(peer))
+      RT_THROW(PeerFailure, "rank ", peer, " closed its communicator before it read this rank's single-copy message");
   if (deadline.expired()) throw_timeout();
 
   // The data descriptors to wait on (TCP); the doorbell and control connections are added by doze().
@@ -414,6 +504,8 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
     pollfd_peer_.push_back(-2);
   };
   for (const OpCursor& c : cursors_) watch_data(c);
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) note_waiting(peer, true);
   if (hs_send_pending_) watch_data(hs_send_);
   if (hs_recv_pending_) watch_data(hs_recv_);
   doze(deadline, [&] { return progress_all() || step_done(final); });
@@ -474,6 +566,8 @@ void HostExecutor::throw_timeout() const {
   if (hs_send_pending_) note(hs_send_, "handshake send");
   if (hs_recv_pending_) note(hs_recv_, "handshake receive");
   for (const OpCursor& c : cursors_) note(c, c.is_send ? "send" : "receive");
+  for (const auto& [peer, conn] : single_copy_conns_)
+    if (!conn->acknowledged()) waiting += str_cat(waiting.empty() ? "" : "; ", "rank ", peer, " (to read a single-copy send)");
   RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", current_ ? current_->plan.timeout_s : 0.0,
            " s waiting for ", waiting);
 }

@@ -79,6 +79,11 @@ class HostExecutor {
   uint64_t board_bytes() const { return board_bytes_; }
 
   std::string transport_to(int peer) const;
+  // Whether large collective messages between ranks on this host go single-copy (cma.h), and why
+  // not where they do not: "on: ..." or "off: ...".
+  const std::string& single_copy_status() const { return single_copy_status_; }
+  // Messages this rank has received single-copy so far (between calls).
+  uint64_t single_copy_messages() const;
   // From any thread: the call in progress (and any later one) raises Aborted with `why` as soon
   // as its rank would otherwise wait, a sleeping rank is woken for it.
   void abort(const std::string& why);
@@ -104,6 +109,9 @@ class HostExecutor {
 
   void open_wake_fd();
   void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes);
+  // After every segment is mapped: probes single-copy reads from each peer on this host, and
+  // (after a barrier) turns them on for every connection here only if every rank here succeeded.
+  void probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers);
   void walk(uint8_t* in, uint8_t* out);
   void run_scheduled(uint8_t* in, uint8_t* out);
   const Schedule& schedule_for(const HostCall& c);
@@ -141,6 +149,13 @@ class HostExecutor {
   WaitPolicy wait_;
   uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
   bool stream_out_ = false;    // the current call's
+  std::string single_copy_status_ = "off: no other rank shares memory with this one";
+  bool single_copy_on_ = false;
+  bool single_copy_reads_ = false;  // the current call's sends may go single-copy
+  bool single_copy_defer_ = false;  // ... and complete before they are acknowledged
+  std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
+  bool single_copy_acked() const;
+  uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far

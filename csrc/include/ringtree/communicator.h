@@ -155,6 +155,11 @@ class Communicator {
   virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
   virtual std::string transport_to(int peer) const = 0;
+  // Whether large messages between ranks on this host go single-copy (process_vm_readv), and
+  // why not where they do not: "on: ..." or "off: <reason>".
+  virtual std::string single_copy() const = 0;
+  // Messages this rank has received single-copy so far (read between calls).
+  virtual uint64_t single_copy_messages() const = 0;
   // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
   // it leads (shrink, grow) must listen so that the same peers can reach it.
   virtual std::string address() const = 0;

@@ -12,6 +12,7 @@
 #include "common/hash.h"
 #include "common/env.h"
 #include "kernels/host/copy.h"
+#include "transport/shm/cma.h"
 
 namespace ringtree {
 
@@ -19,6 +20,9 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x5254534547303031ull;
 constexpr size_t kHeaderBytes = 128;
 RT_PARAM(ShmPieceBytes, "RINGTREE_SHM_PIECE_BYTES", 64 << 10)
+// A single-copy receive reads at most this much per turn, so the executor's other operations of
+// the step (and its abort checks) get their turns in between.
+constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
 }  // namespace
 
 // Layout: header, two board slots, then one ring per sender.
@@ -101,6 +105,8 @@ void ShmConnection::wake_peer() {
 
 bool ShmConnection::progress_send(SendCursor& c) {
   const uint64_t payload = c.header.payload_bytes;
+  if (c.ack_at || (c.done == 0 && cma_pid_ && c.single_copy_ok && payload > 0 && payload >= cma_min_))
+    return progress_single_copy_send(c);
   const uint64_t total = stream_bytes(payload);
   bool moved = false;
   while (c.done < total) {
@@ -129,6 +135,46 @@ bool ShmConnection::progress_send(SendCursor& c) {
   return moved;
 }
 
+// The header alone goes into the ring, with the payload's address; the send completes once the
+// receiver has consumed it, which it does only after reading the whole payload (or at once with
+// defer_ack, and the executor waits for acknowledged() before the call returns).
+bool ShmConnection::progress_single_copy_send(SendCursor& c) {
+  if (c.ack_at) {
+    if (out_->tail.load(std::memory_order_acquire) < c.ack_at) return false;
+    c.done = stream_bytes(c.header.payload_bytes);
+    return true;
+  }
+  const uint64_t head = out_->head.load(std::memory_order_relaxed);
+  const uint64_t tail = out_->tail.load(std::memory_order_acquire);
+  if (cap_ - (head - tail) < sizeof(MsgHeader)) return false;
+  MsgHeader h = c.header;
+  h.reserved[0] = reinterpret_cast<uint64_t>(c.payload);
+  h.reserved[1] = kSingleCopyMarker;
+  std::memcpy(out_data_ + head % cap_, &h, sizeof(MsgHeader));  // positions are 64-aligned
+  out_->head.store(head + sizeof(MsgHeader), std::memory_order_release);
+  c.ack_at = last_ack_at_ = head + sizeof(MsgHeader);
+  c.done = c.defer_ack ? stream_bytes(c.header.payload_bytes) : sizeof(MsgHeader);
+  wake_peer();
+  return true;
+}
+
+bool ShmConnection::progress_single_copy_recv(RecvCursor& c, uint64_t tail) {
+  RT_CHECK(cma_pid_ != 0 && !c.reduce, Error, "internal error: rank ", peer_, " sent a single-copy message where ",
+           cma_pid_ ? "this rank reduces" : "single-copy transfers are off");
+  const uint64_t payload = c.payload_bytes;  // the executor checked the header's against it
+  const uint64_t off = c.done - sizeof(MsgHeader);
+  if (off < payload) {
+    c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off, std::min(payload - off, kSingleCopyTurnBytes), peer_);
+    if (c.done - sizeof(MsgHeader) < payload) return true;
+  }
+  // Consuming the header is the acknowledgement: the sender may now reuse its buffer.
+  in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
+  c.done = stream_bytes(payload);
+  ++cma_received_;
+  wake_peer();
+  return true;
+}
+
 bool ShmConnection::peek_header(MsgHeader* h) const {
   const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
   const uint64_t head = in_->head.load(std::memory_order_acquire);
@@ -139,6 +185,8 @@ bool ShmConnection::peek_header(MsgHeader* h) const {
 
 bool ShmConnection::progress_recv(RecvCursor& c) {
   if (c.header_ready && !c.header_checked) return false;
+  if (c.header_checked && c.header.reserved[1] == kSingleCopyMarker)
+    return progress_single_copy_recv(c, in_->tail.load(std::memory_order_relaxed));
   bool moved = false;
   for (;;) {
     const uint64_t total = c.header_checked ? stream_bytes(c.payload_bytes) : sizeof(MsgHeader);
@@ -151,7 +199,8 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     const uint8_t* src = in_data_ + pos;
     if (c.done == 0) {
       std::memcpy(&c.header, src, sizeof(MsgHeader));
-      in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
+      // A single-copy header stays in the ring until its payload is read (see above).
+      if (c.header.reserved[1] != kSingleCopyMarker) in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
       c.done = sizeof(MsgHeader);
       c.header_ready = true;
       moved = true;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <sys/types.h>
 #include "transport/doorbell.h"
 #include "transport/transport.h"
 
@@ -17,7 +18,16 @@ namespace ringtree {
 struct alignas(64) ShmSegmentHeader {
   uint64_t magic;
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) blocked in poll()
+  // The single-copy probe (cma.h), written during set-up only, on its own line: the owner's
+  // pid, where its probe word lives in the owner and what it holds, and the owner's verdict on
+  // reading every peer's word (0: all read; else a cma.h verdict, about rank cma_failed_peer).
+  alignas(64) int32_t cma_pid;
+  int32_t cma_verdict;
+  int32_t cma_failed_peer;
+  uint64_t cma_probe_addr;
+  uint64_t cma_probe_value;
 };
+static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache lines");
 
 // The one-shot board: each rank publishes a small call's whole input in its own segment, in
 // one of two slots chosen by the call's generation (gen & 1), and every peer reads it there
@@ -85,10 +95,21 @@ class ShmConnection : public Connection {
   }
   bool peek_header(MsgHeader* h) const override;
   const char* kind() const override { return "shm"; }
+  // Sends of at least min_bytes that allow it (SendCursor::single_copy_ok) go single-copy; the
+  // peer (process peer_pid) reads them out of this process, and its messages out of the peer.
+  void enable_single_copy(pid_t peer_pid, uint64_t min_bytes) {
+    cma_pid_ = peer_pid;
+    cma_min_ = min_bytes;
+  }
+  uint64_t single_copy_received() const { return cma_received_; }
+  // Whether the peer has read every single-copy message this rank sent it.
+  bool acknowledged() const { return out_->tail.load(std::memory_order_acquire) >= last_ack_at_; }
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
 
  private:
   void wake_peer();
+  bool progress_single_copy_send(SendCursor& c);
+  bool progress_single_copy_recv(RecvCursor& c, uint64_t tail);
   int peer_;
   ShmRing* out_;
   uint8_t* out_data_;
@@ -98,6 +119,10 @@ class ShmConnection : public Connection {
   uint64_t piece_;
   std::atomic<uint32_t>* peer_sleeping_;
   Doorbell* bell_;
+  pid_t cma_pid_ = 0;  // 0: no single-copy transfers on this connection
+  uint64_t cma_min_ = 0;
+  uint64_t cma_received_ = 0;  // messages received single-copy
+  uint64_t last_ack_at_ = 0;   // the ring position that acknowledges the last single-copy send
 };
 
 }  // namespace ringtree

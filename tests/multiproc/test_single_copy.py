@@ -1,0 +1,210 @@
+"""Single-copy transfers on one host (transport/shm/cma.h): large collective messages between
+ranks on one host are read straight out of the sender's memory with process_vm_readv.
+
+Every collective that goes single-copy (all_gather, all_to_all, broadcast, scatter; and gather,
+which stays two-copy) is checked against numpy below and above the threshold
+(RINGTREE_CMA_MIN_BYTES, lowered here so small arrays cross it), in and out of place, with several
+dtypes, at P=2, 3 and 4, with the path on and forced off; the count of single-copy messages shows
+which path ran. When the probe
+fails on one rank (the test hook RINGTREE_TEST_CMA_PROBE_FAIL) every rank falls back and says
+why."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ringtree as rt
+from harness import run_world
+from rank_checks import run_case
+
+MIN_BYTES = 4096
+# (collective, algorithms): every schedule these collectives have on one host.
+ROUTED = [("all_gather", ["ring"]), ("all_to_all", ["direct"]), ("broadcast", ["tree", "ring"]),
+          ("gather", ["auto"]), ("scatter", ["auto"])]
+DTYPES = ["int8", "int32", "float16", "float64"]
+# Elements per rank's block: messages well below MIN_BYTES for every dtype, and above it for
+# every dtype (3001 x 1 byte is below 4096; 40_003 x 1 byte is above it, not divisible by P).
+COUNTS = [3001 // 8, 40_003]
+
+
+def routed_sweep():
+    """Each routed collective x count x dtype x algorithm x placement x root, against numpy;
+    returns the failures, the status and how many messages this rank received single-copy."""
+    comm = rt.init()
+    P = comm.size
+    failures, checks = [], 0
+    before = comm.single_copy_messages
+    for coll, algos in ROUTED:
+        rooted = coll in ("broadcast", "gather", "scatter")
+        for N in COUNTS:
+            for i, d in enumerate(DTYPES):
+                for algo in algos:
+                    for in_place in ([False] if coll == "broadcast" else [False, True]):
+                        root = (i % P) if rooted else 0
+                        wrong, desc = run_case(comm, coll, N, d, "sum", algo, in_place, root, salt=i)
+                        checks += 1
+                        if wrong:
+                            failures.append(f"{desc}: {wrong} wrong")
+    # A reduction stays on the two-copy path: its receivers combine, they do not copy.
+    x = np.arange(50_000, dtype=np.float64) + comm.rank
+    mid = comm.single_copy_messages
+    got = comm.all_reduce(x.copy(), algo="ring")
+    want = sum(np.arange(50_000, dtype=np.float64) + q for q in range(P))
+    if not np.array_equal(got, want):
+        failures.append("all_reduce ring: wrong result")
+    unrouted_messages = comm.single_copy_messages - mid
+    # So does gather: its root copies every byte either way.
+    mid = comm.single_copy_messages
+    got = comm.gather(x, np.empty(x.size * P, x.dtype) if comm.rank == 0 else None, root=0)
+    if comm.rank == 0 and not np.array_equal(got, np.concatenate([np.arange(50_000, dtype=np.float64) + q for q in range(P)])):
+        failures.append("gather: wrong result")
+    unrouted_messages += comm.single_copy_messages - mid
+    status, received = comm.single_copy, comm.single_copy_messages - before
+    comm.close()
+    return {"failures": failures, "checks": checks, "status": status, "received": received,
+            "unrouted_messages": unrouted_messages}
+
+
+def small_only():
+    """Only messages below the threshold: none may go single-copy."""
+    comm = rt.init()
+    for d in DTYPES:
+        run = run_case(comm, "all_gather", 3001 // 8, d, "sum", "ring", False, 0, salt=1)
+        assert run[0] == 0, run[1]
+    out = {"status": comm.single_copy, "received": comm.single_copy_messages}
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_routed_collectives_exact_with_single_copy(P):
+    world = run_world(P, routed_sweep, env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=240)
+    world.check_ok()
+    for r, res in enumerate(world.results):
+        assert res["failures"] == [], f"rank {r}: {res['failures'][:5]}"
+        assert res["checks"] > 0
+        assert res["status"].startswith("on: "), res["status"]
+        assert f"at least {MIN_BYTES} bytes" in res["status"]
+        assert res["unrouted_messages"] == 0
+    # Every rank receives large blocks in all_gather and all_to_all, so each read some single-copy.
+    assert all(res["received"] > 0 for res in world.results), [res["received"] for res in world.results]
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_routed_collectives_exact_with_single_copy_forced_off(P):
+    world = run_world(P, routed_sweep, env={"RINGTREE_CMA": "0", "RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=240)
+    world.check_ok()
+    for r, res in enumerate(world.results):
+        assert res["failures"] == [], f"rank {r}: {res['failures'][:5]}"
+        assert res["status"].startswith("off: "), res["status"]
+        assert "RINGTREE_CMA=0" in res["status"]
+        assert res["received"] == 0
+
+
+def test_messages_below_threshold_stay_two_copy():
+    world = run_world(2, small_only, env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=120)
+    world.check_ok()
+    for res in world.results:
+        assert res["status"].startswith("on: "), res["status"]
+        assert res["received"] == 0
+
+
+@pytest.mark.parametrize("P,failing", [(2, 1), (3, 0)])
+def test_failed_probe_on_one_rank_turns_it_off_everywhere(P, failing):
+    """One rank's probe fails (the test hook): every rank on the host falls back, names that rank
+    and the reason, and the results stay exact over the two-copy path."""
+    env = {"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES), "RINGTREE_TEST_CMA_PROBE_FAIL": str(failing)}
+    world = run_world(P, routed_sweep, env=env, timeout=240)
+    world.check_ok()
+    for r, res in enumerate(world.results):
+        assert res["failures"] == [], f"rank {r}: {res['failures'][:5]}"
+        assert res["status"].startswith(f"off: rank {failing}: "), res["status"]
+        assert "RINGTREE_TEST_CMA_PROBE_FAIL" in res["status"]
+        assert res["received"] == 0
+
+
+def explain_line():
+    comm = rt.init()
+    text = rt.explain("all_gather", 1 << 20, comm=comm, file=None)
+    comm.close()
+    return text
+
+
+def test_explain_reports_single_copy_state():
+    world = run_world(2, explain_line, env={"RINGTREE_CMA": "0"}, timeout=120)
+    world.check_ok()
+    for text in world.results:
+        assert "single-copy transfers on this host: off: rank " in text and "RINGTREE_CMA=0" in text, text
+
+
+def repeat_until_raised(call, seconds):
+    """Calls `call` (at least once) until it raises or `seconds` have passed: how that ended."""
+    start = time.monotonic()
+    try:
+        call()
+        while time.monotonic() - start < seconds:
+            call()
+        return {"raised": None}
+    except rt.Error as exc:
+        return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+
+
+def kill_during(coll, victim=1):
+    """The victim SIGKILLs itself in the middle of a run of large single-copy calls (it may die
+    while a peer reads its buffer, or while its peers wait for it to read theirs); the others must
+    raise PeerFailure naming it, long before the collective timeout."""
+    comm = rt.init(timeout=60)
+    assert comm.single_copy.startswith("on: "), comm.single_copy
+    n = 1 << 21
+    x = np.ones(n, np.float32)
+    out = np.empty(n * comm.size, np.float32)
+    call = {"all_gather": lambda: comm.all_gather(x, out),
+            "all_to_all": lambda: comm.all_to_all(out, np.empty_like(out)),
+            "broadcast": lambda: comm.broadcast(out, root=0)}[coll]
+    call()
+    if comm.rank == victim:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    return repeat_until_raised(call, 30)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("coll", ["all_gather", "all_to_all", "broadcast"])
+def test_sigkill_mid_single_copy_is_reported_fast_on_every_rank(coll):
+    # The threshold under a broadcast's segments, so that every one of them goes single-copy.
+    world = run_world(3, kill_during, dict(coll=coll), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=120)
+    assert world.returncodes[1] == -9, world.failure_report()
+    for rank in (0, 2):
+        res = world.results[rank]
+        assert res is not None and world.returncodes[rank] == 0, world.failure_report()
+        assert res["raised"] == "PeerFailure", res
+        assert res["seconds"] < 15, res
+        assert f"{coll} #" in res["message"], res["message"]
+
+
+def stalled_reader(timeout=2.0):
+    """Rank 1 stops calling collectives: rank 0's single-copy send is never acknowledged, so its
+    all_gather must time out (not hang, not return early) within the per-call timeout."""
+    comm = rt.init()
+    assert comm.single_copy.startswith("on: "), comm.single_copy
+    x = np.ones(1 << 18, np.float32)
+    out = np.empty(x.size * 2, np.float32)
+    comm.all_gather(x, out)
+    if comm.rank == 1:
+        time.sleep(timeout * 4)
+        return {"raised": None}
+    return repeat_until_raised(lambda: comm.all_gather(x, out, timeout=timeout), 0)
+
+
+@pytest.mark.timeout(120)
+def test_unacknowledged_single_copy_send_times_out():
+    world = run_world(2, stalled_reader, timeout=100)
+    results = world.check_ok()
+    res = results[0]
+    assert res["raised"] == "Timeout", res
+    assert 1.5 < res["seconds"] < 8, res
+    assert "all_gather #" in res["message"] and "rank 1" in res["message"], res["message"]
