@@ -119,13 +119,15 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   for (int q = 0; q < size; ++q)
     if (q != rank && mesh_.peers[q].host == mesh_.peers[rank].host) ++local_ranks;
   const bool oversubscribed = local_ranks > online_cpus();
-  WaitPolicy wait;
-  wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed ? 1 : 1000));
-  // Yielding lets a peer queued on this core run; a rank whose peers are all across TCP has
-  // none, and on a busy core sched_yield hands a whole time slice to an unrelated task that
-  // data arriving on a socket cannot interrupt (no wake-up): block in poll() instead.
-  bool host_peer = false;  // a peer on this host as the probes found it (topo_), not by name
+  // A rank whose peers are all across TCP (no peer on this host as the probes found it, topo_)
+  // neither spins nor yields: its data arrives through the kernel, which needs the core the
+  // spinning rank holds, and on a busy core sched_yield hands a whole time slice to an unrelated
+  // task that data arriving on a socket cannot interrupt (no wake-up). Both cost about a
+  // millisecond a wait between namespace hosts here; poll() wakes it (bench/RESULTS.md).
+  bool host_peer = false;
   for (int q = 0; q < size; ++q) host_peer = host_peer || (q != rank && topo_.same_host(q, rank));
+  WaitPolicy wait;
+  wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed || !host_peer ? 1 : 1000));
   const int64_t yield_us = YieldMicros() >= 0 ? YieldMicros() : (host_peer ? 2000 : 0);
   wait.yield_ns = 1000 * yield_us;
   exec_.set_wait_policy(wait);
