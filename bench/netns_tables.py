@@ -49,7 +49,7 @@ def table(paths) -> str:
                 if best and other:
                     out.append(other / best if den_best else best / other)
             return med(out)
-        cols = [f"{s // 1024} KiB" if s < 1 << 20 else f"{s >> 20} MiB"]
+        cols = [f"{s} B" if s < 1024 else f"{s // 1024} KiB" if s < 1 << 20 else f"{s >> 20} MiB"]
         cols += [f"{times[n] * 1e6:.0f}" if times[n] else "-" for n in names]
         for num in ("raw", "rawbuf"):
             r = ratio(num, True)

@@ -50,6 +50,7 @@ class Impl:
     name = "?"
     is_subject = False      # ringtree itself: its #wrong decides the exit code
     rank0_only = False      # memcpy: runs in one process, others wait
+    checked = True          # False: moves bytes without computing the collective (raw sockets)
 
     def placements(self, coll: Collective) -> tuple[str, ...]:
         raise NotImplementedError
@@ -407,6 +408,7 @@ class RawSocketImpl(Impl):
     """The bytes a ring moves, over plain TCP: send busbw_factor x size bytes to rank+1 while
     receiving as many from rank-1, from the cell's own buffers (not checked: no reduction)."""
     name = "raw"
+    checked = False
     description = "plain TCP sockets in a ring, busbw-factor x size bytes each way, no reduction"
 
     def __init__(self, exchange, nranks, own_buffers: bool):
