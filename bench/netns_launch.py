@@ -17,6 +17,7 @@ model (RINGTREE_TCP_MBPS) unless it is set.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import socket
@@ -29,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))  # the namespace maker
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)  # raw_socket
 
 import netns  # noqa: E402
 
@@ -43,6 +45,11 @@ def _parse(argv):
     p.add_argument("--rate", default=None, help="cap every host link at this tc rate (e.g. 2gbit)")
     p.add_argument("--raw-mb", type=int, default=64, help="MB the raw-socket baseline streams (0: skip it)")
     p.add_argument("--raw-repeats", type=int, default=3, help="raw-socket runs; the median is printed")
+    p.add_argument("--raw-ring", metavar="FIRST:LAST:FACTOR", default=None,
+                   help="also time the raw-socket ring baseline (bench/raw_socket.py) at these all_reduce sizes, "
+                        "e.g. 4K:64M:4, and print it beside the program's -J results")
+    p.add_argument("--raw-iters", default="10:3", metavar="N:W", help="raw ring: timed and warm-up iterations a size")
+    p.add_argument("--raw-opts", default="", help="extra raw_socket.py flags, e.g. '--sockbuf 4194304 --streams 2'")
     p.add_argument("--tcp-figures", action="store_true",
                    help="set RINGTREE_TCP_MBPS from the raw baseline for the cost model")
     p.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
@@ -57,6 +64,13 @@ def _parse(argv):
         args.program = args.program[1:]
     if not args.program:
         p.error("give the command to run after --")
+    if args.raw_ring:
+        import raw_socket
+        try:
+            raw_socket.parse_sizes(args.raw_ring)
+            args.raw_n, args.raw_w = (int(x) for x in args.raw_iters.split(":"))
+        except ValueError as exc:
+            p.error(f"--raw-ring/--raw-iters: {exc}")
     if not 1 <= args.hosts <= 64 or not 1 <= args.ranks_per_host <= 64:
         p.error("--hosts and --ranks-per-host must be between 1 and 64")
     return args
@@ -109,6 +123,60 @@ def raw_baseline(hosts, mb: int, repeats: int) -> dict:
     return {"MBps": statistics.median(runs), "runs": runs}
 
 
+def raw_ring(hosts, args) -> dict:
+    """{size: seconds}: bench/raw_socket.py on every host at once, the slowest host's time a size."""
+    cmd = [sys.executable, os.path.join(HERE, "raw_socket.py"), "--addrs", ",".join(hosts.addrs),
+           "--sizes", args.raw_ring, "-n", str(args.raw_n), "-w", str(args.raw_w), *args.raw_opts.split()]
+    procs = [subprocess.Popen(hosts.prefix(h) + cmd + ["--host", str(h)], stdout=subprocess.PIPE, text=True)
+             for h in range(len(hosts.names))]
+    outs = []
+    try:
+        for pr in procs:
+            out, _ = pr.communicate(timeout=600)
+            if pr.returncode:
+                raise RuntimeError(f"raw_socket.py failed with status {pr.returncode}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+    return {int(k): max(o["seconds"][k] for o in outs) for k in outs[0]["seconds"]}
+
+
+def json_path(program) -> str:
+    for flag, value in zip(program, program[1:]):
+        if flag == "-J":
+            return value
+    return None
+
+
+def summary(raw: dict, path: str, hosts: int, ranks_per_host: int):
+    """One table: every ringtree algorithm and Gloo (in place, as Gloo runs) beside the raw-socket
+    ring, as time in us and as raw time / their time (1.00: as fast as the bare sockets). The raw
+    time is rt_bench's own `--vs raw` cell of the same run when there is one, else --raw-ring's."""
+    with open(path) as f:
+        results = [r for r in json.load(f)["results"] if r["collective"] == "all_reduce"]
+    if not results:
+        return
+
+    def seconds(row, name):
+        cells = row["cells"].get(name, {})
+        cell = cells.get("ip") or cells.get("oop")
+        return cell.get("seconds") if cell else None
+
+    cols = sorted({c for r in results for c in r["cells"] if c != "raw"}, key=lambda c: (c == "gloo", c == "rawbuf", c))
+    print(f"# netns_launch summary: all_reduce {results[0]['dtype']}, {hosts} hosts x {ranks_per_host} ranks, "
+          "in place, slowest rank's average us; (x) = raw socket time / this time", flush=True)
+    print("#" + "size".rjust(11) + "raw".rjust(11) + "".join(c.split(":")[-1].rjust(16) for c in cols), flush=True)
+    for r in results:
+        base = seconds(r, "raw") or raw.get(r["size"])
+        row = f"{r['size']:12d}" + (f"{base * 1e6:11.0f}" if base else "-".rjust(11))
+        for c in cols:
+            t = seconds(r, c)
+            row += (f"{t * 1e6:.0f}" + (f" ({base / t:.2f})" if base else "")).rjust(16) if t else "-".rjust(16)
+        print(row, flush=True)
+
+
 # --- the launch ---------------------------------------------------------------------------------
 
 
@@ -140,6 +208,11 @@ def launch(args) -> int:
                   flush=True)
             if args.tcp_figures:
                 extra.setdefault("RINGTREE_TCP_MBPS", os.environ.get("RINGTREE_TCP_MBPS", f"{raw['MBps']:.0f}"))
+        raw = {}
+        if args.raw_ring and args.hosts >= 2:
+            raw = raw_ring(hosts, args)
+            print(f"# netns_launch: raw socket ring ({args.hosts} hosts, bench/raw_socket.py {args.raw_opts}): " +
+                  ", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in raw.items()), flush=True)
         uid = rt.UniqueId.from_seed(hosts.addrs[0], 29500, secrets.token_hex(16))  # rank 0 listens on host 0
         procs = []
         try:
@@ -150,7 +223,10 @@ def launch(args) -> int:
             for p in procs:
                 p.kill()
             raise
-        return supervise(procs, args.timeout, name="netns_launch")
+        status = supervise(procs, args.timeout, name="netns_launch")
+        if status == 0 and json_path(args.program):
+            summary(raw, json_path(args.program), args.hosts, args.ranks_per_host)
+        return status
 
 
 def main(argv=None) -> int:

@@ -10,6 +10,12 @@ Peers run in the same processes on the same numpy buffers as ringtree:
   nccl    torch.distributed NCCL; needs --device cuda and one GPU per rank
   memcpy  numpy.copyto in one process (rank 0): the copy bandwidth of the machine; with
           --device cuda, a device-to-device torch copy_ instead
+  raw     plain TCP sockets in a ring (bench/raw_socket.py): every rank sends the bytes the
+          collective's busbw factor says it must move to the next rank while receiving as many
+          from the previous one; no header, no reduction, from and into one 1 MiB buffer that
+          stays in cache: the link's best for those bytes
+  rawbuf  the same from the cell's input and into its output buffer (what a collective must
+          touch: cold memory at large sizes)
 With --device cuda, mpi and gloo are absent (they take host buffers).
 A peer that cannot run is reported absent with the reason, never silently dropped.
 """
@@ -44,6 +50,7 @@ class Impl:
     name = "?"
     is_subject = False      # ringtree itself: its #wrong decides the exit code
     rank0_only = False      # memcpy: runs in one process, others wait
+    checked = True          # False: moves bytes without computing the collective (raw sockets)
 
     def placements(self, coll: Collective) -> tuple[str, ...]:
         raise NotImplementedError
@@ -395,7 +402,70 @@ class DeviceCopyImpl(MemcpyImpl):
         return lambda: dst.copy_(src)
 
 
-def open_peers(names, rank, nranks, share_port, device, timeout_s):
+# ---------------------------------------------------------------------------- raw sockets
+
+class RawSocketImpl(Impl):
+    """The bytes a ring moves, over plain TCP: send busbw_factor x size bytes to rank+1 while
+    receiving as many from rank-1, from the cell's own buffers (not checked: no reduction)."""
+    name = "raw"
+    checked = False
+    description = "plain TCP sockets in a ring, busbw-factor x size bytes each way, no reduction"
+
+    def __init__(self, exchange, nranks, own_buffers: bool):
+        self.ex, self.nranks, self.own_buffers = exchange, nranks, own_buffers
+        if not own_buffers:
+            self.name = "rawbuf"
+            self.description += ", from and into the cell's buffers"
+
+    def placements(self, coll):
+        return (IP,)
+
+    def make_call(self, coll, placement, inp, out, n, op, root):
+        nbytes = int(coll.busbw_factor(self.nranks) * max(inp.nbytes, out.nbytes))
+        src = dst = None  # the exchange's own cache-resident buffer
+        if not self.own_buffers:
+            src = memoryview(inp.reshape(-1).view(np.uint8))
+            dst = memoryview(out.reshape(-1).view(np.uint8))
+        return lambda: self.ex.run(nbytes, src, dst)
+
+    def barrier(self):
+        self.ex.run(1)  # a token round the ring
+
+    def close(self):
+        self.ex.close()
+
+
+def open_raw(rank, nranks, gather_ints, timeout_s, own_buffers=True):
+    """(RawSocketImpl, None) or (None, reason). Every rank listens on the address it reaches the
+    store (MASTER_ADDR) from; addresses and ports travel through ringtree (gather_ints)."""
+    import ipaddress
+    import socket
+    import raw_socket
+    if nranks < 2:
+        return None, "needs two ranks or more"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((_store_host(), 9))  # no packet is sent: this only picks the route
+        my_ip = probe.getsockname()[0]
+    finally:
+        probe.close()
+    sockbuf, streams = int(os.environ.get("RAW_SOCKBUF", 0)), int(os.environ.get("RAW_STREAMS", 1))
+    zerocopy = os.environ.get("RAW_ZEROCOPY", "0") == "1"
+    server = raw_socket.listen(my_ip, 0, sockbuf)
+    try:
+        ips = gather_ints(int(ipaddress.IPv4Address(my_ip)))
+        ports = gather_ints(server.getsockname()[1])
+        nxt = (rank + 1) % nranks
+        out, inc = raw_socket.ring_sockets(server, (str(ipaddress.IPv4Address(int(ips[nxt]))), int(ports[nxt])),
+                                           streams, sockbuf, zerocopy, timeout_s)
+    finally:
+        server.close()
+    impl = RawSocketImpl(raw_socket.Exchange(out, inc, zerocopy, 1 << 20), nranks, own_buffers)
+    impl.description += f" (streams={streams}, sockbuf={sockbuf or 'kernel'}, zerocopy={int(zerocopy)})"
+    return impl, None
+
+
+def open_peers(names, rank, nranks, share_port, device, timeout_s, gather_ints=None):
     """Open each requested peer: (list of Impl, {name: description}, {name: absence reason})."""
     opened, described, absent = [], {}, {}
     for name in names:
@@ -409,6 +479,9 @@ def open_peers(names, rank, nranks, share_port, device, timeout_s):
             impl, reason = open_nccl(rank, nranks, share_port, device, timeout_s)
         elif name == "memcpy":
             impl, reason = (DeviceCopyImpl() if device == "cuda" else MemcpyImpl()), None
+        elif name in ("raw", "rawbuf"):
+            impl, reason = open_raw(rank, nranks, gather_ints, timeout_s, name == "raw") if device != "cuda" else (
+                None, "host sockets only (this run is --device cuda)")
         else:
             raise ValueError(name)
         if impl is None:

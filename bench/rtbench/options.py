@@ -15,7 +15,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broa
                "reduce", "gather", "scatter", "sendrecv")
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 ALGOS = ("ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order", "auto")
-PEERS = ("mpi", "gloo", "nccl", "memcpy")
+PEERS = ("mpi", "gloo", "nccl", "memcpy", "raw", "rawbuf")
 
 # Canonical dtype names are numpy's; nccl-tests spellings are accepted on input.
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(hier needs ranks on several hosts to differ from flat: launch with --hosts H)")
     p.add_argument("--collective", default="all_reduce",
                    help="collective(s): " + ", ".join(COLLECTIVES) + ", comma list, or all")
-    p.add_argument("--vs", default="", help="peers measured side by side: mpi, gloo, nccl, memcpy (comma list)")
+    p.add_argument("--vs", default="", help="peers measured side by side: mpi, gloo, nccl, memcpy, raw, rawbuf (comma list)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write busbw vs size plots")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where buffers live")
     p.add_argument("--if-gpu", action="store_true",

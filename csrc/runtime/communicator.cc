@@ -13,6 +13,7 @@
 #include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/dumps.h"
+#include "transport/tcp/tcp.h"
 
 namespace ringtree {
 
@@ -21,7 +22,7 @@ namespace {
 // Settings (documented in the README's table).
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
-RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", 2000)
+RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", -1)
 RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
 RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
@@ -86,6 +87,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   }
   exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes())));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
+  tcp_settings();     // and a bad TCP setting, before bootstrap
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
@@ -117,9 +119,17 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   for (int q = 0; q < size; ++q)
     if (q != rank && mesh_.peers[q].host == mesh_.peers[rank].host) ++local_ranks;
   const bool oversubscribed = local_ranks > online_cpus();
+  // A rank whose peers are all across TCP (no peer on this host as the probes found it, topo_)
+  // neither spins nor yields: its data arrives through the kernel, which needs the core the
+  // spinning rank holds, and on a busy core sched_yield hands a whole time slice to an unrelated
+  // task that data arriving on a socket cannot interrupt (no wake-up). Both cost about a
+  // millisecond a wait between namespace hosts here; poll() wakes it (bench/RESULTS.md).
+  bool host_peer = false;
+  for (int q = 0; q < size; ++q) host_peer = host_peer || (q != rank && topo_.same_host(q, rank));
   WaitPolicy wait;
-  wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed ? 1 : 1000));
-  wait.yield_ns = 1000 * std::max<int64_t>(0, YieldMicros());
+  wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed || !host_peer ? 1 : 1000));
+  const int64_t yield_us = YieldMicros() >= 0 ? YieldMicros() : (host_peer ? 2000 : 0);
+  wait.yield_ns = 1000 * yield_us;
   exec_.set_wait_policy(wait);
 }
 

@@ -31,16 +31,6 @@ def every_algo(coll):
     return [rt._core.ALGOS[a] for a in rt._core.supported_algos(code) + rt._core.hier_algos(code)]
 
 
-@pytest.fixture
-def namespace_hosts(request):
-    """request.param hosts, each a network namespace; removed after the test, failed or not."""
-    try:
-        with netns.emulated_hosts(request.param) as hosts:
-            yield hosts
-    except netns.NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 def in_namespaces(hosts):
     """run_world options placing rank r on host r // RANKS_PER_HOST, rank 0 listening on host 0."""
     return dict(unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29541, uuid.uuid4().hex),

@@ -14,12 +14,36 @@ namespace ringtree {
 
 namespace {
 RT_PARAM(TcpStagingBytes, "RINGTREE_TCP_STAGING_BYTES", 256 << 10)
+RT_PARAM(TcpSockbufBytes, "RINGTREE_TCP_SOCKBUF", 0)
+constexpr int64_t kMaxSockbuf = int64_t{1} << 30;
+
+TcpSettings read_settings() {
+  TcpSettings s{TcpSockbufBytes(), TcpStagingBytes()};
+  RT_CHECK(s.sockbuf_bytes == 0 || (s.sockbuf_bytes >= 4096 && s.sockbuf_bytes <= kMaxSockbuf), InvalidArgument,
+           "RINGTREE_TCP_SOCKBUF must be 0 (the kernel's autotuning) or a byte count in [4096, ", kMaxSockbuf,
+           "], got ", s.sockbuf_bytes);
+  RT_CHECK(s.staging_bytes >= 4096 && s.staging_bytes <= kMaxSockbuf, InvalidArgument,
+           "RINGTREE_TCP_STAGING_BYTES must be a byte count in [4096, ", kMaxSockbuf, "], got ", s.staging_bytes);
+  return s;
+}
+}  // namespace
+
+const TcpSettings& tcp_settings() {
+  static const TcpSettings settings = read_settings();
+  return settings;
 }
 
 TcpConnection::TcpConnection(int peer, int fd)
-    : peer_(peer), fd_(fd), staging_(std::max<int64_t>(4096, TcpStagingBytes())) {
+    : peer_(peer), fd_(fd), staging_(static_cast<size_t>(tcp_settings().staging_bytes)) {
   set_nonblocking(fd_);
   set_tcp_nodelay(fd_);
+  if (const int64_t buf = tcp_settings().sockbuf_bytes) {
+    // The kernel caps these at net.core.wmem_max/rmem_max and then stops autotuning them:
+    // only worth it where autotuning stays below what the link needs.
+    const int bytes = static_cast<int>(buf);
+    setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  }
 }
 
 TcpConnection::~TcpConnection() { close_fd(fd_); }
