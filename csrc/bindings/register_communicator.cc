@@ -207,6 +207,7 @@ void register_communicator(py::module_& m) {
            py::arg("src"), py::arg("tag"))
       .def("machine_costs", &Communicator::machine_costs)
       .def("transport_to", &Communicator::transport_to)
+      .def_property_readonly("shared_cpu_waits", &Communicator::shared_cpu_waits)
       .def_property_readonly("single_copy", &Communicator::single_copy)
       .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
       .def("address", &Communicator::address)

@@ -50,6 +50,7 @@ class CommunicatorImpl : public Communicator {
                                      bool deterministic = false) const override;
   std::string machine_costs() const override;
   std::string transport_to(int peer) const override;
+  uint64_t shared_cpu_waits() const override { return exec_.shared_cpu_waits(); }
   std::string single_copy() const override { return exec_.single_copy_status(); }
   uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
   std::string address() const override;

@@ -185,6 +185,12 @@ class Communicator:
     def __exit__(self, *exc):
         self.close()
 
+    @property
+    def shared_cpu_waits(self) -> int:
+        """How many of this rank's waits went straight to yielding, without spinning, because a
+        peer they needed was last seen on this rank's CPU (the scheduler put both on one core)."""
+        return self._core.shared_cpu_waits
+
     def transport_to(self, peer: int) -> str:
         """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
         return self._core.transport_to(int(peer))

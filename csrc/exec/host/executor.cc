@@ -464,8 +464,26 @@ bool HostExecutor::single_copy_acked() const {
   return true;
 }
 
+bool HostExecutor::awaited_peer_on_this_cpu(bool board) {
+  if (!have_shm_) return false;
+  const int cpu = sched_getcpu();
+  own_segment_->header()->cpu.store(cpu, std::memory_order_relaxed);
+  auto on_this_cpu = [&](int q) {
+    return q != rank_ && peer_segments_[q] && peer_segments_[q]->header()->cpu.load(std::memory_order_relaxed) == cpu;
+  };
+  bool shared = false;
+  if (board) {
+    for (int q = 0; q < size_ && !shared; ++q) shared = !board_arrived_[q] && on_this_cpu(q);
+  } else {
+    for (const OpCursor& c : cursors_) shared = shared || (!c.done && on_this_cpu(c.peer));
+  }
+  if (shared) shared_cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+  return shared;
+}
+
 void HostExecutor::pump(const Deadline& deadline, bool final) {
-  Backoff backoff(wait_);
+  auto peer_shares_cpu = [this] { return awaited_peer_on_this_cpu(false); };
+  Backoff backoff(wait_, peer_shares_cpu);
   for (;;) {
     const bool moved = progress_all();
     if (step_done(final)) return;

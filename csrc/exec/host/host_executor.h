@@ -65,6 +65,8 @@ class HostExecutor {
   // (a collective over `boot`). board_bytes: the one-shot board's capacity (0: no board).
   void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t board_bytes);
   void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
+  // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
+  uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
   void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
 
   // Runs the call; throws the typed error of the first failure.
@@ -147,6 +149,10 @@ class HostExecutor {
   std::unique_ptr<ShmSegment> own_segment_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
   WaitPolicy wait_;
+  // At the start of a wait: publishes this rank's CPU and says whether a peer the wait needs
+  // (the step's open cursors, or the board's missing ranks) last started a wait on it.
+  bool awaited_peer_on_this_cpu(bool board);
+  std::atomic<uint64_t> shared_cpu_waits_{0};
   uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
   bool stream_out_ = false;    // the current call's
   std::string single_copy_status_ = "off: no other rank shares memory with this one";

@@ -155,6 +155,8 @@ class Communicator {
   virtual std::string machine_costs() const = 0;
   // "shm", "tcp" or "self".
   virtual std::string transport_to(int peer) const = 0;
+  // Waits that skipped spinning because a peer they needed last waited on this rank's CPU.
+  virtual uint64_t shared_cpu_waits() const = 0;
   // Whether large messages between ranks on this host go single-copy (process_vm_readv), and
   // why not where they do not: "on: ..." or "off: <reason>".
   virtual std::string single_copy() const = 0;

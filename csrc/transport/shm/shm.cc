@@ -57,6 +57,7 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes,
   map(fd, name);
   header()->magic = kSegmentMagic;
   header()->sleeping.store(0);
+  header()->cpu.store(-1);
   for (int parity = 0; parity < 2; ++parity) board(parity)->gen.store(0);
   for (int s = 0; s < slots; ++s) {
     ring(s)->head.store(0);

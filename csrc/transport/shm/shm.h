@@ -18,6 +18,7 @@ namespace ringtree {
 struct alignas(64) ShmSegmentHeader {
   uint64_t magic;
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) blocked in poll()
+  std::atomic<int32_t> cpu;        // the CPU the owner last started a wait on (-1: none yet)
   // The single-copy probe (cma.h), written during set-up only, on its own line: the owner's
   // pid, where its probe word lives in the owner and what it holds, and the owner's verdict on
   // reading every peer's word (0: all read; else a cma.h verdict, about rank cma_failed_peer).
