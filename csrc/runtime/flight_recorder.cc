@@ -70,9 +70,24 @@ bool invariant_tsc() {
 
 }  // namespace
 
+// A (tick, ns) pair read together. A thread preempted between the two reads would shift every
+// stamp mapped through the pair by the time it was away (microseconds to milliseconds on a busy
+// machine, enough to put a rank's call on the wrong side of its peers'); so the pair is read
+// between two tick reads, a few times, and the tightest bracket wins.
+void FlightRecorder::paired_now(int64_t* tick, int64_t* ns) {
+  int64_t best_width = INT64_MAX;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int64_t before = ticks(), n = now_ns(), after = ticks();
+    if (after - before < best_width) {
+      best_width = after - before;
+      *tick = before + (after - before) / 2;
+      *ns = n;
+    }
+  }
+}
+
 FlightRecorder::FlightRecorder(size_t capacity) : slots_(capacity), errors_(new std::array<char, 240>[capacity]) {
-  origin_ticks_ = ticks();
-  origin_ns_ = now_ns();
+  paired_now(&origin_ticks_, &origin_ns_);
 }
 
 int64_t FlightRecorder::now_ns() {
@@ -157,7 +172,8 @@ std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
   const uint64_t last = recorded();
   const uint64_t first = last > slots_.size() ? last - slots_.size() + 1 : 1;
   const uint64_t running = running_.load(std::memory_order_relaxed);
-  const int64_t now_t = ticks(), now = now_ns();
+  int64_t now_t = 0, now = 0;
+  paired_now(&now_t, &now);
   auto stamp = [&](int64_t t) { return time_or_null(to_ns(t, now_t, now)); };
   std::string out = "[";
   bool any = false;

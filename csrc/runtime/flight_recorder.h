@@ -84,6 +84,7 @@ class FlightRecorder {
   std::atomic<uint64_t> next_id_{0};
   std::atomic<uint64_t> running_{0};
   int64_t origin_ticks_ = 0, origin_ns_ = 0;  // a (tick, ns) pair taken at construction
+  static void paired_now(int64_t* tick, int64_t* ns);
 };
 
 }  // namespace ringtree
