@@ -186,25 +186,51 @@ def test_sigkill_mid_single_copy_is_reported_fast_on_every_rank(coll):
         assert f"{coll} #" in res["message"], res["message"]
 
 
-def stalled_reader(timeout=2.0):
-    """Rank 1 stops calling collectives: rank 0's single-copy send is never acknowledged, so its
-    all_gather must time out (not hang, not return early) within the per-call timeout."""
+def unread_broadcast(timeout=2.0):
+    """Rank 1 stops calling collectives. The root of a broadcast only sends, single-copy: its call
+    must wait for rank 1 to read its buffer and so time out (not return early, not hang)."""
     comm = rt.init()
-    assert comm.single_copy.startswith("on: "), comm.single_copy
-    x = np.ones(1 << 18, np.float32)
-    out = np.empty(x.size * 2, np.float32)
-    comm.all_gather(x, out)
+    x = np.ones(1 << 16, np.float32)  # 256 KiB: above the board, inside one ring
+    comm.broadcast(x, root=0)
     if comm.rank == 1:
         time.sleep(timeout * 4)
         return {"raised": None}
-    return repeat_until_raised(lambda: comm.all_gather(x, out, timeout=timeout), 0)
+    res = repeat_until_raised(lambda: comm.broadcast(x, root=0, timeout=timeout), 0)
+    res["single_copy"] = comm.single_copy
+    return res
 
 
 @pytest.mark.timeout(120)
 def test_unacknowledged_single_copy_send_times_out():
-    world = run_world(2, stalled_reader, timeout=100)
-    results = world.check_ok()
-    res = results[0]
+    world = run_world(2, unread_broadcast, env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=100)
+    res = world.check_ok()[0]
+    assert res["single_copy"].startswith("on: "), res
     assert res["raised"] == "Timeout", res
     assert 1.5 < res["seconds"] < 8, res
-    assert "all_gather #" in res["message"] and "rank 1" in res["message"], res["message"]
+    assert "broadcast #" in res["message"] and "rank 1" in res["message"], res["message"]
+
+
+def reuse_after_return(rounds=40):
+    """The root rewrites its buffer the moment each broadcast returns: if a call returned before
+    the receiver had read the root's memory, the receiver would see the next round's values."""
+    comm = rt.init()
+    x = np.empty(1 << 16, np.float32)
+    wrong = 0
+    for k in range(rounds):
+        if comm.rank == 0:
+            x.fill(k)
+        comm.broadcast(x, root=0)
+        if comm.rank == 0:
+            x.fill(-1.0)  # the caller's next use of its buffer
+        elif not (x == k).all():
+            wrong += 1
+    received = comm.single_copy_messages
+    comm.close()
+    return {"wrong": wrong, "single_copy_messages": received}
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_may_reuse_its_buffer_when_the_call_returns():
+    ranks = run_world(2, reuse_after_return, env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=100).check_ok()
+    assert ranks[1]["single_copy_messages"] >= 40, ranks  # the receiver read the root's memory
+    assert [r["wrong"] for r in ranks] == [0, 0], ranks
