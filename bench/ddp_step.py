@@ -75,16 +75,23 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run_one(backend, ranks, hidden, args):
-    command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(args.job_timeout),
-               os.path.abspath(__file__), "--worker", "--backend", backend, "--hidden", str(hidden),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+def launched_result(script, ranks, job_timeout, worker_args, what):
+    """Runs `script --worker ...` on `ranks` fresh local ranks (one thread of math each) and
+    returns the JSON its rank 0 printed after "RESULT " (the bench workers' convention)."""
+    command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(job_timeout),
+               os.path.abspath(script), "--worker"] + [str(a) for a in worker_args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{backend} at P={ranks} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    raise RuntimeError(f"{what} at P={ranks} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                       f"{proc.stderr[-2000:]}")
+
+
+def run_one(backend, ranks, hidden, args):
+    return launched_result(__file__, ranks, args.job_timeout,
+                           ["--backend", backend, "--hidden", hidden, "--steps", args.steps, "--warmup", args.warmup,
+                            "--batch", args.batch], backend)
 
 
 def main(argv=None):

@@ -27,10 +27,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 
-from ddp_step import _step_times
+from ddp_step import _step_times, launched_result
 from zero_bench import deep_mlp
 
 VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
@@ -152,16 +150,10 @@ def worker(args):
 
 
 def run_launch(ranks: int, width: int, args) -> dict:
-    command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(args.job_timeout),
-               os.path.abspath(__file__), "--worker", "--width", str(width), "--depth", str(args.depth),
-               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--rounds", str(args.rounds), "--variants", args.variants]
-    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"P={ranks} width {width} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                       f"{proc.stderr[-3000:]}")
+    return launched_result(__file__, ranks, args.job_timeout,
+                           ["--width", width, "--depth", args.depth, "--batch", args.batch, "--steps", args.steps,
+                            "--warmup", args.warmup, "--rounds", args.rounds, "--variants", args.variants],
+                           f"width {width}")
 
 
 def table(args):

@@ -27,12 +27,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+from ddp_step import launched_result  # noqa: E402  (bench/ is the script's directory)
 
 VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
             "zero3 ringtree")
@@ -178,15 +179,9 @@ def worker(args):
 
 
 def run_launch(ranks, args, worker_args):
-    command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(args.job_timeout),
-               os.path.abspath(__file__), "--worker", "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--batch", str(args.batch), "--rounds", str(args.rounds)] + worker_args
-    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"P={ranks} {worker_args} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                       f"{proc.stderr[-2000:]}")
+    return launched_result(__file__, ranks, args.job_timeout,
+                           ["--steps", args.steps, "--warmup", args.warmup, "--batch", args.batch, "--rounds",
+                            args.rounds] + worker_args, str(worker_args))
 
 
 def memory_table(args):
