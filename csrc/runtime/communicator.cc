@@ -115,17 +115,16 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   });
 
   // Spin while every local rank can have a core; when oversubscribed, hand the core over fast.
-  int local_ranks = 1;
-  for (int q = 0; q < size; ++q)
-    if (q != rank && mesh_.peers[q].host == mesh_.peers[rank].host) ++local_ranks;
+  // Local means what the probes found (topo_), not what the hostnames say.
+  int local_ranks = 0;
+  for (int q = 0; q < size; ++q) local_ranks += topo_.same_host(q, rank);
   const bool oversubscribed = local_ranks > online_cpus();
-  // A rank whose peers are all across TCP (no peer on this host as the probes found it, topo_)
-  // neither spins nor yields: its data arrives through the kernel, which needs the core the
-  // spinning rank holds, and on a busy core sched_yield hands a whole time slice to an unrelated
-  // task that data arriving on a socket cannot interrupt (no wake-up). Both cost about a
-  // millisecond a wait between namespace hosts here; poll() wakes it (bench/RESULTS.md).
-  bool host_peer = false;
-  for (int q = 0; q < size; ++q) host_peer = host_peer || (q != rank && topo_.same_host(q, rank));
+  // A rank whose peers are all across TCP neither spins nor yields: its data arrives through the
+  // kernel, which needs the core the spinning rank holds, and on a busy core sched_yield hands a
+  // whole time slice to an unrelated task that data arriving on a socket cannot interrupt (no
+  // wake-up). Both cost about a millisecond a wait between namespace hosts here; poll() wakes it
+  // (bench/RESULTS.md).
+  const bool host_peer = local_ranks > 1;
   WaitPolicy wait;
   wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed || !host_peer ? 1 : 1000));
   const int64_t yield_us = YieldMicros() >= 0 ? YieldMicros() : (host_peer ? 2000 : 0);
