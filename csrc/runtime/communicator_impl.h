@@ -53,6 +53,7 @@ class CommunicatorImpl : public Communicator {
   uint64_t shared_cpu_waits() const override { return exec_.shared_cpu_waits(); }
   std::string single_copy() const override { return exec_.single_copy_status(); }
   uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
+  uint64_t streamed_pieces() const override { return exec_.streamed_pieces(); }
   std::string address() const override;
   std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {
     return messenger_.isend(ptr, bytes, dst, tag);

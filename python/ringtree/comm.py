@@ -208,6 +208,14 @@ class Communicator:
         """How many messages this rank has received single-copy so far (read it between calls)."""
         return self._core.single_copy_messages
 
+    @property
+    def streamed_pieces(self) -> int:
+        """How many payload pieces this rank has written into shared-memory rings with streaming
+        (cache-bypassing) stores so far. RINGTREE_SHM_STREAM_STORES=auto (the default) times both
+        kinds of store on each ring and streams while that is clearly faster, which it is when the
+        two ranks' cores do not share a cache (read it between calls)."""
+        return self._core.streamed_pieces
+
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole

@@ -46,7 +46,7 @@ void HostExecutor::publish_on_board(const MsgHeader& fp, const uint8_t* payload,
   std::atomic_thread_fence(std::memory_order_release);
   mine->fp = fp;
   mine->fp.payload_bytes = bytes;  // what this rank put there (check_header's expectation)
-  if (bytes) std::memcpy(ShmSegment::board_data(mine), payload, bytes);
+  if (bytes) board_stores_.copy(ShmSegment::board_data(mine), payload, bytes);
   mine->gen.store(gen, std::memory_order_release);
   // Pairs with the fence between a sleeper's flag store and its last look at the board.
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -203,6 +203,13 @@ uint64_t HostExecutor::single_copy_messages() const {
   return n;
 }
 
+uint64_t HostExecutor::streamed_pieces() const {
+  uint64_t n = board_stores_.streamed();
+  for (const auto& conn : conns_)
+    if (conn && std::strcmp(conn->kind(), "shm") == 0) n += static_cast<const ShmConnection*>(conn.get())->streamed_pieces();
+  return n;
+}
+
 void HostExecutor::open_wake_fd() {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   RT_SYSCHECK(wake_fd_, "eventfd");

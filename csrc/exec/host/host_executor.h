@@ -86,6 +86,7 @@ class HostExecutor {
   const std::string& single_copy_status() const { return single_copy_status_; }
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
+  uint64_t streamed_pieces() const;
   // From any thread: the call in progress (and any later one) raises Aborted with `why` as soon
   // as its rank would otherwise wait, a sleeping rank is woken for it.
   void abort(const std::string& why);
@@ -135,6 +136,7 @@ class HostExecutor {
   void clear_waiting();
   // The one-shot board (board.cc).
   void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
+  SharedStores board_stores_;  // this rank's board payloads
   void run_board(const uint8_t* in, uint8_t* out);
   void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
   void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);

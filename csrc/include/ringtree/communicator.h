@@ -162,6 +162,9 @@ class Communicator {
   virtual std::string single_copy() const = 0;
   // Messages this rank has received single-copy so far (read between calls).
   virtual uint64_t single_copy_messages() const = 0;
+  // Payload pieces this rank wrote into shared-memory rings with streaming stores so far
+  // (RINGTREE_SHM_STREAM_STORES; read between calls).
+  virtual uint64_t streamed_pieces() const = 0;
   // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
   // it leads (shrink, grow) must listen so that the same peers can reach it.
   virtual std::string address() const = 0;

@@ -82,6 +82,25 @@ class ShmSegment {
   uint64_t board_bytes_ = 0;
 };
 
+// RINGTREE_SHM_STREAM_STORES: -1 auto, 0 off, 1 on (InvalidArgument for anything else).
+int shm_stream_store_setting();
+
+// Copies into shared memory that other ranks read next (a ring, a board slot): plain or streaming
+// stores, as RINGTREE_SHM_STREAM_STORES says; 'auto' times both and keeps to the faster (shm.cc).
+class SharedStores {
+ public:
+  SharedStores();
+  // Returns once the bytes are visible to a reader that sees a later release store.
+  void copy(uint8_t* dst, const uint8_t* src, uint64_t bytes);
+  uint64_t streamed() const { return streamed_; }  // copies made with streaming stores
+
+ private:
+  int setting_;                 // -1 auto, 0 plain, 1 streaming
+  uint64_t cost_[2] = {0, 0};   // measured cycles per KiB of plain / streaming copies; 0: none yet
+  uint32_t measured_ = 0;
+  uint64_t streamed_ = 0;
+};
+
 class ShmConnection : public Connection {
  public:
   ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data,
@@ -103,6 +122,8 @@ class ShmConnection : public Connection {
     cma_min_ = min_bytes;
   }
   uint64_t single_copy_received() const { return cma_received_; }
+  // Payload pieces this rank wrote into its ring to the peer with streaming stores (SharedStores).
+  uint64_t streamed_pieces() const { return stores_.streamed(); }
   // Whether the peer has read every single-copy message this rank sent it.
   bool acknowledged() const { return out_->tail.load(std::memory_order_acquire) >= last_ack_at_; }
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
@@ -118,6 +139,7 @@ class ShmConnection : public Connection {
   uint8_t* in_data_;
   uint64_t cap_;
   uint64_t piece_;
+  SharedStores stores_;  // payload pieces into the out ring
   std::atomic<uint32_t>* peer_sleeping_;
   Doorbell* bell_;
   pid_t cma_pid_ = 0;  // 0: no single-copy transfers on this connection
