@@ -54,6 +54,7 @@ class CommunicatorImpl : public Communicator {
   std::string single_copy() const override { return exec_.single_copy_status(); }
   uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
   uint64_t streamed_pieces() const override { return exec_.streamed_pieces(); }
+  std::string shm_stores() const override { return exec_.shm_stores(); }
   std::string address() const override;
   std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {
     return messenger_.isend(ptr, bytes, dst, tag);

@@ -216,6 +216,14 @@ class Communicator:
         two ranks' cores do not share a cache (read it between calls)."""
         return self._core.streamed_pieces
 
+    @property
+    def shm_stores(self) -> str:
+        """Which stores this rank's shared-memory writers use now (its board, its ring to each
+        local peer) and, under RINGTREE_SHM_STREAM_STORES=auto, the measured cycles per KiB of
+        plain and streaming copies behind the choice: plain copies measuring several times dearer
+        than streaming ones mean the peer's core does not share a cache with this one."""
+        return self._core.shm_stores
+
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole

@@ -7,6 +7,8 @@ collective that goes through the rings; the piece counter shows which stores ran
 fails init with a clear error."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -45,8 +47,10 @@ def ring_sweep():
         if not np.array_equal(bc, xs[P - 1]):
             failures.append(f"broadcast {dtype.__name__}: wrong")
     streamed = comm.streamed_pieces - before
+    stores = comm.shm_stores
+    explained = rt.explain("all_reduce", 4 << 20, comm=comm, file=None)
     comm.close()
-    return {"failures": failures, "streamed": streamed}
+    return {"failures": failures, "streamed": streamed, "stores": stores, "explained": explained}
 
 
 # Single copy off, so all_gather and broadcast go through the rings too.
@@ -59,6 +63,17 @@ def test_every_setting_gives_exact_results(setting, P):
     for rank, res in enumerate(ranks):
         assert res["failures"] == [], (rank, res)
     streamed = [res["streamed"] for res in ranks]
+    for rank, res in enumerate(ranks):
+        # One ring to every other rank, each saying which stores it uses.
+        peers = [q for q in range(P) if q != rank]
+        assert all(f"ring to rank {q}: " in res["stores"] for q in peers), res["stores"]
+        assert f"shared-memory stores: {res['stores']}" in res["explained"]
+        if setting == "auto":  # the ring schedules send to the next rank only
+            measured = rf"ring to rank {(rank + 1) % P}: (plain|streaming) \(auto: plain \d+, streaming \d+ cycles per KiB\)"
+            assert re.search(measured, res["stores"]), res["stores"]
+        else:
+            word = "streaming" if setting == "on" else "plain"
+            assert res["stores"].count(f"{word} (RINGTREE_SHM_STREAM_STORES={setting})") == len(peers) + 1, res["stores"]
     if setting == "off":
         assert streamed == [0] * P
     else:

@@ -210,6 +210,16 @@ uint64_t HostExecutor::streamed_pieces() const {
   return n;
 }
 
+std::string HostExecutor::shm_stores() const {
+  std::string out;
+  if (board_usable_) out = str_cat("board: ", board_stores_.describe());
+  for (size_t q = 0; q < conns_.size(); ++q)
+    if (conns_[q] && std::strcmp(conns_[q]->kind(), "shm") == 0)
+      out += str_cat(out.empty() ? "" : "; ", "ring to rank ", q, ": ",
+                     static_cast<const ShmConnection*>(conns_[q].get())->describe_stores());
+  return out.empty() ? "no shared-memory peers" : out;
+}
+
 void HostExecutor::open_wake_fd() {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   RT_SYSCHECK(wake_fd_, "eventfd");

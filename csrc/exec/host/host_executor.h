@@ -87,6 +87,9 @@ class HostExecutor {
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
   uint64_t streamed_pieces() const;
+  // One line per shared-memory writer of this rank (its board, its ring to each local peer):
+  // which stores it uses and why (SharedStores::describe).
+  std::string shm_stores() const;
   // From any thread: the call in progress (and any later one) raises Aborted with `why` as soon
   // as its rank would otherwise wait, a sleeping rank is woken for it.
   void abort(const std::string& why);

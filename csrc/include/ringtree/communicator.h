@@ -165,6 +165,8 @@ class Communicator {
   // Payload pieces this rank wrote into shared-memory rings with streaming stores so far
   // (RINGTREE_SHM_STREAM_STORES; read between calls).
   virtual uint64_t streamed_pieces() const = 0;
+  // Which stores each of this rank's shared-memory writers uses, and the costs behind auto's choice.
+  virtual std::string shm_stores() const = 0;
   // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
   // it leads (shrink, grow) must listen so that the same peers can reach it.
   virtual std::string address() const = 0;

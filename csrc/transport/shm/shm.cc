@@ -212,6 +212,14 @@ void SharedStores::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   }
 }
 
+std::string SharedStores::describe() const {
+  if (setting_ >= 0) return setting_ ? "streaming (RINGTREE_SHM_STREAM_STORES=on)" : "plain (RINGTREE_SHM_STREAM_STORES=off)";
+  if (cost_[0] == 0) return "plain (auto: nothing of 16 KiB or more copied yet)";
+  const bool streaming = cost_[1] != 0 && cost_[1] * 2 < cost_[0];
+  return str_cat(streaming ? "streaming" : "plain", " (auto: plain ", cost_[0], ", streaming ",
+                 cost_[1] ? std::to_string(cost_[1]) : std::string("not measured yet"), " cycles per KiB)");
+}
+
 // The header alone goes into the ring, with the payload's address; the send completes once the
 // receiver has consumed it, which it does only after reading the whole payload (or at once with
 // defer_ack, and the executor waits for acknowledged() before the call returns).

@@ -93,6 +93,8 @@ class SharedStores {
   // Returns once the bytes are visible to a reader that sees a later release store.
   void copy(uint8_t* dst, const uint8_t* src, uint64_t bytes);
   uint64_t streamed() const { return streamed_; }  // copies made with streaming stores
+  // "plain" / "streaming" and, under auto, the measured costs behind the choice.
+  std::string describe() const;
 
  private:
   int setting_;                 // -1 auto, 0 plain, 1 streaming
@@ -124,6 +126,7 @@ class ShmConnection : public Connection {
   uint64_t single_copy_received() const { return cma_received_; }
   // Payload pieces this rank wrote into its ring to the peer with streaming stores (SharedStores).
   uint64_t streamed_pieces() const { return stores_.streamed(); }
+  std::string describe_stores() const { return stores_.describe(); }
   // Whether the peer has read every single-copy message this rank sent it.
   bool acknowledged() const { return out_->tail.load(std::memory_order_acquire) >= last_ack_at_; }
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
