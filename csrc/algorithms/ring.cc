@@ -76,14 +76,18 @@ void ring_reduce_scatter(Schedule& s, int P, int r, uint64_t N) {
   }
 }
 
-// all_gather: step 0 copies our block into place; step s (0..P-2) then forwards block r-s and
-// receives block r-s-1.
+// all_gather: a first step copies our block into place; step s (0..P-2) then forwards block r-s
+// and receives block r-s-1, our own block (s=0) sent from the input, not from that copy. The
+// input is never written, so the next call's copy does not have to take back lines that a reader
+// on another core just pulled out of this core's cache (a next rank reading single-copy reads
+// straight from the sender's memory).
 void ring_all_gather(Schedule& s, int P, int r, uint64_t N) {
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
   s.add(make_copy(BufId::Output, static_cast<uint64_t>(r) * N, BufId::Input, 0, N));
   s.end_step();
   for (int step = 0; step < P - 1; ++step) {
-    s.add(send(next, BufId::Output, static_cast<uint64_t>(mod(r - step, P)) * N, N));
+    if (step == 0) s.add(send(next, BufId::Input, 0, N));
+    else s.add(send(next, BufId::Output, static_cast<uint64_t>(mod(r - step, P)) * N, N));
     s.add(recv(prev, BufId::Output, static_cast<uint64_t>(mod(r - step - 1, P)) * N, N));
     s.end_step();
   }
