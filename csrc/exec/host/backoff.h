@@ -10,6 +10,10 @@
 // start of each wait the caller may say that a peer it waits for was last seen on this CPU,
 // and the wait goes straight to yielding. An unrelated neighbour on this core is no reason to
 // yield: it would take a whole time slice that the peer's data cannot interrupt.
+//
+// A wait on nothing but TCP connections blocks at once: the kernel delivers that data, and
+// spinning holds the core it needs while a yield hands a whole time slice to a task the arriving
+// data cannot interrupt (about a millisecond a wait between namespace hosts here).
 #pragma once
 #include <sched.h>
 #include <chrono>
@@ -17,6 +21,9 @@
 #include "common/cpu_relax.h"
 
 namespace ringtree {
+
+// What a wait should do first, decided when it starts.
+enum class WaitStart { Spin, Yield, Block };
 
 struct WaitPolicy {
   int64_t spin_ns = 0;   // busy-poll this long before yielding
@@ -26,18 +33,20 @@ struct WaitPolicy {
 class Backoff {
  public:
   explicit Backoff(const WaitPolicy& policy) : policy_(policy) {}
-  // peer_shares_cpu(): asked once at the start of each wait (a captureless call on `context`).
+  // how_to_start() -> WaitStart: asked once at the start of each wait (a captureless call on `context`).
   template <typename F>
-  Backoff(const WaitPolicy& policy, F& peer_shares_cpu)
-      : policy_(policy), context_(&peer_shares_cpu), ask_([](void* f) { return (*static_cast<F*>(f))(); }) {}
+  Backoff(const WaitPolicy& policy, F& how_to_start)
+      : policy_(policy), context_(&how_to_start), ask_([](void* f) { return (*static_cast<F*>(f))(); }) {}
   void progressed() { idle_ = 0; }
   // After a pass that made no progress: relax or yield and return false, or return true when
   // the caller should block.
   bool should_block() {
     using Clock = std::chrono::steady_clock;
     if (idle_++ == 0) {
+      const WaitStart start = ask_ ? ask_(context_) : WaitStart::Spin;
+      if (start == WaitStart::Block) { idle_ = 0; return true; }
       since_ = Clock::now();
-      skip_spin_ = ask_ && ask_(context_);
+      skip_spin_ = start == WaitStart::Yield;
       in_spin_phase_ = !skip_spin_;
       return false;
     }
@@ -58,7 +67,7 @@ class Backoff {
   bool in_spin_phase_ = true;
   bool skip_spin_ = false;
   void* context_ = nullptr;
-  bool (*ask_)(void*) = nullptr;
+  WaitStart (*ask_)(void*) = nullptr;
   std::chrono::steady_clock::time_point since_{};
 };
 

@@ -69,8 +69,8 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
   const Deadline deadline = Deadline::after_seconds(timeout_s);
   int missing = 0;
   for (int q = 0; q < size_; ++q) missing += board_arrived_[q] == 0;
-  auto peer_shares_cpu = [this] { return awaited_peer_on_this_cpu(true); };
-  Backoff backoff(wait_, peer_shares_cpu);
+  auto how_to_start = [this] { return awaited_peer_on_this_cpu(true) ? WaitStart::Yield : WaitStart::Spin; };
+  Backoff backoff(wait_, how_to_start);
   while (missing > 0) {
     bool moved = false;
     for (int q = 0; q < size_; ++q) {

@@ -498,9 +498,24 @@ bool HostExecutor::awaited_peer_on_this_cpu(bool board) {
   return shared;
 }
 
+WaitStart HostExecutor::pump_wait_start() {
+  bool open = false, all_tcp = true;
+  auto look = [&](const OpCursor& c) {
+    if (c.done || !c.conn) return;
+    open = true;
+    all_tcp = all_tcp && c.conn->poll_fd() >= 0;
+  };
+  for (const OpCursor& c : cursors_) look(c);
+  if (hs_send_pending_) look(hs_send_);
+  if (hs_recv_pending_) look(hs_recv_);
+  // Unacknowledged single-copy sends wait on a shared-memory peer.
+  if (open && all_tcp && single_copy_acked()) return WaitStart::Block;
+  return awaited_peer_on_this_cpu(false) ? WaitStart::Yield : WaitStart::Spin;
+}
+
 void HostExecutor::pump(const Deadline& deadline, bool final) {
-  auto peer_shares_cpu = [this] { return awaited_peer_on_this_cpu(false); };
-  Backoff backoff(wait_, peer_shares_cpu);
+  auto how_to_start = [this] { return pump_wait_start(); };
+  Backoff backoff(wait_, how_to_start);
   for (;;) {
     const bool moved = progress_all();
     if (step_done(final)) return;

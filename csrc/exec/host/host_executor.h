@@ -157,6 +157,9 @@ class HostExecutor {
   // At the start of a wait: publishes this rank's CPU and says whether a peer the wait needs
   // (the step's open cursors, or the board's missing ranks) last started a wait on it.
   bool awaited_peer_on_this_cpu(bool board);
+  // How a wait of pump() starts: Block when every open transfer is over TCP, Yield when an
+  // awaited peer last waited on this CPU, else Spin (backoff.h).
+  WaitStart pump_wait_start();
   std::atomic<uint64_t> shared_cpu_waits_{0};
   uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
   bool stream_out_ = false;    // the current call's
