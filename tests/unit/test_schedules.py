@@ -49,6 +49,18 @@ def test_ring_schedule_has_the_textbook_shape():
     assert kinds[:3] == [["send", "recv_reduce"]] * 3 and kinds[3:] == [["send", "recv"]] * 3
 
 
+def test_ring_all_gather_sends_its_own_block_from_the_input():
+    # A next rank that read the copy in our output would hold its lines, and with the cores on
+    # different core complexes the next call's copy into that block would have to take them back.
+    for P in (2, 3, 5):
+        for r in range(P):
+            steps = _core.schedule(COLL["all_gather"], ALGO["ring"], P, r, 10)
+            sends = [op for s in steps for op in s if op[0] == "send"]
+            assert sends[0][4] == ("input", 0), (P, r, sends)
+            assert all(op[4][0] == "output" for op in sends[1:]), (P, r, sends)
+            assert [op for s in steps for op in s if op[0] == "copy"] == [("copy", -1, 10, ("output", 10 * r), ("input", 0), -1)]
+
+
 def test_one_shot_board_schedule_reduces_in_rank_order():
     # P=4, rank 1: publish, then published(0) (op) published(1), then (op) 2, then (op) 3.
     steps = _core.schedule(COLL["all_reduce"], ALGO["oneshot"], 4, 1, 10)
