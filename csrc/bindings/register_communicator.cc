@@ -212,6 +212,7 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
       .def_property_readonly("streamed_pieces", &Communicator::streamed_pieces)
       .def_property_readonly("shm_stores", &Communicator::shm_stores)
+      .def_property_readonly("wait_policy", &Communicator::wait_policy)
       .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)

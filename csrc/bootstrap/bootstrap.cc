@@ -18,7 +18,8 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x52544231;  // "RTB1"
 constexpr uint32_t kTableMagic = 0x52545442;  // "RTTB"
 constexpr uint32_t kMeshMagic = 0x52544d48;   // "RTMH"
-constexpr uint32_t kVersion = 3;  // 2: peers carry their shared-memory domain; 3: message connections
+// 2: peers carry their shared-memory domain; 3: message connections; 4: CPU-sharing domain
+constexpr uint32_t kVersion = 4;
 constexpr int kMaxRanks = 1 << 16;
 constexpr uint32_t kMaxErrorText = 1024;
 constexpr size_t kMaxPendingHellos = 1024;  // connections whose hello is still on its way
@@ -32,6 +33,8 @@ struct HelloWire {
   char ip[16];
   char host[64];
   uint64_t shm_domain;
+  uint64_t cpu_domain;
+  uint32_t cpu_count, pad2;
 };
 
 struct PeerWire {
@@ -41,6 +44,8 @@ struct PeerWire {
   char ip[16];
   char host[64];
   uint64_t shm_domain;
+  uint64_t cpu_domain;
+  uint32_t cpu_count, pad2;
 };
 
 struct TableHeaderWire {
@@ -88,6 +93,8 @@ PeerWire to_wire(const PeerInfo& p) {
   w.mesh_port = p.mesh_port;
   w.force_tcp = p.force_tcp;
   w.shm_domain = p.shm_domain;
+  w.cpu_domain = p.cpu_domain;
+  w.cpu_count = p.cpu_count;
   copy_str(w.ip, sizeof(w.ip), p.ip);
   copy_str(w.host, sizeof(w.host), p.host);
   return w;
@@ -95,7 +102,7 @@ PeerWire to_wire(const PeerInfo& p) {
 
 PeerInfo from_wire(const PeerWire& w) {
   return {read_str(w.host, sizeof(w.host)), w.pid, read_str(w.ip, sizeof(w.ip)), w.mesh_port, w.force_tcp != 0,
-          w.shm_domain};
+          w.shm_domain, w.cpu_domain, w.cpu_count};
 }
 
 void send_error(int fd, const std::string& text, const Deadline& deadline) {
@@ -134,9 +141,10 @@ void Bootstrap::close_star() {
   star_fd_.clear();
 }
 
-Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain) {
+Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain, uint64_t cpu_domain,
+                        uint32_t cpu_count) {
   Mesh mesh;
-  PeerInfo self{host_key, static_cast<int>(getpid()), "", 0, force_tcp, shm_domain};
+  PeerInfo self{host_key, static_cast<int>(getpid()), "", 0, force_tcp, shm_domain, cpu_domain, cpu_count};
   int mesh_listener = -1;
   try {
     if (rank_ == 0) {
@@ -217,7 +225,7 @@ void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh) {
     star_fd_[h.rank] = p.fd;
     p.fd = -1;
     mesh.peers[h.rank] = {read_str(h.host, sizeof(h.host)), h.pid, read_str(h.ip, sizeof(h.ip)), h.mesh_port,
-                          h.force_tcp != 0, h.shm_domain};
+                          h.force_tcp != 0, h.shm_domain, h.cpu_domain, h.cpu_count};
     ++registered;
   };
   std::vector<pollfd> fds;
@@ -283,6 +291,8 @@ void Bootstrap::rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd) {
   h.mesh_port = self.mesh_port;
   h.force_tcp = self.force_tcp;
   h.shm_domain = self.shm_domain;
+  h.cpu_domain = self.cpu_domain;
+  h.cpu_count = self.cpu_count;
   copy_str(h.ip, sizeof(h.ip), self.ip);
   copy_str(h.host, sizeof(h.host), self.host);
   write_full(root_fd, &h, sizeof(h), deadline_);

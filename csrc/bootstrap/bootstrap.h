@@ -26,6 +26,10 @@ struct PeerInfo {
   // boot, /dev/shm and network namespace). Ranks on one named host but in different
   // containers or network namespaces differ here.
   uint64_t shm_domain = 0;
+  // Which ranks compete for the same CPUs (transport/shm's cpu_sharing_domain()), and how many
+  // CPUs that is: the wait policy counts these ranks against those CPUs.
+  uint64_t cpu_domain = 0;
+  uint32_t cpu_count = 0;
 };
 
 struct Mesh {
@@ -58,7 +62,8 @@ class Bootstrap {
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
-  Mesh connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain);
+  Mesh connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain, uint64_t cpu_domain = 0,
+               uint32_t cpu_count = 0);
   // A barrier through rank 0; only during setup, before the star is closed.
   void barrier();
   // Rank 0's bytes to every rank; only during setup.

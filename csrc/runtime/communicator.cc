@@ -95,7 +95,9 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
 
   Bootstrap boot(rank, size, uid, timeout_s);
-  mesh_ = boot.connect(host_identity(), transport == "tcp", shared_memory_domain());
+  uint32_t cpu_count = 0;
+  const uint64_t cpu_domain = cpu_sharing_domain(&cpu_count);
+  mesh_ = boot.connect(host_identity(), transport == "tcp", shared_memory_domain(), cpu_domain, cpu_count);
   topo_ = topology_of(mesh_, size);
   multi_host_ = topo_.num_hosts() > 1;
   p2p_send_seq_.assign(size, 0);
@@ -120,7 +122,13 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   // Local means what the probes found (topo_), not what the hostnames say.
   int local_ranks = 0;
   for (int q = 0; q < size; ++q) local_ranks += topo_.same_host(q, rank);
-  const bool oversubscribed = local_ranks > online_cpus();
+  // Ranks in other namespaces or containers on this kernel may run on the same CPUs: count every
+  // rank allowed exactly this rank's CPUs (emulated hosts here share the 2 cores, and each
+  // host's 2 ranks alone would seem to fit them).
+  int cpu_sharers = 0;
+  for (int q = 0; q < size; ++q) cpu_sharers += mesh_.peers[q].cpu_domain == mesh_.peers[rank].cpu_domain;
+  const int cpus = cpu_count > 0 ? static_cast<int>(cpu_count) : online_cpus();
+  const bool oversubscribed = local_ranks > online_cpus() || cpu_sharers > cpus;
   // A rank whose peers are all across TCP neither spins nor yields: its data arrives through the
   // kernel, which needs the core the spinning rank holds, and on a busy core sched_yield hands a
   // whole time slice to an unrelated task that data arriving on a socket cannot interrupt (no
@@ -132,6 +140,10 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   const int64_t yield_us = YieldMicros() >= 0 ? YieldMicros() : (host_peer ? 2000 : 0);
   wait.yield_ns = 1000 * yield_us;
   exec_.set_wait_policy(wait);
+  wait_policy_ = str_cat("spin ", wait.spin_ns / 1000, " us", SpinMicros() >= 0 ? " (RINGTREE_SPIN_US)" : "", ", yield ",
+                         yield_us, " us", YieldMicros() >= 0 ? " (RINGTREE_YIELD_US)" : "", ", then block; ", local_ranks,
+                         " ranks on this host, ", cpu_sharers, " allowed the same ", cpus, " CPUs",
+                         oversubscribed ? ": oversubscribed" : "");
 }
 
 CommunicatorImpl::~CommunicatorImpl() {

@@ -52,6 +52,7 @@ class CommunicatorImpl : public Communicator {
   std::string transport_to(int peer) const override;
   uint64_t shared_cpu_waits() const override { return exec_.shared_cpu_waits(); }
   std::string single_copy() const override { return exec_.single_copy_status(); }
+  std::string wait_policy() const override { return wait_policy_; }
   uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
   uint64_t streamed_pieces() const override { return exec_.streamed_pieces(); }
   std::string shm_stores() const override { return exec_.shm_stores(); }
@@ -111,6 +112,7 @@ class CommunicatorImpl : public Communicator {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> closed_{false};
   std::string abort_reason_;
+  std::string wait_policy_;  // how this rank waits, and the counts behind it
 
   std::mutex exec_mu_;  // one call at a time in the executor
 

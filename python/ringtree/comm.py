@@ -224,6 +224,14 @@ class Communicator:
         than streaming ones mean the peer's core does not share a cache with this one."""
         return self._core.shm_stores
 
+    @property
+    def wait_policy(self) -> str:
+        """How this rank waits for its peers: how long it spins and yields before it blocks, and
+        the counts that decided it (ranks on this host; ranks on this kernel allowed the same
+        CPUs, which includes other containers and network namespaces). A wait on nothing but TCP
+        transfers blocks at once, and one whose peer last waited on this CPU skips the spin."""
+        return self._core.wait_policy
+
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole

@@ -77,6 +77,7 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
         f"(RINGTREE_TCP_HOP_US, RINGTREE_TCP_MBPS)",
         f"  single-copy transfers on this host: {comm.single_copy}",
         f"  shared-memory stores: {comm.shm_stores}",
+        f"  waiting: {comm.wait_policy}",
         f"  {'algo':9s} {'predicted':>12s}   formula",
     ]
     estimates = sorted(comm.estimate(collective, nbytes, dtype), key=lambda e: e[1])

@@ -161,3 +161,26 @@ def test_bad_rate_is_refused_before_anything_is_made():
         with netns.emulated_hosts(2, rate="fast"):
             pass
     assert netns.rate_bytes_per_second("2gbit") == 250e6
+
+
+def report_wait_policy():
+    comm = rt.init(timeout=30.0)
+    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("namespace_hosts", [2], indirect=True, ids=["2hosts"])
+def test_ranks_of_other_namespaces_on_this_kernel_count_against_its_cpus(namespace_hosts):
+    # Each emulated host holds 2 ranks, but all 4 run on this machine's CPUs: the wait policy must
+    # count all 4 (and stop spinning where they outnumber the CPUs), not 2 per host.
+    hosts = namespace_hosts
+    P = len(hosts.names) * RANKS_PER_HOST
+    world = run_world(P, report_wait_policy, timeout=50, **in_namespaces(hosts))
+    for r, res in enumerate(world.check_ok()):
+        cpus = res["cpus"]
+        assert f"{RANKS_PER_HOST} ranks on this host, {P} allowed the same {cpus} CPUs" in res["policy"], (r, res)
+        oversubscribed = P > cpus
+        assert res["policy"].startswith("spin 1 us" if oversubscribed else "spin 1000 us"), (r, res)
+        assert res["policy"].endswith(": oversubscribed") == oversubscribed, (r, res)

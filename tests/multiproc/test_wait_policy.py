@@ -50,3 +50,21 @@ def test_ranks_on_their_own_cores_do_not():
         pytest.skip("one usable core here: the ranks cannot be placed apart")
     assert all(res["ok"] for res in ranks)
     assert [res["shared_cpu_waits"] for res in ranks] == [0, 0]
+
+
+def report_wait_policy():
+    comm = rt.init()
+    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_the_wait_policy_says_what_decided_it():
+    ranks = run_world(2, report_wait_policy, timeout=50).check_ok()
+    for res in ranks:
+        assert f"2 ranks on this host, 2 allowed the same {res['cpus']} CPUs" in res["policy"], res
+        assert res["policy"].startswith("spin 1 us" if res["cpus"] < 2 else "spin 1000 us"), res
+    pinned = run_world(2, report_wait_policy, env={"RINGTREE_SPIN_US": "50", "RINGTREE_YIELD_US": "7"}, timeout=50).check_ok()
+    for res in pinned:
+        assert res["policy"].startswith("spin 50 us (RINGTREE_SPIN_US), yield 7 us (RINGTREE_YIELD_US)"), res

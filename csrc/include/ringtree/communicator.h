@@ -167,6 +167,8 @@ class Communicator {
   virtual uint64_t streamed_pieces() const = 0;
   // Which stores each of this rank's shared-memory writers uses, and the costs behind auto's choice.
   virtual std::string shm_stores() const = 0;
+  // How this rank waits (spin, yield, block) and the rank and CPU counts that decided it.
+  virtual std::string wait_policy() const = 0;
   // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
   // it leads (shrink, grow) must listen so that the same peers can reach it.
   virtual std::string address() const = 0;

@@ -1,6 +1,7 @@
 #include "transport/shm/shm.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -307,15 +308,37 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
   return moved;
 }
 
-uint64_t shared_memory_domain() {
-  uint64_t h = kFnvOffset;
-  auto mix = [&h](uint64_t v) { h = fnv1a(h, v); };
+namespace {
+void mix_boot_id(uint64_t& h) {
   char boot_id[64] = {0};
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     if (!std::fgets(boot_id, sizeof(boot_id), f)) boot_id[0] = '\0';
     std::fclose(f);
   }
-  for (const char* p = boot_id; *p; ++p) mix(static_cast<unsigned char>(*p));
+  for (const char* p = boot_id; *p; ++p) h = fnv1a(h, static_cast<unsigned char>(*p));
+}
+}  // namespace
+
+uint64_t cpu_sharing_domain(uint32_t* cpus) {
+  uint64_t h = kFnvOffset;
+  mix_boot_id(h);
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  *cpus = 0;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) {
+        h = fnv1a(h, static_cast<uint64_t>(c));
+        ++*cpus;
+      }
+  }
+  return h;
+}
+
+uint64_t shared_memory_domain() {
+  uint64_t h = kFnvOffset;
+  auto mix = [&h](uint64_t v) { h = fnv1a(h, v); };
+  mix_boot_id(h);
   for (const char* path : {"/proc/self/ns/net", "/dev/shm"}) {
     struct stat st{};
     if (::stat(path, &st) == 0) {

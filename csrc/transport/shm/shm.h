@@ -54,6 +54,10 @@ struct ShmRing {
 // between two ranks; a hostname alone does not say so (containers sharing /dev/shm, network
 // namespaces).
 uint64_t shared_memory_domain();
+// Ranks that run on one kernel with the same CPUs allowed compete for those CPUs, whatever their
+// network namespace or /dev/shm (containers, emulated hosts): a hash of the boot id and the
+// affinity mask, and the mask's CPU count in *cpus.
+uint64_t cpu_sharing_domain(uint32_t* cpus);
 
 class ShmSegment {
  public:
