@@ -62,8 +62,8 @@ class Bootstrap {
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
-  Mesh connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain, uint64_t cpu_domain = 0,
-               uint32_t cpu_count = 0);
+  Mesh connect(const std::string& host_key, bool force_tcp, uint64_t shm_domain, uint64_t cpu_domain,
+               uint32_t cpu_count);
   // A barrier through rank 0; only during setup, before the star is closed.
   void barrier();
   // Rank 0's bytes to every rank; only during setup.

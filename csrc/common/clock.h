@@ -1,9 +1,15 @@
-// Deadlines for every wait: bootstrap, collectives, Work::wait.
+// Deadlines for every wait: bootstrap, collectives, Work::wait; and a cheap tick source.
 #pragma once
 #include <chrono>
 #include <cstdint>
 
 namespace ringtree {
+
+// Whether the CPU's time-stamp counter ticks at a constant rate in every power state.
+bool invariant_tsc();
+// That counter where it is invariant (a few ns to read, where the steady clock costs 25-30 ns),
+// else steady-clock ns. Only differences of ticks from one machine mean anything.
+int64_t ticks();
 
 class Deadline {
  public:

@@ -89,7 +89,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes())));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   tcp_settings();     // and a bad TCP setting, before bootstrap
-  shm_stream_store_setting();
+  shm_stream_store_setting();  // and a bad RINGTREE_SHM_STREAM_STORES
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
            "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");

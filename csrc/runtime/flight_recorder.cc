@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#include <x86intrin.h>
-#endif
 #include <cstdio>
 #include <cstring>
 #include "common/check.h"
+#include "common/clock.h"
 
 namespace ringtree {
 
@@ -51,24 +48,6 @@ std::string time_or_null(int64_t t) { return t ? std::to_string(t) : "null"; }
 
 }  // namespace
 
-namespace {
-
-bool invariant_tsc() {
-#if defined(__x86_64__)
-  static const bool yes = [] {
-    // CPUID 0x80000007, EDX bit 8: the TSC ticks at a constant rate in every power state.
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0x80000000, &a, &b, &c, &d) || a < 0x80000007) return false;
-    __get_cpuid(0x80000007, &a, &b, &c, &d);
-    return (d & (1u << 8)) != 0;
-  }();
-  return yes;
-#else
-  return false;
-#endif
-}
-
-}  // namespace
 
 // A (tick, ns) pair read together. A thread preempted between the two reads would shift every
 // stamp mapped through the pair by the time it was away (microseconds to milliseconds on a busy
@@ -95,12 +74,7 @@ int64_t FlightRecorder::now_ns() {
       .count();
 }
 
-int64_t FlightRecorder::ticks() {
-#if defined(__x86_64__)
-  if (invariant_tsc()) return static_cast<int64_t>(__rdtsc());
-#endif
-  return now_ns();
-}
+int64_t FlightRecorder::ticks() { return ringtree::ticks(); }
 
 int64_t FlightRecorder::to_ns(int64_t t, int64_t now_ticks, int64_t now) const {
   if (!t) return 0;

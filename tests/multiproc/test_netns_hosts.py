@@ -18,7 +18,7 @@ import pytest
 import netns
 import ringtree as rt
 from harness import run_world, spawn_world
-from rank_checks import run_case
+from rank_checks import report_wait_policy, run_case
 
 RANKS_PER_HOST = 2
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter")
@@ -161,13 +161,6 @@ def test_bad_rate_is_refused_before_anything_is_made():
         with netns.emulated_hosts(2, rate="fast"):
             pass
     assert netns.rate_bytes_per_second("2gbit") == 250e6
-
-
-def report_wait_policy():
-    comm = rt.init(timeout=30.0)
-    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
-    comm.close()
-    return out
 
 
 @pytest.mark.timeout(60)

@@ -10,6 +10,7 @@ import pytest
 
 import ringtree as rt
 from harness import run_world
+from rank_checks import report_wait_policy
 
 
 def small_and_large_calls(placement, calls=200):
@@ -50,13 +51,6 @@ def test_ranks_on_their_own_cores_do_not():
         pytest.skip("one usable core here: the ranks cannot be placed apart")
     assert all(res["ok"] for res in ranks)
     assert [res["shared_cpu_waits"] for res in ranks] == [0, 0]
-
-
-def report_wait_policy():
-    comm = rt.init()
-    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
-    comm.close()
-    return out
 
 
 @pytest.mark.timeout(60)

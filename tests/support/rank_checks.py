@@ -1,9 +1,11 @@
 """Helpers for rank bodies: one collective call on this rank checked against reference.py
 (run_case), shared by the host sweeps (multiproc/test_collectives.py) and the device sweeps
 (gpu/test_device_comm.py), which pass a communicator whose calls run on device buffers; and how
-an issued call ended (outcome), for the host and device halves of the device path."""
+an issued call ended (outcome), for the host and device halves of the device path; and what a
+rank's wait policy says (report_wait_policy)."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -102,4 +104,12 @@ def outcome(work, start):
     except rt.Error as exc:
         out = {"raised": type(exc).__name__, "message": str(exc)}
     out["seconds"] = time.monotonic() - start
+    return out
+
+
+def report_wait_policy(timeout=30.0):
+    """A rank body: this rank's comm.wait_policy and how many CPUs it may run on."""
+    comm = rt.init(timeout=timeout)
+    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
+    comm.close()
     return out

@@ -203,20 +203,25 @@ uint64_t HostExecutor::single_copy_messages() const {
   return n;
 }
 
+const ShmConnection* HostExecutor::shm_connection(int q) const {
+  // A peer whose segment this rank mapped is one it talks to over shared memory.
+  const bool shm = q < static_cast<int>(peer_segments_.size()) && peer_segments_[q] && conns_[q];
+  return shm ? static_cast<const ShmConnection*>(conns_[q].get()) : nullptr;
+}
+
 uint64_t HostExecutor::streamed_pieces() const {
   uint64_t n = board_stores_.streamed();
-  for (const auto& conn : conns_)
-    if (conn && std::strcmp(conn->kind(), "shm") == 0) n += static_cast<const ShmConnection*>(conn.get())->streamed_pieces();
+  for (int q = 0; q < size_; ++q)
+    if (const ShmConnection* conn = shm_connection(q)) n += conn->streamed_pieces();
   return n;
 }
 
 std::string HostExecutor::shm_stores() const {
   std::string out;
   if (board_usable_) out = str_cat("board: ", board_stores_.describe());
-  for (size_t q = 0; q < conns_.size(); ++q)
-    if (conns_[q] && std::strcmp(conns_[q]->kind(), "shm") == 0)
-      out += str_cat(out.empty() ? "" : "; ", "ring to rank ", q, ": ",
-                     static_cast<const ShmConnection*>(conns_[q].get())->describe_stores());
+  for (int q = 0; q < size_; ++q)
+    if (const ShmConnection* conn = shm_connection(q))
+      out += str_cat(out.empty() ? "" : "; ", "ring to rank ", q, ": ", conn->describe_stores());
   return out.empty() ? "no shared-memory peers" : out;
 }
 

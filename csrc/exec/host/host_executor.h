@@ -87,6 +87,8 @@ class HostExecutor {
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
   uint64_t streamed_pieces() const;
+  // The connection to rank q where the pair talks over shared memory, else null.
+  const ShmConnection* shm_connection(int q) const;
   // One line per shared-memory writer of this rank (its board, its ring to each local peer):
   // which stores it uses and why (SharedStores::describe).
   std::string shm_stores() const;

@@ -103,13 +103,22 @@ void reduce_half(void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
+// The integer dtypes' kernels (every op has them), else null.
 template <typename Op>
-ReduceFn pick(DataType t) {
+ReduceFn pick_integer(DataType t) {
   switch (t) {
     case DataType::Int8: return reduce_plain<int8_t, Op>;
     case DataType::Uint8: return reduce_plain<uint8_t, Op>;
     case DataType::Int32: return reduce_plain<int32_t, Op>;
     case DataType::Int64: return reduce_plain<int64_t, Op>;
+    default: return nullptr;
+  }
+}
+
+template <typename Op>
+ReduceFn pick(DataType t) {
+  if (ReduceFn f = pick_integer<Op>(t)) return f;
+  switch (t) {
     case DataType::Float16: return reduce_half<half_to_float, float_to_half, Op>;
     case DataType::BFloat16: return reduce_half<bf16_to_float, float_to_bf16, Op>;
     case DataType::Float32: return reduce_plain<float, Op>;
@@ -122,13 +131,8 @@ ReduceFn pick(DataType t) {
 // with the collective's name.
 template <typename Op>
 ReduceFn pick_bitwise(DataType t) {
-  switch (t) {
-    case DataType::Int8: return reduce_plain<int8_t, Op>;
-    case DataType::Uint8: return reduce_plain<uint8_t, Op>;
-    case DataType::Int32: return reduce_plain<int32_t, Op>;
-    case DataType::Int64: return reduce_plain<int64_t, Op>;
-    default: RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(t));
-  }
+  if (ReduceFn f = pick_integer<Op>(t)) return f;
+  RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(t));
 }
 
 template <typename T, typename F>

@@ -8,13 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <chrono>
 #include <cstring>
 #include <string>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/hash.h"
 #include "common/env.h"
 #include "kernels/host/copy.h"
@@ -48,13 +45,6 @@ int shm_stream_store_setting() {
 }
 
 namespace {
-uint64_t cycle_count() {
-#if defined(__x86_64__)
-  return __rdtsc();
-#else
-  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-#endif
-}
 // A single-copy receive reads at most this much per turn, so the executor's other operations of
 // the step (and its abort checks) get their turns in between.
 constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
@@ -188,14 +178,11 @@ void SharedStores::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   bool stream = setting_ == 1;
   const bool measure = setting_ < 0;
   if (measure) {
-    // This timing leaves out the reader, who reads streamed data from memory rather than out
-    // of a shared cache, which cost about as much again as the copy here when the cores share
-    // one; so streaming has to measure twice as fast. Apart, plain copies measured about 10x
-    // slower, so the choice is clear there.
-    const bool best = cost_[0] == 0 ? false : cost_[1] == 0 || cost_[1] * 2 < cost_[0];
+    // Plain first; then streaming once, to measure it; then the faster, trying the other now and then.
+    const bool best = cost_[0] != 0 && (cost_[1] == 0 || streaming_measures_faster());
     stream = ++measured_ % kStoreExplorePeriod == 0 ? !best : best;
   }
-  const uint64_t start = measure ? cycle_count() : 0;
+  const int64_t start = measure ? ticks() : 0;
   if (stream) {
     streaming_copy(dst, src, bytes);
     streaming_copy_fence();  // streaming stores are weakly ordered: land them before the data is published
@@ -204,20 +191,24 @@ void SharedStores::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
     std::memcpy(dst, src, bytes);
   }
   if (measure) {
-    // Cycles per KiB. Interference (the scheduler, a first touch of the ring's pages) can only
+    // Ticks per KiB. Interference (the scheduler, a first touch of the ring's pages) can only
     // slow a copy down, so a faster sample is taken as it is, while a slower one moves the
     // estimate halfway towards it, capped at 4x: one interrupted copy cannot flip the choice.
     uint64_t& cost = cost_[stream];
-    const uint64_t sample = std::max<uint64_t>(1, ((cycle_count() - start) << 10) / bytes);
+    const uint64_t sample = std::max<uint64_t>(1, (static_cast<uint64_t>(ticks() - start) << 10) / bytes);
     cost = cost == 0 || sample <= cost ? sample : (cost + std::min(sample, 4 * cost)) / 2;
   }
 }
 
+// The timing leaves out the reader, who reads streamed data from memory rather than out of a
+// shared cache, which cost about as much again as the copy when the cores share one; so
+// streaming has to measure twice as fast. Apart, plain copies measured about 10x slower.
+bool SharedStores::streaming_measures_faster() const { return cost_[1] != 0 && cost_[1] * 2 < cost_[0]; }
+
 std::string SharedStores::describe() const {
   if (setting_ >= 0) return setting_ ? "streaming (RINGTREE_SHM_STREAM_STORES=on)" : "plain (RINGTREE_SHM_STREAM_STORES=off)";
   if (cost_[0] == 0) return "plain (auto: nothing of 16 KiB or more copied yet)";
-  const bool streaming = cost_[1] != 0 && cost_[1] * 2 < cost_[0];
-  return str_cat(streaming ? "streaming" : "plain", " (auto: plain ", cost_[0], ", streaming ",
+  return str_cat(streaming_measures_faster() ? "streaming" : "plain", " (auto: plain ", cost_[0], ", streaming ",
                  cost_[1] ? std::to_string(cost_[1]) : std::string("not measured yet"), " cycles per KiB)");
 }
 

@@ -101,8 +101,9 @@ class SharedStores {
   std::string describe() const;
 
  private:
+  bool streaming_measures_faster() const;
   int setting_;                 // -1 auto, 0 plain, 1 streaming
-  uint64_t cost_[2] = {0, 0};   // measured cycles per KiB of plain / streaming copies; 0: none yet
+  uint64_t cost_[2] = {0, 0};   // measured ticks per KiB of plain / streaming copies; 0: none yet
   uint32_t measured_ = 0;
   uint64_t streamed_ = 0;
 };
