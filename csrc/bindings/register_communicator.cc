@@ -76,11 +76,100 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
   return a;
 }
 
+// The blocking collectives' entry from Python, one CPython call with no pybind11 dispatch:
+// fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result) runs the call and
+// returns `result`, or returns NotImplemented for anything the Python route must convert or
+// explain (buffers other than plain ndarrays, an op or algo that is not a known name, a timeout
+// that is not a positive number, a flag that is not a bool). Bound to one communicator through
+// a capsule, so no argument names it. Per call this parses ten positional arguments with a few
+// type checks and two dict lookups: the Python layer's frame and pybind11's argument loaders
+// cost more than a small collective's traffic.
+constexpr const char* kFastCapsule = "ringtree.fast_call";
+PyObject* g_op_codes = nullptr;    // {"sum": 0, ...} without premul_sum (it needs a factor)
+PyObject* g_algo_codes = nullptr;  // {"auto": 0, ...}
+
+bool small_int(PyObject* o, int& v) {
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  const long x = PyLong_AsLongAndOverflow(o, &overflow);
+  if (overflow || x < INT32_MIN || x > INT32_MAX) return false;
+  v = static_cast<int>(x);
+  return true;
+}
+
+bool code_of(PyObject* table, PyObject* name, int& code) {
+  if (!PyUnicode_CheckExact(name)) return false;
+  PyObject* value = PyDict_GetItemWithError(table, name);  // borrowed
+  if (!value) {
+    PyErr_Clear();
+    return false;
+  }
+  return small_int(value, code);
+}
+
+PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result)");
+    return nullptr;
+  }
+  auto* comm = static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(self, kFastCapsule));
+  if (!comm) return nullptr;
+  int coll = 0, op = 0, root = 0, peer = 0, algo = 0;
+  double timeout = -1.0;
+  PyObject* const t = args[7];
+  const bool timeout_ok = t == Py_None || (PyFloat_CheckExact(t) && (timeout = PyFloat_AS_DOUBLE(t)) > 0) ||
+                          (PyLong_CheckExact(t) && (timeout = PyLong_AsDouble(t)) > 0);
+  if (PyErr_Occurred()) PyErr_Clear();  // an int too large for a double: the Python route explains
+  if (!small_int(args[0], coll) || !code_of(g_op_codes, args[3], op) || !small_int(args[4], root) ||
+      !small_int(args[5], peer) || !code_of(g_algo_codes, args[6], algo) || !timeout_ok ||
+      (args[8] != Py_True && args[8] != Py_False))
+    return Py_NewRef(Py_NotImplemented);
+  try {
+    CollectiveArgs a = make_args(coll, op, 1.0, root, peer, algo, t == Py_None ? -1.0 : timeout);
+    a.deterministic = args[8] == Py_True;
+    int in_dtype = -1, out_dtype = -1;
+    if ((args[1] != Py_None && !open_ndarray(args[1], a.input, in_dtype)) ||
+        (args[2] != Py_None && !open_ndarray(args[2], a.output, out_dtype)) ||
+        (in_dtype >= 0 && out_dtype >= 0 && in_dtype != out_dtype))
+      return Py_NewRef(Py_NotImplemented);
+    a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
+    PyThreadState* released = PyEval_SaveThread();
+    try {
+      (*comm)->run(a, false);
+    } catch (...) {
+      PyEval_RestoreThread(released);
+      throw;
+    }
+    PyEval_RestoreThread(released);
+  } catch (...) {
+    py::detail::try_translate_exceptions();  // sets the Python error from the C++ one
+    return nullptr;
+  }
+  return Py_NewRef(args[9]);
+}
+
+PyMethodDef g_fast_call_def = {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_call)),
+                               METH_FASTCALL, "A blocking collective on plain ndarrays (see Communicator._fast)."};
+
+py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
+  py::dict d;
+  for (const auto& [name, code] : names) d[py::str(name)] = code;
+  return d;
+}
+
 }  // namespace
 
 void register_communicator(py::module_& m) {
   m.def("deterministic_setting", &deterministic_setting, "RINGTREE_DETERMINISTIC=1 in this process (read once).");
   if (_import_array() < 0) throw py::error_already_set();  // NumPy's C API table, for open_ndarray
+  {
+    std::vector<std::pair<std::string, int>> ops, algos;
+    for (int i = 0; i < static_cast<int>(ReduceOp::Count); ++i)
+      if (static_cast<ReduceOp>(i) != ReduceOp::PremulSum) ops.emplace_back(op_name(static_cast<ReduceOp>(i)), i);
+    for (int i = 0; i < static_cast<int>(Algo::Count); ++i) algos.emplace_back(algo_name(static_cast<Algo>(i)), i);
+    g_op_codes = code_table(ops).release().ptr();  // the module's lifetime: never freed
+    g_algo_codes = code_table(algos).release().ptr();
+  }
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &Work::is_completed);
@@ -134,6 +223,22 @@ void register_communicator(py::module_& m) {
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
           py::arg("recv_peer") = -1, py::arg("gate") = std::shared_ptr<Gate>(), py::arg("deterministic") = false,
           py::call_guard<py::gil_scoped_release>())
+      .def("fast_call_function",
+           [](std::shared_ptr<Communicator> c) {
+             auto* held = new std::shared_ptr<Communicator>(std::move(c));
+             PyObject* capsule = PyCapsule_New(held, kFastCapsule, [](PyObject* cap) {
+               delete static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(cap, kFastCapsule));
+             });
+             if (!capsule) {
+               delete held;
+               throw py::error_already_set();
+             }
+             PyObject* fn = PyCFunction_NewEx(&g_fast_call_def, capsule, nullptr);
+             Py_DECREF(capsule);
+             if (!fn) throw py::error_already_set();
+             return py::reinterpret_steal<py::object>(fn);
+           },
+           "This communicator's fast entry for blocking collectives on ndarrays (Communicator._fast).")
       // The hot path for ndarrays: returns NotImplemented when a buffer needs the Python
       // route, None when a blocking call is done, or the Work of an async call.
       .def("call",

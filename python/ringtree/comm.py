@@ -25,6 +25,8 @@ _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 # Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
 _NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
+_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _ALL_TO_ALL, _BROADCAST, _BARRIER = (
+    _COLL[name] for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"))
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -147,13 +149,16 @@ def _algo_code(algo) -> int:
 class Communicator:
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
+    __slots__ = ("_core", "_fast", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
                  "__weakref__")
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
             unique_id = _core.UniqueId.parse(unique_id)
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
+        # Blocking calls on plain ndarrays with named ops and algos: one C call, no argument
+        # conversion in Python; NotImplemented sends anything else down _call and _run.
+        self._fast = self._core.fast_call_function()
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
         self._closed = False
@@ -261,6 +266,14 @@ class Communicator:
         """The common case in as little Python as possible: buffers the C++ side can read
         directly (numpy arrays), a named op and algorithm. Everything else goes through _run,
         which converts, checks and explains."""
+        if async_op is False:
+            done = self._fast(_COLL[coll], x, out, op, root, peer, algo, timeout, deterministic, result)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting(coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic)
+
+    def _call_converting(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False):
+        """_call past the blocking ndarray case: async calls, then anything _run must convert."""
         op_code = _NAMED_OPS.get(op) if op.__class__ is str else None
         algo_code = _ALGO.get(algo) if algo.__class__ is str else None
         if timeout is None:
@@ -332,19 +345,35 @@ class Communicator:
         floating-point reduction in rank order, the same bits whatever the algorithm and layout
         (see the README's Deterministic mode); every rank must pass the same."""
         out = x if out is None else out
-        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
+        if async_op is False:
+            done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, out)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
-        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
+        if async_op is False:
+            done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, out)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
         """out (N*P) receives every rank's x (N), block r from rank r."""
-        return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        if async_op is False:
+            done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, out)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
         """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
-        return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        if async_op is False:
+            done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, out)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
@@ -354,7 +383,11 @@ class Communicator:
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
         """Every rank's x receives root's x."""
-        return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
+        if async_op is False:
+            done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, x)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
@@ -376,7 +409,11 @@ class Communicator:
 
     def barrier(self, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
-        return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
+        if async_op is False:
+            done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, None)
+            if done is not NotImplemented:
+                return done
+        return self._call_converting("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
         """Send x to `peer`, which must call recv with the same count and dtype."""

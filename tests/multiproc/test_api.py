@@ -73,6 +73,49 @@ def test_reduce_ops_accept_strings_enums_and_premul():
             comm.all_reduce(x, op=rt.ReduceOp.PREMUL_SUM)
 
 
+def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
+    """comm._fast runs a blocking call on plain ndarrays in one C call and returns NotImplemented
+    for whatever the Python route must convert or explain; the public call gives the same answer
+    either way, and an error raised through the fast entry keeps its class and the communicator."""
+    from ringtree.comm import _COLL
+    ar = _COLL["all_reduce"]
+    with rt.init(rank=0, size=1) as comm:
+        x = np.arange(6, dtype=np.float32)
+        out = np.zeros_like(x)
+        assert comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, out) is out
+        assert np.array_equal(out, x)
+        declined = {
+            "list input": ([1.0, 2.0], out[:2], "sum", 0, "auto", None, False),
+            "strided input": (x[::2], out[:3], "sum", 0, "auto", None, False),
+            "dtype mismatch": (x, np.zeros(6, np.float64), "sum", 0, "auto", None, False),
+            "op enum": (x, out, rt.ReduceOp.MAX, 0, "auto", None, False),
+            "premul_sum by name": (x, out, "premul_sum", 0, "auto", None, False),
+            "algo in capitals": (x, out, "sum", 0, "AUTO", None, False),
+            "zero timeout": (x, out, "sum", 0, "auto", 0.0, False),
+            "bool timeout": (x, out, "sum", 0, "auto", True, False),
+            "int flag": (x, out, "sum", 0, "auto", None, 1),
+            "bool root": (x, out, "sum", True, "auto", None, False),
+            "huge root": (x, out, "sum", 2**40, "auto", None, False),
+        }
+        for why, (a, o, op, root, algo, timeout, det) in declined.items():
+            assert comm._fast(ar, a, o, op, root, -1, algo, timeout, det, o) is NotImplemented, why
+        # The Python route answers those: converted where it can, explained where it cannot.
+        assert np.array_equal(comm.all_reduce(x, out, algo="AUTO", deterministic=1), x)
+        assert np.array_equal(comm.all_reduce(x, out, op=rt.ReduceOp.MAX, timeout=5), x)
+        with pytest.raises(rt.InvalidArgument, match="timeout must be positive"):
+            comm.all_reduce(x, out, timeout=0.0)
+        with pytest.raises(rt.InvalidArgument, match="dtypes differ"):
+            comm.all_reduce(x, np.zeros(6, np.float64))
+        # Errors the core raises come through the fast entry as ringtree's own classes.
+        with pytest.raises(rt.InvalidArgument, match="root must be in"):
+            comm._fast(_COLL["broadcast"], x, None, "sum", 3, -1, "auto", None, False, x)
+        with pytest.raises(rt.InvalidArgument, match="output"):
+            comm._fast(ar, x, np.zeros(5, np.float32), "sum", 0, -1, "auto", None, False, None)
+        assert comm.all_reduce(x, out, timeout=7.5) is out and np.array_equal(out, x)  # still usable
+    with pytest.raises(rt.Aborted, match="closed"):
+        comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, out)
+
+
 def async_and_threads():
     """async_op returns Work at once; results arrive in call order; wait() re-raises errors;
     a blocking call releases the GIL (a Python thread keeps running while it waits)."""
