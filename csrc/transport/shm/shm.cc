@@ -104,7 +104,10 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
 }
 
 void ShmSegment::map(int fd, const std::string& name) {
-  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: fill this process's page tables now. Left to first touch, every 4 KiB of a
+  // ring faulted on the first lap, in the writer and again in the reader: at 2 us a fault on
+  // this VM, a 32 KiB all_reduce took 25-35 us for its first 30 calls instead of 6-7.
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) throw_system_error("mmap(" + name + ")", e);
