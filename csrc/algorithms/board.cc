@@ -15,9 +15,10 @@
 //   all_to_all: output block q = block r of published(q), one step.
 //   broadcast: a rank other than the root copies published(root); the root has its data.
 //   reduce (other ranks) / barrier: wait for every other rank's publication.
+//   count 0 (but barrier): nothing to read; wait for every other rank's publication, deferred.
 // Every rank waits for every other rank's publication in its call (schedule.h "board rules"):
 // a broadcast does so in a deferred step, after the rank has its result, so the root returns at
-// once and the others once they have the root's data.
+// once and the others once they have the root's data; a count-0 call returns at once.
 #include "algorithms/ops.h"
 #include "common/check.h"
 
@@ -56,6 +57,13 @@ void board_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64
   if (coll == Collective::Barrier || (coll == Collective::Broadcast && r != root)) published = 0;
   s.add(make_publish(BufId::Input, published));
   s.end_step();
+  if (N == 0 && coll != Collective::Barrier && P > 1) {
+    // Nothing to read or make: the call returns at once, and its fingerprint checks wait in a
+    // deferred step, so a rank's count-0 calls cost no wait for its peers.
+    await_others(s, P, r, r);
+    s.deferred_steps = 1;
+    return;
+  }
   switch (coll) {
     case Collective::AllReduce: reduce_in_rank_order(s, P, 0, N); break;
     case Collective::ReduceScatter: reduce_in_rank_order(s, P, ur * N, N); break;

@@ -253,6 +253,9 @@ Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t byt
   if (rank_order)
     return choose_rank_order(coll, is_supported(forced_algo_) ? forced_algo_ : Algo::Auto, bytes, dtype, op);
   if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
+  // A count-0 call moves nothing; on the board it also waits for nobody (its fingerprint checks
+  // are deferred, board.cc), where any other schedule's rank waits for its peers.
+  if (bytes == 0 && board && coll != Collective::Barrier) return Algo::OneShot;
   // One candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
   if (scheduled.size() == 1 && !board && (!multi_host_ || hier.empty())) return scheduled.front();
   // A training loop or a bench calls the same sizes again and again: the last choices are

@@ -88,7 +88,7 @@ def test_invalid_arguments_raise_before_traffic_and_leave_comm_usable(nranks):
 
 
 MISMATCHES = ["collective", "count", "dtype", "op", "root", "algo", "zero_count", "count_across_paths", "algo_oneshot",
-              "collective_across_paths"]
+              "collective_across_paths", "zero_count_dtype", "root_run_ahead"]
 
 
 def mismatch(kind):
@@ -120,6 +120,14 @@ def mismatch(kind):
             comm.all_reduce(x, algo="oneshot" if odd else "ring")
         elif kind == "collective_across_paths":
             comm.all_gather(np.ones(1 << 18, np.float32), np.empty(P << 18, np.float32)) if odd else comm.barrier()
+        elif kind == "zero_count_dtype":  # both return at once; the checks come in a later call
+            comm.all_gather(np.empty(0, np.float64 if odd else np.float32), np.empty(0, np.float64 if odd else np.float32))
+        elif kind == "root_run_ahead":  # agreeing broadcasts the root runs ahead on, then one that disagrees
+            for k in range(5):
+                comm.broadcast(np.full(4, r + k, np.int64), root=0)
+            comm.broadcast(x, root=1 if odd else 0)
+            for k in range(5):
+                comm.broadcast(np.full(4, r + k, np.int64), root=0)
         comm.barrier()
         outcome = {"raised": None}
     except rt.CollectiveMismatch as exc:
@@ -148,7 +156,8 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
     # The detecting rank names both calls, with the argument that differs.
     detail = {"count": "count=17", "dtype": "float64", "op": "op=max", "root": "root=1", "algo": "algo=tree",
               "collective": "barrier", "zero_count": "count=0", "count_across_paths": "count=1048576",
-              "algo_oneshot": "algo=oneshot", "collective_across_paths": "all_gather"}[kind]
+              "algo_oneshot": "algo=oneshot", "collective_across_paths": "all_gather", "zero_count_dtype": "float64",
+              "root_run_ahead": "root=1"}[kind]
     assert any(detail in res["message"] for res in results), [r["message"] for r in results]
 
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include "common/board.h"
 #include "common/check.h"
 
 namespace ringtree {
@@ -34,25 +35,31 @@ class BoardClocks {
  public:
   explicit BoardClocks(int P) : P_(P), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
 
-  // Rank r publishes call g into slot g & 1: "" or why that slot may still be read.
+  // Rank r publishes call g into slot g % kBoardSlots: "" or why that slot may still be read.
   std::string publish(int r, uint64_t g) {
     tick(r);
-    if (g >= 3) {
-      const uint64_t* reads = &last_read_[r][(g - 3) * static_cast<uint64_t>(P_)];
+    const uint64_t D = kBoardSlots;
+    if (g > D) {
+      const uint64_t* reads = &last_read_[r][(g - D - 1) * static_cast<uint64_t>(P_)];
       for (int q = 0; q < P_; ++q)
         if (reads[q] > clock(r)[q])
-          return str_cat("rank ", r, " can publish call ", g, " over its call ", g - 2, " before rank ", q,
-                         " has finished reading that call: two board slots are not enough for these schedules");
+          return str_cat("rank ", r, " can publish call ", g, " over its call ", g - D, " before rank ", q,
+                         " has finished reading that call: ", D, " board slots are not enough for these schedules");
     }
     at_publish_[r].insert(at_publish_[r].end(), clock(r), clock(r) + P_);
     last_read_[r].resize(g * static_cast<uint64_t>(P_), 0);
     return "";
   }
 
-  // Rank r has read rank q's publication of call g (which q has made).
-  void read(int r, int q, uint64_t g) {
+  // Rank r has seen that rank q published call g (the run-ahead rule's wait).
+  void saw_publication(int r, int q, uint64_t g) {
     const uint64_t* seen = &at_publish_[q][(g - 1) * static_cast<uint64_t>(P_)];
     for (int x = 0; x < P_; ++x) clock(r)[x] = std::max(clock(r)[x], seen[x]);
+  }
+
+  // Rank r has read rank q's publication of call g (which q has made).
+  void read(int r, int q, uint64_t g) {
+    saw_publication(r, q, g);
     tick(r);
     last_read_[q][(g - 1) * static_cast<uint64_t>(P_) + static_cast<uint64_t>(r)] = clock(r)[r];
   }
@@ -69,17 +76,40 @@ class BoardClocks {
 
 }  // namespace
 
-std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor) {
+std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor,
+                            const std::vector<std::vector<uint64_t>>* read_calls) {
   const int P = static_cast<int>(schedules.size());
   std::vector<Cursor> cursors(P);
   std::unique_ptr<BoardClocks> clocks;  // made at the first publication
   std::string problem;
+  // The call whose publications rank r's current step reads.
+  auto reading_call = [&](int r) {
+    const uint64_t call = read_calls ? (*read_calls)[r][cursors[r].step] : 0;
+    return call ? call : cursors[r].call;
+  };
+  // Whether rank r's current step may start: one that publishes call g waits until every peer
+  // has published call g - kBoardRunAhead (and then follows those publications).
+  auto may_publish = [&](int r) {
+    const Cursor& c = cursors[r];
+    const Schedule& s = *schedules[r];
+    bool publishes = false;
+    for (size_t i = s.step_begin(c.step); i < s.step_end[c.step]; ++i) publishes |= s.ops[i].kind == OpKind::Publish;
+    const uint64_t g = c.call + 1;
+    if (!publishes || g <= kBoardRunAhead) return true;
+    for (int q = 0; q < P; ++q)
+      if (q != r && cursors[q].call < g - kBoardRunAhead) return false;
+    for (int q = 0; q < P; ++q)
+      if (q != r) clocks->saw_publication(r, q, g - kBoardRunAhead);
+    return true;
+  };
   // Enters the current step, and any following steps that hold only local work (copies and
-  // publications); false when a publication breaks the board's slot rule (`problem`).
+  // publications), unless a publication must wait; false when a publication breaks the board's
+  // slot rule (`problem`).
   auto enter = [&](int r) {
     Cursor& c = cursors[r];
     const Schedule& s = *schedules[r];
     while (c.step < s.num_steps() && !c.entered) {
+      if (!may_publish(r)) return true;
       const size_t b = s.step_begin(c.step), e = s.step_end[c.step];
       c.done.assign(e - b, 0);
       visitor.enter_step(r, c.step);
@@ -106,14 +136,15 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
   // `problem` set when it never can.
   auto published = [&](int a, int q) {
     const Cursor& c = cursors[a];
+    const uint64_t call = reading_call(a);
     if (q < 0 || q >= P) problem = str_cat("rank ", a, " reads the publication of bad rank ", q);
     else if (c.call == 0) problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
     else if (q == a && c.publish_step == c.step)
       problem = str_cat("rank ", a, " reads its own publication in the step that makes it");
-    else if (cursors[q].call >= c.call + 2)
-      problem = str_cat("rank ", q, " overwrote its publication of call ", c.call, " with call ", cursors[q].call,
+    else if (cursors[q].call >= call + kBoardSlots)
+      problem = str_cat("rank ", q, " overwrote its publication of call ", call, " with call ", cursors[q].call,
                         " before rank ", a, " read it");
-    return problem.empty() && (q == a || cursors[q].call >= c.call);
+    return problem.empty() && (q == a || cursors[q].call >= call);
   };
   for (int r = 0; r < P; ++r)
     if (!enter(r)) return problem;
@@ -153,9 +184,10 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
         const bool ready = published(a, op.peer) && (!lhs || published(a, op.lhs_peer));
         if (!problem.empty()) return problem;
         if (!ready) continue;
-        visitor.read_published(a, op, ca.call);
-        clocks->read(a, op.peer, ca.call);
-        if (lhs) clocks->read(a, op.lhs_peer, ca.call);
+        const uint64_t call = reading_call(a);
+        visitor.read_published(a, op, call);
+        clocks->read(a, op.peer, call);
+        if (lhs) clocks->read(a, op.lhs_peer, call);
         ca.done[i - b] = 1;
         progressed = true;
       }
@@ -168,6 +200,10 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
         c.entered = false;
         if (!enter(r)) return problem;
         progressed = true;
+      } else if (c.step < schedules[r]->num_steps() && !c.entered) {  // a publication that waited
+        const size_t step = c.step;
+        if (!enter(r)) return problem;
+        progressed |= c.entered || c.step != step;
       }
     }
     if (finished) return "";
@@ -176,7 +212,8 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       for (int r = 0; r < P; ++r)
         if (cursors[r].step < schedules[r]->num_steps())
           blocked += str_cat(" rank ", r, " at step ", cursors[r].step,
-                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(), ";");
+                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(),
+                             cursors[r].entered ? "" : " (waiting to publish)", ";");
       return blocked;
     }
   }

@@ -3,13 +3,14 @@
 // finishes proves the schedules need no buffering. The simulator drives it to check
 // schedules; the single-process GPU executor drives it to enqueue the same work on streams.
 //
-// Board ops (schedule.h) are walked with the board's semantics: a rank's publications are
-// numbered by call from 1 (its n-th Publish is call n, as the board's generation counter), a
-// read made during a rank's call g waits until its peer has published call g, and every rank
-// has two board slots, so call g+2 overwrites call g. The walk tracks which events happen
-// before which (a vector clock per rank: program order, and a publication before every read
-// that waited for it) and reports a rank that could publish call g+2 before some reader has
-// finished with its call g, in any interleaving, not only in the one walked.
+// Board ops (schedule.h) are walked with the board's semantics (common/board.h): a rank's
+// publications are numbered by call from 1 (its n-th Publish is call n, as the board's
+// generation counter); a read of call g waits until its peer has published call g; a rank
+// publishes call g only once every peer has published call g - kBoardRunAhead; and every rank
+// has kBoardSlots slots, so call g + kBoardSlots overwrites call g. The walk tracks which events
+// happen before which (a vector clock per rank: program order, and a publication before every
+// read or publication that waited for it) and reports a rank that could overwrite a call before
+// some reader has finished with it, in any interleaving, not only in the one walked.
 #pragma once
 #include <string>
 #include <vector>
@@ -34,6 +35,10 @@ class RendezvousVisitor {
 // disagree on size, a board read before this rank's own publication or of a publication
 // already overwritten, a slot that could be reused too early, or a deadlock naming each
 // blocked rank's step.
-std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor);
+// read_calls (optional): per rank, per step, the board call that step's reads belong to, or 0
+// for the rank's latest publication; several calls in a row give a call's deferred steps a later
+// place (as the host executor settles them).
+std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor,
+                            const std::vector<std::vector<uint64_t>>* read_calls = nullptr);
 
 }  // namespace ringtree

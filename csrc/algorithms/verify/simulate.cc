@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include "algorithms/verify/rendezvous.h"
+#include "common/board.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
 #include "common/collective.h"
@@ -370,10 +371,12 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, 
   }
 }
 
-// The board's slots: every rank makes kCalls board calls in a row (its schedule repeated, deferred
-// steps running before the next publication, as settle_board runs them), walked with two slots
-// per rank. The walk reports a publication that could land in a slot some rank may still read.
-constexpr int kBoardCalls = 3;  // call 3 is the first to reuse a slot
+// The board's slots: every rank makes kBoardCalls board calls in a row, its schedule repeated,
+// each call's deferred steps placed before the publication kBoardRunAhead calls later (where the
+// host executor settles them), walked with kBoardSlots slots per rank and the run-ahead rule
+// (common/board.h). The walk reports a publication that could land in a slot some rank may
+// still read, in any interleaving.
+constexpr int kBoardCalls = 2 * kBoardSlots;  // every slot reused, deferred steps included
 
 void check_board_slots(const ScheduleKey& base, int drop_op) {
   struct Silent : RendezvousVisitor {
@@ -383,20 +386,32 @@ void check_board_slots(const ScheduleKey& base, int drop_op) {
     void read_published(int, const Op&, uint64_t) override {}
   } silent;
   std::vector<Schedule> calls(base.nranks);
+  std::vector<std::vector<uint64_t>> read_calls(base.nranks);
+  const uint64_t lag = kBoardRunAhead;
   for (int r = 0; r < base.nranks; ++r) {
     ScheduleKey k = base;
     k.rank = r;
     Schedule one = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(one, static_cast<size_t>(drop_op));
-    for (int c = 0; c < kBoardCalls; ++c) {
-      const uint32_t shift = static_cast<uint32_t>(calls[r].ops.size());
-      calls[r].ops.insert(calls[r].ops.end(), one.ops.begin(), one.ops.end());
-      for (uint32_t e : one.step_end) calls[r].step_end.push_back(shift + e);
+    const size_t deferred_from = one.num_steps() - std::min<size_t>(one.deferred_steps, one.num_steps());
+    // Appends steps [from, to) of `one` as the reads of board call `call` (0: the latest).
+    auto append = [&](size_t from, size_t to, uint64_t call) {
+      for (size_t step = from; step < to; ++step) {
+        calls[r].ops.insert(calls[r].ops.end(), one.ops.begin() + one.step_begin(step), one.ops.begin() + one.step_end[step]);
+        calls[r].step_end.push_back(static_cast<uint32_t>(calls[r].ops.size()));
+        read_calls[r].push_back(call);
+      }
+    };
+    for (uint64_t c = 1; c <= kBoardCalls; ++c) {
+      if (c > lag) append(deferred_from, one.num_steps(), c - lag);
+      append(0, deferred_from, 0);
     }
+    for (uint64_t c = kBoardCalls > lag ? kBoardCalls - lag + 1 : 1; c <= kBoardCalls; ++c)
+      append(deferred_from, one.num_steps(), c);
   }
   std::vector<const Schedule*> schedules;
   for (const Schedule& s : calls) schedules.push_back(&s);
-  const std::string problem = walk_rendezvous(schedules, silent);
+  const std::string problem = walk_rendezvous(schedules, silent, &read_calls);
   if (!problem.empty()) fail(base, false, str_cat(kBoardCalls, " calls in a row: ", problem));
 }
 
@@ -419,7 +434,7 @@ std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules, b
   }
   if (board)
     return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " publications, ",
-                   reads, " board reads; ", kBoardCalls, " calls in a row fit 2 board slots per rank");
+                   reads, " board reads; ", kBoardCalls, " calls in a row fit ", kBoardSlots, " board slots per rank");
   return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
 }
 

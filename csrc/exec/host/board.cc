@@ -1,18 +1,22 @@
 // The one-shot board: small collectives in one message latency on a single host.
 //
-// Each rank's shared-memory segment holds two board slots. Call number `gen` (counting only
-// one-shot calls, identical on every rank) uses slot gen & 1: a rank copies its whole input
-// there with the call's fingerprint and publishes `gen` last; then it waits until every peer
-// has published `gen`, checks each peer's fingerprint, and computes its result straight from
-// the slots, reducing in rank order 0, 1, ..., P-1 so every rank gets identical bits. What it
-// publishes, reads and reduces, in which order, is the call's board schedule
-// (algorithms/board.cc), which simulate_schedules proves like every other schedule.
+// Each rank's shared-memory segment holds kBoardSlots board slots (common/board.h). Call number
+// `gen` (counting only one-shot calls, identical on every rank) uses slot gen % kBoardSlots: a
+// rank copies its whole input there with the call's fingerprint and publishes `gen` last; then
+// it waits until every peer it reads has published `gen`, checks each one's fingerprint, and
+// computes its result straight from the slots, reducing in rank order 0, 1, ..., P-1 so every
+// rank gets identical bits. What it publishes, reads and reduces, in which order, is the call's
+// board schedule (algorithms/board.cc), which simulate_schedules proves like every other
+// schedule.
 //
-// Why two slots suffice without acknowledgements: a rank publishes `gen` only after it
-// returned from call gen-1, which it could do only after reading every slot of gen-1 ... and,
-// before that, every slot of gen-2. So when a rank starts call gen, every peer that has
-// published gen-1 (all of them: it waited for that in gen-1) is done with slot gen & 1.
-// The simulator checks this on three calls in a row, in any interleaving (rendezvous.h).
+// Most calls wait for every peer's publication, so no rank gets ahead. A broadcast's root and
+// every rank of a count-0 call return without waiting for some peers: those waits are the
+// schedule's deferred steps, kept here as unsettled calls and run later, and a rank may run
+// ahead of slow peers. Two rules keep the slots safe without acknowledgements (common/board.h):
+// a rank publishes call g only once every peer has published call g - kBoardRunAhead, and it
+// settles (checks the fingerprints of) an unsettled call g before it publishes call
+// g + kBoardRunAhead. The simulator walks kBoardCalls calls in a row under these rules, in any
+// interleaving (algorithms/verify/rendezvous.h). Every other collective settles them all first.
 //
 // A rank on the board expects no ring traffic; one in a ring schedule expects no board
 // publication for its call. Each side looks for the other's evidence before it sleeps, so a
@@ -40,8 +44,10 @@ bool HostExecutor::board_fits(Collective c, uint64_t block_bytes) const {
   return board_usable_ && board_payload_bytes(c, block_bytes) <= board_bytes_;
 }
 
+static int board_slot_of(uint64_t gen) { return static_cast<int>(gen % kBoardSlots); }
+
 void HostExecutor::publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
-  BoardSlot* mine = own_segment_->board(static_cast<int>(gen & 1));
+  BoardSlot* mine = own_segment_->board(board_slot_of(gen));
   mine->gen.store(BoardSlot::kWriting, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   mine->fp = fp;
@@ -65,7 +71,7 @@ static uint64_t board_payload_of(const MsgHeader& fp, int q) {
 // Waits until every rank not yet marked in board_arrived_ has published `gen`, checking each
 // one's fingerprint against `fp` as it arrives.
 void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout_s) {
-  const int parity = static_cast<int>(gen & 1);
+  const int slot_index = board_slot_of(gen);
   const Deadline deadline = Deadline::after_seconds(timeout_s);
   int missing = 0;
   for (int q = 0; q < size_; ++q) missing += board_arrived_[q] == 0;
@@ -75,10 +81,11 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
     bool moved = false;
     for (int q = 0; q < size_; ++q) {
       if (board_arrived_[q]) continue;
-      const BoardSlot* slot = peer_segments_[q]->board(parity);
+      const BoardSlot* slot = peer_segments_[q]->board(slot_index);
       if (slot->gen.load(std::memory_order_acquire) != gen) continue;
       check_header(slot->fp, fp, board_payload_of(fp, q), q);
       board_arrived_[q] = 1;
+      board_seen_[q] = std::max(board_seen_[q], gen);
       --missing;
       moved = true;
     }
@@ -88,31 +95,104 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
   }
 }
 
-// A one-shot broadcast returns once a rank has what it needs: the root at once, the others
-// with the root's data. Before this rank rewrites a board slot, or starts another collective,
-// the ranks it skipped must have published that broadcast: then they are done with the slot,
-// and their fingerprints are checked here, so a mismatched broadcast raises in the next call,
-// as a ring schedule's early finisher does. These waits are the broadcast schedule's deferred
-// step (every rank but this one and the root); broadcast is the only board collective with one.
-void HostExecutor::settle_board(double timeout_s) {
-  if (!board_unsettled_gen_) return;
-  const uint64_t gen = board_unsettled_gen_;
-  board_unsettled_gen_ = 0;
-  const MsgHeader& fp = board_unsettled_fp_;
-  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || q == fp.root;
-  await_board(gen, fp, timeout_s);
+// A one-shot broadcast returns once a rank has what it needs (the root at once, the others with
+// the root's data), and a count-0 call at once: the ranks it skipped are its deferred steps.
+// Settling the call waits for their publications and checks their fingerprints, so a mismatched
+// call raises in a later one, as a ring schedule's early finisher does. Oldest first.
+void HostExecutor::settle_board_through(uint64_t last_gen, double timeout_s) {
+  while (board_unsettled_count_ > 0 && board_unsettled_[0].gen <= last_gen) {
+    const UnsettledBoardCall call = board_unsettled_[0];
+    std::copy(board_unsettled_.begin() + 1, board_unsettled_.begin() + board_unsettled_count_, board_unsettled_.begin());
+    --board_unsettled_count_;
+    for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || q == call.skipped;
+    await_board(call.gen, call.fp, timeout_s);
+  }
+}
+
+void HostExecutor::settle_board(double timeout_s) { settle_board_through(UINT64_MAX, timeout_s); }
+
+// Settles, oldest first, the unsettled calls every awaited rank has published by now, without
+// waiting: a mismatch shows in the next call that can see it, not only when the rules need it.
+// Their slots still hold them (this rank has not published far enough for a rewrite).
+void HostExecutor::settle_board_published(double timeout_s) {
+  while (board_unsettled_count_ > 0) {
+    const UnsettledBoardCall& call = board_unsettled_[0];
+    const int slot_index = board_slot_of(call.gen);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && q != call.skipped &&
+          peer_segments_[q]->board(slot_index)->gen.load(std::memory_order_acquire) != call.gen)
+        return;
+    settle_board_through(call.gen, timeout_s);
+  }
+}
+
+// The first rule (common/board.h): before this rank publishes call `gen`, every peer has
+// published call gen - kBoardRunAhead. Peers seen in an earlier call's reads need no look.
+void HostExecutor::await_board_run_ahead(uint64_t gen, double timeout_s) {
+  if (gen <= kBoardRunAhead) return;
+  const uint64_t need = gen - kBoardRunAhead;
+  const int slot_index = board_slot_of(need);
+  // A slot holds `need` once published and until this rank publishes `gen`; kWriting there
+  // means `need` is being written (the peer cannot be rewriting it with a later call yet).
+  auto reached = [&](int q) {
+    if (board_seen_[q] >= need) return true;
+    const uint64_t g = peer_segments_[q]->board(slot_index)->gen.load(std::memory_order_acquire);
+    if (g == BoardSlot::kWriting || g < need) return false;
+    board_seen_[q] = need;
+    return true;
+  };
+  int missing = 0;
+  for (int q = 0; q < size_; ++q) missing += q != rank_ && !reached(q);
+  if (missing == 0) return;
+  const Deadline deadline = Deadline::after_seconds(timeout_s);
+  // Waits start as await_board's do: yielding at once to a laggard last seen on this CPU.
+  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || reached(q);
+  auto how_to_start = [this] { return awaited_peer_on_this_cpu(true) ? WaitStart::Yield : WaitStart::Spin; };
+  Backoff backoff(wait_, how_to_start);
+  for (;;) {
+    missing = 0;
+    for (int q = 0; q < size_; ++q) missing += q != rank_ && !reached(q);
+    if (missing == 0) return;
+    if (!backoff.should_block()) continue;
+    raise_if_aborted();
+    ctrl_.raise_notice_if_any();
+    clear_waiting();
+    std::string behind;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || reached(q)) continue;
+      note_waiting(q, false);
+      if (!ctrl_.alive(q))
+        RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank waits for it to reach ",
+                 describe(fingerprint_of(current_fp_)));
+      behind += str_cat(behind.empty() ? "rank " : ", rank ", q);
+    }
+    if (deadline.expired())
+      RT_THROW(Timeout, describe(fingerprint_of(current_fp_)), " timed out on rank ", rank_, " after ", timeout_s,
+               " s waiting for ", behind, " to catch up: a broadcast root or a count-0 call runs at most ",
+               kBoardRunAhead, " one-shot calls ahead of its peers");
+    pollfds_.clear();
+    pollfd_peer_.clear();
+    doze(deadline, [&] {
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && !reached(q)) return false;
+      return true;
+    });
+  }
 }
 
 void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   const CallPlan& p = current_->plan;
   const size_t esz = p.elem_size();
-  // run() has settled any earlier broadcast, so slot gen & 1 is free to rewrite.
   const uint64_t gen = ++board_gen_;
-  const int parity = static_cast<int>(gen & 1);
+  const int slot_index = board_slot_of(gen);
   MsgHeader fp = current_fp_;
   fp.payload_bytes = board_payload_bytes(p.key.coll, p.key.count * esz);
   current_fp_ = fp;
   const Schedule& s = schedule_for(*current_);
+  // The two rules (common/board.h): then slot gen % kBoardSlots is free to rewrite.
+  await_board_run_ahead(gen, p.timeout_s);
+  if (gen > kBoardRunAhead) settle_board_through(gen - kBoardRunAhead, p.timeout_s);
+  settle_board_published(p.timeout_s);
   // ops [0, reads) publish; [reads, reads_end) read and make the result; the rest are deferred.
   const uint32_t reads = s.step_end[0], reads_end = s.step_end[s.num_steps() - s.deferred_steps - 1];
   for (uint32_t i = 0; i < reads; ++i) {
@@ -128,16 +208,27 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   }
   board_arrived_[rank_] = 1;
   await_board(gen, fp, p.timeout_s);
+  settle_board_published(p.timeout_s);  // a call that heard from everyone settles every earlier one
   if (s.deferred_steps) {
-    board_unsettled_gen_ = gen;
-    board_unsettled_fp_ = fp;
+    // The deferred steps wait for every rank but this one and at most one other (a broadcast's
+    // root, whose publication the call read).
+    int skipped = -1;
+    for (int q = 0; q < size_; ++q) {
+      bool awaited = q == rank_;
+      for (uint32_t i = reads_end; i < s.ops.size() && !awaited; ++i) awaited = s.ops[i].peer == q;
+      RT_CHECK(awaited || skipped < 0, Error, "internal error: a deferred board step skips ranks ", skipped, " and ", q);
+      if (!awaited) skipped = q;
+    }
+    RT_CHECK(board_unsettled_count_ < board_unsettled_.size(), Error, "internal error: ", board_unsettled_count_,
+             " unsettled one-shot calls");
+    board_unsettled_[board_unsettled_count_++] = UnsettledBoardCall{gen, fp, skipped};
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
   // only the output (the simulator proves the input stays untouched).
   auto published = [&](int q, uint64_t offset) -> const uint8_t* {
     const ShmSegment* seg = q == rank_ ? own_segment_.get() : peer_segments_[q].get();
-    return ShmSegment::board_data(seg->board(parity)) + offset * esz;
+    return ShmSegment::board_data(seg->board(slot_index)) + offset * esz;
   };
   for (uint32_t i = reads; i < reads_end; ++i) {
     const Op& op = s.ops[i];
@@ -176,12 +267,13 @@ void HostExecutor::board_block(const MsgHeader& fp, double timeout_s, const Dead
              " s waiting for ", waiting, " to publish its input (one-shot)");
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
-  const int parity = static_cast<int>(gen & 1);
+  const int slot_index = board_slot_of(gen);
   pollfds_.clear();
   pollfd_peer_.clear();
   doze(deadline, [&] {
     for (int q = 0; q < size_; ++q)
-      if (!board_arrived_[q] && peer_segments_[q]->board(parity)->gen.load(std::memory_order_acquire) == gen) return true;
+      if (!board_arrived_[q] && peer_segments_[q]->board(slot_index)->gen.load(std::memory_order_acquire) == gen)
+        return true;
     return false;
   });
 }
@@ -190,8 +282,8 @@ void HostExecutor::check_board_mismatch() const {
   if (!board_usable_ || !current_) return;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    for (int parity = 0; parity < 2; ++parity) {
-      const BoardSlot* slot = peer_segments_[q]->board(parity);
+    for (int slot_index = 0; slot_index < kBoardSlots; ++slot_index) {
+      const BoardSlot* slot = peer_segments_[q]->board(slot_index);
       const uint64_t before = slot->gen.load(std::memory_order_acquire);
       if (before == 0 || before == BoardSlot::kWriting) continue;
       const MsgHeader h = slot->fp;

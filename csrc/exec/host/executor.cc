@@ -104,6 +104,7 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
   board_usable_ = all_local && board_bytes > 0;
   board_bytes_ = all_local ? (board_bytes + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
+  board_seen_.assign(size_, 0);
   setup_shared_memory(boot, mesh, uid, ring_bytes);
 }
 
@@ -129,6 +130,7 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_);
+    own_segment_->populate_all();  // its rings are read here, its board written
   }
   if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
     std::random_device random;
@@ -152,6 +154,8 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     const std::vector<int> theirs = senders_of(q);
     const int out_slot = static_cast<int>(std::find(theirs.begin(), theirs.end(), rank_) - theirs.begin());
     ShmSegment& peer = *peer_segments_[q];
+    peer.populate(peer.header(), peer.board_region_bytes());  // read: its board and sleeping flag
+    peer.populate(peer.ring(out_slot), sizeof(ShmRing) + peer.ring_bytes());  // written: our ring there
     conns_[q] = std::make_unique<ShmConnection>(q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
                                                 own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
                                                 &peer.header()->sleeping, &bell_);
@@ -308,8 +312,9 @@ void HostExecutor::run(const HostCall& call) {
   single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
   try {
     try {
-      if (!collective_traits(plan.key.coll).point_to_point)
-        settle_board(plan.timeout_s);  // an earlier one-shot broadcast's stragglers, checked
+      // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
+      if (!collective_traits(plan.key.coll).point_to_point && plan.key.algo != Algo::OneShot)
+        settle_board(plan.timeout_s);
       run_plan(plan, dev);
     } catch (const PeerFailure& e) {
       // A peer that aborted explains itself on its control connection, possibly just after its

@@ -7,6 +7,7 @@
 // what happens after a failure belong to the communicator (runtime/) that drives it.
 #pragma once
 #include <poll.h>
+#include <array>
 #include <functional>
 #include <atomic>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 #include "algorithms/schedule.h"
+#include "common/board.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/control_plane.h"
 #include "common/clock.h"
@@ -145,6 +147,9 @@ class HostExecutor {
   void run_board(const uint8_t* in, uint8_t* out);
   void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
   void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);
+  void await_board_run_ahead(uint64_t gen, double timeout_s);
+  void settle_board_through(uint64_t last_gen, double timeout_s);
+  void settle_board_published(double timeout_s);
   void settle_board(double timeout_s);
   void check_board_mismatch() const;
 
@@ -176,9 +181,16 @@ class HostExecutor {
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far
   std::vector<uint8_t> board_arrived_;
-  // A one-shot broadcast this rank left before every rank had published it (board.cc).
-  uint64_t board_unsettled_gen_ = 0;
-  MsgHeader board_unsettled_fp_{};
+  std::vector<uint64_t> board_seen_;  // per peer: the latest one-shot call it is known to have published
+  // One-shot calls this rank returned from before some ranks had published them (board.cc):
+  // a broadcast's (every rank's but this one's and `skipped`'s) or a count-0 call's (skipped -1).
+  struct UnsettledBoardCall {
+    uint64_t gen;
+    MsgHeader fp;
+    int skipped;
+  };
+  std::array<UnsettledBoardCall, kBoardRunAhead> board_unsettled_{};
+  size_t board_unsettled_count_ = 0;
 
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
   ScheduleKey last_key_{};

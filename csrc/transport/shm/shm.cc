@@ -50,18 +50,19 @@ namespace {
 constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
 }  // namespace
 
-// Layout: header, two board slots, then one ring per sender.
+// Layout: header, the board slots, then one ring per sender.
 size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes) {
-  return kHeaderBytes + 2 * (sizeof(BoardSlot) + board_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+  return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes) +
+         static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
 }
 
-BoardSlot* ShmSegment::board(int parity) const {
+BoardSlot* ShmSegment::board(int slot) const {
   return reinterpret_cast<BoardSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
-                                      static_cast<size_t>(parity) * (sizeof(BoardSlot) + board_bytes_));
+                                      static_cast<size_t>(slot) * (sizeof(BoardSlot) + board_bytes_));
 }
 
 ShmRing* ShmSegment::ring(int slot) const {
-  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes + 2 * (sizeof(BoardSlot) + board_bytes_) +
+  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes_) +
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
@@ -83,7 +84,7 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes,
   header()->magic = kSegmentMagic;
   header()->sleeping.store(0);
   header()->cpu.store(-1);
-  for (int parity = 0; parity < 2; ++parity) board(parity)->gen.store(0);
+  for (int slot = 0; slot < kBoardSlots; ++slot) board(slot)->gen.store(0);
   for (int s = 0; s < slots; ++s) {
     ring(s)->head.store(0);
     ring(s)->tail.store(0);
@@ -104,10 +105,7 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
 }
 
 void ShmSegment::map(int fd, const std::string& name) {
-  // MAP_POPULATE: fill this process's page tables now. Left to first touch, every 4 KiB of a
-  // ring faulted on the first lap, in the writer and again in the reader: at 2 us a fault on
-  // this VM, a 32 KiB all_reduce took 25-35 us for its first 30 calls instead of 6-7.
-  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) throw_system_error("mmap(" + name + ")", e);
@@ -115,6 +113,23 @@ void ShmSegment::map(int fd, const std::string& name) {
 }
 
 void ShmSegment::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+// Left to first touch, every 4 KiB of a ring faulted on its first lap, in the writer and again in
+// the reader: at 2 us a fault on this VM, a 32 KiB all_reduce took 25-35 us for its first 30
+// calls instead of 6-7. Only the parts a rank uses are filled (its own segment, and in a peer's
+// the header, the board and its own ring): every segment whole would be P^2 ring pages per rank.
+void ShmSegment::populate(const void* begin, size_t bytes) {
+  const uintptr_t page = 4096;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(begin) + bytes;
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  // Older kernels: a read maps a tmpfs page writable in a shared mapping.
+  for (uintptr_t a = first; a < end; a += page) (void)*reinterpret_cast<volatile const uint8_t*>(a);
+}
+
+size_t ShmSegment::board_region_bytes() const { return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes_); }
 
 ShmSegment::~ShmSegment() {
   if (base_) munmap(base_, bytes_);

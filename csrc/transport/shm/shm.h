@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <sys/types.h>
+#include "common/board.h"
 #include "transport/doorbell.h"
 #include "transport/transport.h"
 
@@ -31,9 +32,10 @@ struct alignas(64) ShmSegmentHeader {
 static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache lines");
 
 // The one-shot board: each rank publishes a small call's whole input in its own segment, in
-// one of two slots chosen by the call's generation (gen & 1), and every peer reads it there
-// (runtime/board.cc). `gen` is stored last, with release; kWriting marks a slot being
-// rewritten, so a reader that peeks outside the protocol never trusts a torn header.
+// one of kBoardSlots slots chosen by the call's generation (gen % kBoardSlots), and every peer
+// reads it there (exec/host/board.cc). `gen` is stored last, with release; kWriting marks a slot
+// being rewritten, so a reader that peeks outside the protocol never trusts a torn header.
+// kBoardSlots of them let a rank run kBoardRunAhead calls ahead of a peer (common/board.h).
 struct alignas(64) BoardSlot {
   static constexpr uint64_t kWriting = ~uint64_t{0};
   std::atomic<uint64_t> gen;
@@ -74,9 +76,15 @@ class ShmSegment {
   ShmSegmentHeader* header() const { return static_cast<ShmSegmentHeader*>(base_); }
   ShmRing* ring(int slot) const;
   uint8_t* ring_data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot)) + sizeof(ShmRing); }
-  // Board slot 0 or 1 (gen & 1); its payload is board_bytes long.
-  BoardSlot* board(int parity) const;
+  // Board slot 0 .. kBoardSlots-1 (gen % kBoardSlots); its payload is board_bytes long.
+  BoardSlot* board(int slot) const;
   static uint8_t* board_data(BoardSlot* slot) { return reinterpret_cast<uint8_t*>(slot) + sizeof(BoardSlot); }
+  // Maps [begin, begin + bytes) of this segment into the page tables now, not at first touch.
+  void populate(const void* begin, size_t bytes);
+  void populate_all() { populate(base_, bytes_); }
+  // The header and the board slots: where a segment starts (what its peers read).
+  size_t board_region_bytes() const;
+  uint64_t ring_bytes() const { return ring_bytes_; }
 
  private:
   void map(int fd, const std::string& name);
