@@ -77,7 +77,7 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
 }
 
 // The blocking collectives' entry from Python, one CPython call with no pybind11 dispatch:
-// fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result) runs the call and
+// fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer]) runs the call and
 // returns `result`, or returns NotImplemented for anything the Python route must convert or
 // explain (buffers other than plain ndarrays, an op or algo that is not a known name, a timeout
 // that is not a positive number, a flag that is not a bool). Bound to one communicator through
@@ -108,13 +108,13 @@ bool code_of(PyObject* table, PyObject* name, int& code) {
 }
 
 PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 10) {
-    PyErr_SetString(PyExc_TypeError, "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result)");
+  if (nargs != 10 && nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer])");
     return nullptr;
   }
   auto* comm = static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(self, kFastCapsule));
   if (!comm) return nullptr;
-  int coll = 0, op = 0, root = 0, peer = 0, algo = 0;
+  int coll = 0, op = 0, root = 0, peer = 0, algo = 0, recv_peer = -1;
   double timeout = -1.0;
   PyObject* const t = args[7];
   const bool timeout_ok = t == Py_None || (PyFloat_CheckExact(t) && (timeout = PyFloat_AS_DOUBLE(t)) > 0) ||
@@ -122,11 +122,12 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (PyErr_Occurred()) PyErr_Clear();  // an int too large for a double: the Python route explains
   if (!small_int(args[0], coll) || !code_of(g_op_codes, args[3], op) || !small_int(args[4], root) ||
       !small_int(args[5], peer) || !code_of(g_algo_codes, args[6], algo) || !timeout_ok ||
-      (args[8] != Py_True && args[8] != Py_False))
+      (args[8] != Py_True && args[8] != Py_False) || (nargs == 11 && !small_int(args[10], recv_peer)))
     return Py_NewRef(Py_NotImplemented);
   try {
     CollectiveArgs a = make_args(coll, op, 1.0, root, peer, algo, t == Py_None ? -1.0 : timeout);
     a.deterministic = args[8] == Py_True;
+    a.recv_peer = recv_peer;
     int in_dtype = -1, out_dtype = -1;
     if ((args[1] != Py_None && !open_ndarray(args[1], a.input, in_dtype)) ||
         (args[2] != Py_None && !open_ndarray(args[2], a.output, out_dtype)) ||

@@ -25,8 +25,9 @@ _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 # Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
 _NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
-_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _ALL_TO_ALL, _BROADCAST, _BARRIER = (
-    _COLL[name] for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"))
+_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _ALL_TO_ALL, _BROADCAST, _BARRIER, _SENDRECV = (
+    _COLL[name] for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier",
+                             "sendrecv"))
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -428,6 +429,10 @@ class Communicator:
         send/recv). Calls on one communicator run in order, so an exchange in a ring must use
         this (or the peers must order their sends and recvs) once messages outgrow the
         transport's buffering. Matches a plain send/recv on the other side."""
+        if async_op is False:
+            done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, out, src)
+            if done is not NotImplemented:
+                return done
         return self._run("sendrecv", x, out, peer=dst, recv_peer=src, timeout=timeout, async_op=async_op,
                          result=out)
 

@@ -111,6 +111,10 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
             comm._fast(_COLL["broadcast"], x, None, "sum", 3, -1, "auto", None, False, x)
         with pytest.raises(rt.InvalidArgument, match="output"):
             comm._fast(ar, x, np.zeros(5, np.float32), "sum", 0, -1, "auto", None, False, None)
+        # sendrecv passes its source as an eleventh argument; a bad one is refused by the core.
+        with pytest.raises(rt.InvalidArgument, match="peer must differ from this rank"):
+            comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, out, 0)
+        assert comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, out, True) is NotImplemented
         assert comm.all_reduce(x, out, timeout=7.5) is out and np.array_equal(out, x)  # still usable
     with pytest.raises(rt.Aborted, match="closed"):
         comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, out)
