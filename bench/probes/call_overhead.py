@@ -3,6 +3,7 @@ notes in bench/RESULTS.md measured them (issue 13, fifth session).
 
     python -m ringtree.launch -n 2 bench/probes/call_overhead.py            # ringtree
     mpiexec -n 2 python bench/probes/call_overhead.py --mpi                  # the same loop over mpi4py
+    python -m ringtree.launch -n 2 bench/probes/call_overhead.py --torch            # on torch CPU tensors
     python -m ringtree.launch -n 2 bench/probes/call_overhead.py --first-calls 32768
 
 Tight loop: rank 0's best of five rounds of 20000 back-to-back calls (8 B all_reduce out of place,
@@ -34,10 +35,14 @@ def timed(all_reduce, broadcast, barrier, all_gather):
             "barrier": best_of(barrier), "all_gather count 0": best_of(all_gather)}
 
 
-def ringtree_loop():
+def ringtree_loop(torch_tensors):
     import ringtree as rt
     comm = rt.init()
-    x, y, empty = np.ones(2, np.float32), np.empty(2, np.float32), np.empty(0, np.float32)
+    if torch_tensors:
+        import torch
+        x, y, empty = torch.ones(2), torch.empty(2), torch.empty(0)
+    else:
+        x, y, empty = np.ones(2, np.float32), np.empty(2, np.float32), np.empty(0, np.float32)
     res = timed(lambda: comm.all_reduce(x, y), lambda: comm.broadcast(x, root=0), comm.barrier,
                 lambda: comm.all_gather(empty, empty))
     return comm.rank, comm.size, res, comm.close
@@ -77,13 +82,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mpi", action="store_true", help="time mpi4py's calls instead (run under mpiexec)")
     p.add_argument("--first-calls", type=int, metavar="BYTES", help="time the first calls of one size instead")
+    p.add_argument("--torch", action="store_true", help="ringtree's calls on torch CPU tensors")
     a = p.parse_args()
     if a.first_calls:
         first_calls(a.first_calls)
         return
-    rank, size, res, close = mpi_loop() if a.mpi else ringtree_loop()
+    rank, size, res, close = mpi_loop() if a.mpi else ringtree_loop(a.torch)
     if rank == 0:
-        lib = "mpi4py" if a.mpi else "ringtree"
+        lib = "mpi4py" if a.mpi else "ringtree (torch tensors)" if a.torch else "ringtree"
         print(f"{lib} P={size}: " + "; ".join(f"{k} {v:.2f} us" for k, v in res.items()), flush=True)
     close()
 

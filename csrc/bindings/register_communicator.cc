@@ -79,7 +79,8 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
 // The blocking collectives' entry from Python, one CPython call with no pybind11 dispatch:
 // fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer]) runs the call and
 // returns `result`, or returns NotImplemented for anything the Python route must convert or
-// explain (buffers other than plain ndarrays, an op or algo that is not a known name, a timeout
+// explain (buffers other than plain ndarrays or (pointer, count, dtype code) tuples the Python
+// layer made from torch CPU tensors, an op or algo that is not a known name, a timeout
 // that is not a positive number, a flag that is not a bool). Bound to one communicator through
 // a capsule, so no argument names it. Per call this parses ten positional arguments with a few
 // type checks and two dict lookups: the Python layer's frame and pybind11's argument loaders
@@ -107,6 +108,26 @@ bool code_of(PyObject* table, PyObject* name, int& code) {
   return small_int(value, code);
 }
 
+// A buffer the Python layer has already read (torch CPU tensors): a (pointer, count, dtype code)
+// tuple of ints.
+bool open_raw(PyObject* obj, Buffer& b, int& dtype) {
+  if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 3) return false;
+  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 0));
+  const unsigned long long count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 1));
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (!small_int(PyTuple_GET_ITEM(obj, 2), dtype) || dtype < 0 || dtype >= static_cast<int>(DataType::Count)) return false;
+  b.present = true;
+  b.ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
+  b.count = count;
+  b.readonly = false;
+  return true;
+}
+
+bool open_buffer(PyObject* obj, Buffer& b, int& dtype) { return open_ndarray(obj, b, dtype) || open_raw(obj, b, dtype); }
+
 PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 10 && nargs != 11) {
     PyErr_SetString(PyExc_TypeError, "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer])");
@@ -129,8 +150,8 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     a.deterministic = args[8] == Py_True;
     a.recv_peer = recv_peer;
     int in_dtype = -1, out_dtype = -1;
-    if ((args[1] != Py_None && !open_ndarray(args[1], a.input, in_dtype)) ||
-        (args[2] != Py_None && !open_ndarray(args[2], a.output, out_dtype)) ||
+    if ((args[1] != Py_None && !open_buffer(args[1], a.input, in_dtype)) ||
+        (args[2] != Py_None && !open_buffer(args[2], a.output, out_dtype)) ||
         (in_dtype >= 0 && out_dtype >= 0 && in_dtype != out_dtype))
       return Py_NewRef(Py_NotImplemented);
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));

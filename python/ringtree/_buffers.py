@@ -57,6 +57,22 @@ def _from_torch(x, name: str) -> BufferInfo:
     return BufferInfo(x.data_ptr(), x.numel(), _DTYPE_CODES[dtype], False, x)
 
 
+_TORCH_DTYPE_CODES = {}  # {torch dtype object: ringtree dtype code}, filled at the first torch call
+
+
+def torch_host_view(x):
+    """(pointer, element count, dtype code) of a contiguous torch CPU tensor of a supported dtype,
+    in a few attribute reads; None for anything else (buffer_info then converts or explains)."""
+    if not type(x).__module__.startswith("torch") or not x.is_cpu or not x.is_contiguous():
+        return None
+    if not _TORCH_DTYPE_CODES:
+        torch = sys.modules["torch"]
+        _TORCH_DTYPE_CODES.update({getattr(torch, name.split(".")[1]): _DTYPE_CODES[code_name]
+                                   for name, code_name in _TORCH_DTYPES.items()})
+    code = _TORCH_DTYPE_CODES.get(x.dtype)
+    return None if code is None else (x.data_ptr(), x.numel(), code)
+
+
 def _producer_stream(x) -> int:
     """The stream a CUDA array's library enqueues on now: cupy's current stream, else the
     legacy default stream (0)."""

@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes
+from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
 from .elastic import RESERVED_TAGS
 from .ops import resolve_op
@@ -274,7 +274,15 @@ class Communicator:
         return self._call_converting(coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic)
 
     def _call_converting(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False):
-        """_call past the blocking ndarray case: async calls, then anything _run must convert."""
+        """_call past the blocking ndarray case: torch CPU tensors read in a few attribute reads
+        (the torch backend's common case), async calls, then anything _run must convert."""
+        if async_op is False and (x is not None or out is not None):
+            vin = None if x is None else torch_host_view(x)
+            vout = None if out is None else torch_host_view(out)
+            if (x is None or vin) and (out is None or vout):
+                done = self._fast(_COLL[coll], vin, vout, op, root, peer, algo, timeout, deterministic, result)
+                if done is not NotImplemented:
+                    return done
         op_code = _NAMED_OPS.get(op) if op.__class__ is str else None
         algo_code = _ALGO.get(algo) if algo.__class__ is str else None
         if timeout is None:

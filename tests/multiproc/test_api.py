@@ -236,6 +236,21 @@ def torch_tensors():
         report["non_contiguous"] = "no error"
     except rt.InvalidArgument as exc:
         report["non_contiguous"] = "ok" if "contiguous" in str(exc) else str(exc)
+    # A view past the storage's start, out of place, and an async call (the general route).
+    base = torch.arange(10, dtype=torch.int64) + r
+    out = torch.zeros(7, dtype=torch.int64)
+    comm.all_reduce(base[3:], out)
+    report["offset_view"] = bool(torch.equal(out, sum(torch.arange(3, 10, dtype=torch.int64) + q for q in range(P))))
+    async_t = torch.full((4,), float(r + 1))
+    comm.all_reduce(async_t, async_op=True).wait(timeout=30)
+    report["async"] = bool(torch.equal(async_t, torch.full((4,), float(P * (P + 1) // 2))))
+    for name, bad, needle in (("dtype_mismatch", (torch.zeros(4), torch.zeros(4, dtype=torch.float64)), "dtypes differ"),
+                              ("meta_device", (torch.empty(4, device="meta"), None), "meta")):
+        try:
+            comm.all_reduce(*bad)
+            report[name] = "no error"
+        except rt.InvalidArgument as exc:
+            report[name] = "ok" if needle in str(exc) else str(exc)
     comm.close()
     return report
 
