@@ -27,10 +27,9 @@
 //     snapshots, so a rank may overwrite its own input after publishing it (in-place needs no
 //     staging);
 //   - within its call (deferred steps included) every rank waits for every other rank's
-//     publication. With the executor's two rules (common/board.h: publish call g only after
-//     every peer published call g - kBoardRunAhead; run a call's deferred steps before
-//     publishing kBoardRunAhead calls later) that makes kBoardSlots slots per rank enough: a
-//     slot's previous call was read and checked by every rank before it is rewritten.
+//     publication. With the executor's rule (common/board.h: run a call's deferred steps
+//     before publishing kBoardRunAhead calls later) that makes kBoardSlots slots per rank
+//     enough: a slot's previous call was read and checked by every rank before it is rewritten.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -51,15 +51,10 @@ class BoardClocks {
     return "";
   }
 
-  // Rank r has seen that rank q published call g (the run-ahead rule's wait).
-  void saw_publication(int r, int q, uint64_t g) {
-    const uint64_t* seen = &at_publish_[q][(g - 1) * static_cast<uint64_t>(P_)];
-    for (int x = 0; x < P_; ++x) clock(r)[x] = std::max(clock(r)[x], seen[x]);
-  }
-
   // Rank r has read rank q's publication of call g (which q has made).
   void read(int r, int q, uint64_t g) {
-    saw_publication(r, q, g);
+    const uint64_t* seen = &at_publish_[q][(g - 1) * static_cast<uint64_t>(P_)];
+    for (int x = 0; x < P_; ++x) clock(r)[x] = std::max(clock(r)[x], seen[x]);
     tick(r);
     last_read_[q][(g - 1) * static_cast<uint64_t>(P_) + static_cast<uint64_t>(r)] = clock(r)[r];
   }
@@ -87,29 +82,12 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
     const uint64_t call = read_calls ? (*read_calls)[r][cursors[r].step] : 0;
     return call ? call : cursors[r].call;
   };
-  // Whether rank r's current step may start: one that publishes call g waits until every peer
-  // has published call g - kBoardRunAhead (and then follows those publications).
-  auto may_publish = [&](int r) {
-    const Cursor& c = cursors[r];
-    const Schedule& s = *schedules[r];
-    bool publishes = false;
-    for (size_t i = s.step_begin(c.step); i < s.step_end[c.step]; ++i) publishes |= s.ops[i].kind == OpKind::Publish;
-    const uint64_t g = c.call + 1;
-    if (!publishes || g <= kBoardRunAhead) return true;
-    for (int q = 0; q < P; ++q)
-      if (q != r && cursors[q].call < g - kBoardRunAhead) return false;
-    for (int q = 0; q < P; ++q)
-      if (q != r) clocks->saw_publication(r, q, g - kBoardRunAhead);
-    return true;
-  };
   // Enters the current step, and any following steps that hold only local work (copies and
-  // publications), unless a publication must wait; false when a publication breaks the board's
-  // slot rule (`problem`).
+  // publications); false when a publication breaks the board's slot rule (`problem`).
   auto enter = [&](int r) {
     Cursor& c = cursors[r];
     const Schedule& s = *schedules[r];
     while (c.step < s.num_steps() && !c.entered) {
-      if (!may_publish(r)) return true;
       const size_t b = s.step_begin(c.step), e = s.step_end[c.step];
       c.done.assign(e - b, 0);
       visitor.enter_step(r, c.step);
@@ -200,10 +178,6 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
         c.entered = false;
         if (!enter(r)) return problem;
         progressed = true;
-      } else if (c.step < schedules[r]->num_steps() && !c.entered) {  // a publication that waited
-        const size_t step = c.step;
-        if (!enter(r)) return problem;
-        progressed |= c.entered || c.step != step;
       }
     }
     if (finished) return "";
@@ -212,8 +186,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       for (int r = 0; r < P; ++r)
         if (cursors[r].step < schedules[r]->num_steps())
           blocked += str_cat(" rank ", r, " at step ", cursors[r].step,
-                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(),
-                             cursors[r].entered ? "" : " (waiting to publish)", ";");
+                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(), ";");
       return blocked;
     }
   }

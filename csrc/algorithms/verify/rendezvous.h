@@ -5,12 +5,11 @@
 //
 // Board ops (schedule.h) are walked with the board's semantics (common/board.h): a rank's
 // publications are numbered by call from 1 (its n-th Publish is call n, as the board's
-// generation counter); a read of call g waits until its peer has published call g; a rank
-// publishes call g only once every peer has published call g - kBoardRunAhead; and every rank
-// has kBoardSlots slots, so call g + kBoardSlots overwrites call g. The walk tracks which events
-// happen before which (a vector clock per rank: program order, and a publication before every
-// read or publication that waited for it) and reports a rank that could overwrite a call before
-// some reader has finished with it, in any interleaving, not only in the one walked.
+// generation counter); a read of call g waits until its peer has published call g; and every
+// rank has kBoardSlots slots, so call g + kBoardSlots overwrites call g. The walk tracks which
+// events happen before which (a vector clock per rank: program order, and a publication before
+// every read that waited for it) and reports a rank that could overwrite a call before some
+// reader has finished with it, in any interleaving, not only in the one walked.
 #pragma once
 #include <string>
 #include <vector>

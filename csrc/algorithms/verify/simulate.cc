@@ -373,9 +373,9 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, 
 
 // The board's slots: every rank makes kBoardCalls board calls in a row, its schedule repeated,
 // each call's deferred steps placed before the publication kBoardRunAhead calls later (where the
-// host executor settles them), walked with kBoardSlots slots per rank and the run-ahead rule
-// (common/board.h). The walk reports a publication that could land in a slot some rank may
-// still read, in any interleaving.
+// host executor settles them at the latest), walked with kBoardSlots slots per rank
+// (common/board.h). The walk reports a publication that could land in a slot some rank may still
+// read, in any interleaving.
 constexpr int kBoardCalls = 2 * kBoardSlots;  // every slot reused, deferred steps included
 
 void check_board_slots(const ScheduleKey& base, int drop_op) {

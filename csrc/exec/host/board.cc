@@ -12,11 +12,11 @@
 // Most calls wait for every peer's publication, so no rank gets ahead. A broadcast's root and
 // every rank of a count-0 call return without waiting for some peers: those waits are the
 // schedule's deferred steps, kept here as unsettled calls and run later, and a rank may run
-// ahead of slow peers. Two rules keep the slots safe without acknowledgements (common/board.h):
-// a rank publishes call g only once every peer has published call g - kBoardRunAhead, and it
-// settles (checks the fingerprints of) an unsettled call g before it publishes call
-// g + kBoardRunAhead. The simulator walks kBoardCalls calls in a row under these rules, in any
-// interleaving (algorithms/verify/rendezvous.h). Every other collective settles them all first.
+// ahead of slow peers. One rule keeps the slots safe without acknowledgements (common/board.h):
+// a rank settles (waits for the publications of, and checks the fingerprints of) an unsettled
+// call g before it publishes call g + kBoardRunAhead. The simulator walks kBoardCalls calls in a
+// row under this rule, in any interleaving (algorithms/verify/rendezvous.h). Every other
+// collective settles them all first.
 //
 // A rank on the board expects no ring traffic; one in a ring schedule expects no board
 // publication for its call. Each side looks for the other's evidence before it sleeps, so a
@@ -85,7 +85,6 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
       if (slot->gen.load(std::memory_order_acquire) != gen) continue;
       check_header(slot->fp, fp, board_payload_of(fp, q), q);
       board_arrived_[q] = 1;
-      board_seen_[q] = std::max(board_seen_[q], gen);
       --missing;
       moved = true;
     }
@@ -94,6 +93,10 @@ void HostExecutor::await_board(uint64_t gen, const MsgHeader& fp, double timeout
     if (backoff.should_block()) board_block(fp, timeout_s, deadline, gen);
   }
 }
+
+// The rank a call's deferred steps do not wait for: a broadcast's root, whose publication the
+// call read (board_schedule); none (-1) for a count-0 call, which read nothing.
+static int deferred_skips(const MsgHeader& fp) { return fp.count == 0 ? -1 : fp.root; }
 
 // A one-shot broadcast returns once a rank has what it needs (the root at once, the others with
 // the root's data), and a count-0 call at once: the ranks it skipped are its deferred steps.
@@ -104,7 +107,8 @@ void HostExecutor::settle_board_through(uint64_t last_gen, double timeout_s) {
     const UnsettledBoardCall call = board_unsettled_[0];
     std::copy(board_unsettled_.begin() + 1, board_unsettled_.begin() + board_unsettled_count_, board_unsettled_.begin());
     --board_unsettled_count_;
-    for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || q == call.skipped;
+    const int skipped = deferred_skips(call.fp);
+    for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || q == skipped;
     await_board(call.gen, call.fp, timeout_s);
   }
 }
@@ -117,66 +121,12 @@ void HostExecutor::settle_board(double timeout_s) { settle_board_through(UINT64_
 void HostExecutor::settle_board_published(double timeout_s) {
   while (board_unsettled_count_ > 0) {
     const UnsettledBoardCall& call = board_unsettled_[0];
-    const int slot_index = board_slot_of(call.gen);
+    const int slot_index = board_slot_of(call.gen), skipped = deferred_skips(call.fp);
     for (int q = 0; q < size_; ++q)
-      if (q != rank_ && q != call.skipped &&
+      if (q != rank_ && q != skipped &&
           peer_segments_[q]->board(slot_index)->gen.load(std::memory_order_acquire) != call.gen)
         return;
     settle_board_through(call.gen, timeout_s);
-  }
-}
-
-// The first rule (common/board.h): before this rank publishes call `gen`, every peer has
-// published call gen - kBoardRunAhead. Peers seen in an earlier call's reads need no look.
-void HostExecutor::await_board_run_ahead(uint64_t gen, double timeout_s) {
-  if (gen <= kBoardRunAhead) return;
-  const uint64_t need = gen - kBoardRunAhead;
-  const int slot_index = board_slot_of(need);
-  // A slot holds `need` once published and until this rank publishes `gen`; kWriting there
-  // means `need` is being written (the peer cannot be rewriting it with a later call yet).
-  auto reached = [&](int q) {
-    if (board_seen_[q] >= need) return true;
-    const uint64_t g = peer_segments_[q]->board(slot_index)->gen.load(std::memory_order_acquire);
-    if (g == BoardSlot::kWriting || g < need) return false;
-    board_seen_[q] = need;
-    return true;
-  };
-  int missing = 0;
-  for (int q = 0; q < size_; ++q) missing += q != rank_ && !reached(q);
-  if (missing == 0) return;
-  const Deadline deadline = Deadline::after_seconds(timeout_s);
-  // Waits start as await_board's do: yielding at once to a laggard last seen on this CPU.
-  for (int q = 0; q < size_; ++q) board_arrived_[q] = q == rank_ || reached(q);
-  auto how_to_start = [this] { return awaited_peer_on_this_cpu(true) ? WaitStart::Yield : WaitStart::Spin; };
-  Backoff backoff(wait_, how_to_start);
-  for (;;) {
-    missing = 0;
-    for (int q = 0; q < size_; ++q) missing += q != rank_ && !reached(q);
-    if (missing == 0) return;
-    if (!backoff.should_block()) continue;
-    raise_if_aborted();
-    ctrl_.raise_notice_if_any();
-    clear_waiting();
-    std::string behind;
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_ || reached(q)) continue;
-      note_waiting(q, false);
-      if (!ctrl_.alive(q))
-        RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank waits for it to reach ",
-                 describe(fingerprint_of(current_fp_)));
-      behind += str_cat(behind.empty() ? "rank " : ", rank ", q);
-    }
-    if (deadline.expired())
-      RT_THROW(Timeout, describe(fingerprint_of(current_fp_)), " timed out on rank ", rank_, " after ", timeout_s,
-               " s waiting for ", behind, " to catch up: a broadcast root or a count-0 call runs at most ",
-               kBoardRunAhead, " one-shot calls ahead of its peers");
-    pollfds_.clear();
-    pollfd_peer_.clear();
-    doze(deadline, [&] {
-      for (int q = 0; q < size_; ++q)
-        if (q != rank_ && !reached(q)) return false;
-      return true;
-    });
   }
 }
 
@@ -189,8 +139,7 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   fp.payload_bytes = board_payload_bytes(p.key.coll, p.key.count * esz);
   current_fp_ = fp;
   const Schedule& s = schedule_for(*current_);
-  // The two rules (common/board.h): then slot gen % kBoardSlots is free to rewrite.
-  await_board_run_ahead(gen, p.timeout_s);
+  // The rule of common/board.h; then slot gen % kBoardSlots is free to rewrite.
   if (gen > kBoardRunAhead) settle_board_through(gen - kBoardRunAhead, p.timeout_s);
   settle_board_published(p.timeout_s);
   // ops [0, reads) publish; [reads, reads_end) read and make the result; the rest are deferred.
@@ -210,18 +159,9 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   await_board(gen, fp, p.timeout_s);
   settle_board_published(p.timeout_s);  // a call that heard from everyone settles every earlier one
   if (s.deferred_steps) {
-    // The deferred steps wait for every rank but this one and at most one other (a broadcast's
-    // root, whose publication the call read).
-    int skipped = -1;
-    for (int q = 0; q < size_; ++q) {
-      bool awaited = q == rank_;
-      for (uint32_t i = reads_end; i < s.ops.size() && !awaited; ++i) awaited = s.ops[i].peer == q;
-      RT_CHECK(awaited || skipped < 0, Error, "internal error: a deferred board step skips ranks ", skipped, " and ", q);
-      if (!awaited) skipped = q;
-    }
     RT_CHECK(board_unsettled_count_ < board_unsettled_.size(), Error, "internal error: ", board_unsettled_count_,
              " unsettled one-shot calls");
-    board_unsettled_[board_unsettled_count_++] = UnsettledBoardCall{gen, fp, skipped};
+    board_unsettled_[board_unsettled_count_++] = UnsettledBoardCall{gen, fp};
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
@@ -264,7 +204,11 @@ void HostExecutor::board_block(const MsgHeader& fp, double timeout_s, const Dead
     for (int q = 0; q < size_; ++q)
       if (!board_arrived_[q]) waiting += str_cat(waiting.empty() ? "rank " : ", rank ", q);
     RT_THROW(Timeout, describe(fingerprint_of(fp)), " timed out on rank ", rank_, " after ", timeout_s,
-             " s waiting for ", waiting, " to publish its input (one-shot)");
+             " s waiting for ", waiting, " to publish its input (one-shot)",
+             gen < board_gen_ ? str_cat("; this rank is at ", describe(fingerprint_of(current_fp_)),
+                                        ": a broadcast root or a count-0 call runs at most ", kBoardRunAhead,
+                                        " one-shot calls ahead of its peers")
+                              : std::string());
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
   const int slot_index = board_slot_of(gen);

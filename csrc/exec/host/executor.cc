@@ -104,7 +104,6 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
   board_usable_ = all_local && board_bytes > 0;
   board_bytes_ = all_local ? (board_bytes + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
-  board_seen_.assign(size_, 0);
   setup_shared_memory(boot, mesh, uid, ring_bytes);
 }
 

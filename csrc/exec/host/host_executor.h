@@ -147,7 +147,6 @@ class HostExecutor {
   void run_board(const uint8_t* in, uint8_t* out);
   void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
   void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);
-  void await_board_run_ahead(uint64_t gen, double timeout_s);
   void settle_board_through(uint64_t last_gen, double timeout_s);
   void settle_board_published(double timeout_s);
   void settle_board(double timeout_s);
@@ -181,13 +180,11 @@ class HostExecutor {
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far
   std::vector<uint8_t> board_arrived_;
-  std::vector<uint64_t> board_seen_;  // per peer: the latest one-shot call it is known to have published
-  // One-shot calls this rank returned from before some ranks had published them (board.cc):
-  // a broadcast's (every rank's but this one's and `skipped`'s) or a count-0 call's (skipped -1).
+  // One-shot calls this rank returned from before some ranks had published them (board.cc): a
+  // broadcast's or a count-0 call's, oldest first.
   struct UnsettledBoardCall {
     uint64_t gen;
     MsgHeader fp;
-    int skipped;
   };
   std::array<UnsettledBoardCall, kBoardRunAhead> board_unsettled_{};
   size_t board_unsettled_count_ = 0;
