@@ -76,15 +76,15 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
   return a;
 }
 
-// The blocking collectives' entry from Python, one CPython call with no pybind11 dispatch:
-// fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer]) runs the call and
-// returns `result`, or returns NotImplemented for anything the Python route must convert or
-// explain (buffers other than plain ndarrays or (pointer, count, dtype code) tuples the Python
-// layer made from torch CPU tensors, an op or algo that is not a known name, a timeout
-// that is not a positive number, a flag that is not a bool). Bound to one communicator through
-// a capsule, so no argument names it. Per call this parses ten positional arguments with a few
-// type checks and two dict lookups: the Python layer's frame and pybind11's argument loaders
-// cost more than a small collective's traffic.
+// The collectives' entry from Python, one CPython call with no pybind11 dispatch:
+// fast(coll, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
+// runs the call and returns `result` (blocking) or its Work (async), or returns NotImplemented
+// for anything the Python route must convert or explain: buffers other than plain ndarrays or
+// (pointer, count, dtype code) tuples the Python layer made from torch CPU tensors, an op or
+// algo that is not a known name, a timeout that is not a positive number, a flag that is not a
+// bool. Bound to one communicator through a capsule, so no argument names it. Per call this
+// parses twelve positional arguments with a few type checks and two dict lookups: the Python
+// layer's frames and pybind11's argument loaders cost more than a small collective's traffic.
 constexpr const char* kFastCapsule = "ringtree.fast_call";
 PyObject* g_op_codes = nullptr;    // {"sum": 0, ...} without premul_sum (it needs a factor)
 PyObject* g_algo_codes = nullptr;  // {"auto": 0, ...}
@@ -128,26 +128,45 @@ bool open_raw(PyObject* obj, Buffer& b, int& dtype) {
 
 bool open_buffer(PyObject* obj, Buffer& b, int& dtype) { return open_ndarray(obj, b, dtype) || open_raw(obj, b, dtype); }
 
+// None: the communicator's default (-1); a positive int or float: seconds; else false.
+bool timeout_of(PyObject* t, double& seconds) {
+  if (t == Py_None) {
+    seconds = -1.0;
+    return true;
+  }
+  if (PyFloat_CheckExact(t)) seconds = PyFloat_AS_DOUBLE(t);
+  else if (PyLong_CheckExact(t)) seconds = PyLong_AsDouble(t);
+  else return false;
+  if (PyErr_Occurred()) {  // an int too large for a double: the Python route explains
+    PyErr_Clear();
+    return false;
+  }
+  return seconds > 0;
+}
+
+bool flag_of(PyObject* o, bool& v) {
+  v = o == Py_True;
+  return o == Py_True || o == Py_False;
+}
+
 PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 10 && nargs != 11) {
-    PyErr_SetString(PyExc_TypeError, "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, result[, recv_peer])");
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)");
     return nullptr;
   }
   auto* comm = static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(self, kFastCapsule));
   if (!comm) return nullptr;
   int coll = 0, op = 0, root = 0, peer = 0, algo = 0, recv_peer = -1;
   double timeout = -1.0;
-  PyObject* const t = args[7];
-  const bool timeout_ok = t == Py_None || (PyFloat_CheckExact(t) && (timeout = PyFloat_AS_DOUBLE(t)) > 0) ||
-                          (PyLong_CheckExact(t) && (timeout = PyLong_AsDouble(t)) > 0);
-  if (PyErr_Occurred()) PyErr_Clear();  // an int too large for a double: the Python route explains
+  bool deterministic = false, async_op = false;
   if (!small_int(args[0], coll) || !code_of(g_op_codes, args[3], op) || !small_int(args[4], root) ||
-      !small_int(args[5], peer) || !code_of(g_algo_codes, args[6], algo) || !timeout_ok ||
-      (args[8] != Py_True && args[8] != Py_False) || (nargs == 11 && !small_int(args[10], recv_peer)))
+      !small_int(args[5], peer) || !code_of(g_algo_codes, args[6], algo) || !timeout_of(args[7], timeout) ||
+      !flag_of(args[8], deterministic) || !flag_of(args[9], async_op) || !small_int(args[11], recv_peer))
     return Py_NewRef(Py_NotImplemented);
   try {
-    CollectiveArgs a = make_args(coll, op, 1.0, root, peer, algo, t == Py_None ? -1.0 : timeout);
-    a.deterministic = args[8] == Py_True;
+    CollectiveArgs a = make_args(coll, op, 1.0, root, peer, algo, timeout);
+    a.deterministic = deterministic;
     a.recv_peer = recv_peer;
     int in_dtype = -1, out_dtype = -1;
     if ((args[1] != Py_None && !open_buffer(args[1], a.input, in_dtype)) ||
@@ -155,23 +174,21 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
         (in_dtype >= 0 && out_dtype >= 0 && in_dtype != out_dtype))
       return Py_NewRef(Py_NotImplemented);
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
-    PyThreadState* released = PyEval_SaveThread();
-    try {
-      (*comm)->run(a, false);
-    } catch (...) {
-      PyEval_RestoreThread(released);
-      throw;
+    std::shared_ptr<Work> work;
+    {
+      py::gil_scoped_release release;
+      work = (*comm)->run(a, async_op);
     }
-    PyEval_RestoreThread(released);
+    if (work) return py::cast(std::move(work)).release().ptr();
   } catch (...) {
     py::detail::try_translate_exceptions();  // sets the Python error from the C++ one
     return nullptr;
   }
-  return Py_NewRef(args[9]);
+  return Py_NewRef(args[10]);
 }
 
 PyMethodDef g_fast_call_def = {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_call)),
-                               METH_FASTCALL, "A blocking collective on plain ndarrays (see Communicator._fast)."};
+                               METH_FASTCALL, "A collective on plain ndarrays or read torch tensors (see Communicator._fast)."};
 
 py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
   py::dict d;
@@ -260,30 +277,7 @@ void register_communicator(py::module_& m) {
              if (!fn) throw py::error_already_set();
              return py::reinterpret_steal<py::object>(fn);
            },
-           "This communicator's fast entry for blocking collectives on ndarrays (Communicator._fast).")
-      // The hot path for ndarrays: returns NotImplemented when a buffer needs the Python
-      // route, None when a blocking call is done, or the Work of an async call.
-      .def("call",
-           [](Communicator& c, int coll, py::handle x, py::handle out, int op, double factor, int root, int peer,
-              int algo, double timeout, bool async_op, bool deterministic) -> py::object {
-             CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
-             a.deterministic = deterministic;
-             int in_dtype = -1, out_dtype = -1;
-             const auto python_route = [] { return py::reinterpret_borrow<py::object>(Py_NotImplemented); };
-             if (!x.is_none() && !open_ndarray(x.ptr(), a.input, in_dtype)) return python_route();
-             if (!out.is_none() && !open_ndarray(out.ptr(), a.output, out_dtype)) return python_route();
-             if (in_dtype >= 0 && out_dtype >= 0 && in_dtype != out_dtype) return python_route();
-             a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
-             std::shared_ptr<Work> work;
-             {
-               py::gil_scoped_release release;
-               work = c.run(a, async_op);
-             }
-             if (!work) return py::none();
-             return py::cast(work);
-           },
-           py::arg("coll"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("factor"), py::arg("root"),
-           py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"), py::arg("deterministic") = false)
+           "This communicator's fast entry for collectives (Communicator._fast).")
       .def("choose_algo",
            [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
              return static_cast<int>(c.choose_algo(checked_enum(coll, Collective::Count, "collective"),

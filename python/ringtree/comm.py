@@ -23,11 +23,6 @@ from .ops import resolve_op
 
 _COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-# Ops the fast path passes straight through; premul_sum needs its factor (the Python route).
-_NAMED_OPS = {name: code for code, name in enumerate(_core.OPS) if name != "premul_sum"}
-_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _ALL_TO_ALL, _BROADCAST, _BARRIER, _SENDRECV = (
-    _COLL[name] for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier",
-                             "sendrecv"))
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -157,8 +152,8 @@ class Communicator:
         if isinstance(unique_id, str):
             unique_id = _core.UniqueId.parse(unique_id)
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
-        # Blocking calls on plain ndarrays with named ops and algos: one C call, no argument
-        # conversion in Python; NotImplemented sends anything else down _call and _run.
+        # Calls on numpy arrays (or read torch tensors) with named ops and algos: one C call, no
+        # argument conversion in Python; NotImplemented sends anything else to _run (see _call).
         self._fast = self._core.fast_call_function()
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
@@ -263,44 +258,22 @@ class Communicator:
 
     # --- the collectives -------------------------------------------------------------------
 
-    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False):
-        """The common case in as little Python as possible: buffers the C++ side can read
-        directly (numpy arrays), a named op and algorithm. Everything else goes through _run,
-        which converts, checks and explains."""
-        if async_op is False:
-            done = self._fast(_COLL[coll], x, out, op, root, peer, algo, timeout, deterministic, result)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting(coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic)
-
-    def _call_converting(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False):
-        """_call past the blocking ndarray case: torch CPU tensors read in a few attribute reads
-        (the torch backend's common case), async calls, then anything _run must convert."""
-        if async_op is False and (x is not None or out is not None):
+    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False, recv_peer=-1):
+        """One C call for the common case (numpy arrays, or torch CPU tensors read in a few
+        attribute reads; a named op and algorithm; a bool async_op). Everything else goes
+        through _run, which converts, checks and explains."""
+        code = _COLL[coll]
+        done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
+        if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
             vout = None if out is None else torch_host_view(out)
-            if (x is None or vin) and (out is None or vout):
-                done = self._fast(_COLL[coll], vin, vout, op, root, peer, algo, timeout, deterministic, result)
-                if done is not NotImplemented:
-                    return done
-        op_code = _NAMED_OPS.get(op) if op.__class__ is str else None
-        algo_code = _ALGO.get(algo) if algo.__class__ is str else None
-        if timeout is None:
-            t = -1.0
-        elif timeout.__class__ in (int, float) and timeout > 0:
-            t = float(timeout)
-        else:
-            t = None
-        if op_code is not None and algo_code is not None and t is not None:
-            try:
-                work = self._core.call(_COLL[coll], x, out, op_code, 1.0, root, peer, algo_code, t, async_op,
-                                       deterministic)
-            except TypeError:  # e.g. a root that is not an int: _run converts or explains
-                work = NotImplemented
-            if work is not NotImplemented:
-                return Work(work, (x, out), result) if async_op else result
-        return self._run(coll, x, out, op=op, root=root, peer=peer, algo=algo, timeout=timeout,
-                         async_op=async_op, result=result, deterministic=deterministic)
+            if (vin or vout) and (x is None or vin) and (out is None or vout):
+                done = self._fast(code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result,
+                                  recv_peer)
+            if done is NotImplemented:
+                return self._run(coll, x, out, op=op, root=root, peer=peer, algo=algo, timeout=timeout,
+                                 async_op=async_op, result=result, deterministic=deterministic, recv_peer=recv_peer)
+        return done if async_op is False else Work(done, (x, out), result)
 
     def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
              async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1, deterministic=False):
@@ -354,35 +327,19 @@ class Communicator:
         floating-point reduction in rank order, the same bits whatever the algorithm and layout
         (see the README's Deterministic mode); every rank must pass the same."""
         out = x if out is None else out
-        if async_op is False:
-            done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, out)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
+        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
-        if async_op is False:
-            done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, out)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, bool(deterministic))
+        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
         """out (N*P) receives every rank's x (N), block r from rank r."""
-        if async_op is False:
-            done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, out)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
         """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
-        if async_op is False:
-            done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, out)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
@@ -392,11 +349,7 @@ class Communicator:
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
         """Every rank's x receives root's x."""
-        if async_op is False:
-            done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, x)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
+        return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
@@ -418,11 +371,7 @@ class Communicator:
 
     def barrier(self, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
-        if async_op is False:
-            done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, None)
-            if done is not NotImplemented:
-                return done
-        return self._call_converting("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
+        return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
         """Send x to `peer`, which must call recv with the same count and dtype."""
@@ -437,12 +386,7 @@ class Communicator:
         send/recv). Calls on one communicator run in order, so an exchange in a ring must use
         this (or the peers must order their sends and recvs) once messages outgrow the
         transport's buffering. Matches a plain send/recv on the other side."""
-        if async_op is False:
-            done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, out, src)
-            if done is not NotImplemented:
-                return done
-        return self._run("sendrecv", x, out, peer=dst, recv_peer=src, timeout=timeout, async_op=async_op,
-                         result=out)
+        return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src)
 
     # --- tagged messages -------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def test_reduce_ops_accept_strings_enums_and_premul():
 
 
 def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
-    """comm._fast runs a blocking call on plain ndarrays in one C call and returns NotImplemented
+    """comm._fast runs a call on plain ndarrays in one C call and returns NotImplemented
     for whatever the Python route must convert or explain; the public call gives the same answer
     either way, and an error raised through the fast entry keeps its class and the communicator."""
     from ringtree.comm import _COLL
@@ -82,7 +82,11 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
     with rt.init(rank=0, size=1) as comm:
         x = np.arange(6, dtype=np.float32)
         out = np.zeros_like(x)
-        assert comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, out) is out
+        assert comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, False, out, -1) is out
+        assert np.array_equal(out, x)
+        # async: the core's Work, which the Python layer wraps
+        out[:] = 0
+        comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, True, out, -1).wait(30.0)
         assert np.array_equal(out, x)
         declined = {
             "list input": ([1.0, 2.0], out[:2], "sum", 0, "auto", None, False),
@@ -94,11 +98,13 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
             "zero timeout": (x, out, "sum", 0, "auto", 0.0, False),
             "bool timeout": (x, out, "sum", 0, "auto", True, False),
             "int flag": (x, out, "sum", 0, "auto", None, 1),
+            "int async flag": (x, out, "sum", 0, "auto", None, False, 1),
             "bool root": (x, out, "sum", True, "auto", None, False),
             "huge root": (x, out, "sum", 2**40, "auto", None, False),
         }
-        for why, (a, o, op, root, algo, timeout, det) in declined.items():
-            assert comm._fast(ar, a, o, op, root, -1, algo, timeout, det, o) is NotImplemented, why
+        for why, (a, o, op, root, algo, timeout, det, *asy) in declined.items():
+            asy = asy[0] if asy else False
+            assert comm._fast(ar, a, o, op, root, -1, algo, timeout, det, asy, o, -1) is NotImplemented, why
         # The Python route answers those: converted where it can, explained where it cannot.
         assert np.array_equal(comm.all_reduce(x, out, algo="AUTO", deterministic=1), x)
         assert np.array_equal(comm.all_reduce(x, out, op=rt.ReduceOp.MAX, timeout=5), x)
@@ -108,16 +114,16 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
             comm.all_reduce(x, np.zeros(6, np.float64))
         # Errors the core raises come through the fast entry as ringtree's own classes.
         with pytest.raises(rt.InvalidArgument, match="root must be in"):
-            comm._fast(_COLL["broadcast"], x, None, "sum", 3, -1, "auto", None, False, x)
+            comm._fast(_COLL["broadcast"], x, None, "sum", 3, -1, "auto", None, False, False, x, -1)
         with pytest.raises(rt.InvalidArgument, match="output"):
-            comm._fast(ar, x, np.zeros(5, np.float32), "sum", 0, -1, "auto", None, False, None)
-        # sendrecv passes its source as an eleventh argument; a bad one is refused by the core.
+            comm._fast(ar, x, np.zeros(5, np.float32), "sum", 0, -1, "auto", None, False, False, None, -1)
+        # sendrecv passes its source as the last argument; a bad one is refused by the core.
         with pytest.raises(rt.InvalidArgument, match="peer must differ from this rank"):
-            comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, out, 0)
-        assert comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, out, True) is NotImplemented
+            comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, False, out, 0)
+        assert comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, False, out, True) is NotImplemented
         assert comm.all_reduce(x, out, timeout=7.5) is out and np.array_equal(out, x)  # still usable
     with pytest.raises(rt.Aborted, match="closed"):
-        comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, out)
+        comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, False, out, -1)
 
 
 def async_and_threads():

@@ -30,6 +30,9 @@ constexpr uint64_t kStreamMinPiece = 16 << 10;
 // ranks when the scheduler (or a hypervisor) moves them between core complexes.
 constexpr uint32_t kStoreExplorePeriod = 128;
 
+// A single-copy receive reads at most this much per turn, so the executor's other operations of
+// the step (and its abort checks) get their turns in between.
+constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
 }  // namespace
 
 int shm_stream_store_setting() {
@@ -44,17 +47,16 @@ int shm_stream_store_setting() {
   return setting;
 }
 
-namespace {
-// A single-copy receive reads at most this much per turn, so the executor's other operations of
-// the step (and its abort checks) get their turns in between.
-constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
-}  // namespace
-
 // Layout: header, the board slots, then one ring per sender.
-size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes) {
-  return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes) +
-         static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+static size_t board_region_bytes_for(uint64_t board_bytes) {
+  return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes);
 }
+
+size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes) {
+  return board_region_bytes_for(board_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+}
+
+size_t ShmSegment::board_region_bytes() const { return board_region_bytes_for(board_bytes_); }
 
 BoardSlot* ShmSegment::board(int slot) const {
   return reinterpret_cast<BoardSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
@@ -62,7 +64,7 @@ BoardSlot* ShmSegment::board(int slot) const {
 }
 
 ShmRing* ShmSegment::ring(int slot) const {
-  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes_) +
+  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + board_region_bytes() +
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
@@ -128,8 +130,6 @@ void ShmSegment::populate(const void* begin, size_t bytes) {
   // Older kernels: a read maps a tmpfs page writable in a shared mapping.
   for (uintptr_t a = first; a < end; a += page) (void)*reinterpret_cast<volatile const uint8_t*>(a);
 }
-
-size_t ShmSegment::board_region_bytes() const { return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes_); }
 
 ShmSegment::~ShmSegment() {
   if (base_) munmap(base_, bytes_);
