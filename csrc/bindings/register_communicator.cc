@@ -331,6 +331,8 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("shared_cpu_waits", &Communicator::shared_cpu_waits)
       .def_property_readonly("single_copy", &Communicator::single_copy)
       .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
+      .def_property_readonly("numa", &Communicator::numa)
+      .def_property_readonly("numa_nodes", &Communicator::numa_nodes)
       .def_property_readonly("streamed_pieces", &Communicator::streamed_pieces)
       .def_property_readonly("shm_stores", &Communicator::shm_stores)
       .def_property_readonly("wait_policy", &Communicator::wait_policy)

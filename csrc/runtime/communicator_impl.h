@@ -52,6 +52,8 @@ class CommunicatorImpl : public Communicator {
   std::string transport_to(int peer) const override;
   uint64_t shared_cpu_waits() const override { return exec_.shared_cpu_waits(); }
   std::string single_copy() const override { return exec_.single_copy_status(); }
+  std::string numa() const override { return exec_.numa_status(); }
+  std::vector<int> numa_nodes() const override { return exec_.numa_nodes(); }
   std::string wait_policy() const override { return wait_policy_; }
   uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
   uint64_t streamed_pieces() const override { return exec_.streamed_pieces(); }

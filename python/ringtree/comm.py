@@ -210,6 +210,20 @@ class Communicator:
         return self._core.single_copy_messages
 
     @property
+    def numa(self) -> str:
+        """This rank's NUMA node (the node of every CPU it may run on, or, where its CPUs span
+        nodes, the node it runs on now) and where the shared memory it reads was placed: each
+        rank allocates the rings it reads on its own node, so a ring's pages sit with the rank
+        that reads every byte of it."""
+        return self._core.numa
+
+    @property
+    def numa_nodes(self) -> list:
+        """Each rank's NUMA node as this rank knows it: its own and those of the ranks it shares
+        memory with; -1 for ranks on other hosts, or where the kernel reports no nodes."""
+        return list(self._core.numa_nodes)
+
+    @property
     def streamed_pieces(self) -> int:
         """How many payload pieces this rank has written into shared-memory rings with streaming
         (cache-bypassing) stores so far. RINGTREE_SHM_STREAM_STORES=auto (the default) times both

@@ -76,6 +76,7 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
         f"  hosts: {m['hosts']}; between hosts: hop {m['tcp_hop_us']:.1f} us, {m['tcp_GBps']:.2f} GB/s "
         f"(RINGTREE_TCP_HOP_US, RINGTREE_TCP_MBPS)",
         f"  single-copy transfers on this host: {comm.single_copy}",
+        f"  NUMA: {comm.numa}; ranks' nodes {comm.numa_nodes}",
         f"  shared-memory stores: {comm.shm_stores}",
         f"  waiting: {comm.wait_policy}",
         f"  {'algo':9s} {'predicted':>12s}   formula",

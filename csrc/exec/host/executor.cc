@@ -34,6 +34,11 @@ RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
 // Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
 // this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
 RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 1 << 20)
+// A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
+const std::string& NodeDir() {
+  static const std::string dir = env_str("RINGTREE_TEST_NUMA_NODE_DIR", "/sys/devices/system/node");
+  return dir;
+}
 // A test hook: the rank named here reports its single-copy probe as failed.
 RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
 }  // namespace
@@ -125,11 +130,18 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
       if (!name.empty()) ShmSegment::unlink(name);
     }
   } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
+  numa_ = numa_placement(NodeDir());
   if (have_shm_) {
     bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
-    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_);
+    // The rings in it are read here: on this rank's node, first touched (allocated) by it.
+    std::string refused;
+    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_, numa_.node,
+                         &refused);
     own_segment_->populate_all();  // its rings are read here, its board written
+    numa_placement_ = refused.empty() ? str_cat("rings this rank reads and its board on node ", numa_.node, " (preferred), allocated by this rank")
+                                      : str_cat("rings this rank reads and its board allocated by this rank, first touch only (", refused, ")");
+    own_segment_->header()->numa_node = numa_.node;
   }
   if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
     std::random_device random;
@@ -198,6 +210,16 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   single_copy_on_ = true;
   single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
                                 here.size(), " ranks on this host");
+}
+
+std::string HostExecutor::numa_status() const { return str_cat(describe(numa_), "; ", numa_placement_); }
+
+std::vector<int> HostExecutor::numa_nodes() const {
+  std::vector<int> nodes(size_, -1);
+  nodes[rank_] = numa_.node;
+  for (int q = 0; q < size_ && q < static_cast<int>(peer_segments_.size()); ++q)
+    if (peer_segments_[q]) nodes[q] = peer_segments_[q]->header()->numa_node;
+  return nodes;
 }
 
 uint64_t HostExecutor::single_copy_messages() const {

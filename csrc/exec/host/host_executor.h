@@ -20,6 +20,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/control_plane.h"
 #include "common/clock.h"
+#include "common/numa.h"
 #include "exec/host/backoff.h"
 #include "exec/plan.h"
 #include "transport/doorbell.h"
@@ -88,6 +89,11 @@ class HostExecutor {
   const std::string& single_copy_status() const { return single_copy_status_; }
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
+  // This rank's NUMA node and where its shared memory was placed (numa.h).
+  std::string numa_status() const;
+  // Every rank's node as this rank can know it: its own, and those of the ranks it shares memory
+  // with (from their segments); -1 for the others (another host) and where unknown.
+  std::vector<int> numa_nodes() const;
   uint64_t streamed_pieces() const;
   // The connection to rank q where the pair talks over shared memory, else null.
   const ShmConnection* shm_connection(int q) const;
@@ -176,6 +182,8 @@ class HostExecutor {
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
+  NumaPlacement numa_;
+  std::string numa_placement_ = "no shared memory";  // how this rank's segment was placed
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far

@@ -162,6 +162,10 @@ class Communicator {
   virtual std::string single_copy() const = 0;
   // Messages this rank has received single-copy so far (read between calls).
   virtual uint64_t single_copy_messages() const = 0;
+  // This rank's NUMA node and where the shared memory it reads was placed.
+  virtual std::string numa() const = 0;
+  // Each rank's NUMA node as seen from here (its own and its shared-memory peers'; -1 otherwise).
+  virtual std::vector<int> numa_nodes() const = 0;
   // Payload pieces this rank wrote into shared-memory rings with streaming stores so far
   // (RINGTREE_SHM_STREAM_STORES; read between calls).
   virtual uint64_t streamed_pieces() const = 0;

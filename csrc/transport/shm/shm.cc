@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include "common/check.h"
+#include "common/numa.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/env.h"
@@ -68,21 +69,30 @@ ShmRing* ShmSegment::ring(int slot) const {
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
-void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes) {
+void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes, int node,
+                        std::string* placement) {
   ring_bytes_ = ring_bytes;
   board_bytes_ = board_bytes;
   bytes_ = bytes_for(slots, ring_bytes, board_bytes);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
-  // Reserve the pages now: a full /dev/shm must fail here, not with SIGBUS mid-collective.
-  int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
-  if (rc != 0) {
-    ::close(fd);
+  auto fail = [&](const std::string& what, int err) {
+    if (fd >= 0) ::close(fd);
+    if (base_) munmap(base_, bytes_);
+    base_ = nullptr;
     shm_unlink(name.c_str());
-    RT_THROW(Error, "cannot reserve ", bytes_, " bytes of shared memory for ", name, ": ", std::strerror(rc),
+    RT_THROW(Error, "cannot reserve ", bytes_, " bytes of shared memory for ", name, ": ", what, ": ", std::strerror(err),
              " (free space in /dev/shm, lower RINGTREE_SHM_RING_BYTES, or set RINGTREE_TRANSPORT=tcp)");
-  }
-  map(fd, name);
+  };
+  // Sized and mapped first, so the node policy is set before any page exists (numa.h).
+  if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) fail("ftruncate", errno);
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) fail("mmap", errno);
+  base_ = p;
+  *placement = prefer_node(base_, bytes_, node);
+  // Reserve the pages now: a full /dev/shm must fail here, not with SIGBUS mid-collective.
+  if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_)); rc != 0) fail("posix_fallocate", rc);
+  ::close(fd);
   header()->magic = kSegmentMagic;
   header()->sleeping.store(0);
   header()->cpu.store(-1);

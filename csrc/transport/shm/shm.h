@@ -28,6 +28,7 @@ struct alignas(64) ShmSegmentHeader {
   int32_t cma_failed_peer;
   uint64_t cma_probe_addr;
   uint64_t cma_probe_value;
+  int32_t numa_node;  // the owner's NUMA node (common/numa.h), -1 unknown; written during set-up
 };
 static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache lines");
 
@@ -69,7 +70,9 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes);
-  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes);
+  // Creates and allocates the segment, its pages on `node` where the kernel allows (-1: no
+  // preference); *placement says how it went ("" done, else why not).
+  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes, int node, std::string* placement);
   void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes);
   static void unlink(const std::string& name);
 
