@@ -380,7 +380,8 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
 }
 
 void CommunicatorImpl::execute(Prepared& p) {
-  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, 0, &topo_), &p.args, p.seq, p.recv_seq};
+  const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
+  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_), &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);
   try {

@@ -240,3 +240,30 @@ def test_a_sender_may_reuse_its_buffer_when_the_call_returns():
     ranks = run_world(2, reuse_after_return, env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=100).check_ok()
     assert ranks[1]["single_copy_messages"] >= 40, ranks  # the receiver read the root's memory
     assert [r["wrong"] for r in ranks] == [0, 0], ranks
+
+
+def broadcast_messages(nbytes, algo):
+    """Single-copy messages each rank received in one broadcast of nbytes from rank 0."""
+    comm = rt.init(timeout=60)
+    x = np.arange(nbytes // 4, dtype=np.float32) if comm.rank == 0 else np.zeros(nbytes // 4, np.float32)
+    before = comm.single_copy_messages
+    comm.broadcast(x, root=0, algo=algo)
+    got = comm.single_copy_messages - before
+    exact = bool(np.array_equal(x, np.arange(nbytes // 4, dtype=np.float32)))
+    comm.close()
+    return {"received": got, "exact": exact}
+
+
+@pytest.mark.parametrize("P,algo,depth_one", [(2, "tree", True), (2, "ring", True), (3, "tree", True),
+                                              (3, "ring", False), (4, "tree", False)])
+def test_a_broadcast_of_depth_one_goes_in_single_copy_sized_segments(P, algo, depth_one):
+    """Where every receiver reads from the root, a broadcast is cut into segments of the
+    single-copy size (one read each), not into the pipeline's 128 KiB; deeper trees keep the
+    pipeline's segments."""
+    nbytes = 1 << 20
+    world = run_world(P, broadcast_messages, dict(nbytes=nbytes, algo=algo), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)},
+                      timeout=120)
+    results = world.check_ok()
+    assert all(res["exact"] for res in results)
+    segments = nbytes // MIN_BYTES if depth_one else nbytes // (128 << 10)
+    assert [res["received"] for res in results] == [0] + [segments] * (P - 1)

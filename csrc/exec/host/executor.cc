@@ -106,6 +106,7 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
   }
   // The board needs every rank on this host; every rank derives the same answer from the mesh.
   const bool all_local = size_ > 1 && mesh.no_pair_uses_tcp();
+  all_local_ = all_local;
   board_usable_ = all_local && board_bytes > 0;
   board_bytes_ = all_local ? (board_bytes + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
@@ -208,8 +209,21 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
     single_copy_conns_.emplace_back(q, conn);
   }
   single_copy_on_ = true;
+  single_copy_min_bytes_ = min_bytes;
   single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
                                 here.size(), " ranks on this host");
+}
+
+// Every receiver of a broadcast over a tree of depth one (P = 2 on the chain, up to 3 on the
+// binary tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
+// costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
+// single-copy size ran 1.2-1.5x faster than the default's in two interleaved runs here and even
+// in two others, never slower (bench/RESULTS.md). Single copy is on
+// for every rank or none when all are on one host, so every rank lowers the same schedule.
+uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
+  if (coll != Collective::Broadcast || !single_copy_on_ || !all_local_ || bytes < single_copy_min_bytes_) return 0;
+  const int depth_one_up_to = algo == Algo::Tree ? 3 : algo == Algo::Ring ? 2 : 0;
+  return size_ <= depth_one_up_to ? single_copy_min_bytes_ : 0;
 }
 
 std::string HostExecutor::numa_status() const { return str_cat(describe(numa_), "; ", numa_placement_); }

@@ -89,6 +89,9 @@ class HostExecutor {
   const std::string& single_copy_status() const { return single_copy_status_; }
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
+  // The pipeline segment for a call of `bytes` (0: RINGTREE_TREE_SEGMENT_BYTES), the same on every
+  // rank: larger for a broadcast whose receivers all read single-copy from the root.
+  uint64_t segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const;
   // This rank's NUMA node and where its shared memory was placed (numa.h).
   std::string numa_status() const;
   // Every rank's node as this rank can know it: its own, and those of the ranks it shares memory
@@ -177,6 +180,8 @@ class HostExecutor {
   bool stream_out_ = false;    // the current call's
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
+  uint64_t single_copy_min_bytes_ = 0;
+  bool all_local_ = false;  // every rank shares memory with this one
   bool single_copy_reads_ = false;  // the current call's sends may go single-copy
   bool single_copy_defer_ = false;  // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
