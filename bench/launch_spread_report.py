@@ -14,6 +14,8 @@ COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broa
 
 
 def size_text(n):
+    if n == 0:
+        return "0 B (count 0)"
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
@@ -76,6 +78,24 @@ def print_tables(runs, markdown):
                     print(f"  {size:>10} " + " ".join(f"{t:>22}" for t in texts))
 
 
+def print_compact(runs):
+    """One markdown table per P: a row per size, a column per collective, each cell the runs'
+    ratios in the order given, separated by ' / '."""
+    labels = " / ".join(label for label, _ in runs)
+    keys = set().union(*(cells.keys() for _, cells in runs))
+    for nranks in sorted({k[0] for k in keys}):
+        print(f"\nP={nranks}: ringtree / best peer ({labels}); bold: below 1\n")
+        print("| size | " + " | ".join(COLLECTIVES) + " |")
+        print("|---:|" + "---|" * len(COLLECTIVES))
+        sizes = sorted({k[2] for k in keys if k[0] == nranks})
+        for size in sizes:
+            row = []
+            for collective in COLLECTIVES:
+                texts = [cell_text(cells.get((nranks, collective, size)), True) for _, cells in runs]
+                row.append(" / ".join(texts) if any(t != "n/a" for t in texts) else "")
+            print(f"| {size_text(size)} | " + " | ".join(row) + " |")
+
+
 def plot(runs, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -123,9 +143,13 @@ def main():
     p.add_argument("runs", nargs="+", metavar="LABEL=FILE")
     p.add_argument("--plot", metavar="PNG")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--compact", action="store_true", help="one markdown table per P, every run in each cell")
     args = p.parse_args()
     runs = load_runs(args.runs)
-    print_tables(runs, args.markdown)
+    if args.compact:
+        print_compact(runs)
+    else:
+        print_tables(runs, args.markdown)
     if args.plot:
         plot(runs, args.plot)
 
