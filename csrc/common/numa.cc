@@ -5,7 +5,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
