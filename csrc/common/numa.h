@@ -31,7 +31,7 @@ std::vector<int> parse_cpu_list(const std::string& text);
 // Asks for [addr, addr + bytes) on `node` (MPOL_PREFERRED). "" when done, else why not.
 std::string prefer_node(void* addr, size_t bytes, int node);
 
-// "node 0 (pinned: every allowed CPU is on it)" and the like.
+// "node 0 (every CPU this rank may run on is on it; 2 node(s) on this host)" and the like.
 std::string describe(const NumaPlacement& p);
 
 }  // namespace ringtree

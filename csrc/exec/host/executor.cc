@@ -217,9 +217,9 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 // Every receiver of a broadcast over a tree of depth one (P = 2 on the chain, up to 3 on the
 // binary tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
 // costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
-// single-copy size ran 1.2-1.5x faster than the default's in two interleaved runs here and even
-// in two others, never slower (bench/RESULTS.md). Single copy is on
-// for every rank or none when all are on one host, so every rank lowers the same schedule.
+// single-copy size ran 1.2-1.7x faster than the default's in two interleaved runs here and even
+// in two others, never slower (bench/RESULTS.md). Single copy is on for every rank or none when
+// all are on one host, so every rank lowers the same schedule.
 uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
   if (coll != Collective::Broadcast || !single_copy_on_ || !all_local_ || bytes < single_copy_min_bytes_) return 0;
   const int depth_one_up_to = algo == Algo::Tree ? 3 : algo == Algo::Ring ? 2 : 0;
