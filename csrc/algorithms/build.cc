@@ -35,6 +35,8 @@ void local_copy_only(Schedule& s, const ScheduleKey& k) {
 
 }  // namespace
 
+int rooted_tree_arity(Algo algo) { return algo == Algo::Ring ? 1 : 2; }
+
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes) {
   const bool pipelined = coll == Collective::Broadcast || coll == Collective::Reduce || algo == Algo::RankOrder ||
                          (coll == Collective::AllReduce && (algo == Algo::Tree || algo == Algo::HierTree));
@@ -58,7 +60,7 @@ Schedule build_schedule(const ScheduleKey& k) {
   if (k.count == 0 && k.coll != Collective::Barrier) return s;
   if (is_hier(k.algo)) { hier_schedule(s, k); return s; }
   if (k.algo == Algo::RankOrder) { rank_order_schedule(s, k); return s; }
-  const int arity = k.algo == Algo::Ring ? 1 : 2;  // "ring" broadcast/reduce is a chain
+  const int arity = rooted_tree_arity(k.algo);
   switch (k.coll) {
     case Collective::AllReduce:
       if (k.algo == Algo::Tree) tree_all_reduce(s, P, r, k.count, k.segment);

@@ -164,6 +164,11 @@ Schedule build_schedule(const ScheduleKey& key);
 // the same schedule for the same call.
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes = 0);
 
+// Children per node of a flat broadcast or reduce tree (algo tree or ring; ring is a chain).
+int rooted_tree_arity(Algo algo);
+// Whether every rank of that tree over nranks ranks receives straight from the root.
+inline bool rooted_tree_is_flat(Algo algo, int nranks) { return nranks - 1 <= rooted_tree_arity(algo); }
+
 // Per-algorithm generators (one file each).
 void ring_all_reduce(Schedule& s, int nranks, int rank, uint64_t count);
 void ring_reduce_scatter(Schedule& s, int nranks, int rank, uint64_t block);

@@ -141,7 +141,6 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   const Schedule& s = schedule_for(*current_);
   // The rule of common/board.h; then slot gen % kBoardSlots is free to rewrite.
   if (gen > kBoardRunAhead) settle_board_through(gen - kBoardRunAhead, p.timeout_s);
-  settle_board_published(p.timeout_s);
   // ops [0, reads) publish; [reads, reads_end) read and make the result; the rest are deferred.
   const uint32_t reads = s.step_end[0], reads_end = s.step_end[s.num_steps() - s.deferred_steps - 1];
   for (uint32_t i = 0; i < reads; ++i) {
@@ -157,7 +156,10 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   }
   board_arrived_[rank_] = 1;
   await_board(gen, fp, p.timeout_s);
-  settle_board_published(p.timeout_s);  // a call that heard from everyone settles every earlier one
+  // Earlier unsettled calls whose peers have published by now are checked here, without waiting,
+  // so a mismatch shows in the next call that can see it (a call that heard from everyone
+  // settles every earlier one), not only when the rule above needs it.
+  settle_board_published(p.timeout_s);
   if (s.deferred_steps) {
     RT_CHECK(board_unsettled_count_ < board_unsettled_.size(), Error, "internal error: ", board_unsettled_count_,
              " unsettled one-shot calls");

@@ -106,7 +106,6 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
   }
   // The board needs every rank on this host; every rank derives the same answer from the mesh.
   const bool all_local = size_ > 1 && mesh.no_pair_uses_tcp();
-  all_local_ = all_local;
   board_usable_ = all_local && board_bytes > 0;
   board_bytes_ = all_local ? (board_bytes + 63) & ~uint64_t{63} : 0;
   board_arrived_.assign(size_, 0);
@@ -136,12 +135,9 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
-    std::string refused;
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_, numa_.node,
-                         &refused);
+                         &numa_refused_);
     own_segment_->populate_all();  // its rings are read here, its board written
-    numa_placement_ = refused.empty() ? str_cat("rings this rank reads and its board on node ", numa_.node, " (preferred), allocated by this rank")
-                                      : str_cat("rings this rank reads and its board allocated by this rank, first touch only (", refused, ")");
     own_segment_->header()->numa_node = numa_.node;
   }
   if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
@@ -214,19 +210,26 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
                                 here.size(), " ranks on this host");
 }
 
-// Every receiver of a broadcast over a tree of depth one (P = 2 on the chain, up to 3 on the
-// binary tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
+// Every receiver of a broadcast over a flat tree (P = 2 on the chain, up to 3 on the binary
+// tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
 // costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
 // single-copy size ran 1.2-1.7x faster than the default's in two interleaved runs here and even
-// in two others, never slower (bench/RESULTS.md). Single copy is on for every rank or none when
-// all are on one host, so every rank lowers the same schedule.
+// in two others, never slower (bench/RESULTS.md). Only where every other rank is a single-copy
+// peer: single copy is then on for every rank or none, so every rank lowers the same schedule.
 uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
-  if (coll != Collective::Broadcast || !single_copy_on_ || !all_local_ || bytes < single_copy_min_bytes_) return 0;
-  const int depth_one_up_to = algo == Algo::Tree ? 3 : algo == Algo::Ring ? 2 : 0;
-  return size_ <= depth_one_up_to ? single_copy_min_bytes_ : 0;
+  const bool every_peer_single_copy = single_copy_conns_.size() + 1 == static_cast<size_t>(size_);
+  if (coll != Collective::Broadcast || !every_peer_single_copy || bytes < single_copy_min_bytes_ ||
+      (algo != Algo::Tree && algo != Algo::Ring))
+    return 0;
+  return rooted_tree_is_flat(algo, size_) ? single_copy_min_bytes_ : 0;
 }
 
-std::string HostExecutor::numa_status() const { return str_cat(describe(numa_), "; ", numa_placement_); }
+std::string HostExecutor::numa_status() const {
+  if (!own_segment_) return str_cat(describe(numa_), "; no shared memory");
+  return str_cat(describe(numa_), "; rings this rank reads and its board ",
+                 numa_refused_.empty() ? str_cat("on node ", numa_.node, " (preferred), allocated by this rank")
+                                       : str_cat("allocated by this rank, first touch only (", numa_refused_, ")"));
+}
 
 std::vector<int> HostExecutor::numa_nodes() const {
   std::vector<int> nodes(size_, -1);

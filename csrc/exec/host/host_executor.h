@@ -181,14 +181,13 @@ class HostExecutor {
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
   uint64_t single_copy_min_bytes_ = 0;
-  bool all_local_ = false;  // every rank shares memory with this one
   bool single_copy_reads_ = false;  // the current call's sends may go single-copy
   bool single_copy_defer_ = false;  // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   NumaPlacement numa_;
-  std::string numa_placement_ = "no shared memory";  // how this rank's segment was placed
+  std::string numa_refused_;  // why its segment is not bound to numa_.node ("": bound)
   bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
   uint64_t board_bytes_ = 0;   // payload capacity of a board slot
   uint64_t board_gen_ = 0;     // one-shot calls so far
