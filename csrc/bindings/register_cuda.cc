@@ -1,7 +1,8 @@
 // The CUDA path's Python entry points. They exist in every build: without CUDA
 // (RINGTREE_HAVE_CUDA undefined) cuda_built() and cuda_available() return False and every
 // other function raises ringtree.Error saying how to get a CUDA build, so callers need no
-// import-time feature checks.
+// import-time feature checks. The test module compiles this file once more over the CUDA
+// stand-in (RINGTREE_CUDA_STANDIN), where everything is there.
 //
 // Device buffers travel as raw pointers (cupy: a.data.ptr, torch: t.data_ptr()), streams as
 // integers (cupy: stream.ptr, torch: torch.cuda.current_stream().cuda_stream; 0 = the legacy
@@ -15,9 +16,8 @@
 #include "ringtree/communicator.h"
 #include "transport/nccl/nccl_library.h"
 #if defined(RINGTREE_HAVE_CUDA) || defined(RINGTREE_CUDA_STANDIN)
+#define RINGTREE_DEVICE_PATH 1
 #include "exec/cuda/device_comm.h"
-#endif
-#ifdef RINGTREE_HAVE_CUDA
 #include "exec/cuda/local_executor.h"
 #endif
 
@@ -60,7 +60,7 @@ py::dict nccl_library(const std::string& wheel_hint) {
   return d;
 }
 
-#if defined(RINGTREE_HAVE_CUDA) || defined(RINGTREE_CUDA_STANDIN)
+#ifdef RINGTREE_DEVICE_PATH
 
 // Collectives on device buffers for a host communicator (CUDA builds and the stand-in).
 void register_device_comm(py::module_& m) {
@@ -113,11 +113,33 @@ void register_device_comm(py::module_& m) {
   m.def("cuda_device_count", &cuda_device_count);
 }
 
+#else
+
+[[noreturn]] void no_cuda(const char* what) {
+  RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
+           "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
+}
+
+struct NoCudaComm {};
+
+void register_device_comm(py::module_& m) {
+  m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
+  py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
+      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
+           py::arg("host"), py::arg("nccl_hint") = "");
+  m.def("cuda_available", []() { return false; },
+        "True when the CUDA path is built and the CUDA runtime finds a device.");
+  m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
+  m.def("cuda_device_count", []() { return 0; });
+}
+
 #endif
 
-#ifdef RINGTREE_HAVE_CUDA
+}  // namespace
 
-// The thread ranks on one GPU and the kernels alone (CUDA builds only).
+#ifdef RINGTREE_DEVICE_PATH
+
+// The thread ranks on one GPU and the kernels alone (CUDA builds and the stand-in).
 void register_thread_ranks(py::module_& m) {
   m.def(
       "cuda_local_run",
@@ -177,19 +199,7 @@ void register_thread_ranks(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
 }
 
-#endif
-
-#if !defined(RINGTREE_HAVE_CUDA)
-
-[[noreturn]] void no_cuda(const char* what) {
-#ifdef RINGTREE_CUDA_STANDIN
-  RT_THROW(Error, what, ": not in ringtree._core_standin, which runs the multi-process device path over a CPU "
-           "stand-in of the CUDA runtime; a CUDA build has it");
 #else
-  RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
-           "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
-#endif
-}
 
 // Same names as in CUDA builds, so callers need no feature check: using them explains.
 void register_thread_ranks(py::module_& m) {
@@ -214,25 +224,6 @@ void register_thread_ranks(py::module_& m) {
 }
 
 #endif
-
-#if !defined(RINGTREE_HAVE_CUDA) && !defined(RINGTREE_CUDA_STANDIN)
-
-struct NoCudaComm {};
-
-void register_device_comm(py::module_& m) {
-  m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
-  py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
-      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
-           py::arg("host"), py::arg("nccl_hint") = "");
-  m.def("cuda_available", []() { return false; },
-        "True when the CUDA path is built and the CUDA runtime finds a device.");
-  m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
-  m.def("cuda_device_count", []() { return 0; });
-}
-
-#endif
-
-}  // namespace
 
 void register_cuda(py::module_& m) {
   m.def("nccl_library", &nccl_library, py::arg("wheel_hint") = "",

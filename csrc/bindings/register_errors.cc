@@ -43,7 +43,9 @@ void register_errors(py::module_& m) {
       ErrorKind::CollectiveMismatch);
   add("Aborted", {error}, "The communicator was aborted by an earlier error or closed.", ErrorKind::Aborted);
   add("BootstrapError", {error}, "Setting up the job failed.", ErrorKind::Bootstrap);
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Local to the module that registers it: another module built from these sources (the test
+  // module) maps its own errors, never this one's.
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {

@@ -4,7 +4,6 @@
 #include "algorithms/pricing.h"
 #include "algorithms/schedule.h"
 #include "bindings/bindings.h"
-#include "exec/testing/walker_threads.h"
 
 namespace py = pybind11;
 
@@ -31,33 +30,6 @@ std::unique_ptr<Topology> topology_of(const std::vector<int64_t>& hosts) {
 }  // namespace
 
 void register_schedules(py::module_& m) {
-  m.def(
-      "walk_on_threads",
-      [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int dtype, int op, double factor,
-         std::vector<uintptr_t> inputs, std::vector<uintptr_t> outputs, uint64_t slot_bytes, uint32_t slots,
-         double timeout, std::vector<uint64_t> tags, uint32_t channels, std::vector<int64_t> hosts) {
-        const auto topo = topology_of(hosts);
-        ThreadWalkArgs a;
-        a.key = ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
-        a.dtype = static_cast<DataType>(dtype);
-        a.op = static_cast<ReduceOp>(op);
-        a.premul_factor = factor;
-        for (uintptr_t p : inputs) a.inputs.push_back(reinterpret_cast<uint8_t*>(p));
-        for (uintptr_t p : outputs) a.outputs.push_back(reinterpret_cast<uint8_t*>(p));
-        a.slot_bytes = slot_bytes;
-        a.slots = slots;
-        a.timeout_s = timeout;
-        a.tags = std::move(tags);
-        a.channels = channels;
-        walk_on_threads(a);
-      },
-      py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root"), py::arg("segment"),
-      py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("inputs"), py::arg("outputs"),
-      py::arg("slot_bytes"), py::arg("slots"), py::arg("timeout") = 60.0,
-      py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1, py::arg("hosts") = std::vector<int64_t>{},
-      py::call_guard<py::gil_scoped_release>(),
-      "Every rank's schedule walked by the CUDA IPC executor's step walker, on host threads over in-memory\n"
-      "mailboxes (one thread per rank). inputs/outputs: one pointer per rank, as the host executor takes them.");
   m.def(
       "simulate",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool board_rules,

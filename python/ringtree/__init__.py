@@ -8,13 +8,6 @@ from __future__ import annotations
 
 import os
 
-if os.environ.get("RINGTREE_CUDA_STANDIN") == "1":
-    # Tests: the same API over ringtree._core_standin, where the CUDA path's host code runs over a
-    # CPU stand-in of the CUDA runtime (README, GPU). One process loads one of the two modules.
-    import importlib as _importlib
-    import sys as _sys
-    _sys.modules[__name__ + "._core"] = _importlib.import_module(__name__ + "._core_standin")
-
 from . import _core
 from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure,
                     Timeout, UniqueId)

@@ -1,7 +1,7 @@
-"""Rank programs for tests/test_ipc_standin.py: the device path over the CPU stand-in of the CUDA
-runtime (ringtree._core_standin, loaded by ringtree when RINGTREE_CUDA_STANDIN=1). The device
-programs of test_device_comm.py run here unchanged with lib='standin' (StandinArrays); the ones
-below cover what only a stand-in can provoke on demand (mismatches, set-up refusals)."""
+"""Rank programs for test_ipc_standin.py: the device path over the CUDA stand-in (ringtree's core
+from the test module _ringtree_testing, installed by rank_worker.py when RINGTREE_TEST_STANDIN=1).
+The device programs of test_device_comm.py run here unchanged with lib='standin' (StandinArrays);
+the ones below cover what only a stand-in can provoke on demand (mismatches, set-up refusals)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+import _ringtree_testing as testing
 import ringtree as rt
 from ringtree import _core
 from rank_checks import outcome
@@ -20,7 +21,7 @@ from test_device_comm import DeviceArrays
 
 def require_standin():
     """The rank programs below run only in a rank process that loaded the stand-in."""
-    assert getattr(_core, "CUDA_STANDIN", False), "run with RINGTREE_CUDA_STANDIN=1 (ringtree._core_standin)"
+    assert getattr(_core, "CUDA_STANDIN", False), "run with RINGTREE_TEST_STANDIN=1 (tests/support/standin.py)"
 
 
 class StandinArray:
@@ -34,7 +35,7 @@ class StandinArray:
 
     @classmethod
     def empty(cls, size, dtype):
-        return cls(_core.standin_malloc(size * np.dtype(dtype).itemsize), size, dtype)
+        return cls(testing.standin_malloc(size * np.dtype(dtype).itemsize), size, dtype)
 
     @property
     def nbytes(self):
@@ -48,7 +49,7 @@ class StandinArray:
 
     def __del__(self):
         if self._owner is None and self.ptr:
-            _core.standin_free(self.ptr)
+            testing.standin_free(self.ptr)
 
 
 class StandinArrays:
@@ -63,19 +64,19 @@ class StandinArrays:
     def upload(self, host):
         host = np.ascontiguousarray(host)
         dev = StandinArray.empty(host.size, host.dtype)
-        _core.standin_memcpy(dev.ptr, host.ctypes.data, host.nbytes)
+        testing.standin_memcpy(dev.ptr, host.ctypes.data, host.nbytes)
         return dev
 
     def download_into(self, dev, host):
         tmp = np.empty(dev.size, dev.dtype)
-        _core.standin_memcpy(tmp.ctypes.data, dev.ptr, dev.nbytes)
+        testing.standin_memcpy(tmp.ctypes.data, dev.ptr, dev.nbytes)
         host[...] = tmp.reshape(host.shape)
 
     def synchronize(self):
-        _core.standin_stream_synchronize(0)
+        testing.standin_stream_synchronize(0)
 
     def sleep_kernel(self, seconds):
-        _core.standin_sleep(seconds)
+        testing.standin_sleep(seconds)
 
 
 def peek(dev):
@@ -98,10 +99,10 @@ def caller_stream_order(n=70000, delay=0.5):
     late_input = np.full(n, r + 1, np.float32)
     seen = np.full(n, -1, np.float32)
     start = time.monotonic()
-    _core.standin_sleep(delay)
-    _core.standin_memcpy(x.ptr, late_input.ctypes.data, late_input.nbytes, wait=False)
+    testing.standin_sleep(delay)
+    testing.standin_memcpy(x.ptr, late_input.ctypes.data, late_input.nbytes, wait=False)
     work = comm.all_reduce(x, async_op=True)
-    _core.standin_memcpy(seen.ctypes.data, x.ptr, x.nbytes, wait=False)
+    testing.standin_memcpy(seen.ctypes.data, x.ptr, x.nbytes, wait=False)
     returned_after = time.monotonic() - start
     arrays.synchronize()
     work.wait(60.0)

@@ -1,30 +1,30 @@
-"""The CUDA IPC and staged executors' host side across real rank processes, without a GPU.
+"""The CUDA IPC and staged executors across real rank processes, without a GPU.
 
-The ranks load ringtree._core_standin (RINGTREE_CUDA_STANDIN=1): the same executor sources as a
-CUDA build (exec/cuda/*.cc, transport/cuda_ipc), compiled over a CPU stand-in of the CUDA runtime
+The ranks run ringtree over the CUDA stand-in (RINGTREE_TEST_STANDIN=1, tests/support/standin.py):
+the same executor sources as a CUDA build (exec/cuda, transport/cuda_ipc) over a CPU stand-in of
+the CUDA runtime, and the same device sources (launch.cu, reduce.cu) through its CUDA-on-CPU layer
 (kernels/cuda/standin): device memory is shared memory, IPC handles name it, streams and events
-are host queues, and the walk kernel is the step walker on host threads. So the set-up
-collective, the mailbox exchange, call order on the caller's stream, the watchdog, aborts,
-timeouts and mismatch stop words run here as they do on a GPU; memory visibility on the device
-and speed do not (README, GPU). Rank programs: those of test_device_comm.py (lib='standin'), as the
-GPU tests run them, and ipc_standin_workers.py."""
+are host queues, and the walk kernel runs as 512 fibers per channel on threads of the rank. So the
+set-up collective, the mailbox exchange, call order on the caller's stream, the walk kernel's
+barriers and flags, the watchdog, aborts, timeouts and mismatch stop words run here as they do on
+a GPU; the GPU's memory model, warps, real IPC and speed do not. Rank programs: those of
+test_device_comm.py (lib='standin'), as the GPU tests run them, and ipc_standin_workers.py."""
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
+import standin
 from harness import run_world
 from ipc_standin_workers import caller_stream_order, deterministic_sums, mismatched_count, setup_refused
 from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
 
-STANDIN = {"RINGTREE_CUDA_STANDIN": "1"}
+STANDIN = standin.ENV
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _standin_built():
-    if importlib.util.find_spec("ringtree._core_standin") is None:
-        pytest.fail("ringtree._core_standin is missing: build with RINGTREE_CUDA_STANDIN=ON (the default)")
+    if not standin.available():
+        pytest.fail("the test module _ringtree_testing is missing: build with RINGTREE_TESTING=ON (the default)")
 
 
 @pytest.mark.timeout(300)

@@ -2,7 +2,8 @@
 
 Loads the module at FILE under its file name (its folder first on sys.path, so it finds its
 sibling modules as the test did), calls QUALNAME in it with JSON_ARGS as keyword arguments and,
-given OUTDIR, writes the JSON result to OUTDIR/<slot>.json. Without OUTDIR (a launcher such as
+given OUTDIR, writes the JSON result to OUTDIR/<slot>.json. With RINGTREE_TEST_STANDIN=1 the rank
+runs ringtree over the CUDA stand-in (standin.py). Without OUTDIR (a launcher such as
 mpiexec or torchrun started the rank) the exit status and output are all that count.
 """
 import importlib.util
@@ -29,6 +30,9 @@ def find(module, qualname):
 
 
 if __name__ == "__main__":
+    if os.environ.get("RINGTREE_TEST_STANDIN") == "1":
+        import standin  # this folder: ringtree's core over the CUDA stand-in, before ringtree loads
+        standin.install()
     path, qualname, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     outdir = sys.argv[4] if len(sys.argv) > 4 else None
     result = find(load(path), qualname)(**args)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
+import _ringtree_testing as testing
 from ringtree import _core
 from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
 
@@ -170,7 +171,7 @@ def walk(coll, algo, labels, N, dtype, op, root):
     inputs = [make_input(q, in_n, dtype, op, 3) for q in range(P)]
     ins = [x.copy() for x in inputs]
     outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
-    _core.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, 5, DTYPE[dtype], OP[op], 1.0,
+    testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, 5, DTYPE[dtype], OP[op], 1.0,
                           [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], 256, 2, 60.0, hosts=labels)
     got = ins if coll == "broadcast" else outputs
     for r in range(P):

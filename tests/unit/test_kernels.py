@@ -1,4 +1,4 @@
-"""The float16/bfloat16 host kernels, single process, through the private _core hooks, against
+"""The float16/bfloat16 host kernels, single process, through the private test module's hooks, against
 numpy: a op b computed in float32 and rounded to the half type (numpy's astype(float16) and
 ml_dtypes' astype(bfloat16) round to nearest even). Results are compared bit for bit; a NaN
 matches any quiet NaN. The same cases under RINGTREE_KERNEL_ISA=scalar (a fresh process, as the
@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+import _ringtree_testing as testing
 from ringtree import _core
 
 try:
@@ -113,7 +114,7 @@ def with_canary(n: int) -> np.ndarray:
 
 
 def run_reduce(dst, a, b, n, name, op):
-    _core._reduce(dst.ctypes.data, a.ctypes.data, b.ctypes.data, n, _core.DTYPES.index(name), _core.OPS.index(op))
+    testing.reduce(dst.ctypes.data, a.ctypes.data, b.ctypes.data, n, _core.DTYPES.index(name), _core.OPS.index(op))
 
 
 def reduce_bits(a, b, name, op):
@@ -125,7 +126,7 @@ def reduce_bits(a, b, name, op):
 
 def scale_bits(src, name, factor):
     dst = with_canary(len(src))
-    _core._scale(dst.ctypes.data, src.ctypes.data, len(src), _core.DTYPES.index(name), factor)
+    testing.scale(dst.ctypes.data, src.ctypes.data, len(src), _core.DTYPES.index(name), factor)
     assert (dst[len(src):] == CANARY).all(), "wrote past count"
     return dst[:len(src)]
 
@@ -133,7 +134,7 @@ def scale_bits(src, name, factor):
 def divide_bits(src, name, divisor):
     dst = with_canary(len(src))
     dst[:len(src)] = src
-    _core._divide(dst.ctypes.data, len(src), _core.DTYPES.index(name), divisor)
+    testing.divide(dst.ctypes.data, len(src), _core.DTYPES.index(name), divisor)
     assert (dst[len(src):] == CANARY).all(), "wrote past count"
     return dst[:len(src)]
 
@@ -159,7 +160,7 @@ def test_bitwise_kernels_match_numpy(name, op):
     for n in LENGTHS:
         a, b = (rng.integers(0, 1 << 63, n, dtype=np.uint64).astype(dtype) for _ in range(2))
         dst = np.full(n + 16, 0x5a, dtype)
-        _core._reduce(dst.ctypes.data, a.ctypes.data, b.ctypes.data, n, _core.DTYPES.index(name), _core.OPS.index(op))
+        testing.reduce(dst.ctypes.data, a.ctypes.data, b.ctypes.data, n, _core.DTYPES.index(name), _core.OPS.index(op))
         assert np.array_equal(dst[:n], BITWISE[op](a, b)), f"{name} {op} n={n}"
         assert (dst[n:] == dtype.type(0x5a)).all(), "wrote past count"
 
@@ -168,8 +169,8 @@ def test_bitwise_kernels_match_numpy(name, op):
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64"])
 def test_bitwise_kernels_refuse_floating_types(name, op):
     x = np.zeros(4, np.float64)
-    with pytest.raises(_core.InvalidArgument, match="integer dtype"):
-        _core._reduce(x.ctypes.data, x.ctypes.data, x.ctypes.data, 1, _core.DTYPES.index(name), _core.OPS.index(op))
+    with pytest.raises(testing.InvalidArgument, match="integer dtype"):
+        testing.reduce(x.ctypes.data, x.ctypes.data, x.ctypes.data, 1, _core.DTYPES.index(name), _core.OPS.index(op))
 
 
 @pytest.mark.parametrize("name", DTYPE_PARAMS)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
+import _ringtree_testing as testing
 from ringtree import _core
 from reference import NUMPY_DTYPES, rank_order_fold, spread_input
 
@@ -92,7 +93,7 @@ def test_rank_order_walked_on_threads_is_numpys_fold(dtype_name):
                 inputs = [spread_input(P, q, total, dtype_name) for q in range(P)]
                 ins = [x.copy() for x in inputs]
                 outputs = [np.zeros(N if coll == "reduce_scatter" else total, NUMPY_DTYPES[dtype_name]) for _ in range(P)]
-                _core.walk_on_threads(COLL[coll], RO, P, N, root, 4, DTYPE[dtype_name], OP[op], factor,
+                testing.walk_on_threads(COLL[coll], RO, P, N, root, 4, DTYPE[dtype_name], OP[op], factor,
                                       [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], 64, 2, 60.0)
                 want = rank_order_fold(inputs, dtype_name, op, factor)
                 for r in range(P):

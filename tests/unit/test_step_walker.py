@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import _ringtree_testing as testing
 import ringtree as rt
 from ringtree import _core
 from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
@@ -26,7 +27,7 @@ def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segm
     inputs = [make_input(q, in_n, dtype, op, salt) for q in range(P)]
     outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
     ins = [x.copy() for x in inputs]
-    _core.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, segment, DTYPE[dtype], OP[op], 1.0,
+    testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, segment, DTYPE[dtype], OP[op], 1.0,
                           [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], slot_bytes, slots, 60.0,
                           channels=channels)
     wants = []
@@ -109,8 +110,8 @@ def test_walker_mismatched_tags_stop_every_rank_with_a_mismatch(coll, algo, chan
     x = [np.ones(N * P, np.float32) for _ in range(P)]
     o = [np.zeros(N * P, np.float32) for _ in range(P)]
     tags = [7, 7, 8, 7]
-    with pytest.raises(_core.CollectiveMismatch, match="tag 8"):
-        _core.walk_on_threads(COLL[coll], ALGO[algo], P, N, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
+    with pytest.raises(testing.CollectiveMismatch, match="tag 8"):
+        testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
                               [a.ctypes.data for a in x], [a.ctypes.data for a in o], 64, 2, 30.0, tags,
                               channels=channels)
 
@@ -119,6 +120,6 @@ def test_walker_timeout_is_reported():
     # A deadline already passed: the first round that moves nothing ends the walk.
     x = [np.ones(1000, np.float32) for _ in range(2)]
     o = [np.zeros(1000, np.float32) for _ in range(2)]
-    with pytest.raises(_core.Timeout, match="still walking"):
-        _core.walk_on_threads(COLL["all_reduce"], ALGO["ring"], 2, 1000, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
+    with pytest.raises(testing.Timeout, match="still walking"):
+        testing.walk_on_threads(COLL["all_reduce"], ALGO["ring"], 2, 1000, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
                               [a.ctypes.data for a in x], [a.ctypes.data for a in o], 16, 1, 0.0)

@@ -38,6 +38,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Loads every kernel of the device path on `device`, once per process, before the first call
+// there enqueues anything (see load_device_kernels in launch.h).
+void load_kernels_once(int device) {
+  static std::mutex mu;
+  static std::vector<bool> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < static_cast<int>(loaded.size()) && loaded[device]) return;
+  load_device_kernels();
+  if (device >= static_cast<int>(loaded.size())) loaded.resize(device + 1, false);
+  loaded[device] = true;
+}
+
 void CUDART_CB open_gate(void* data) {
   std::unique_ptr<std::shared_ptr<Gate>> gate(static_cast<std::shared_ptr<Gate>*>(data));
   (*gate)->open();
@@ -149,6 +161,7 @@ class CudaCommImpl : public CudaComm {
 
   std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl, bool want_work) override {
     RT_CHECK(!closed_, Aborted, "the communicator is closed");
+    load_kernels_once(current_device());
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     if (use_nccl) {
       std::shared_ptr<NcclExecutor> nccl;

@@ -3,6 +3,7 @@
 // wait on a pinned counter.
 #include "exec/cuda/launch.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.h"
 #include "kernels/cuda/reduce_device.cuh"
 
 namespace ringtree {
@@ -138,8 +139,8 @@ void launch_walk_with(const WalkLaunch& l, DataType dtype) {
     ChannelBarrier* barrier = l.barrier;
     void* args[] = {&plan, &f, &abort, &statuses, &barrier};
     // Cooperative: every channel's block is resident at once, as they wait for each other.
-    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&walk_kernel<T, F>),
-                                              dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0, l.stream));
+    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(walk_kernel<T, F>, dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0,
+                                              l.stream));
   });
 }
 
@@ -169,8 +170,18 @@ void launch_walk(const WalkLaunch& l, DataType dtype, ReduceOp op) {
 
 void launch_wait_for_release(const volatile unsigned long long* released, unsigned long long ticket,
                              cudaStream_t stream) {
-  wait_for_release<<<1, 1, 0, stream>>>(released, ticket);
-  RT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {&released, &ticket};
+  RT_CUDA_CHECK(cudaLaunchKernel(wait_for_release, dim3(1), dim3(1), args, 0, stream));
+}
+
+void load_device_kernels() {
+  cudaFuncAttributes attr;
+  cuda::for_each_op_and_type([&](auto op, auto tag) {
+    using T = decltype(tag);
+    RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, walk_kernel<T, cuda::Combine<T, decltype(op)>>));
+  });
+  RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, wait_for_release));
+  load_reduce_kernels();
 }
 
 }  // namespace ringtree

@@ -1,7 +1,7 @@
-// The device code the host side of the device executors launches, behind two functions: in a
-// CUDA build kernels (launch.cu); in the stand-in build closures on the stand-in's stream
-// threads (standin/launch_standin.cc) that run the same step walker with its host policy. The
-// executors' host code (ipc_executor.cc, device_comm.cc) is the same in both builds.
+// The device code the host side of the device executors launches (launch.cu): the CUDA IPC
+// executor's walk kernel and the staged path's wait. The stand-in build compiles the same
+// launch.cu through the CUDA-on-CPU layer (kernels/cuda/standin/cuda_on_cpu.h), so the executors'
+// host code and the kernels are the same in both builds.
 #pragma once
 #include <cstdint>
 #include "exec/step_walker.h"
@@ -37,5 +37,12 @@ void launch_walk(const WalkLaunch& launch, DataType dtype, ReduceOp op);
 // The staged path's wait on `stream` until *released (pinned, mapped) reaches `ticket`.
 void launch_wait_for_release(const volatile unsigned long long* released, unsigned long long ticket,
                              cudaStream_t stream);
+
+// Loads every kernel instance the device executors launch (every walk, the staged wait, the
+// reduce/scale/divide kernels) on the current device, before any of them runs. CUDA loads
+// kernels lazily by default (since 12.2), and loading may need a context synchronization: the
+// first launch of a kernel would then wait for every kernel on the device, breaking "the host
+// never waits", and for walks spinning on a peer whose own walk waits on this rank, for ever.
+void load_device_kernels();
 
 }  // namespace ringtree

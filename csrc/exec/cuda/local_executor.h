@@ -3,7 +3,7 @@
 // with one GPU.
 //
 // Plain C++ header (no CUDA types), so the bindings compile with the host compiler; the
-// implementation is local_executor.cu. Streams travel as integers (cudaStream_t values,
+// implementation is local_executor.cc. Streams travel as integers (cudaStream_t values,
 // 0 = the legacy default stream), device buffers as raw pointers.
 #pragma once
 #include <cstdint>

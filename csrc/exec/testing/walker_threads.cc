@@ -1,14 +1,19 @@
 #include "exec/testing/walker_threads.h"
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include "common/check.h"
 #include "common/clock.h"
-#include "kernels/host/reduce.h"
+#include "exec/cuda/launch.h"
 #include "exec/plan.h"
 #include "exec/step_walker.h"
 #include "exec/step_walker_host.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/host/reduce.h"
 
 namespace ringtree {
 
@@ -125,25 +130,79 @@ void walk_on_threads(const ThreadWalkArgs& a) {
       RT_CHECK(st.schedule.step_end[k] - st.schedule.step_begin(k) <= kWalkerMaxStepOps, InvalidArgument,
                "walk_on_threads: a step holds more than ", kWalkerMaxStepOps, " ops");
   }
-  const Deadline deadline = Deadline::after_seconds(a.timeout_s);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) {
-    for (uint32_t ch = 0; ch < C; ++ch) {
-      threads.emplace_back([&, r, ch] {
-        RankState& st = ranks[r];
-        try {
-          HostMem mem{reduce_fn(a.dtype, st.plan.combine), deadline, &barriers[r]};
-          std::vector<uint64_t> progress(kWalkerMaxStepOps);
-          WalkPlan walk = st.walk;
-          walk.channel = ch;
-          st.result[ch] = walk_schedule(walk, mem, progress.data(), &st.fault[ch]);
-        } catch (const std::exception& e) {
-          st.error[ch] = e.what();
-        }
-      });
+  if (a.device) {
+    // One walk kernel per rank, each on a stream of its own; past the deadline the abort word
+    // ends them all, as the CUDA IPC executor's watchdog does.
+    std::vector<cudaStream_t> streams(P, nullptr);
+    std::vector<ChannelBarrier> device_barriers(P, ChannelBarrier{});
+    std::vector<WalkStatus> statuses(static_cast<size_t>(P) * C, WalkStatus{});
+    uint32_t abort = 0;
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!done_cv.wait_for(lock, std::chrono::duration<double>(a.timeout_s), [&] { return done; }))
+        __atomic_store_n(&abort, 1u, __ATOMIC_RELEASE);
+    });
+    std::string launch_error;
+    try {
+      for (int r = 0; r < P; ++r) {
+        RT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+        for (uint32_t ch = 0; ch < C; ++ch) statuses[static_cast<size_t>(r) * C + ch].result = -1;
+        launch_walk(WalkLaunch{ranks[r].walk, &abort, &statuses[static_cast<size_t>(r) * C], &device_barriers[r],
+                               streams[r]},
+                    a.dtype, ranks[r].plan.combine);
+      }
+    } catch (const std::exception& e) {
+      launch_error = e.what();
+      __atomic_store_n(&abort, 1u, __ATOMIC_RELEASE);  // the ranks already launched stop
     }
+    std::string fault;
+    for (cudaStream_t s : streams) {
+      if (!s) continue;
+      const cudaError_t err = cudaStreamSynchronize(s);
+      if (err != cudaSuccess && fault.empty()) fault = str_cat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+      (void)cudaStreamDestroy(s);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    done_cv.notify_all();
+    watchdog.join();
+    RT_CHECK(launch_error.empty(), Error, "walk_on_threads: a launch failed: ", launch_error);
+    RT_CHECK(fault.empty(), Error, "walk_on_threads: the walk kernel failed (", fault,
+             "); the CUDA stand-in printed why");
+    for (int r = 0; r < P; ++r) {
+      for (uint32_t ch = 0; ch < C; ++ch) {
+        const WalkStatus& st = statuses[static_cast<size_t>(r) * C + ch];
+        ranks[r].result[ch] = static_cast<WalkResult>(st.result);
+        ranks[r].fault[ch] = st.fault;
+        RT_CHECK(st.result >= 0, Error, "walk_on_threads: rank ", r, " channel ", ch, " left no status");
+      }
+    }
+  } else {
+    const Deadline deadline = Deadline::after_seconds(a.timeout_s);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r) {
+      for (uint32_t ch = 0; ch < C; ++ch) {
+        threads.emplace_back([&, r, ch] {
+          RankState& st = ranks[r];
+          try {
+            HostMem mem{reduce_fn(a.dtype, st.plan.combine), deadline, &barriers[r]};
+            std::vector<uint64_t> progress(kWalkerMaxStepOps);
+            WalkPlan walk = st.walk;
+            walk.channel = ch;
+            st.result[ch] = walk_schedule(walk, mem, progress.data(), &st.fault[ch]);
+          } catch (const std::exception& e) {
+            st.error[ch] = e.what();
+          }
+        });
+      }
+    }
+    for (auto& t : threads) t.join();
   }
-  for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r) {
     for (uint32_t ch = 0; ch < C; ++ch) {
       const WalkFault& f = ranks[r].fault[ch];

@@ -66,9 +66,19 @@ void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStre
   size_t blocks = (work + kThreads - 1) / kThreads;
   const size_t max_blocks = static_cast<size_t>(sm_count()) * kBlocksPerSm;
   if (blocks > max_blocks) blocks = max_blocks;
-  elementwise_kernel<T, F><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), s, f);
-  RT_CUDA_CHECK(cudaGetLastError());
+  T* out = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  Split split = s;
+  void* args[] = {&out, &x, &y, &split, &f};
+  RT_CUDA_CHECK(cudaLaunchKernel(elementwise_kernel<T, F>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
+                                 stream));
+}
+
+// fn(T{}) for every storage type.
+template <typename Fn>
+void with_storage_type_each(Fn&& fn) {
+  for (int d = 0; d < static_cast<int>(DataType::Count); ++d) with_storage_type(static_cast<DataType>(d), fn);
 }
 
 template <typename Op>
@@ -109,6 +119,19 @@ void cuda_divide(void* dst, size_t count, DataType dtype, int64_t divisor, cudaS
   with_storage_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     launch<T>(dst, dst, dst, count, cuda::Divide<T>{divisor}, stream);
+  });
+}
+
+void load_reduce_kernels() {
+  cudaFuncAttributes attr;
+  cuda::for_each_op_and_type([&](auto op, auto tag) {
+    using T = decltype(tag);
+    RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, elementwise_kernel<T, cuda::Combine<T, decltype(op)>>));
+  });
+  with_storage_type_each([&](auto tag) {
+    using T = decltype(tag);
+    RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, elementwise_kernel<T, cuda::Scale<T>>));
+    RT_CUDA_CHECK(cudaFuncGetAttributes(&attr, elementwise_kernel<T, cuda::Divide<T>>));
   });
 }
 

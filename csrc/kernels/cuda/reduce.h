@@ -21,5 +21,8 @@ void cuda_scale(void* dst, const void* src, size_t count, DataType dtype, double
 void cuda_divide(void* dst, size_t count, DataType dtype, int64_t divisor, cudaStream_t stream);
 // dst = src, `bytes` bytes, device to device (the copy engine or the driver's copy kernel).
 void cuda_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+// Loads every instance of the kernels above on the current device (see load_device_kernels in
+// exec/cuda/launch.h for why).
+void load_reduce_kernels();
 
 }  // namespace ringtree

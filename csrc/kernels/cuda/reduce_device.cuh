@@ -182,5 +182,26 @@ void for_op_types(DataType dtype, Fn&& fn) {
   }
 }
 
+// Calls fn(Op{}, T{}) for every reduce op and every storage type it exists for: every instance
+// of the kernels that reduce (host side: loading them all up front).
+template <typename Fn>
+void for_each_op_and_type(Fn&& fn) {
+  auto each_type = [&](auto op) {
+    using Op = decltype(op);
+    for (int d = 0; d < static_cast<int>(DataType::Count); ++d) {
+      const auto dtype = static_cast<DataType>(d);
+      if (Op::kBitwise && dtype_is_floating(dtype)) continue;
+      for_op_types<Op>(dtype, [&](auto tag) { fn(op, tag); });
+    }
+  };
+  each_type(OpSum{});
+  each_type(OpProd{});
+  each_type(OpMin{});
+  each_type(OpMax{});
+  each_type(OpBitAnd{});
+  each_type(OpBitOr{});
+  each_type(OpBitXor{});
+}
+
 }  // namespace cuda
 }  // namespace ringtree

@@ -1,11 +1,13 @@
 // The CPU stand-in for the CUDA runtime (see cuda_runtime.h).
 #include "kernels/cuda/standin/cuda_runtime.h"
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -15,46 +17,85 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+#include "common/env.h"
 
 namespace ringtree::standin {
 
 namespace {
 
+constexpr int kMaxDevices = 16;
+
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current_device = 0;
 std::atomic<int> sticky_error{cudaSuccess};  // a kernel failed: the "context" is unusable
+std::atomic<uint32_t> context_mask{0};
 
 cudaError_t fail(cudaError_t err) {
   last_error = err;
   return err;
 }
 
+int device_count() {
+  static const int n = static_cast<int>(std::clamp<int64_t>(env_int("RINGTREE_STANDIN_DEVICES", 1), 1, kMaxDevices));
+  return n;
+}
+
+int multiprocessors() {
+  static const int n = static_cast<int>(std::clamp<int64_t>(env_int("RINGTREE_STANDIN_SMS", 4), 1, 1024));
+  return n;
+}
+
+bool eager_loading() {
+  static const bool eager = env_str("CUDA_MODULE_LOADING", "LAZY") == "EAGER";
+  return eager;
+}
+
+// The calling thread's current device now has a context (see "contexts" in the header).
+void need_context() { context_mask.fetch_or(1u << current_device, std::memory_order_relaxed); }
+
 // ---- memory ---------------------------------------------------------------------------------
+
+// Device allocations start one page into their memfd: the page before holds the pids of the
+// processes that map the allocation through IPC, so a cudaFree that pulls memory from under a
+// live importer is seen.
+constexpr int kImporterSlots = 128;
+struct IpcHeader {
+  int32_t importers[kImporterSlots];
+};
 
 enum class Kind { Device, PeerMapping, Host };
 struct Allocation {
-  size_t bytes = 0;   // as asked for
-  size_t mapped = 0;  // as mapped (whole pages)
+  size_t bytes = 0;       // as asked for (user-visible)
+  size_t mapped = 0;      // as mapped from `base` (whole pages)
+  uint8_t* base = nullptr;  // the mapping (the header page, then the user's bytes)
   Kind kind = Kind::Device;
-  int fd = -1;        // Device: the memfd that IPC handles name
+  int fd = -1;            // Device: the memfd that IPC handles name
+  int device = 0;
+  int slot = -1;          // PeerMapping: this process's importer slot in the header
 };
 
 std::mutex& memory_mutex() {
   static auto* mu = new std::mutex;
   return *mu;
 }
-std::map<uintptr_t, Allocation>& allocations() {  // by base address
+std::map<uintptr_t, Allocation>& allocations() {  // by the user's address
   static auto* map = new std::map<uintptr_t, Allocation>;
   return *map;
 }
-
-size_t page_round(size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+std::vector<std::string>& violation_list() {  // memory_mutex held
+  static auto* v = new std::vector<std::string>;
+  return *v;
 }
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+size_t page_round(size_t bytes) { return (std::max<size_t>(bytes, 1) + page_size() - 1) / page_size() * page_size(); }
 
 // The allocation holding `p`, or null (memory_mutex held).
 std::pair<const uintptr_t, Allocation>* find_allocation(const void* p) {
@@ -66,7 +107,55 @@ std::pair<const uintptr_t, Allocation>* find_allocation(const void* p) {
   return addr < it->first + std::max<size_t>(it->second.bytes, 1) ? &*it : nullptr;
 }
 
-// ---- streams and events ---------------------------------------------------------------------
+bool process_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+// Unmaps a device allocation, recording a violation if another live process still maps it
+// (memory_mutex held).
+void release_device_allocation(uintptr_t user, Allocation& a) {
+  const auto* header = reinterpret_cast<const IpcHeader*>(a.base);
+  std::string importers;
+  for (int i = 0; i < kImporterSlots; ++i) {
+    const int32_t pid = __atomic_load_n(&header->importers[i], __ATOMIC_ACQUIRE);
+    if (pid != 0 && pid != getpid() && process_alive(pid)) importers += (importers.empty() ? "" : ", ") + std::to_string(pid);
+  }
+  if (!importers.empty()) {
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "process %d freed device memory at 0x%llx (%zu bytes) that process(es) %s still map through CUDA "
+                  "IPC: undefined behaviour on a GPU (cudaFree before the importers' cudaIpcCloseMemHandle)",
+                  static_cast<int>(getpid()), static_cast<unsigned long long>(user), a.bytes, importers.c_str());
+    std::fprintf(stderr, "ringtree CUDA stand-in: %s\n", line);
+    violation_list().push_back(line);
+  }
+  munmap(a.base, a.mapped);
+  close(a.fd);
+}
+
+}  // namespace
+
+}  // namespace ringtree::standin
+
+// ---- streams and events -----------------------------------------------------------------------
+
+struct CUevent_st {
+  uint64_t recorded = 0;   // records issued
+  uint64_t completed = 0;  // records their streams have reached
+  int refs = 1;            // the handle, plus each queued record or wait
+  int device = 0;
+};
+
+struct CUstream_st {
+  std::deque<std::function<void()>> work;
+  bool running = false;  // the worker is inside a closure
+  bool closing = false;
+  std::thread worker;
+  int refs = 1;  // the handle and the worker
+  int device = 0;
+};
+
+namespace ringtree::standin {
+
+namespace {
 
 // Everything about streams and events waits on this one condition variable.
 std::mutex& queue_mutex() {
@@ -77,28 +166,6 @@ std::condition_variable& queue_cv() {
   static auto* cv = new std::condition_variable;
   return *cv;
 }
-
-}  // namespace
-
-}  // namespace ringtree::standin
-
-struct CUevent_st {
-  uint64_t recorded = 0;   // records issued
-  uint64_t completed = 0;  // records their streams have reached
-  int refs = 1;            // the handle, plus each queued record or wait
-};
-
-struct CUstream_st {
-  std::deque<std::function<void()>> work;
-  bool running = false;  // the worker is inside a closure
-  bool closing = false;
-  std::thread worker;
-  int refs = 1;  // the handle and the worker
-};
-
-namespace ringtree::standin {
-
-namespace {
 
 void release_event(CUevent_st* ev) {  // queue_mutex held
   if (--ev->refs == 0) delete ev;
@@ -119,9 +186,14 @@ void run_stream(CUstream_st* s) {
     lock.unlock();
     try {
       job();
+    } catch (const Fault& f) {
+      std::fprintf(stderr, "ringtree CUDA stand-in: %s\n", f.what.c_str());
+      int none = cudaSuccess;
+      sticky_error.compare_exchange_strong(none, f.code);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ringtree CUDA stand-in: a kernel failed: %s\n", e.what());
-      sticky_error.store(cudaErrorUnknown);
+      int none = cudaSuccess;
+      sticky_error.compare_exchange_strong(none, cudaErrorLaunchFailure);
     }
     job = nullptr;
     lock.lock();
@@ -133,28 +205,47 @@ void run_stream(CUstream_st* s) {
   release_stream(s);
 }
 
-CUstream_st* new_stream() {
-  auto* s = new CUstream_st;
-  s->refs = 2;
-  s->worker = std::thread(run_stream, s);
-  s->worker.detach();  // a stream destroyed with work queued finishes it on its own
-  return s;
-}
-
-// Stream 0, the legacy default stream: one more stream, never destroyed.
-CUstream_st* resolve(cudaStream_t s) {
-  if (s) return s;
-  static CUstream_st* legacy = new_stream();
-  return legacy;
-}
-
 std::mutex& streams_mutex() {
   static auto* mu = new std::mutex;
   return *mu;
 }
-std::vector<CUstream_st*>& live_streams() {  // for cudaDeviceSynchronize
+std::vector<CUstream_st*>& live_streams() {  // every stream that may hold work, for device-wide waits
   static auto* v = new std::vector<CUstream_st*>;
   return *v;
+}
+
+CUstream_st* new_stream(int device, bool listed) {
+  auto* s = new CUstream_st;
+  s->refs = 2;
+  s->device = device;
+  s->worker = std::thread(run_stream, s);
+  s->worker.detach();  // a stream destroyed with work queued finishes it on its own
+  if (listed) {
+    std::lock_guard<std::mutex> lock(streams_mutex());
+    live_streams().push_back(s);
+  }
+  return s;
+}
+
+// The legacy default stream of each device (never destroyed), and each thread's per-thread
+// default stream of each device.
+CUstream_st* legacy_stream(int device) {
+  static CUstream_st* legacy[kMaxDevices] = {};
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!legacy[device]) legacy[device] = new_stream(device, true);
+  return legacy[device];
+}
+CUstream_st* per_thread_stream(int device) {
+  thread_local CUstream_st* streams[kMaxDevices] = {};
+  if (!streams[device]) streams[device] = new_stream(device, true);
+  return streams[device];
+}
+
+CUstream_st* resolve(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy) return legacy_stream(current_device);
+  if (s == cudaStreamPerThread) return per_thread_stream(current_device);
+  return s;
 }
 
 void drain(CUstream_st* s) {  // waits until everything enqueued so far has run
@@ -162,25 +253,108 @@ void drain(CUstream_st* s) {  // waits until everything enqueued so far has run
   queue_cv().wait(lock, [s] { return s->work.empty() && !s->running; });
 }
 
-}  // namespace
+// Waits until every stream of `device` is idle: what a device-wide synchronization waits for.
+void drain_device(int device) {
+  std::vector<CUstream_st*> streams;
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex());
+    for (CUstream_st* s : live_streams())
+      if (s->device == device) streams.push_back(s);
+  }
+  for (CUstream_st* s : streams) drain(s);
+}
 
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> kernel) {
-  CUstream_st* s = resolve(stream);
+cudaError_t enqueue_on(CUstream_st* s, std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(queue_mutex());
     if (s->closing) return fail(cudaErrorInvalidResourceHandle);
-    s->work.push_back(std::move(kernel));
+    s->work.push_back(std::move(work));
   }
   queue_cv().notify_all();
   return cudaSuccess;
 }
 
+// ---- kernels ----------------------------------------------------------------------------------
+
+std::mutex& kernels_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::set<std::pair<int, const void*>>& loaded_kernels() {  // (device, kernel)
+  static auto* s = new std::set<std::pair<int, const void*>>;
+  return *s;
+}
+
+bool is_loaded(int device, const void* kernel) {
+  std::lock_guard<std::mutex> lock(kernels_mutex());
+  return loaded_kernels().count({device, kernel}) != 0;
+}
+void mark_loaded(int device, const void* kernel) {
+  std::lock_guard<std::mutex> lock(kernels_mutex());
+  loaded_kernels().insert({device, kernel});
+}
+
+}  // namespace
+
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) { return enqueue_on(resolve(stream), std::move(work)); }
+
+int blocks_per_multiprocessor(unsigned threads) {
+  if (threads == 0) return 0;
+  return static_cast<int>(std::min<unsigned>(32, 2048 / threads));
+}
+
+cudaError_t launch(cudaStream_t stream, Launch l) {
+  if (const int sticky = sticky_error.load()) return fail(static_cast<cudaError_t>(sticky));
+  const uint64_t threads = uint64_t{l.block.x} * l.block.y * l.block.z;
+  const uint64_t blocks = uint64_t{l.grid.x} * l.grid.y * l.grid.z;
+  if (threads == 0 || threads > 1024 || blocks == 0 || l.grid.x > 0x7fffffffu || l.grid.y > 65535 || l.grid.z > 65535)
+    return fail(cudaErrorInvalidConfiguration);
+  CUstream_st* s = resolve(stream);
+  if (s->device != current_device) return fail(cudaErrorInvalidResourceHandle);  // a stream of another device
+  need_context();
+  if (l.cooperative &&
+      blocks > static_cast<uint64_t>(multiprocessors()) * blocks_per_multiprocessor(static_cast<unsigned>(threads)))
+    return fail(cudaErrorCooperativeLaunchTooLarge);
+  if (!is_loaded(current_device, l.kernel)) {
+    // Lazy loading: loading may need a context synchronization, which waits for every kernel
+    // running on the device, including ones that spin until this one runs.
+    if (!eager_loading()) drain_device(current_device);
+    mark_loaded(current_device, l.kernel);
+  }
+  return enqueue_on(s, std::move(l.run));
+}
+
+cudaError_t load_kernel(const void* kernel, cudaFuncAttributes* attr) {
+  need_context();
+  mark_loaded(current_device, kernel);
+  if (attr) *attr = cudaFuncAttributes{0, 0, 0, 1024, 32, 90, 90};
+  return cudaSuccess;
+}
+
 bool fails(const char* call) {
-  static const std::string failing = [] {
-    const char* v = std::getenv("RINGTREE_STANDIN_FAIL");
-    return std::string(v ? v : "");
-  }();
+  static const std::string failing = env_str("RINGTREE_STANDIN_FAIL", "");
   return !failing.empty() && failing == call;
+}
+
+std::vector<int> contexts() {
+  std::vector<int> out;
+  const uint32_t mask = context_mask.load();
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (mask & (1u << d)) out.push_back(d);
+  return out;
+}
+
+void clear_sticky_error() { sticky_error.store(cudaSuccess); }
+
+std::vector<std::string> violations() {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  return violation_list();
+}
+
+int device_of(const void* ptr) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto* a = find_allocation(ptr);
+  return a && a->second.kind != Kind::Host ? a->second.device : -1;
 }
 
 }  // namespace ringtree::standin
@@ -192,7 +366,7 @@ using namespace ringtree::standin;
 
 cudaError_t cudaGetDeviceCount(int* count) {
   STANDIN_FAILS(cudaGetDeviceCount);
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
@@ -202,29 +376,29 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   current_device = device;
+  need_context();  // since CUDA 12, cudaSetDevice initializes the device's primary context
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   STANDIN_FAILS(cudaDeviceGetAttribute);
-  if (device != 0) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 4; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *value = multiprocessors(); return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; return cudaSuccess;
     case cudaDevAttrCooperativeLaunch: *value = 1; return cudaSuccess;
   }
   return fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  std::vector<CUstream_st*> streams;
-  {
-    std::lock_guard<std::mutex> lock(streams_mutex());
-    streams = live_streams();
-  }
-  streams.push_back(resolve(nullptr));
-  for (CUstream_st* s : streams) drain(s);
+  need_context();
+  drain_device(current_device);
   return static_cast<cudaError_t>(sticky_error.load());
 }
 
@@ -239,10 +413,15 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorCooperativeLaunchTooLarge: return "cudaErrorCooperativeLaunchTooLarge";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaErrorUnknown";
   }
@@ -253,10 +432,15 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
     case cudaErrorNotSupported: return "operation not supported (CUDA stand-in)";
     default: return "unknown error";
   }
@@ -266,11 +450,12 @@ const char* cudaGetErrorString(cudaError_t err) {
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   STANDIN_FAILS(cudaMalloc);
+  need_context();
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
   const int fd = memfd_create("ringtree-cuda-standin", MFD_CLOEXEC);
   if (fd < 0) return fail(cudaErrorMemoryAllocation);
-  const size_t mapped = page_round(bytes);
+  const size_t mapped = page_size() + page_round(bytes);
   void* p = ftruncate(fd, static_cast<off_t>(mapped)) == 0
                 ? mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                 : MAP_FAILED;
@@ -278,20 +463,23 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
+  auto* base = static_cast<uint8_t*>(p);
   std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes, mapped, Kind::Device, fd};
-  *ptr = p;
+  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {bytes, mapped, base, Kind::Device, fd,
+                                                                     current_device, -1};
+  *ptr = base + page_size();
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
-  cudaDeviceSynchronize();  // as CUDA: the device may still be using it
+  need_context();
+  const int device = device_of(ptr);
+  drain_device(device < 0 ? current_device : device);  // as CUDA: the device may still be using it
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations().end() || it->second.kind != Kind::Device) return fail(cudaErrorInvalidDevicePointer);
-  munmap(ptr, it->second.mapped);
-  close(it->second.fd);
+  release_device_allocation(it->first, it->second);
   allocations().erase(it);
   return cudaSuccess;
 }
@@ -299,30 +487,33 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t) { return cudaMalloc(ptr, bytes); }
 
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  need_context();
   return enqueue(stream, [ptr] {
     std::lock_guard<std::mutex> lock(memory_mutex());
     auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == allocations().end()) return;
-    munmap(ptr, it->second.mapped);
-    close(it->second.fd);
+    if (it == allocations().end() || it->second.kind != Kind::Device) return;
+    release_device_allocation(it->first, it->second);
     allocations().erase(it);
   });
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   STANDIN_FAILS(cudaHostAlloc);
+  need_context();
   *ptr = nullptr;
   void* p = nullptr;
   if (posix_memalign(&p, 256, std::max<size_t>(bytes, 1)) != 0) return fail(cudaErrorMemoryAllocation);
   std::memset(p, 0, std::max<size_t>(bytes, 1));
   std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes, bytes, Kind::Host, -1};
+  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes, bytes, static_cast<uint8_t*>(p), Kind::Host, -1,
+                                                   current_device, -1};
   *ptr = p;
   return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
+  need_context();
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations().end() || it->second.kind != Kind::Host) return fail(cudaErrorInvalidValue);
@@ -332,6 +523,7 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 cudaError_t cudaHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned) {
+  need_context();
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto* a = find_allocation(host_ptr);
   if (!a || a->second.kind != Kind::Host) return fail(cudaErrorInvalidValue);
@@ -344,13 +536,14 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* pt
   std::lock_guard<std::mutex> lock(memory_mutex());
   if (auto* a = find_allocation(ptr)) {
     attr->type = a->second.kind == Kind::Host ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
-    attr->device = 0;
+    attr->device = a->second.device;
     attr->devicePointer = const_cast<void*>(ptr);
   }
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  need_context();
   drain(resolve(nullptr));  // it runs on the legacy default stream, after what is there
   std::memmove(dst, src, bytes);
   return cudaSuccess;
@@ -358,16 +551,19 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
   STANDIN_FAILS(cudaMemcpyAsync);
+  need_context();
   return enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  need_context();
   drain(resolve(nullptr));
   std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  need_context();
   return enqueue(stream, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
 }
 
@@ -375,6 +571,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   STANDIN_FAILS(cudaIpcGetMemHandle);
+  need_context();
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations().end() || it->second.kind != Kind::Device) return fail(cudaErrorInvalidValue);
@@ -386,29 +583,43 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 
 cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned) {
   STANDIN_FAILS(cudaIpcOpenMemHandle);
+  need_context();
   *ptr = nullptr;
   char path[sizeof(handle.reserved) + 1] = {};
   std::memcpy(path, handle.reserved, sizeof(handle.reserved));
   const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return fail(cudaErrorInvalidResourceHandle);
   struct stat st {};
-  void* p = fstat(fd, &st) == 0 && st.st_size > 0
+  void* p = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) > page_size()
                 ? mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                 : MAP_FAILED;
   close(fd);
   if (p == MAP_FAILED) return fail(cudaErrorMapBufferObjectFailed);
+  auto* base = static_cast<uint8_t*>(p);
+  auto* header = reinterpret_cast<IpcHeader*>(base);
+  int slot = -1;
+  for (int i = 0; i < kImporterSlots && slot < 0; ++i) {
+    int32_t expected = 0;
+    if (__atomic_compare_exchange_n(&header->importers[i], &expected, static_cast<int32_t>(getpid()), false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      slot = i;
+  }
+  const auto mapped = static_cast<size_t>(st.st_size);
   std::lock_guard<std::mutex> lock(memory_mutex());
-  const auto bytes = static_cast<size_t>(st.st_size);
-  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes, bytes, Kind::PeerMapping, -1};
-  *ptr = p;
+  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {mapped - page_size(), mapped, base,
+                                                                     Kind::PeerMapping, -1, current_device, slot};
+  *ptr = base + page_size();
   return cudaSuccess;
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* ptr) {
+  need_context();
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations().end() || it->second.kind != Kind::PeerMapping) return fail(cudaErrorInvalidValue);
-  munmap(ptr, it->second.mapped);
+  Allocation& a = it->second;
+  if (a.slot >= 0) __atomic_store_n(&reinterpret_cast<IpcHeader*>(a.base)->importers[a.slot], 0, __ATOMIC_RELEASE);
+  munmap(a.base, a.mapped);
   allocations().erase(it);
   return cudaSuccess;
 }
@@ -417,15 +628,14 @@ cudaError_t cudaIpcCloseMemHandle(void* ptr) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   STANDIN_FAILS(cudaStreamCreateWithFlags);
-  CUstream_st* s = new_stream();
-  std::lock_guard<std::mutex> lock(streams_mutex());
-  live_streams().push_back(s);
-  *stream = s;
+  need_context();
+  *stream = new_stream(current_device, true);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  if (!stream) return fail(cudaErrorInvalidResourceHandle);
+  if (!stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return fail(cudaErrorInvalidResourceHandle);
+  need_context();
   {
     std::lock_guard<std::mutex> lock(streams_mutex());
     auto& v = live_streams();
@@ -439,11 +649,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  need_context();
   drain(resolve(stream));
   return static_cast<cudaError_t>(sticky_error.load());
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  need_context();
   uint64_t target = 0;
   {
     std::lock_guard<std::mutex> lock(queue_mutex());
@@ -460,16 +672,20 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
   STANDIN_FAILS(cudaLaunchHostFunc);
+  need_context();
   return enqueue(stream, [fn, user_data] { fn(user_data); });
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  need_context();
   *event = new CUevent_st;
+  (*event)->device = current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
+  need_context();
   std::lock_guard<std::mutex> lock(queue_mutex());
   release_event(event);  // queued records and waits keep it until they have run
   return cudaSuccess;
@@ -477,13 +693,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   STANDIN_FAILS(cudaEventRecord);
+  need_context();
+  CUstream_st* s = resolve(stream);
+  if (s->device != event->device) return fail(cudaErrorInvalidResourceHandle);  // as CUDA: one device
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(queue_mutex());
     ticket = ++event->recorded;
     ++event->refs;
   }
-  const cudaError_t err = enqueue(stream, [event, ticket] {
+  const cudaError_t err = enqueue_on(s, [event, ticket] {
     std::lock_guard<std::mutex> lock(queue_mutex());
     event->completed = std::max(event->completed, ticket);
     queue_cv().notify_all();
@@ -498,12 +717,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  need_context();
   if (const int sticky = sticky_error.load()) return static_cast<cudaError_t>(sticky);
   std::lock_guard<std::mutex> lock(queue_mutex());
   return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  need_context();
   std::unique_lock<std::mutex> lock(queue_mutex());
   const uint64_t target = event->recorded;
   queue_cv().wait(lock, [&] { return event->completed >= target; });

@@ -1,37 +1,59 @@
-// A CPU stand-in for the few CUDA runtime calls the host side of the device executors makes
-// (CUDA IPC, staged, NCCL, the watchdog), under their CUDA names, so that code runs unchanged
-// on machines without a GPU: the stand-in build (RINGTREE_CUDA_STANDIN, module
-// ringtree._core_standin) compiles it in place of <cuda_runtime_api.h> (kernels/cuda/cuda_api.h).
+// A CPU stand-in for the CUDA runtime API, under the CUDA names, so that the host code of the
+// device path (CUDA IPC, staged, NCCL, the watchdog, the thread ranks) runs unchanged on machines
+// without a GPU. The test module compiles it in place of <cuda_runtime_api.h>
+// (kernels/cuda/cuda_api.h); the device code itself runs through the CUDA-on-CPU layer
+// (cuda_on_cpu.h), whose launches this runtime queues on its streams.
 //
+//   devices         RINGTREE_STANDIN_DEVICES of them (default 1), each with RINGTREE_STANDIN_SMS
+//                   multiprocessors (default 4). Every host thread has its own current device,
+//                   0 when it starts, as in CUDA.
+//   contexts        a device gets a "context" the first time a thread makes a call that needs one
+//                   with that device current (cudaSetDevice, allocations, streams, events, copies,
+//                   launches); contexts() lists them, so a test can see a thread that touched a
+//                   device it should not have (a second context costs GPU memory on a real one)
 //   device memory   cudaMalloc maps a memfd of its own (MAP_SHARED), so another process can map
-//                   the same pages; cudaMemoryTypeDevice for cudaPointerGetAttributes
+//                   the same pages; a hidden first page records which processes map it
 //   IPC handles     the path another process opens to reach that memfd: /proc/<pid>/fd/<fd>;
-//                   cudaIpcOpenMemHandle maps it
+//                   cudaIpcOpenMemHandle maps it. cudaFree of memory that a live process still
+//                   maps (undefined behaviour on a GPU) is recorded as a violation
 //   pinned memory   cudaHostAlloc is ordinary zeroed memory; its device pointer is itself
-//   streams         one worker thread per stream running what was enqueued, in order; stream 0
-//                   (the legacy default stream) is one more such stream
+//   streams         one worker thread per stream running what was enqueued, in order; each
+//                   device has its legacy default stream (handle 0 or cudaStreamLegacy), and each
+//                   thread a per-thread default stream (cudaStreamPerThread)
 //   events          a counter per event: a record enqueues "completed = n" on its stream;
 //                   cudaStreamWaitEvent enqueues a wait for the value recorded last
-//   kernels         closures on the stream (standin::enqueue): the launchers of the stand-in
-//                   build run the same host-side step walker and host kernels there
+//   kernels         a launch (cuda_on_cpu.h) is a closure on its stream. Module loading is lazy,
+//                   as CUDA's default since 12.2: the first launch of a kernel that
+//                   cudaFuncGetAttributes has not loaded waits until every stream of its device
+//                   is idle (the context synchronization loading may need); CUDA_MODULE_LOADING
+//                   =EAGER loads every kernel up front
+//   faults          a kernel that fails makes the error sticky: every later query, synchronization
+//                   and launch reports it, as a real fault does
 //
 // What it does not model: memory visibility between the device and the host or between
 // processes beyond what the CPU's own coherence gives (everything here is host memory), the
-// legacy default stream's implicit synchronization with blocking streams, multiple devices,
+// legacy default stream's implicit synchronization with blocking streams, peer access limits,
 // and anything about speed. Errors are the CUDA codes the callers test for.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidDevice = 101,
   cudaErrorMapBufferObjectFailed = 205,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorCooperativeLaunchTooLarge = 720,
   cudaErrorNotSupported = 801,
   cudaErrorUnknown = 999,
 };
@@ -41,6 +63,21 @@ typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
 typedef void (*cudaHostFn_t)(void* user_data);
 #define CUDART_CB
+#define cudaStreamLegacy (reinterpret_cast<cudaStream_t>(0x1))
+#define cudaStreamPerThread (reinterpret_cast<cudaStream_t>(0x2))
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
 
 struct cudaIpcMemHandle_st {
   char reserved[64];
@@ -60,6 +97,16 @@ struct cudaPointerAttributes {
   void* hostPointer;
 };
 
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int ptxVersion;
+  int binaryVersion;
+};
+
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -68,7 +115,11 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault = 4,
 };
 enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxThreadsPerMultiProcessor = 39,
   cudaDevAttrCooperativeLaunch = 95,
 };
 
@@ -117,15 +168,49 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
 namespace ringtree::standin {
 
-// A kernel of the stand-in build: runs on the stream's thread after everything enqueued there
-// before it. A kernel that throws stands for a failed launch: the stream's later work still runs
-// and cudaGetLastError on the launching thread cannot see it, as with a real kernel fault, the
-// event queries report cudaErrorUnknown from then on (the "sticky" error).
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> kernel);
+// Work on `stream` after everything enqueued there before it (a kernel, a copy, a host
+// function). Work that throws stands for a device fault: the error becomes sticky (Fault says
+// which code; anything else is cudaErrorLaunchFailure) and the stream's later work still runs.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
+struct Fault {
+  cudaError_t code;
+  std::string what;
+};
+
+// A kernel launch, as the CUDA-on-CPU layer hands it over: checks the configuration (a
+// cooperative grid must fit on the device at once), loads the kernel (lazily, see above), and
+// enqueues `grid` on the stream.
+struct Launch {
+  const void* kernel;  // identifies the kernel for loading and in messages
+  dim3 grid, block;
+  bool cooperative;
+  std::function<void()> run;  // runs the whole grid (on the stream's thread)
+};
+cudaError_t launch(cudaStream_t stream, Launch launch);
+// cudaFuncGetAttributes: loads `kernel` on the current device without waiting for anything.
+cudaError_t load_kernel(const void* kernel, cudaFuncAttributes* attr);
+// The most blocks of `threads` threads one multiprocessor holds at once (2048 threads, 32 blocks).
+int blocks_per_multiprocessor(unsigned threads);
 
 // Test hook: environment RINGTREE_STANDIN_FAIL=<name of a runtime call> makes every call of
 // that function in this process fail with cudaErrorNotSupported (e.g. cudaIpcOpenMemHandle),
 // to exercise the callers' error paths.
 bool fails(const char* call);
 
+// Test hooks: the devices that have a context in this process (sorted); what this process did
+// that is undefined behaviour on a GPU (freeing memory other processes still map); the device
+// an allocation lives on (-1: not device memory).
+std::vector<int> contexts();
+void clear_sticky_error();
+std::vector<std::string> violations();
+int device_of(const void* ptr);
+
 }  // namespace ringtree::standin
+
+namespace ringtree::cuda_on_cpu {
+// Test hooks of the CUDA-on-CPU layer (cuda_on_cpu.h): the order and yields of blocks launched
+// from now on (as RINGTREE_STANDIN_SEED and RINGTREE_STANDIN_YIELD set them at start); a fresh
+// context after a fault a test provoked.
+void set_schedule(uint64_t seed, unsigned yield_percent);
+void clear_fault();
+}  // namespace ringtree::cuda_on_cpu

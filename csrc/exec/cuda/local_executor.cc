@@ -35,7 +35,7 @@
 // collective runs after what the caller enqueued before it and before what it enqueues after.
 // A later call is ordered after an earlier one on every rank stream, so the executor's cached
 // scratch and premul buffers are reused safely.
-#include <cuda_runtime_api.h>
+#include "kernels/cuda/cuda_api.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +47,7 @@
 #include "common/check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/reduce.h"
+#include "exec/cuda/call_watch.h"
 #include "exec/cuda/device_comm.h"
 #include "exec/cuda/local_executor.h"
 #include "exec/plan.h"
@@ -368,11 +369,24 @@ void require_device(const char* what) {
   if (!cuda_runtime_available(&reason)) RT_THROW(Error, what, ": no usable CUDA device (", reason, ")");
 }
 
+// Every kernel loaded on the current device before its first launch (see launch.h).
+void load_kernels_for_current_device() {
+  static std::mutex mu;
+  static std::vector<bool> loaded;
+  const int dev = current_device();
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < static_cast<int>(loaded.size()) && loaded[dev]) return;
+  load_reduce_kernels();
+  if (dev >= static_cast<int>(loaded.size())) loaded.resize(dev + 1, false);
+  loaded[dev] = true;
+}
+
 }  // namespace
 
 CudaLocalStats cuda_local_run(const CudaLocalArgs& args) {
   const std::vector<RankCall> calls = lower_ranks(args);
   require_device("cuda_local_run");
+  load_kernels_for_current_device();
   int dev = 0;
   RT_CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t esz = dtype_size(args.dtype);
@@ -396,6 +410,7 @@ void cuda_local_synchronize() {
 // The checks every direct kernel entry shares: a device, a known dtype; returns the device.
 static int kernel_entry(const char* what, DataType dtype) {
   require_device(what);
+  load_kernels_for_current_device();
   RT_CHECK(dtype < DataType::Count, InvalidArgument, what, ": unsupported dtype code ", static_cast<int>(dtype));
   int dev = 0;
   RT_CUDA_CHECK(cudaGetDevice(&dev));

@@ -1,0 +1,16 @@
+// Everything the core module holds, for every module that serves as ringtree's core: the
+// package's _core, and the test module's core over the CUDA stand-in.
+#include "bindings/bindings.h"
+
+namespace ringtree {
+
+void register_core(pybind11::module_& m) {
+  register_errors(m);
+  register_types(m);
+  register_communicator(m);
+  register_schedules(m);
+  register_kernels(m);
+  register_cuda(m);
+}
+
+}  // namespace ringtree

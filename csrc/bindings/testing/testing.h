@@ -1,0 +1,10 @@
+// The registration functions of the test module (_ringtree_testing, see testing_module.cc).
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace ringtree {
+// The host kernels at raw addresses and the step walker for every rank in one process.
+void register_test_hooks(pybind11::module_& m);
+// The CUDA stand-in: device memory, streams, devices, contexts, violations.
+void register_standin_hooks(pybind11::module_& m);
+}  // namespace ringtree
