@@ -38,7 +38,9 @@
 //   load / store          flag accesses with acquire / release semantics
 //   stop()                true when the walk must end (abort flag or deadline)
 //   relax()               back off after a round that moved nothing
-//   step_barrier(w)       waits for this rank's other channels; false if *w or stop() ends it
+//   step_barrier(w)       every thread of this walker is done with the step (the leader may
+//                         rewrite the step's shared progress), and so are this rank's other
+//                         channels; false if *w or stop() ends the wait
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -231,8 +233,10 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
         mem.relax();
       }
     }
-    // Every channel has finished step k before any starts step k + 1.
-    if (C > 1 && !mem.step_barrier(plan.stop_word)) return WalkResult::Stopped;
+    // Every thread of every channel has finished step k before any starts step k + 1: the
+    // leader rewrites `progress` for the next step while a lagging thread may still be reading
+    // it for this one's last check, and a later step may read what another channel wrote.
+    if (!mem.step_barrier(plan.stop_word)) return WalkResult::Stopped;
   }
   return WalkResult::Done;
 }

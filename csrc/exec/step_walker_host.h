@@ -52,6 +52,7 @@ struct HostMem {
     sched_yield();
   }
   bool step_barrier(const uint64_t* stop_word) const {
+    if (barrier->parties == 1) return true;  // one thread walks this rank: nothing to wait for
     const uint32_t gen = barrier->generation.load(std::memory_order_acquire);
     if (barrier->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == barrier->parties) {
       barrier->arrived.store(0, std::memory_order_relaxed);

@@ -42,6 +42,19 @@ def test_every_ipc_collective_matches_numpy(nranks):
         assert res["executor"] == "ipc", (rank, res["executor"])
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_one_channel_ipc_walks_are_right(nranks):
+    # RINGTREE_CUDA_IPC_CHANNELS=1 (or any rank offering one channel) leaves each rank's walk
+    # kernel without a step barrier among channels; its block must still finish every step
+    # before the next (a review reproduced 4,980 of 10,000 elements wrong at P=2 without).
+    args = dict(lib="standin", dtypes=["float32"], counts=[10000], ops=["sum"])
+    world = run_world(nranks, device_sweep, args, timeout=110, env={**STANDIN, "RINGTREE_CUDA_IPC_CHANNELS": "1"})
+    for rank, res in enumerate(world.check_ok()):
+        assert res["cases"] == 16 and not res["failures"], (rank, res)
+        assert res["executor"] == "ipc", (rank, res["executor"])
+
+
 @pytest.mark.timeout(200)
 def test_async_work_with_the_default_channels():
     world = run_world(3, device_sweep, dict(lib="standin", dtypes=["float32"], counts=[1, 70000], async_op=True), timeout=180, env=STANDIN)

@@ -77,7 +77,8 @@ struct DeviceMem {
   __device__ bool stop() const { return *abort != 0; }
   __device__ bool step_barrier(const uint64_t* stop_word) const {
     __shared__ int passed;
-    __syncthreads();
+    __syncthreads();  // this block's threads are done with the step
+    if (gridDim.x == 1) return true;
     if (threadIdx.x == 0) {
       passed = 1;
       volatile unsigned* generation = &barrier->generation;
@@ -121,6 +122,13 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, 
   if (threadIdx.x == 0) {
     status->fault = fault;
     status->stop_value = *reinterpret_cast<const volatile uint64_t*>(plan.stop_word);
+    // The last channel out leaves the barrier as the next call needs it: a channel that
+    // stopped may have arrived at a barrier that then never released.
+    __threadfence();
+    if (atomicAdd(&barrier->exited, 1u) == gridDim.x - 1) {
+      atomicExch(&barrier->arrived, 0u);
+      atomicExch(&barrier->exited, 0u);
+    }
     __threadfence_system();
     *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
   }

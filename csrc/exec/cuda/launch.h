@@ -10,9 +10,10 @@
 
 namespace ringtree {
 
-// Where the C walkers of one rank meet after each step (device memory, zeroed once).
+// Where the C walkers of one rank meet after each step (device memory, zeroed once; every
+// walk leaves it as it found it, however its channels ended).
 struct ChannelBarrier {
-  unsigned arrived, generation;
+  unsigned arrived, generation, exited;
 };
 
 // What a walker ended with, written by the walk into pinned host memory.

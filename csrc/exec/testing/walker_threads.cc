@@ -174,6 +174,11 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     RT_CHECK(launch_error.empty(), Error, "walk_on_threads: a launch failed: ", launch_error);
     RT_CHECK(fault.empty(), Error, "walk_on_threads: the walk kernel failed (", fault,
              "); the CUDA stand-in printed why");
+    // However a walk ended, the next call on the same barrier must count from zero.
+    for (int r = 0; r < P; ++r)
+      RT_CHECK(device_barriers[r].arrived == 0 && device_barriers[r].exited == 0, Error, "walk_on_threads: rank ", r,
+               "'s channel barrier was left with ", device_barriers[r].arrived, " arrivals and ",
+               device_barriers[r].exited, " exits: the next call's step barrier would miscount");
     for (int r = 0; r < P; ++r) {
       for (uint32_t ch = 0; ch < C; ++ch) {
         const WalkStatus& st = statuses[static_cast<size_t>(r) * C + ch];
