@@ -172,3 +172,50 @@ def deterministic_sums(n=5003, seed=7):
     if peek(out).tobytes() != want[r * n:(r + 1) * n].tobytes():
         wrong.append("reduce_scatter/auto")
     return {"wrong": wrong, "executor": comm.cuda_executor()}
+
+
+def buffers_on_another_device(n=1000):
+    """Device 0 stays current while every buffer lives on stand-in device 1 (a tensor on cuda:1
+    with cuda:0 current): each call must run on device 1, as c10d's device guard has it, and
+    leave device 0 current."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    host = np.full(n, r + 1, np.float32)
+    x = StandinArray(testing.standin_malloc(host.nbytes, device=1), n, np.float32)
+    testing.standin_memcpy(x.ptr, host.ctypes.data, host.nbytes)
+    out = {"device_before": testing.standin_get_device()}
+    try:
+        comm.all_reduce(x, async_op=True).wait(60.0)
+        y = StandinArray(testing.standin_malloc(n * P * 4, device=1), n * P, np.float32)
+        comm.all_gather(x, y, async_op=True).wait(60.0)
+        out["all_reduce_ok"] = bool(np.all(peek(x) == P * (P + 1) / 2))
+        out["all_gather_ok"] = bool(np.all(peek(y) == P * (P + 1) / 2))
+        out["raised"] = None
+    except rt.Error as exc:
+        out["raised"], out["message"] = type(exc).__name__, str(exc)
+    out["device_after"] = testing.standin_get_device()
+    out["executor"] = comm.cuda_executor()
+    return out
+
+
+def one_device_per_rank(n=70000):
+    """Each rank works on stand-in device rank % 2 alone, made current first as
+    torch.cuda.set_device(local_rank) does: the walks go over IPC between two devices, and no
+    thread of the rank (the device watchdog included) touches another device, where a real one
+    would make a context."""
+    device = int(os.environ["RINGTREE_RANK"]) % 2
+    testing.standin_set_device(device)
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    x = arrays.upload(np.full(n, r + 1, np.float32))
+    comm.all_reduce(x, async_op=True).wait(60.0)
+    y = arrays.upload(np.zeros(n * P, np.int32))
+    comm.all_gather(arrays.upload(np.full(n, r, np.int32)), y)
+    arrays.synchronize()
+    ok = bool(np.all(peek(x) == P * (P + 1) / 2)) and bool(
+        np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n)))
+    executor = comm.cuda_executor()
+    comm.close()
+    return {"device": device, "ok": ok, "executor": executor, "contexts": testing.standin_contexts(),
+            "buffer_device": testing.standin_device_of(x.ptr)}

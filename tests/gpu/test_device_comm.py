@@ -8,6 +8,7 @@ a JSON report that the test asserts on; they need a CUDA device and torch (CUDA)
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import numpy as np
@@ -63,6 +64,12 @@ def _lib():
 # ---- device buffers for the rank bodies ------------------------------------------------------
 
 
+def local_device(torch) -> int:
+    """This rank's GPU: one per rank where there are enough, several ranks on one where not
+    (as torchrun's LOCAL_RANK % device_count), so a node with several GPUs runs cross-GPU IPC."""
+    return int(os.environ.get("RINGTREE_RANK", "0")) % torch.cuda.device_count()
+
+
 class DeviceArrays:
     """torch or cupy as a device-array library; uploads numpy arrays (bfloat16 as raw bits).
     lib='standin': device memory of the CPU stand-in of the CUDA runtime (ipc_standin_workers)."""
@@ -78,10 +85,11 @@ class DeviceArrays:
         if lib == "torch":
             import torch
             self.torch = torch
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(local_device(torch))
         else:
             import cupy
             self.cp = cupy
+            cupy.cuda.Device(int(os.environ.get("RINGTREE_RANK", "0")) % cupy.cuda.runtime.getDeviceCount()).use()
 
     def upload(self, host):
         if self.lib == "torch":
@@ -353,7 +361,8 @@ def torch_backend_cuda():
     import torch
     import torch.distributed as dist
     import ringtree.torch as rtt
-    torch.cuda.set_device(0)
+    device = local_device(torch)
+    torch.cuda.set_device(device)
     rtt.init_process_group()
     r, P = dist.get_rank(), dist.get_world_size()
     report = {}
@@ -382,7 +391,7 @@ def torch_backend_cuda():
     model = torch.nn.Linear(4, 2).cuda()
     replica = torch.nn.Linear(4, 2).cuda()
     replica.load_state_dict(model.state_dict())
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
     ddp(batch(r).cuda()).sum().backward()
     for q in range(P):
         replica(batch(q).cuda()).sum().backward()
@@ -407,7 +416,7 @@ def data_parallel_cuda(steps=3):
     parameter that gets no gradient (its bucket is made on the device on every rank)."""
     import torch
     import ringtree.torch as rtt
-    torch.cuda.set_device(0)
+    torch.cuda.set_device(local_device(torch))
     comm = rt.init()
     r, P = comm.rank, comm.size
 

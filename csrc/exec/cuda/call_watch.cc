@@ -37,6 +37,31 @@ int current_device() {
   return device;
 }
 
+DeviceGuard::DeviceGuard(int device) {
+  const int current = current_device();
+  if (device < 0 || device == current) return;
+  RT_CUDA_CHECK(cudaSetDevice(device));
+  previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+int call_device(const CollectiveArgs& a) {
+  const size_t esz = dtype_size(a.dtype);
+  for (const Buffer* b : {&a.input, &a.output}) {
+    if (!b->present || !b->ptr || b->count * esz == 0) continue;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, b->ptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a CUDA pointer: check_device_buffers says so
+      continue;
+    }
+    if (attr.type == cudaMemoryTypeDevice) return attr.device;
+  }
+  return current_device();
+}
+
 bool event_done(cudaEvent_t ev) {
   const cudaError_t err = cudaEventQuery(ev);
   if (err == cudaSuccess) return true;
@@ -81,9 +106,12 @@ std::string first_rank_unable(Communicator& host, const std::string& why, double
   return "";
 }
 
-void CallWatch::start(Hooks hooks) {
+void CallWatch::start(Hooks hooks, int device) {
   hooks_ = std::move(hooks);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this, device] {
+    if (device >= 0) (void)cudaSetDevice(device);
+    loop();
+  });
 }
 
 void CallWatch::track(cudaStream_t stream, uint64_t seq, double timeout_s, std::string what) {
@@ -167,7 +195,7 @@ void CallWatch::finish() {
 }
 
 DeviceWork::DeviceWork(uintptr_t stream, std::function<void()> check, std::function<void()> finish)
-    : check_(std::move(check)), finish_(std::move(finish)) {
+    : device_(current_device()), check_(std::move(check)), finish_(std::move(finish)) {
   cudaEvent_t ev = nullptr;
   RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   const cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
@@ -178,14 +206,24 @@ DeviceWork::DeviceWork(uintptr_t stream, std::function<void()> check, std::funct
   event_ = ev;
 }
 
-DeviceWork::~DeviceWork() { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+DeviceWork::~DeviceWork() {
+  try {
+    DeviceGuard guard(device_);
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  } catch (const Error&) {
+  }
+}
 
 bool DeviceWork::wait(double timeout_s) {
+  DeviceGuard guard(device_);
   if (!wait_event(static_cast<cudaEvent_t>(event_), timeout_s, check_)) return false;
   if (finish_) finish_();
   return true;
 }
 
-bool DeviceWork::is_completed() { return event_done(static_cast<cudaEvent_t>(event_)); }
+bool DeviceWork::is_completed() {
+  DeviceGuard guard(device_);
+  return event_done(static_cast<cudaEvent_t>(event_));
+}
 
 }  // namespace ringtree

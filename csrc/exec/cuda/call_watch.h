@@ -18,6 +18,23 @@
 namespace ringtree {
 
 int current_device();
+
+// Makes `device` current on this thread for the scope and restores the previous device after,
+// as c10d's device guard: a call runs on its buffers' device whatever device is current.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The device a call's buffers live on (the first buffer with bytes in device memory), else the
+// current device. Makes no context.
+int call_device(const CollectiveArgs& a);
 // True once `ev` has completed; a failed query throws its CUDA error.
 bool event_done(cudaEvent_t ev);
 // Waits for `ev` up to timeout_s (< 0: no limit), calling `check` between polls (it throws to
@@ -52,7 +69,9 @@ class CallWatch {
   ~CallWatch() { finish(); }
   // Guards the calls, and whatever failure state the executor keeps next to them.
   std::mutex& mutex() { return mu_; }
-  void start(Hooks hooks);
+  // Starts the watch thread, which works on `device` (the executor's): a thread's first CUDA
+  // call on another device would make a context there, on device 0 by default.
+  void start(Hooks hooks, int device);
   // Records an event on `stream` after the call just enqueued there, and follows it.
   void track(cudaStream_t stream, uint64_t seq, double timeout_s, std::string what);
   // Stops the thread, gives every call still running until its deadline, reports those that

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -155,13 +156,29 @@ class CudaCommImpl : public CudaComm {
   CudaCommImpl(std::shared_ptr<Communicator> host, std::string hint)
       : host_(std::move(host)), hint_(std::move(hint)), released_(std::make_shared<ReleaseCounter>()) {}
   ~CudaCommImpl() override {
-    close();
-    staging_.reset();  // waits for the device to finish with each slot
+    try {
+      close();
+      DeviceGuard guard(device_);
+      staging_.reset();  // waits for the device to finish with each slot
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ringtree: closing CUDA buffers' communicator: %s\n", e.what());
+    }
   }
 
   std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl, bool want_work) override {
     RT_CHECK(!closed_, Aborted, "the communicator is closed");
-    load_kernels_once(current_device());
+    // The call runs on its buffers' device (c10d's device guard), the one this communicator's
+    // first call ran on.
+    const int device = call_device(args);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (device_ < 0) device_ = device;
+      RT_CHECK(device == device_, InvalidArgument, collective_name(args.coll), ": the buffers are on device ", device,
+               " but this communicator's device calls run on device ", device_,
+               " (one device per rank and communicator, as with NCCL)");
+    }
+    DeviceGuard guard(device);
+    load_kernels_once(device);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     if (use_nccl) {
       std::shared_ptr<NcclExecutor> nccl;
@@ -185,12 +202,15 @@ class CudaCommImpl : public CudaComm {
   void close() override {
     std::shared_ptr<NcclExecutor> nccl;
     std::shared_ptr<IpcPath> ipc;
+    int device = -1;
     {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
       nccl = std::move(nccl_);
       ipc = std::move(ipc_);
+      device = device_;
     }
+    DeviceGuard guard(device);
     if (nccl) nccl->close();
     if (ipc) ipc->close();
   }
@@ -213,6 +233,7 @@ class CudaCommImpl : public CudaComm {
   std::string hint_;
   std::mutex mu_;  // one staged call is issued at a time: tickets follow the host order
   bool closed_ = false;
+  int device_ = -1;  // the device of the first call, which every call uses
   std::unique_ptr<StagingPool> staging_ = std::make_unique<StagingPool>();
   std::shared_ptr<ReleaseCounter> released_;  // shared with the gates of queued calls
   unsigned long long next_ticket_ = 0;

@@ -49,6 +49,7 @@ class DeviceWork {
   bool is_completed();
 
  private:
+  int device_;             // the call's, where the event lives
   void* event_ = nullptr;  // a cudaEvent_t
   std::function<void()> check_, finish_;
 };
@@ -58,9 +59,11 @@ class CudaComm {
   // `nccl_library_hint`: where the nvidia-nccl wheel keeps libnccl.so.2 ("" if not installed).
   static std::shared_ptr<CudaComm> create(std::shared_ptr<Communicator> host, std::string nccl_library_hint);
   virtual ~CudaComm() = default;
-  // args' buffers are device pointers on the current device; enqueued on `stream` (a
-  // cudaStream_t as an integer, 0: the legacy default stream). Invalid arguments throw before
-  // anything is enqueued and before any traffic. want_work=false (blocking calls) returns null.
+  // args' buffers are device pointers, all on one device, where the call runs whatever device
+  // is current (the current device is restored after); every call of a communicator uses the
+  // device of its first. Enqueued on `stream` (a cudaStream_t of that device as an integer, 0:
+  // the legacy default stream). Invalid arguments throw before anything is enqueued and before
+  // any traffic. want_work=false (blocking calls) returns null.
   virtual std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl,
                                           bool want_work) = 0;
   // "ipc", "staged: <why IPC is not used>", or "not set up" before the first call.

@@ -407,7 +407,7 @@ void IpcPathImpl::start_watch() {
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool timed_out) {
     fail_locked(timed_out ? ErrorKind::Timeout : ErrorKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
   };
-  watch_.start(std::move(hooks));
+  watch_.start(std::move(hooks), device_);
 }
 
 void IpcPathImpl::close() {

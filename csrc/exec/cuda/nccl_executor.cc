@@ -253,7 +253,7 @@ void NcclPath::start_watch() {
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool) {
     fail_locked(str_cat(c.what, " on rank ", host_.rank(), ": ", why, "; the NCCL communicator was aborted"));
   };
-  watch_.start(std::move(hooks));
+  watch_.start(std::move(hooks), device_);
 }
 
 void NcclPath::close() {

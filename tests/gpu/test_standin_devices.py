@@ -1,0 +1,33 @@
+"""Which device a call runs on, across real rank processes over the CUDA stand-in with two
+devices (RINGTREE_STANDIN_DEVICES=2): a call follows its buffers' device whatever device is
+current (as c10d's device guard does), and nothing in a rank touches a device it does not use
+(a real GPU gets a context, hundreds of MiB, on the first such call). The stand-in records which
+devices got a context; its memory is host memory, so this checks the host code's device handling,
+not peer access between real GPUs (the GPU check's multi-GPU stage does that)."""
+from __future__ import annotations
+
+import pytest
+
+import standin
+from harness import run_world
+from ipc_standin_workers import buffers_on_another_device, one_device_per_rank
+
+TWO_DEVICES = {**standin.ENV, "RINGTREE_STANDIN_DEVICES": "2"}
+
+
+@pytest.mark.timeout(120)
+def test_a_call_runs_on_its_buffers_device_and_restores_the_current_one():
+    world = run_world(2, buffers_on_another_device, {}, timeout=110, env=TWO_DEVICES)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["raised"] is None, (rank, res)
+        assert res["all_reduce_ok"] and res["all_gather_ok"] and res["executor"] == "ipc", (rank, res)
+        assert res["device_before"] == res["device_after"] == 0, (rank, res)
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_touches_only_its_own_device():
+    world = run_world(2, one_device_per_rank, {}, timeout=110, env=TWO_DEVICES)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["ok"] and res["executor"] == "ipc", (rank, res)
+        assert res["buffer_device"] == res["device"] == rank % 2, (rank, res)
+        assert res["contexts"] == [res["device"]], (rank, res)
