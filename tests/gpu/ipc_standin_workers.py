@@ -219,3 +219,42 @@ def one_device_per_rank(n=70000):
     comm.close()
     return {"device": device, "ok": ok, "executor": executor, "contexts": testing.standin_contexts(),
             "buffer_device": testing.standin_device_of(x.ptr)}
+
+
+def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256):
+    """Every rank's last call is a broadcast from rank 0, which only sends: rank 0's walk is done
+    once its chunks sit in the others' mailboxes, while the slow rank's walk has not yet started
+    (a kernel keeps its stream busy) and will still acknowledge them in rank 0's memory. Rank 0
+    then closes at once. No rank may free mailboxes a peer still maps (the stand-in records it)."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    x = arrays.upload(np.full(n, r + 1, np.float32))
+    comm.all_reduce(x)
+    arrays.synchronize()
+    ok = bool(np.all(peek(x) == P * (P + 1) / 2))
+    b = arrays.upload(np.full(n, 7.0 if r == 0 else 0.0, np.float32))
+    if r == slow_rank:
+        testing.standin_sleep(delay)
+    comm.broadcast(b, root=0)
+    arrays.synchronize()
+    ok = ok and bool(np.all(peek(b) == 7.0))
+    executor = comm.cuda_executor()
+    comm.close()
+    return {"ok": ok, "executor": executor, "violations": testing.standin_violations()}
+
+
+def slot_layouts_differ(n=70000):
+    """Rank 0 asks for small and few mailbox slots (its environment), the others for the
+    defaults: every rank must walk one layout, or a peer writes past rank 0's mailboxes."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    x = arrays.upload(np.full(n, r + 1, np.float32))
+    comm.all_reduce(x)
+    y = arrays.upload(np.zeros(n * P, np.float32))
+    comm.all_gather(arrays.upload(np.full(n, r, np.float32)), y)
+    arrays.synchronize()
+    return {"executor": comm.cuda_executor(),
+            "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
+            "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.float32), n)))}

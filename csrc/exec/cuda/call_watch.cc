@@ -38,10 +38,10 @@ int current_device() {
 }
 
 DeviceGuard::DeviceGuard(int device) {
-  const int current = current_device();
-  if (device < 0 || device == current) return;
-  RT_CUDA_CHECK(cudaSetDevice(device));
-  previous_ = current;
+  int current = -1;
+  if (device < 0 || cudaGetDevice(&current) != cudaSuccess || device == current) return;
+  // A failure here resurfaces as the error of the first call made on the wrong device.
+  if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {

@@ -20,7 +20,8 @@ namespace ringtree {
 int current_device();
 
 // Makes `device` current on this thread for the scope and restores the previous device after,
-// as c10d's device guard: a call runs on its buffers' device whatever device is current.
+// as c10d's device guard: a call runs on its buffers' device whatever device is current. Never
+// throws (destructors use it too); a device it could not make current fails the calls after.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -92,16 +93,24 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 
   // Allocates and exports this rank's mailboxes; returns "" or why this rank cannot take part.
   std::string prepare_local(CudaIpcMailboxes::Export* out);
-  // Maps the peers' mailboxes; returns "" or why not.
+  // Maps the peers' mailboxes; returns "" or why not. Called on every rank or none: from then
+  // on peers may map this rank's region, and close() waits for them to let go of it.
   std::string open_peers(const std::vector<CudaIpcMailboxes::Export>& exports) {
+    peers_may_map_ = true;
     return mailboxes_.open_peers(exports);
   }
   void finish_setup();
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint32_t slots() const { return slots_; }
   uint32_t channels() const { return channels_; }
-  // Every rank uses the smallest channel count any rank offered (its region is large enough).
-  void use_channels(uint32_t c) {
-    channels_ = c;
-    mailboxes_.use_channels(c);
+  // Every rank walks one layout: the smallest slot size, slot count and channel count any rank
+  // offered (every rank's region is large enough for it). Ranks set differently would otherwise
+  // compute offsets into each other's regions from different layouts and write out of bounds.
+  void use_layout(uint64_t slot_bytes, uint32_t slots, uint32_t channels) {
+    slot_bytes_ = slot_bytes;
+    slots_ = slots;
+    channels_ = channels;
+    mailboxes_.use_layout(slot_bytes, slots, channels);
   }
 
   bool takes(const CollectiveArgs& a) const override {
@@ -162,6 +171,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   std::unordered_map<ScheduleKey, DeviceSchedule, ScheduleKeyHash> schedules_;
   uint64_t seq_ = 0;
   bool closed_ = false;
+  bool peers_may_map_ = false;  // open_peers ran (on every rank): close() meets the peers
 
   std::mutex call_mu_;  // one call is enqueued at a time, in issue order
   // The failure state below is guarded by the watch's mutex.
@@ -414,11 +424,31 @@ void IpcPathImpl::close() {
   std::lock_guard<std::mutex> call_lock(call_mu_);
   if (closed_) return;
   closed_ = true;
+  DeviceGuard guard(device_);
   // Calls still running get until their deadline; then their kernels are stopped, so the
   // synchronization below cannot wait for ever on a peer that is gone.
   watch_.finish();
   if (stream_) (void)cudaStreamSynchronize(stream_);
   if (poison_stream_) (void)cudaStreamSynchronize(poison_stream_);
+  // This rank's device is done with the peers' mailboxes, but a slower peer's walk may still
+  // acknowledge this rank's chunks or write a stop word into this rank's, and CUDA forbids
+  // freeing memory another process maps. So every rank unmaps its peers' regions, all meet, and
+  // only then does each free its own. A rank that cannot meet every peer (one failed, or does
+  // not close) keeps its region for the life of the process rather than free it under them.
+  mailboxes_.unmap_peers();
+  bool everyone_unmapped = false;
+  if (peers_may_map_) {
+    try {
+      CollectiveArgs b;
+      b.coll = Collective::Barrier;
+      b.timeout_s = host_->default_timeout();
+      host_->run(b, false);
+      everyone_unmapped = true;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ringtree: rank %d keeps its CUDA IPC mailboxes allocated: its peers could not confirm "
+                   "they no longer map them (%s)\n", rank_, e.what());
+    }
+  }
   for (auto& kv : schedules_) {
     (void)cudaFree(kv.second.ops);
     (void)cudaFree(kv.second.step_end);
@@ -428,7 +458,7 @@ void IpcPathImpl::close() {
   if (barrier_) (void)cudaFree(barrier_);
   barrier_ = nullptr;
   if (counters_on_device_) (void)cudaFree(counters_on_device_);
-  mailboxes_.close();
+  mailboxes_.release(peers_may_map_ && !everyone_unmapped);
   if (fork_) (void)cudaEventDestroy(fork_);
   if (join_) (void)cudaEventDestroy(join_);
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -445,8 +475,11 @@ void IpcPathImpl::close() {
   stop_value_ = nullptr;
 }
 
-// What each rank publishes at connect, once every rank has its mailboxes.
+// What each rank publishes at connect, once every rank has its mailboxes: the layout it
+// allocated for and what a peer needs to map them.
 struct ConnectRecord {
+  uint64_t slot_bytes;
+  int32_t slots;
   int32_t channels;
   CudaIpcMailboxes::Export mailboxes;
 };
@@ -458,6 +491,8 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
   const int P = host->size();
   ConnectRecord rec{};
   const std::string mine = path->prepare_local(&rec.mailboxes);
+  rec.slot_bytes = path->slot_bytes();
+  rec.slots = static_cast<int32_t>(path->slots());
   rec.channels = static_cast<int32_t>(path->channels());
   // Round 1: can every rank allocate and export its mailboxes?
   std::string failed = first_rank_unable(*host, mine);
@@ -469,13 +504,16 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
     g.input = {&rec, sizeof(rec), true, true};
     g.output = {all.data(), sizeof(rec) * all.size(), false, true};
     host->run(g, false);
-    int32_t channels = kMaxChannels;
+    ConnectRecord layout = all[0];
     std::vector<CudaIpcMailboxes::Export> exports(static_cast<size_t>(P));
     for (int q = 0; q < P; ++q) {
-      channels = std::min(channels, all[q].channels);
+      layout.slot_bytes = std::min(layout.slot_bytes, all[q].slot_bytes);
+      layout.slots = std::min(layout.slots, all[q].slots);
+      layout.channels = std::min(layout.channels, all[q].channels);
       exports[q] = all[q].mailboxes;
     }
-    path->use_channels(static_cast<uint32_t>(std::max(channels, 1)));
+    path->use_layout(layout.slot_bytes, static_cast<uint32_t>(std::max(layout.slots, 1)),
+                     static_cast<uint32_t>(std::clamp(layout.channels, 1, kMaxChannels)));
     // Round 2: could every rank map every peer's mailboxes? Nobody writes into a peer's
     // mailboxes before every rank has answered here.
     failed = first_rank_unable(*host, path->open_peers(exports));

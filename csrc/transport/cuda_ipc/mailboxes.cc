@@ -13,6 +13,7 @@ std::string CudaIpcMailboxes::allocate(uint64_t slot_bytes, uint32_t slots, uint
   slot_bytes_ = slot_bytes;
   slots_ = slots;
   channels_ = channels;
+  allocated_bytes_ = region_bytes();
   cudaStream_t stream = nullptr;
   try {
     void* region = nullptr;
@@ -83,11 +84,22 @@ uint64_t* CudaIpcMailboxes::peer_stop_word(int q) const {
   return reinterpret_cast<uint64_t*>(peer_regions_[q] + stop_off());
 }
 
-void CudaIpcMailboxes::close() {
+void CudaIpcMailboxes::use_layout(uint64_t slot_bytes, uint32_t slots, uint32_t channels) {
+  slot_bytes_ = slot_bytes;
+  slots_ = slots;
+  channels_ = channels;
+  RT_CHECK(!region_ || region_bytes() <= allocated_bytes_, Error, "internal error: the agreed mailbox layout (",
+           region_bytes(), " bytes) exceeds this rank's region (", allocated_bytes_, " bytes)");
+}
+
+void CudaIpcMailboxes::unmap_peers() {
   for (uint8_t* p : peer_regions_)
     if (p) (void)cudaIpcCloseMemHandle(p);
   peer_regions_.clear();
-  if (region_) (void)cudaFree(region_);
+}
+
+void CudaIpcMailboxes::release(bool keep) {
+  if (region_ && !keep) (void)cudaFree(region_);
   region_ = nullptr;
 }
 

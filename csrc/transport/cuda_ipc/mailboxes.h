@@ -29,12 +29,13 @@ class CudaIpcMailboxes {
   CudaIpcMailboxes(const CudaIpcMailboxes&) = delete;
   CudaIpcMailboxes& operator=(const CudaIpcMailboxes&) = delete;
 
-  // Allocates this rank's region on the current device for up to `channels` channels and
-  // zeroes it (complete before this returns, so before any peer can write into it); then
-  // exports it. Returns "" or why not.
+  // Allocates this rank's region on the current device for up to `slots` slots of `slot_bytes`
+  // and `channels` channels, and zeroes it (complete before this returns, so before any peer can
+  // write into it); then exports it. Returns "" or why not.
   std::string allocate(uint64_t slot_bytes, uint32_t slots, uint32_t channels, Export* out);
-  // Every rank must use the same channel count, at most the one allocated.
-  void use_channels(uint32_t channels) { channels_ = channels; }
+  // The layout every rank uses: the same on every rank (peers compute offsets into this rank's
+  // region with it), no larger in any term than what this rank allocated.
+  void use_layout(uint64_t slot_bytes, uint32_t slots, uint32_t channels);
   uint32_t channels() const { return channels_; }
   // Maps every peer's region (exports[q] from rank q; this rank's own is skipped). "" or why not.
   std::string open_peers(const std::vector<Export>& exports);
@@ -43,8 +44,17 @@ class CudaIpcMailboxes {
   // This rank's stop word, and peer q's (null before open_peers, or for this rank).
   uint64_t* stop_word() const;
   uint64_t* peer_stop_word(int q) const;
-  // Unmaps the peers' regions and frees this rank's. The device must be done with them.
-  void close();
+  // Unmaps the peers' regions. This rank's device work must be done with them.
+  void unmap_peers();
+  // Frees this rank's region: only once no peer maps it any more (each has unmapped it, or is
+  // gone), as CUDA requires and as a peer's late writes need. keep=true leaves it allocated for
+  // the life of the process instead, when that cannot be known.
+  void release(bool keep);
+  // unmap_peers() and release(false): for a region no peer ever mapped.
+  void close() {
+    unmap_peers();
+    release(false);
+  }
 
  private:
   size_t box(int peer, uint32_t c) const { return static_cast<size_t>(peer) * channels_ + c; }
@@ -56,6 +66,7 @@ class CudaIpcMailboxes {
   size_t region_bytes() const { return stop_off() + 8; }
 
   int P_, rank_;
+  size_t allocated_bytes_ = 0;
   uint64_t slot_bytes_ = 0;
   uint32_t slots_ = 0, channels_ = 1;
   uint8_t* region_ = nullptr;
