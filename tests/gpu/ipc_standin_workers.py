@@ -258,3 +258,25 @@ def slot_layouts_differ(n=70000):
     return {"executor": comm.cuda_executor(),
             "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
             "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.float32), n)))}
+
+
+def nccl_init_fails_on_one_rank(timeout=3.0):
+    """algo='nccl' over the fake NCCL the test module exports: one rank fails inside NCCL's
+    set-up (its environment says so), the others wait there for it, as NCCL's do. Every rank must
+    raise within about the call's timeout, and the host communicator stays usable."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    x = arrays.upload(np.ones(1024, np.float32))
+    start = time.monotonic()
+    out = {"failing": os.environ.get("RINGTREE_STANDIN_NCCL_INIT") == "fail"}
+    try:
+        comm.all_reduce(x, algo="nccl", timeout=timeout)
+        out["raised"] = None
+    except rt.Error as exc:
+        out["raised"], out["message"] = type(exc).__name__, str(exc)
+    out["seconds"] = time.monotonic() - start
+    y = np.full(8, comm.rank, np.int64)
+    comm.all_reduce(y)
+    out["host_ok"] = bool(np.all(y == comm.size * (comm.size - 1) // 2))
+    out["aborts"] = testing.fake_nccl_aborts()
+    return out

@@ -5,7 +5,7 @@
 // step walker for every rank in one process (host policy or the real walk kernel), the thread
 // ranks and the device kernels over the CUDA stand-in, and hooks into the stand-in itself
 // (device memory, streams, contexts, violations). These register no Python classes, so the
-// module can be loaded next to ringtree._core.
+// module can be loaded next to ringtree._core. It also exports a fake NCCL (fake_nccl.cc).
 //
 // core() builds, once, a second ringtree core over the CUDA stand-in: every class and function
 // of ringtree._core, with the device path's host code and its kernels running on the CPU
@@ -18,12 +18,18 @@
 
 namespace py = pybind11;
 
+namespace ringtree {
+int fake_nccl_aborts();  // fake_nccl.cc
+}  // namespace ringtree
+
 PYBIND11_MODULE(_ringtree_testing, m) {
   m.doc() = "ringtree's test hooks and its core over a CPU stand-in of CUDA (tests only)";
   ringtree::register_errors(m);  // the hooks raise these (testing.Error, ...)
   ringtree::register_test_hooks(m);
   ringtree::register_standin_hooks(m);
   ringtree::register_thread_ranks(m);
+  m.def("fake_nccl_aborts", &ringtree::fake_nccl_aborts,
+        "How often the fake NCCL this module exports (RINGTREE_NCCL_LIBRARY=<this file>) was aborted.");
   m.def(
       "core",
       [m]() {

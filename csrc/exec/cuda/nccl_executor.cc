@@ -1,6 +1,8 @@
 // The NCCL executor (see nccl_executor.h).
 #include "kernels/cuda/cuda_api.h"
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include "common/check.h"
 #include "exec/cuda/call_watch.h"
 #include "exec/cuda/nccl_executor.h"
@@ -54,6 +56,9 @@ class NcclPath : public NcclExecutor, public std::enable_shared_from_this<NcclPa
 
  private:
   void init(double timeout_s);
+  NcclComm make_comm(const NcclUniqueId& uid, double timeout_s);
+  // Waits while a call on the non-blocking communicator is in progress, then check()s it.
+  void settle(NcclResult r, const char* call, double timeout_s);
   struct Device;  // run_plan's device policy: the caller's stream and NCCL
   void walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t* in, uint8_t* out, cudaStream_t s);
   void start_watch();
@@ -69,6 +74,7 @@ class NcclPath : public NcclExecutor, public std::enable_shared_from_this<NcclPa
   const NcclApi* api_ = nullptr;
   NcclComm comm_ = nullptr;
   int device_ = -1;
+  bool non_blocking_ = false;  // made with ncclCommInitRankConfig (blocking = 0)
   uint64_t calls_ = 0;
   // call_mu_ serializes calls into NCCL (one rank's calls enter NCCL in issue order); the
   // watch's mutex guards the failure state. The watch never takes call_mu_: a call stuck
@@ -101,13 +107,54 @@ void NcclPath::init(double timeout_s) {
   b.input = {&uid, sizeof(uid), false, true};
   b.timeout_s = timeout_s;
   host_.run(b, false);
-  NcclComm comm = nullptr;
-  const NcclResult r = api_->CommInitRank(&comm, host_.size(), uid, host_.rank());
-  if (r != kNcclSuccess)
-    RT_THROW(Error, "ncclCommInitRank failed on rank ", host_.rank(), ": ", nccl_error_text(*api_, r));
-  comm_ = comm;
+  comm_ = make_comm(uid, timeout_s);
   device_ = device;
   start_watch();
+}
+
+// ncclCommInitRank waits inside NCCL for every rank, for ever if one fails in there. So the
+// communicator is made non-blocking and polled against the timeout; past it, it is aborted. Its
+// later calls may then also answer ncclInProgress: settle() waits for those (NCCL's rule for
+// non-blocking communicators). NCCL before 2.14 has no config: a blocking init without a limit.
+NcclComm NcclPath::make_comm(const NcclUniqueId& uid, double timeout_s) {
+  const int rank = host_.rank();
+  NcclComm comm = nullptr;
+  if (!api_->CommInitRankConfig) {
+    const NcclResult r = api_->CommInitRank(&comm, host_.size(), uid, rank);
+    RT_CHECK(r == kNcclSuccess, Error, "ncclCommInitRank failed on rank ", rank, ": ", nccl_error_text(*api_, r));
+    return comm;
+  }
+  NcclConfig config;
+  config.blocking = 0;
+  NcclResult r = api_->CommInitRankConfig(&comm, host_.size(), uid, rank, &config);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int polls = 0; r == kNcclInProgress && comm; ++polls) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      (void)api_->CommAbort(comm);
+      RT_THROW(Timeout, "ncclCommInitRankConfig did not finish within ", timeout_s, " s on rank ", rank,
+               " (a rank failed inside NCCL's set-up, or never reached it); the NCCL communicator was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 100 : 2000));
+    if (api_->CommGetAsyncError(comm, &r) != kNcclSuccess) r = kNcclInProgress;
+  }
+  if (r != kNcclSuccess) {
+    const std::string why = nccl_error_text(*api_, r, comm);
+    if (comm) (void)api_->CommAbort(comm);
+    RT_THROW(Error, "ncclCommInitRankConfig failed on rank ", rank, ": ", why);
+  }
+  non_blocking_ = true;
+  return comm;
+}
+
+void NcclPath::settle(NcclResult r, const char* call, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int polls = 0; r == kNcclInProgress && non_blocking_; ++polls) {
+    RT_CHECK(std::chrono::steady_clock::now() < deadline, Timeout, call, " was still in progress after ", timeout_s,
+             " s on rank ", host_.rank());
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 10 : 1000));
+    if (api_->CommGetAsyncError(comm_, &r) != kNcclSuccess) r = kNcclInProgress;
+  }
+  check(r, call);
 }
 
 // Stream-ordered: a temp lives from its allocation to its free on the caller's stream, so calls
@@ -183,19 +230,20 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
   const int root = plan.key.root;
   switch (plan.key.coll) {
     case Collective::AllReduce:
-      check(api_->AllReduce(in, out, plan.output.count, dt, op, comm_, s), "ncclAllReduce");
+      settle(api_->AllReduce(in, out, plan.output.count, dt, op, comm_, s), "ncclAllReduce", plan.timeout_s);
       return;
     case Collective::ReduceScatter:
-      check(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter");
+      settle(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter",
+             plan.timeout_s);
       return;
     case Collective::AllGather:
-      check(api_->AllGather(in, out, plan.input.count, dt, comm_, s), "ncclAllGather");
+      settle(api_->AllGather(in, out, plan.input.count, dt, comm_, s), "ncclAllGather", plan.timeout_s);
       return;
     case Collective::Broadcast:  // one buffer: the plan's input and output
-      check(api_->Broadcast(in, out, plan.input.count, dt, root, comm_, s), "ncclBroadcast");
+      settle(api_->Broadcast(in, out, plan.input.count, dt, root, comm_, s), "ncclBroadcast", plan.timeout_s);
       return;
     case Collective::Reduce:  // out: null off the root (NCCL ignores it there), in place on it
-      check(api_->Reduce(in, out, plan.input.count, dt, op, root, comm_, s), "ncclReduce");
+      settle(api_->Reduce(in, out, plan.input.count, dt, op, root, comm_, s), "ncclReduce", plan.timeout_s);
       return;
     default: break;
   }
@@ -230,7 +278,7 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
     (void)api_->GroupEnd();
     throw;
   }
-  check(api_->GroupEnd(), "ncclGroupEnd");
+  settle(api_->GroupEnd(), "ncclGroupEnd", plan.timeout_s);
 }
 
 void NcclPath::fail_locked(const std::string& why) {

@@ -38,6 +38,7 @@ std::string bind(void* handle, NcclApi& api) {
   resolve(handle, "ncclGroupEnd", api.GroupEnd, missing);
   std::string optional;
   resolve(handle, "ncclGetLastError", api.GetLastError, optional);  // absent before 2.13: fine
+  resolve(handle, "ncclCommInitRankConfig", api.CommInitRankConfig, optional);  // before 2.14: no timeout
   if (!missing.empty()) return "it lacks " + missing;
   if (api.GetVersion(&api.version) != kNcclSuccess) return "ncclGetVersion failed";
   // Point-to-point (2.7) is the oldest feature used; older libraries are refused by name.

@@ -23,12 +23,26 @@ enum NcclDataType : int { kNcclInt8 = 0, kNcclUint8 = 1, kNcclInt32 = 2, kNcclIn
                           kNcclFloat32 = 7, kNcclFloat64 = 8, kNcclBfloat16 = 9 };
 enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
 
+// The prefix of ncclConfig_t that NCCL 2.14 defined (nccl.h's NCCL_CONFIG_INITIALIZER): NCCL reads
+// `size` and `version` and fills what a newer library adds with its defaults.
+struct NcclConfig {
+  size_t size = sizeof(NcclConfig);
+  unsigned int magic = 0xcafebeef;
+  unsigned int version = 21400;  // NCCL_VERSION(2, 14, 0)
+  int blocking = INT32_MIN;      // NCCL_CONFIG_UNDEF_INT: NCCL's default
+  int cga_cluster_size = INT32_MIN;
+  int min_ctas = INT32_MIN;
+  int max_ctas = INT32_MIN;
+  const char* net_name = nullptr;
+};
+
 struct NcclApi {
   NcclResult (*GetVersion)(int*);
   const char* (*GetErrorString)(NcclResult);
   const char* (*GetLastError)(NcclComm);  // may be null (NCCL < 2.13)
   NcclResult (*GetUniqueId)(NcclUniqueId*);
   NcclResult (*CommInitRank)(NcclComm*, int, NcclUniqueId, int);
+  NcclResult (*CommInitRankConfig)(NcclComm*, int, NcclUniqueId, int, NcclConfig*);  // null before 2.14
   NcclResult (*CommDestroy)(NcclComm);
   NcclResult (*CommAbort)(NcclComm);
   NcclResult (*CommGetAsyncError)(NcclComm, NcclResult*);

@@ -116,7 +116,8 @@ void release_device_allocation(uintptr_t user, Allocation& a) {
   std::string importers;
   for (int i = 0; i < kImporterSlots; ++i) {
     const int32_t pid = __atomic_load_n(&header->importers[i], __ATOMIC_ACQUIRE);
-    if (pid != 0 && pid != getpid() && process_alive(pid)) importers += (importers.empty() ? "" : ", ") + std::to_string(pid);
+    if (pid != 0 && pid != getpid() && process_alive(pid))
+      importers += (importers.empty() ? "" : ", ") + std::to_string(pid);
   }
   if (!importers.empty()) {
     char line[256];
@@ -296,7 +297,9 @@ void mark_loaded(int device, const void* kernel) {
 
 }  // namespace
 
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) { return enqueue_on(resolve(stream), std::move(work)); }
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) {
+  return enqueue_on(resolve(stream), std::move(work));
+}
 
 int blocks_per_multiprocessor(unsigned threads) {
   if (threads == 0) return 0;
@@ -634,7 +637,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  if (!stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return fail(cudaErrorInvalidResourceHandle);
+  if (!stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return fail(cudaErrorInvalidResourceHandle);
   need_context();
   {
     std::lock_guard<std::mutex> lock(streams_mutex());
