@@ -18,6 +18,12 @@
 //            slot; the receiver publishes `received` in the sender's memory (recv_consumed)
 //            once it has read a slot. So a slot is never overwritten before it has been read,
 //            each flag has exactly one writer, and calls need no reset in between.
+//   call     two words per lane in the peer's memory: this rank's current call, {tag, seq + 1},
+//            written by channel 0's leader as a walk starts (the seq word cleared while the tag
+//            changes). A walker that has nothing to do looks at its peers' words: a peer in the
+//            same call (seq) with another tag made a different call. That finds mismatches in
+//            which no chunk of the wrong call is ever read (all_reduce against broadcast: the
+//            ranks wait for chunks that never come) without waiting for the timeout.
 //
 // The walker runs message ops and copies only. Board ops (schedule.h: Publish, CopyPublished,
 // ReducePublished, the one-shot board's schedules) need the host's shared board: an executor
@@ -88,11 +94,13 @@ struct WalkPlan {
   uint32_t slots = 0;
   uint32_t elem_size = 0;
   uint64_t tag = 0;  // this call's fingerprint hash, carried in every chunk's header
+  uint64_t seq = 0;  // this call's place in the lanes' call order (the same on every rank)
 };
 
 enum class WalkResult : int { Done = 0, Stopped = 1, Mismatch = 2 };
 
-// What a receiver found in a header that did not match its own call.
+// What a receiver found in a header, or in a peer's call words (bytes 0), that did not match
+// its own call.
 struct WalkFault {
   int32_t peer = -1;
   uint64_t got_tag = 0, want_tag = 0, got_bytes = 0, want_bytes = 0;
@@ -138,6 +146,28 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
       if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
         mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, plan.stop_value);
   };
+  // The leader's look at the peers' call words (see "call" above): true on a mismatch.
+  auto peer_in_another_call = [&] {
+    for (uint32_t q = 0; q < plan.nranks; ++q) {
+      const uint64_t* call = plan.lanes[static_cast<uint64_t>(q) * C].recv_call;
+      if (!call || mem.load(call + 1) != plan.seq + 1) continue;
+      const uint64_t peer_tag = mem.load(call);
+      if (mem.load(call + 1) == plan.seq + 1 && peer_tag != plan.tag) {
+        *fault = WalkFault{static_cast<int32_t>(q), peer_tag, plan.tag, 0, 0};
+        return true;
+      }
+    }
+    return false;
+  };
+  if (ch == 0 && mem.leader()) {
+    for (uint32_t q = 0; q < plan.nranks; ++q) {
+      uint64_t* call = plan.lanes[static_cast<uint64_t>(q) * C].send_call;
+      if (!call) continue;
+      mem.store(call + 1, 0);
+      mem.store(call, plan.tag);
+      mem.store(call + 1, plan.seq + 1);
+    }
+  }
   for (uint32_t k = 0; k < plan.num_steps; ++k) {
     const uint32_t begin = k == 0 ? 0 : plan.step_end[k - 1], end = plan.step_end[k];
     // Local copies first: they touch memory no other op of the step touches.
@@ -229,7 +259,13 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
       }
       if (all_done) break;
       if (!moved) {
-        if (mem.agree(mem.leader() && (mem.load(plan.stop_word) != 0 || mem.stop()))) return WalkResult::Stopped;
+        bool mismatch = false;
+        if (mem.agree(mem.leader() && (mem.load(plan.stop_word) != 0 || mem.stop() ||
+                                       (mismatch = peer_in_another_call())))) {
+          if (!mem.agree(mismatch)) return WalkResult::Stopped;
+          stop_everyone();
+          return WalkResult::Mismatch;
+        }
         mem.relax();
       }
     }

@@ -2,9 +2,10 @@
 
 Host: numpy arrays, torch CPU tensors (detected by module, so torch is never imported here),
 and anything with DLPack or the buffer protocol. CUDA: torch CUDA tensors and anything with
-__cuda_array_interface__ (cupy, numba, ...); their `stream` is the producer's current stream
-(torch's or cupy's), on which a collective is enqueued. Shapes are ignored; buffers must be
-contiguous. The returned keepalive object must outlive any async collective using the buffer.
+__cuda_array_interface__ (cupy, numba, ...); their `stream` is the one a collective is enqueued
+on: the stream the array's interface names (version 3's "stream" key), else the producer's
+current stream (torch's or cupy's), else the legacy default stream. Shapes are ignored; buffers
+must be contiguous. The returned keepalive object must outlive any async collective using it.
 """
 from __future__ import annotations
 
@@ -81,6 +82,32 @@ def _producer_stream(x) -> int:
     return 0
 
 
+# __cuda_array_interface__ v3 stream values with a meaning of their own; cudaStreamPerThread.
+_CAI_LEGACY_STREAM, _CAI_PER_THREAD_STREAM = 1, 2
+_PER_THREAD_STREAM_HANDLE = 2
+
+
+def _interface_stream(x, cai, name: str) -> int:
+    """The stream to enqueue on for an array whose interface may name one (version 3): the
+    producer made the data on it, so a collective ordered after its work there sees them. None
+    means no synchronization is needed; 0 is disallowed by the interface (ambiguous)."""
+    if "stream" not in cai or cai["stream"] is None:
+        return _producer_stream(x)
+    try:
+        stream = int(cai["stream"])
+    except (TypeError, ValueError):
+        raise _invalid(f"{name}: __cuda_array_interface__ stream must be an integer or None, "
+                       f"got {cai['stream']!r}") from None
+    if stream == 0:
+        raise _invalid(f"{name}: __cuda_array_interface__ stream 0 is ambiguous and disallowed by the interface; "
+                       f"the producer must give 1 (legacy default), 2 (per-thread default), a stream or None")
+    if stream == _CAI_LEGACY_STREAM:
+        return 0
+    if stream == _CAI_PER_THREAD_STREAM:
+        return _PER_THREAD_STREAM_HANDLE
+    return stream
+
+
 def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
     try:
         shape = tuple(int(d) for d in cai["shape"])
@@ -105,7 +132,8 @@ def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
         expected.reverse()
         if any(extent > 1 and int(got) != want for extent, got, want in zip(shape, strides, expected)):
             raise _invalid(f"{name}: array must be C-contiguous (got strides {tuple(strides)} for shape {shape})")
-    return BufferInfo(int(ptr or 0), count, _DTYPE_CODES[dtype], bool(readonly), x, CUDA, _producer_stream(x))
+    return BufferInfo(int(ptr or 0), count, _DTYPE_CODES[dtype], bool(readonly), x, CUDA,
+                      _interface_stream(x, cai, name))
 
 
 def _to_numpy(x, name: str) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 
 import numpy as np
@@ -279,4 +280,102 @@ def nccl_init_fails_on_one_rank(timeout=3.0):
     comm.all_reduce(y)
     out["host_ok"] = bool(np.all(y == comm.size * (comm.size - 1) // 2))
     out["aborts"] = testing.fake_nccl_aborts()
+    return out
+
+
+MISMATCHED_FIELDS = ["collective", "algo", "dtype", "op", "root", "count", "deterministic"]
+
+
+def mismatch_in_every_field(n=1000, timeout=20.0):
+    """For each field of a call's fingerprint, a fresh communicator (a split of the world) makes
+    one agreeing call, then one where the last rank differs in that field alone: every rank must
+    raise CollectiveMismatch, promptly, whichever executor runs it (the world's environment
+    chooses CUDA IPC or staged), in that call or, on a rank that finished it without hearing from
+    the odd one (a broadcast root that only sends), in its next."""
+    arrays = DeviceArrays("standin")
+    world = rt.init()
+    odd = world.rank == world.size - 1
+    results = {}
+    for field in MISMATCHED_FIELDS:
+        comm = world.split(0)
+        x = arrays.upload(np.ones(n, np.float32))
+        comm.all_reduce(x)  # the executor is set up and agrees
+        arrays.synchronize()
+        start = time.monotonic()
+        if field == "collective":  # the same schedule count, algorithm, dtype, op and root
+            if odd:
+                y = arrays.upload(np.ones(n * comm.size, np.float32))
+                work = comm.reduce_scatter(y, arrays.upload(np.zeros(n, np.float32)), algo="ring", async_op=True,
+                                           timeout=timeout)
+            else:
+                work = comm.all_reduce(x, algo="ring", async_op=True, timeout=timeout)
+        elif field == "algo":
+            work = comm.all_reduce(x, algo="tree" if odd else "ring", async_op=True, timeout=timeout)
+        elif field == "dtype":
+            y = arrays.upload(np.ones(n, np.int32 if odd else np.float32))
+            work = comm.all_reduce(y, async_op=True, timeout=timeout)
+        elif field == "op":
+            work = comm.all_reduce(x, op="max" if odd else "sum", async_op=True, timeout=timeout)
+        elif field == "root":
+            work = comm.broadcast(x, root=1 if odd else 0, async_op=True, timeout=timeout)
+        elif field == "count":
+            y = arrays.upload(np.ones(n + odd, np.float32))
+            work = comm.all_reduce(y, async_op=True, timeout=timeout)
+        else:  # deterministic
+            work = comm.all_reduce(x, deterministic=odd, async_op=True, timeout=timeout)
+        out = outcome(work, start)
+        out["next"] = None
+        if out["raised"] is None:
+            out["next"] = outcome(comm.all_reduce(x, async_op=True, timeout=timeout), start)["raised"]
+        arrays.synchronize()
+        out["executor"] = comm.cuda_executor()
+        comm.close()
+        results[field] = out
+    return results
+
+
+def stream_named_by_the_array(n=70000, delay=0.5):
+    """A producer fills the input late on a stream of its own (a slow kernel, then a copy) and
+    the array names that stream in __cuda_array_interface__ (version 3's "stream"): the collective
+    must be ordered after the producer's work there, and a consumer queued on that stream after
+    the collective must see the sum."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    comm.all_reduce(arrays.upload(np.zeros(1, np.float32)))  # the executor is set up
+    arrays.synchronize()
+    stream = testing.standin_stream_create()
+    x = arrays.upload(np.zeros(n, np.float32))
+    x.__cuda_array_interface__["stream"] = stream
+    late_input = np.full(n, r + 1, np.float32)
+    seen = np.full(n, -1, np.float32)
+    testing.standin_sleep(delay, stream=stream)
+    testing.standin_memcpy(x.ptr, late_input.ctypes.data, late_input.nbytes, stream=stream, wait=False)
+    work = comm.all_reduce(x, async_op=True)
+    testing.standin_memcpy(seen.ctypes.data, x.ptr, x.nbytes, stream=stream, wait=False)
+    testing.standin_stream_synchronize(stream)
+    work.wait(60.0)
+    testing.standin_stream_destroy(stream)
+    return {"consumer_saw": sorted(set(np.unique(seen).tolist())), "sum": P * (P + 1) / 2}
+
+
+def abort_during_a_device_call(victim=1, n=70000, timeout=20.0):
+    """The victim does not make its second call; meanwhile rank 0 aborts the communicator from
+    another thread while the others' device calls wait for the victim: each of those calls must
+    raise Aborted at once, not at its timeout, and so must the victim's late call (when waited
+    for: a device call reports on its Work or at the next call)."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    x = arrays.upload(np.ones(n, np.float32))
+    comm.all_reduce(x)
+    arrays.synchronize()
+    start = time.monotonic()
+    if comm.rank == victim:
+        time.sleep(2.0)
+        return {**outcome(comm.all_reduce(x, async_op=True, timeout=timeout), time.monotonic()), "victim": True}
+    if comm.rank == 0:
+        threading.Timer(0.5, lambda: comm.abort("the test aborts")).start()
+    out = outcome(comm.all_reduce(x, async_op=True, timeout=timeout), start)
+    arrays.synchronize()
+    out["stream_released_after"] = time.monotonic() - start
     return out

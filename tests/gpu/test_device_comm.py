@@ -18,7 +18,7 @@ import ringtree as rt
 from ringtree import _core
 from harness import run_world
 from rank_checks import outcome, run_case
-from reference import NUMPY_DTYPES
+from reference import BITWISE, NUMPY_DTYPES
 
 
 @functools.lru_cache(maxsize=1)
@@ -209,6 +209,8 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
             if dtype == "bfloat16" and lib != "torch":
                 continue
             for op in (ops if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",)):
+                if op in BITWISE and dtype not in ("int8", "uint8", "int32", "int64"):
+                    continue  # integer dtypes only (refused before any traffic)
                 for n in counts:
                     for in_place in (False, True):
                         root = comm.size - 1

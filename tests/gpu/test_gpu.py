@@ -2,8 +2,10 @@
 sharing one GPU), checked against numpy on the host.
 
 Tests marked `gpu` need the CUDA build, a device and torch (CUDA) or cupy for device buffers;
-they are skipped, with the reason, anywhere else. The unmarked tests run everywhere and check
-that the CUDA entry points exist and fail clearly when there is no CUDA build or no device.
+they are skipped, with the reason, anywhere else. The `standin` tests run a slice of the same
+checks everywhere, over the CUDA stand-in of the test module: the same executor and the same
+kernel sources (reduce.cu through the CUDA-on-CPU layer), in its memory. The other unmarked tests
+check that the CUDA entry points exist and fail clearly when there is no CUDA build or no device.
 
 Expected values are exact: integers wrap as in C (numpy does the same), and floating inputs are
 small integers (products of +-1, +-2) so every partial result is representable in every float
@@ -12,6 +14,7 @@ type, whatever order the schedule reduces in; ranks are powers of two so avg div
 from __future__ import annotations
 
 import functools
+import importlib.util
 import zlib
 
 import numpy as np
@@ -42,6 +45,7 @@ PREMUL = {True: 0.5, False: 3.0}  # floating: exact halving; integers: multiply 
 
 class _Torch:
     name = "torch"
+    core = _core
 
     def __init__(self):
         import torch
@@ -71,6 +75,7 @@ class _Torch:
 
 class _Cupy:
     name = "cupy"
+    core = _core
 
     def __init__(self):
         import cupy
@@ -94,6 +99,50 @@ class _Cupy:
 
     def synchronize(self):
         self.cp.cuda.Device().synchronize()
+
+
+class _StandinBuffer:
+    """Bytes of the stand-in's device memory, freed with the object."""
+
+    def __init__(self, testing, nbytes):
+        self.testing, self.nbytes = testing, nbytes
+        self.ptr = testing.standin_malloc(max(nbytes, 1))
+
+    def __del__(self):
+        self.testing.standin_free(self.ptr)
+
+
+class _Standin:
+    """The CUDA stand-in of the test module: its thread ranks and kernels (`core`), in its memory;
+    copies in and out on the legacy default stream, where the collectives are enqueued too."""
+    name = "standin"
+
+    def __init__(self):
+        import _ringtree_testing
+        self.core = self.testing = _ringtree_testing
+
+    def upload(self, host):
+        raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        buf = _StandinBuffer(self.testing, raw.nbytes)
+        self.testing.standin_memcpy(buf.ptr, raw.ctypes.data, raw.nbytes)
+        return buf
+
+    def filled(self, nbytes, byte):
+        return self.upload(np.full(nbytes, byte, np.uint8))
+
+    def ptr(self, buf):
+        return buf.ptr
+
+    def download(self, buf, dtype):
+        out = np.empty(buf.nbytes, np.uint8)
+        self.testing.standin_memcpy(out.ctypes.data, buf.ptr, buf.nbytes)
+        return out.view(dtype)
+
+    def stream(self):
+        return 0
+
+    def synchronize(self):
+        self.testing.standin_stream_synchronize(0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,6 +174,13 @@ def dev():
         print(f"\nGPU tests skipped: {reason}")
         pytest.skip(reason)
     return backend
+
+
+@pytest.fixture(scope="module")
+def standin():
+    if importlib.util.find_spec("_ringtree_testing") is None:
+        pytest.fail("the test module _ringtree_testing is missing: build with RINGTREE_TESTING=ON (the default)")
+    return _Standin()
 
 
 # ---- host-side arithmetic (numpy), the reference ---------------------------------------------------
@@ -228,10 +284,10 @@ def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False
             out_ptrs = list(in_ptrs)
     if coll == "scatter":
         in_ptrs = [p if r == root else 0 for r, p in enumerate(in_ptrs)]
-    stats = _core.cuda_local_run(COLL[coll], ALGO[algo], DTYPE[dtype], OP[op], factor, root, N, in_ptrs, out_ptrs,
-                                 dev.stream(), segment_bytes)
+    stats = dev.core.cuda_local_run(COLL[coll], ALGO[algo], DTYPE[dtype], OP[op], factor, root, N, in_ptrs, out_ptrs,
+                                    dev.stream(), segment_bytes)
     dev.synchronize()
-    _core.cuda_synchronize()
+    dev.core.cuda_synchronize()
 
     def result(r):
         if out_bufs[r] is None:  # in-place reduce_scatter / scatter: block r of the input buffer
@@ -396,21 +452,19 @@ def _random_storage(dtype, n, rng):
     return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=np.int64).astype(NP_STORAGE[dtype])
 
 
-@gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_reduce_kernel_every_op_and_alignment(dev, dtype):
+def check_reduce_kernel(dev, dtype, sizes):
     rng = np.random.default_rng(DTYPE[dtype])
     esz = np.dtype(NP_STORAGE[dtype]).itemsize
     for op in ("sum", "prod", "min", "max") + (() if _is_float(dtype) else tuple(BITWISE)):
-        for n in (0, 1, 15, 16, 17, 1000, 100_003):
+        for n in sizes:
             # (dst, a, b) element offsets: all aligned, equally misaligned (head/packs/tail), unequal (scalar)
             for offs in ((0, 0, 0), (1, 1, 1), (3, 3, 3), (0, 1, 2)):
                 a = _random_storage(dtype, n + 4, rng)
                 b = _random_storage(dtype, n + 4, rng)
                 da, db = dev.upload(a), dev.upload(b)
                 dd = dev.filled((n + 4) * esz, SENTINEL)
-                _core.cuda_kernel_reduce(dev.ptr(dd) + offs[0] * esz, dev.ptr(da) + offs[1] * esz,
-                                         dev.ptr(db) + offs[2] * esz, n, DTYPE[dtype], OP[op], dev.stream())
+                dev.core.cuda_kernel_reduce(dev.ptr(dd) + offs[0] * esz, dev.ptr(da) + offs[1] * esz,
+                                            dev.ptr(db) + offs[2] * esz, n, DTYPE[dtype], OP[op], dev.stream())
                 got = dev.download(dd, NP_STORAGE[dtype])
                 want = _kernel_expect(dtype, op, a[offs[1]:offs[1] + n], b[offs[2]:offs[2] + n])
                 seg = got[offs[0]:offs[0] + n]
@@ -423,21 +477,24 @@ def test_reduce_kernel_every_op_and_alignment(dev, dtype):
         a = _random_storage(dtype, 4099, rng)
         b = _random_storage(dtype, 4099, rng)
         da, db = dev.upload(a), dev.upload(b)
-        _core.cuda_kernel_reduce(dev.ptr(da), dev.ptr(da), dev.ptr(db), 4099, DTYPE[dtype], OP[op], dev.stream())
+        dev.core.cuda_kernel_reduce(dev.ptr(da), dev.ptr(da), dev.ptr(db), 4099, DTYPE[dtype], OP[op], dev.stream())
         assert np.array_equal(dev.download(da, NP_STORAGE[dtype]).view(np.uint8),
                               np.ascontiguousarray(_kernel_expect(dtype, op, a, b)).view(np.uint8)), f"{dtype} {op} in place"
 
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_scale_and_divide_kernels(dev, dtype):
+def test_reduce_kernel_every_op_and_alignment(dev, dtype):
+    check_reduce_kernel(dev, dtype, (0, 1, 15, 16, 17, 1000, 100_003))
+
+
+def check_scale_and_divide(dev, dtype, n):
     rng = np.random.default_rng(100 + DTYPE[dtype])
-    n = 10_001
     x = _random_storage(dtype, n, rng)
     factor = 0.3 if _is_float(dtype) else 3.0
     dx, dy = dev.upload(x), dev.filled(n * x.itemsize, 0)
-    _core.cuda_kernel_scale(dev.ptr(dy), dev.ptr(dx), n, DTYPE[dtype], factor, dev.stream())
-    _core.cuda_kernel_divide(dev.ptr(dx), n, DTYPE[dtype], 3, dev.stream())
+    dev.core.cuda_kernel_scale(dev.ptr(dy), dev.ptr(dx), n, DTYPE[dtype], factor, dev.stream())
+    dev.core.cuda_kernel_divide(dev.ptr(dx), n, DTYPE[dtype], 3, dev.stream())
     scaled, divided = dev.download(dy, NP_STORAGE[dtype]), dev.download(dx, NP_STORAGE[dtype])
     if _is_float(dtype):
         v = _bf16_value(x).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64)
@@ -455,6 +512,34 @@ def test_scale_and_divide_kernels(dev, dtype):
         wd = np.where(v >= 0, v // 3, -((-v) // 3)).astype(x.dtype)
     assert np.array_equal(scaled.view(np.uint8), np.ascontiguousarray(ws).view(np.uint8)), f"{dtype} scale"
     assert np.array_equal(divided.view(np.uint8), np.ascontiguousarray(wd).view(np.uint8)), f"{dtype} divide"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_and_divide_kernels(dev, dtype):
+    check_scale_and_divide(dev, dtype, 10_001)
+
+
+# ---- the same over the CUDA stand-in (no GPU needed) ----------------------------------------------
+
+@pytest.mark.parametrize("coll,algo", CASES)
+def test_standin_thread_ranks_match_numpy(standin, coll, algo):
+    # The thread ranks over the stand-in: every dtype (and, for reductions, every op) at small
+    # counts, in and out of place, rotating across the collectives.
+    k = CASES.index((coll, algo))
+    runs = [run for run in _plan(coll, 3) if run[0] < 100]
+    for n, (N, dtype, op, root, in_place) in enumerate(runs[k % 5::5]):
+        run_and_check(standin, coll, algo, 3, N, dtype, op, root, in_place, seed=zlib.crc32(f"{coll}/{algo}/{n}".encode()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_standin_reduce_kernel_every_op_and_alignment(standin, dtype):
+    check_reduce_kernel(standin, dtype, (0, 1, 17, 1000))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_standin_scale_and_divide_kernels(standin, dtype):
+    check_scale_and_divide(standin, dtype, 1001)
 
 
 @gpu

@@ -25,6 +25,7 @@ NUMPY_DTYPES = {
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
 }
 OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 AVG_RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-7, "float64": 1e-15}
 
 
@@ -77,6 +78,8 @@ def reduce_reference(arrays, op: str, dtype_name: str) -> np.ndarray:
         return np.tile(reduce_reference([a[:PERIOD] for a in arrays], op, dtype_name), -(-n // PERIOD))[:n]
     dtype = NUMPY_DTYPES[dtype_name]
     P = len(arrays)
+    if op in BITWISE:  # integer dtypes only
+        return BITWISE[op].reduce(np.stack(arrays), axis=0).astype(dtype)
     if is_int(dtype_name):
         wide = [a.astype(np.int64) for a in arrays]
         if op == "premul_sum":

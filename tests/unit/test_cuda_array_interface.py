@@ -62,3 +62,20 @@ def test_dlpack_only_cuda_objects_are_explained():
 
     with pytest.raises(rt.InvalidArgument, match="__cuda_array_interface__"):
         buffer_info(DlpackOnly(), "x")
+
+
+@pytest.mark.parametrize("stream,want", [(None, 0), (1, 0), (2, 2), (0x7F00DEAD0000, 0x7F00DEAD0000)])
+def test_the_interfaces_stream_is_where_a_call_is_enqueued(stream, want):
+    # Version 3's "stream": the producer's stream, on which the collective must be ordered after
+    # its work. None: no synchronization needed (the legacy default stream here); 1: the legacy
+    # default stream (handle 0); 2: the per-thread default stream (cudaStreamPerThread).
+    from ringtree._buffers import buffer_info
+    info = buffer_info(_Cai(shape=(8,), typestr="<f4", data=(1 << 40, False), stream=stream), "x")
+    assert info.stream == want
+
+
+@pytest.mark.parametrize("stream,needle", [(0, "ambiguous"), ("fast", "integer or None")])
+def test_a_stream_the_interface_disallows_is_explained(stream, needle):
+    from ringtree._buffers import buffer_info
+    with pytest.raises(rt.InvalidArgument, match=needle):
+        buffer_info(_Cai(shape=(8,), typestr="<f4", data=(1 << 40, False), stream=stream), "x")

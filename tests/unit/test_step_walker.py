@@ -19,33 +19,33 @@ import pytest
 import _ringtree_testing as testing
 import ringtree as rt
 from ringtree import _core
-from reference import NUMPY_DTYPES, make_input, mismatches, premul_factor, reduce_reference
+from reference import BITWISE, NUMPY_DTYPES, make_input, mismatches, premul_factor, reduce_reference
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
 OP = {name: code for code, name in enumerate(_core.OPS)}
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 INTEGERS = ("int8", "uint8", "int32", "int64")
 
 
-def expected(inputs, op, dtype):
-    """The reduction of the ranks' inputs, as every executor must compute it."""
-    if op in BITWISE:
-        return BITWISE[op].reduce(np.stack(inputs), axis=0)
-    return reduce_reference(inputs, op, dtype)
+def shifted(values, offset):
+    """`values` in a new array that starts `offset` elements into its allocation (0: aligned as
+    numpy aligns; else off every 16-byte boundary the slots keep)."""
+    out = np.empty(len(values) + offset, values.dtype)[offset:]
+    out[...] = values
+    return out
 
 
 def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segment=0, salt=0, channels=1,
-         device=False):
-    """Runs the walk (device: the walk kernel itself); returns (per-rank outputs, per-rank
-    expectations)."""
+         device=False, offset=0):
+    """Runs the walk (device: the walk kernel itself) on buffers `offset` elements past an
+    aligned start; returns (per-rank outputs, per-rank expectations)."""
     in_n, out_n = rt.collective_info(coll).buffer_sizes(N, P, is_root=True)
     out_n = out_n or in_n  # broadcast: one buffer
-    inputs = [make_input(q, in_n, dtype, "sum" if op in BITWISE else op, salt) for q in range(P)]
-    outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
-    ins = [x.copy() for x in inputs]
+    inputs = [make_input(q, in_n, dtype, op, salt) for q in range(P)]
+    outputs = [shifted(np.full(out_n, 77, NUMPY_DTYPES[dtype]), offset) for _ in range(P)]
+    ins = [shifted(x, offset) for x in inputs]
     factor = premul_factor(dtype) if op == "premul_sum" else 1.0
     testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, segment, DTYPE[dtype], OP[op], factor,
                           [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], slot_bytes, slots, 60.0,
@@ -54,11 +54,11 @@ def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segm
     for r in range(P):
         block = slice(r * N, (r + 1) * N)
         if coll == "all_reduce":
-            wants.append(expected(inputs, op, dtype))
+            wants.append(reduce_reference(inputs, op, dtype))
         elif coll == "reduce_scatter":
-            wants.append(expected(inputs, op, dtype)[block])
+            wants.append(reduce_reference(inputs, op, dtype)[block])
         elif coll == "reduce":
-            wants.append(expected(inputs, op, dtype) if r == root else None)
+            wants.append(reduce_reference(inputs, op, dtype) if r == root else None)
         elif coll == "all_gather":
             wants.append(np.concatenate(inputs))
         elif coll == "all_to_all":
@@ -77,7 +77,7 @@ def check(coll, algo, P, N, dtype, op="sum", root=0, **kw):
     got, wants, ins, inputs = walk(coll, algo, P, N, dtype, op, root, **kw)
     for r in range(P):
         if wants[r] is not None:
-            bad = mismatches(got[r], wants[r], dtype, "sum" if op in BITWISE else op)
+            bad = mismatches(got[r], wants[r], dtype, op)
             assert bad == 0, f"{coll}/{algo} P={P} N={N} {dtype} {op} {kw} rank {r}: {bad} wrong"
         if coll != "broadcast":
             assert np.array_equal(ins[r], inputs[r]), f"{coll}/{algo} P={P}: rank {r}'s input was written"
@@ -188,11 +188,12 @@ def test_walk_kernel_matches_numpy(coll, algo, schedule):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if NUMPY_DTYPES[d] is not None])
 def test_walk_kernel_every_op_of_every_dtype(dtype, schedule):
-    # Every instance of the kernel (walk_kernel<T, Combine<T, Op>>), through both copy paths: 16-byte
-    # packs for whole chunks, bytes for the odd-sized last one.
+    # Every instance of the kernel (walk_kernel<T, Combine<T, Op>>), through every copy and reduce
+    # path: buffers where the slots are (16-byte words and packs, byte and element tails), and one
+    # element further (4-byte words, or bytes, and elements only).
     ops = ["sum", "prod", "min", "max", "avg", "premul_sum"] + (list(BITWISE) if dtype in INTEGERS else [])
-    for op in ops:
-        check("all_reduce", "ring", 3, 37, dtype, op, channels=2, device=True)
+    for i, op in enumerate(ops):
+        check("all_reduce", "ring", 3, 37, dtype, op, channels=2, device=True, offset=i % 2)
 
 
 @pytest.mark.timeout(120)

@@ -167,6 +167,7 @@ class CudaCommImpl : public CudaComm {
 
   std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl, bool want_work) override {
     RT_CHECK(!closed_, Aborted, "the communicator is closed");
+    RT_CHECK(!host_->is_aborted(), Aborted, collective_name(args.coll), ": the communicator was aborted");
     // The call runs on its buffers' device (c10d's device guard), the one this communicator's
     // first call ran on.
     const int device = call_device(args);

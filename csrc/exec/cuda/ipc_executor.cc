@@ -337,6 +337,7 @@ struct IpcPathImpl::Device {
     w.slots = path.slots_;
     w.elem_size = static_cast<uint32_t>(esz);
     w.tag = plan.fingerprint(seq).tag();
+    w.seq = seq;
     w.stop_value = stop_word_value(ErrorKind::CollectiveMismatch, path.rank_);
     WalkStatus* statuses = path.status_ + (seq % kStatusRing) * path.channels_;
     for (uint32_t ch = 0; ch < path.channels_; ++ch) statuses[ch].result = -1;
@@ -378,15 +379,18 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
   }
   if (result == static_cast<int32_t>(WalkResult::Mismatch))
     fail_locked(ErrorKind::CollectiveMismatch,
-                str_cat(what, " on rank ", rank_, ": rank ", f.peer, " sent a chunk of another call (tag ", f.got_tag,
-                        ", ", f.got_bytes, " bytes; this call: tag ", f.want_tag, ", ", f.want_bytes,
-                        " bytes): the ranks called different collectives or counts"));
+                str_cat(what, " on rank ", rank_, ": rank ", f.peer, " is in another call (tag ", f.got_tag,
+                        f.got_bytes || f.want_bytes ? str_cat(", a chunk of ", f.got_bytes, " bytes") : std::string(),
+                        "; this call: tag ", f.want_tag,
+                        f.got_bytes || f.want_bytes ? str_cat(", ", f.want_bytes, " bytes") : std::string(),
+                        "): the ranks called different collectives, or with different arguments"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped) && stopped_by && stop_word_rank(stopped_by) != rank_)
     // Another rank's error, of the same kind here: a mismatch or a timeout is one on every rank.
     fail_locked(stop_word_kind(stopped_by),
                 str_cat(what, " on rank ", rank_, " was stopped by rank ", stop_word_rank(stopped_by), ", which ",
-                        stop_word_kind(stopped_by) == ErrorKind::CollectiveMismatch ? "received a chunk of another call"
+                        stop_word_kind(stopped_by) == ErrorKind::CollectiveMismatch ? "found a peer in another call"
                         : stop_word_kind(stopped_by) == ErrorKind::Timeout         ? "timed out"
+                        : stop_word_kind(stopped_by) == ErrorKind::Aborted         ? "was aborted"
                                                                                    : "failed",
                         " (its own error says more)"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
@@ -414,6 +418,12 @@ void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
 void IpcPathImpl::start_watch() {
   CallWatch::Hooks hooks;
   hooks.completed = [this](const CallWatch::Call& c) { note_status_locked(c.seq, c.what); };
+  // comm.abort() (on this rank or, through the control plane, on a peer) ends the walks in flight
+  // here and, through the stop words, the peers'.
+  hooks.running = [this](const CallWatch::Call& c) {
+    if (host_->is_aborted())
+      fail_locked(ErrorKind::Aborted, str_cat(c.what, " on rank ", rank_, ": the communicator was aborted"));
+  };
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool timed_out) {
     fail_locked(timed_out ? ErrorKind::Timeout : ErrorKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
   };

@@ -35,30 +35,65 @@ struct DeviceMem {
     __syncthreads();
     return out;
   }
+  // dst = src. Where both sit at the same offset within 16 bytes (slots, chunks and blocks
+  // mostly do): bytes up to the first 16-byte boundary, 16-byte words, then bytes; where they
+  // share the offset within 4 bytes, the same with 4-byte words; else bytes.
   __device__ void copy(void* dst, const void* src, size_t bytes) const {
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    if (((d | s | bytes) & 15) == 0) {
-      auto* out = static_cast<uint4*>(dst);
-      const auto* in = static_cast<const uint4*>(src);
-      for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) out[i] = __ldcg(in + i);
+    if (((d ^ s) & 15) == 0) {
+      copy_words<uint4>(dst, src, bytes);
+    } else if (((d ^ s) & 3) == 0) {
+      copy_words<unsigned int>(dst, src, bytes);
     } else {
-      auto* out = static_cast<unsigned char*>(dst);
-      const auto* in = static_cast<const unsigned char*>(src);
-      for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = __ldcg(in + i);
+      copy_bytes(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes);
     }
   }
+  __device__ void copy_bytes(unsigned char* out, const unsigned char* in, size_t bytes) const {
+    for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = __ldcg(in + i);
+  }
+  template <typename W>
+  __device__ void copy_words(void* dst, const void* src, size_t bytes) const {
+    auto* out = static_cast<unsigned char*>(dst);
+    const auto* in = static_cast<const unsigned char*>(src);
+    size_t head = (sizeof(W) - reinterpret_cast<uintptr_t>(dst) % sizeof(W)) % sizeof(W);
+    if (head > bytes) head = bytes;
+    const size_t words = (bytes - head) / sizeof(W), done = head + words * sizeof(W);
+    copy_bytes(out, in, head);
+    W* wout = reinterpret_cast<W*>(out + head);
+    const W* win = reinterpret_cast<const W*>(in + head);
+    for (size_t i = threadIdx.x; i < words; i += blockDim.x) wout[i] = __ldcg(win + i);
+    copy_bytes(out + done, in + done, bytes - done);
+  }
+  // dst = local (op) incoming: 16 bytes of each operand at a time where all three sit at the
+  // same offset within 16 bytes, one element at a time for the rest (cuda::split_by_phase).
+  // Both operands through L2: another channel (block) may have written the local one.
   __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
     using Raw = typename RawOf<sizeof(T)>::type;
-    // Both operands through L2: another channel (block) may have written the local one.
+    constexpr int E = cuda::Pack<T>::kElems;
+    const cuda::Split split = cuda::split_by_phase<T>(dst, local, incoming, count);
     T* out = static_cast<T*>(dst);
     const Raw* mine = static_cast<const Raw*>(local);
     const Raw* theirs = static_cast<const Raw*>(incoming);
-    for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
-      const Raw a = __ldcg(mine + i), b = __ldcg(theirs + i);
+    auto* out_packs = reinterpret_cast<cuda::Pack<T>*>(out + split.head);
+    const auto* mine_packs = reinterpret_cast<const uint4*>(mine + split.head);
+    const auto* theirs_packs = reinterpret_cast<const uint4*>(theirs + split.head);
+    for (size_t p = threadIdx.x; p < split.packs; p += blockDim.x) {
+      const uint4 a = __ldcg(mine_packs + p), b = __ldcg(theirs_packs + p);
+      cuda::Pack<T> x, y, z;
+      memcpy(&x, &a, sizeof(x));
+      memcpy(&y, &b, sizeof(y));
+#pragma unroll
+      for (int e = 0; e < E; ++e) z.v[e] = f(x.v[e], y.v[e]);
+      out_packs[p] = z;
+    }
+    const size_t scalars = split.head + split.tail, tail_start = split.head + split.packs * E;
+    for (size_t i = threadIdx.x; i < scalars; i += blockDim.x) {
+      const size_t at = i < split.head ? i : tail_start + (i - split.head);
+      const Raw a = __ldcg(mine + at), b = __ldcg(theirs + at);
       T x, y;
       memcpy(&x, &a, sizeof(T));
       memcpy(&y, &b, sizeof(T));
-      out[i] = f(x, y);
+      out[at] = f(x, y);
     }
   }
   __device__ void published() const {

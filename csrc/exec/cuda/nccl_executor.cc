@@ -292,6 +292,10 @@ void NcclPath::fail_locked(const std::string& why) {
 void NcclPath::start_watch() {
   CallWatch::Hooks hooks;
   hooks.running = [this](const CallWatch::Call& c) {
+    if (failure_.empty() && host_.is_aborted()) {
+      fail_locked(str_cat(c.what, " on rank ", host_.rank(), ": the communicator was aborted, and so was NCCL's"));
+      return;
+    }
     NcclResult async_error = kNcclSuccess;
     if (failure_.empty() && api_->CommGetAsyncError(comm_, &async_error) == kNcclSuccess &&
         async_error != kNcclSuccess && async_error != kNcclInProgress)

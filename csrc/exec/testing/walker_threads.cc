@@ -48,6 +48,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   std::vector<std::vector<uint8_t>> inbox(PPC);
   std::vector<std::vector<uint64_t>> headers(PPC, std::vector<uint64_t>(2 * a.slots, 0));
   std::vector<uint64_t> posted(PPC, 0), consumed(PPC, 0), stop_words(P, 0);
+  std::vector<uint64_t> calls(static_cast<size_t>(P) * P * 2, 0);  // calls[x][y]: y's call, in x's memory
   for (auto& box : inbox) box.assign(a.slot_bytes * a.slots, 0);
   auto at = [P, C](int x, int y, uint32_t ch) { return (static_cast<size_t>(x) * P + y) * C + ch; };
   std::vector<RankBarrier> barriers(P);
@@ -105,6 +106,8 @@ void walk_on_threads(const ThreadWalkArgs& a) {
         lane.recv_posted = &posted[at(r, q, ch)];
         lane.recv_consumed = &consumed[at(q, r, ch)];
         lane.peer_stop = &stop_words[q];
+        lane.send_call = &calls[(static_cast<size_t>(q) * P + r) * 2];
+        lane.recv_call = &calls[(static_cast<size_t>(r) * P + q) * 2];
       }
     }
     HostPolicy device{&st.staged};
@@ -212,8 +215,8 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     for (uint32_t ch = 0; ch < C; ++ch) {
       const WalkFault& f = ranks[r].fault[ch];
       RT_CHECK(ranks[r].result[ch] != WalkResult::Mismatch, CollectiveMismatch, "walk_on_threads: rank ", r,
-               " got a chunk from rank ", f.peer, " with tag ", f.got_tag, " and ", f.got_bytes,
-               " bytes where its call has tag ", f.want_tag, " and ", f.want_bytes, " bytes");
+               " found rank ", f.peer, " in a call with tag ", f.got_tag, " (", f.got_bytes,
+               " bytes; 0: its call words) where its own has tag ", f.want_tag, " (", f.want_bytes, " bytes)");
     }
   }
   for (int r = 0; r < P; ++r) {

@@ -45,23 +45,10 @@ int sm_count() {
   return cached[dev];
 }
 
-template <typename T>
-Split split_range(const void* dst, const void* a, const void* b, size_t count) {
-  const uintptr_t mis = reinterpret_cast<uintptr_t>(dst) % cuda::kPackBytes;
-  const bool same_phase = reinterpret_cast<uintptr_t>(a) % cuda::kPackBytes == mis &&
-                          reinterpret_cast<uintptr_t>(b) % cuda::kPackBytes == mis && mis % sizeof(T) == 0;
-  if (!same_phase) return Split{count, 0, 0};
-  const size_t E = cuda::Pack<T>::kElems;
-  size_t head = ((cuda::kPackBytes - mis) % cuda::kPackBytes) / sizeof(T);
-  if (head > count) head = count;
-  const size_t packs = (count - head) / E;
-  return Split{head, packs, count - head - packs * E};
-}
-
 template <typename T, typename F>
 void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStream_t stream) {
   if (count == 0) return;
-  const Split s = split_range<T>(dst, a, b, count);
+  const Split s = cuda::split_by_phase<T>(dst, a, b, count);
   const size_t work = s.packs + s.head + s.tail;  // upper bound on useful threads
   size_t blocks = (work + kThreads - 1) / kThreads;
   const size_t max_blocks = static_cast<size_t>(sm_count()) * kBlocksPerSm;

@@ -121,6 +121,21 @@ struct Split {
   size_t head, packs, tail;
 };
 
+// The split of [0, count) for three arrays of T: packs where all three sit at the same offset
+// within 16 bytes (and at whole elements), else everything scalar.
+template <typename T>
+__host__ __device__ inline Split split_by_phase(const void* dst, const void* a, const void* b, size_t count) {
+  const uintptr_t mis = reinterpret_cast<uintptr_t>(dst) % kPackBytes;
+  const bool same_phase = reinterpret_cast<uintptr_t>(a) % kPackBytes == mis &&
+                          reinterpret_cast<uintptr_t>(b) % kPackBytes == mis && mis % sizeof(T) == 0;
+  if (!same_phase) return Split{count, 0, 0};
+  const size_t E = Pack<T>::kElems;
+  size_t head = ((kPackBytes - mis) % kPackBytes) / sizeof(T);
+  if (head > count) head = count;
+  const size_t packs = (count - head) / E;
+  return Split{head, packs, count - head - packs * E};
+}
+
 // dst[i] = f(a[i], b[i]) for i in [0, count). dst may alias a or b exactly (each element is read
 // before it is written by the same thread), never partially.
 template <typename T, typename F>

@@ -72,6 +72,8 @@ std::vector<MailboxLane> CudaIpcMailboxes::lanes() const {
       l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q, c));
       l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_, c));
       l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
+      l.send_call = reinterpret_cast<uint64_t*>(peer + calls_off(rank_));
+      l.recv_call = reinterpret_cast<const uint64_t*>(region_ + calls_off(q));
     }
   }
   return lanes;

@@ -9,6 +9,7 @@
 //   posted     P x C words: posted[q][c] = chunks rank q has put in inbox[q][c]   (written by q)
 //   consumed   P x C words: consumed[q][c] = this rank's chunks rank q has read    (written by q)
 //   stop       1 word: set by a walker or a watchdog that stopped a call           (written by anyone)
+//   calls      P x 2 words: the call rank q is in, {tag, seq + 1}                  (written by q)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -63,7 +64,8 @@ class CudaIpcMailboxes {
   size_t posted_off(int from, uint32_t c) const { return headers_off(P_, 0) + box(from, c) * 8; }
   size_t consumed_off(int to, uint32_t c) const { return posted_off(P_, 0) + box(to, c) * 8; }
   size_t stop_off() const { return consumed_off(P_, 0); }
-  size_t region_bytes() const { return stop_off() + 8; }
+  size_t calls_off(int from) const { return stop_off() + 8 + static_cast<size_t>(from) * 16; }
+  size_t region_bytes() const { return calls_off(P_); }
 
   int P_, rank_;
   size_t allocated_bytes_ = 0;
