@@ -14,10 +14,6 @@ void start_listening(int fd, int backlog);
 int tcp_listen(const std::string& ip, uint16_t port, int backlog);
 uint16_t socket_local_port(int fd);
 std::string socket_local_ip(int fd);
-// Connects, retrying while nobody listens yet, until the deadline.
-int tcp_connect(const std::string& ip, uint16_t port, const Deadline& deadline);
-// Returns -1 when the deadline passes first.
-int tcp_accept(int listen_fd, const Deadline& deadline);
 // Throw Timeout at the deadline and PeerFailure when the peer closes or resets.
 void write_full(int fd, const void* data, size_t bytes, const Deadline& deadline);
 void read_full(int fd, void* data, size_t bytes, const Deadline& deadline);
