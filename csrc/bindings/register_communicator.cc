@@ -344,6 +344,17 @@ void register_communicator(py::module_& m) {
       .def("dump_json", &Communicator::dump_json, py::arg("reason") = "request",
            py::call_guard<py::gil_scoped_release>(), "This rank's flight record as JSON (runtime/flight_recorder.h).")
       .def_property_readonly("id", &Communicator::id)
+      .def(
+          "child_unique_id",
+          [](const Communicator& c, const std::string& ip, uint16_t port, py::bytes nonce) {
+            const std::string raw = nonce;
+            RT_CHECK(raw.size() == 16, InvalidArgument, "child_unique_id: the nonce must be 16 bytes, got ", raw.size());
+            std::array<uint8_t, 16> n;
+            std::copy(raw.begin(), raw.end(), n.begin());
+            return c.child_unique_id(ip, port, n);
+          },
+          py::arg("ip"), py::arg("port"), py::arg("nonce"),
+          "The unique id of a communicator of these ranks at ip:port: its secret derives from this one's and the nonce.")
       .def("set_label", &Communicator::set_label, py::arg("label"))
       .def("set_clock_offset", &Communicator::set_clock_offset, py::arg("offset_ns"), py::arg("error_ns"));
   m.def("now_ns", &FlightRecorder::now_ns, "The steady clock the flight recorder stamps calls with, in ns.");

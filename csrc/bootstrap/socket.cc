@@ -53,10 +53,11 @@ int tcp_bind(const std::string& ip, uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   RT_SYSCHECK(fd, "socket");
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   // A launcher's UniqueId::create() holds the port bound (not listening) while rank 0, in
   // another process of the same user, binds it again and listens; connections reach only
-  // listening sockets, so they all go to rank 0.
+  // listening sockets, so they all go to rank 0. SO_REUSEPORT shares a port between sockets of
+  // one user only (and binds over the port's TIME_WAIT connections); SO_REUSEADDR is not set:
+  // it would let another user bind a reserved port that is not listening yet, and take it.
   setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
   sockaddr_in a = make_addr(ip, port);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) < 0) {

@@ -8,7 +8,7 @@
 namespace ringtree {
 
 // A socket bound to ip:port (0: any free port) that does not listen yet; SO_REUSEPORT, so a
-// process of the same user may bind the same port and listen there.
+// process of the same user (and no other user) may bind the same port and listen there.
 int tcp_bind(const std::string& ip, uint16_t port);
 void start_listening(int fd, int backlog);
 int tcp_listen(const std::string& ip, uint16_t port, int backlog);

@@ -72,6 +72,9 @@ class CommunicatorImpl : public Communicator {
   void abort(const std::string& why) override;
   std::string dump_json(const std::string& reason) const override;
   std::string id() const override;
+  UniqueId child_unique_id(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const override {
+    return uid_.child(ip, port, nonce);
+  }
   void set_label(int64_t label) override { label_.store(label, std::memory_order_relaxed); }
   void set_clock_offset(int64_t offset_ns, int64_t error_ns) override {
     clock_offset_ns_.store(offset_ns);

@@ -200,6 +200,9 @@ class Communicator {
   virtual std::string dump_json(const std::string& reason) const = 0;
   // The same across ranks: "<secret prefix>-<port>", for naming dump files.
   virtual std::string id() const = 0;
+  // The unique id of a communicator formed from this one's ranks at ip:port with a public
+  // `nonce` (UniqueId::child): split, shrink and grow send only the nonce and the address.
+  virtual UniqueId child_unique_id(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const = 0;
   // Calls issued from now on carry `label` in the recorder (a bucket id, a step; -1: none).
   virtual void set_label(int64_t label) = 0;
   // This rank's clock minus rank 0's (ns, steady clock) and the estimate's error, as measured
