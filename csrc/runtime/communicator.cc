@@ -154,7 +154,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   unregister_dump_source(dump_source_);
 }
 
-std::string CommunicatorImpl::id() const { return str_cat(uid_.secret_hex().substr(0, 16), "-", uid_.port); }
+std::string CommunicatorImpl::id() const { return mesh_.public_id; }
 
 std::string CommunicatorImpl::dump_json(const std::string& reason) const {
   std::vector<int> sends, recvs;

@@ -1,15 +1,21 @@
-// Cross-process wake-ups. Each rank of a communicator on this host owns an abstract-namespace
-// Unix datagram socket; a peer that makes progress possible for a sleeping rank sends it one
-// byte. Because it is a descriptor, one poll() waits on shared memory, TCP sockets and peer
-// liveness together. Senders ring only when the target has raised its `sleeping` flag, so
-// the common spinning case costs no system call.
+// Cross-process wake-ups. Each rank of a communicator on this host owns a Unix datagram socket;
+// a peer that makes progress possible for a sleeping rank sends it one byte. Because it is a
+// descriptor, one poll() waits on shared memory, TCP sockets and peer liveness together. Senders
+// ring only when the target has raised its `sleeping` flag, so the common spinning case costs
+// no system call.
+//
+// Nobody else can ring: a rank's socket has a name only during set-up, inside a directory only
+// its user may enter (made by mkdtemp, mode 0700); every shared-memory peer connects a sender of
+// its own to it then, and the name is removed. Afterwards the socket has no address at all
+// (nothing in /proc/net/unix to find, nothing to flood) and only the connected senders reach it.
 #pragma once
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <string>
 #include <vector>
 
 namespace ringtree {
+
+class Bootstrap;
+struct Mesh;
 
 class Doorbell {
  public:
@@ -18,16 +24,18 @@ class Doorbell {
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
 
-  // name_prefix identifies the communicator; each rank binds prefix + its rank.
-  void open(const std::string& name_prefix, int rank, int nranks);
+  // Collective over the bootstrap: every rank calls it, with or without shared-memory peers.
+  void open(Bootstrap& boot, const Mesh& mesh, int rank);
   void ring(int peer);
   void drain();
   int fd() const { return fd_; }
 
  private:
+  void remove_name();
+
   int fd_ = -1;
-  std::vector<sockaddr_un> peers_;
-  std::vector<socklen_t> peer_len_;
+  std::vector<int> senders_;  // per peer: connected to its socket; -1 where it shares no memory
+  std::string dir_;           // while the socket has a name
 };
 
 }  // namespace ringtree

@@ -113,7 +113,7 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
 }
 
 void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes) {
-  const std::string prefix = "/rt-" + uid.secret_hex().substr(0, 16) + "-" + std::to_string(uid.port) + "-";
+  const std::string prefix = segment_prefix(mesh.public_id);
   // senders_of[r]: the ranks that write into r's segment, in rank order; slot = position.
   auto senders_of = [&](int r) {
     std::vector<int> v;
@@ -131,8 +131,8 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     }
   } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
   numa_ = numa_placement(NodeDir());
+  bell_.open(boot, mesh, rank_);  // every rank: it exchanges the doorbells' names through the bootstrap
   if (have_shm_) {
-    bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_, numa_.node,

@@ -198,7 +198,8 @@ class Communicator {
   // The flight recorder (runtime/flight_recorder.h): this rank's last calls as JSON, with why the
   // dump was taken ("request", "signal", "exit", or the error kind that triggered it).
   virtual std::string dump_json(const std::string& reason) const = 0;
-  // The same across ranks: "<secret prefix>-<port>", for naming dump files.
+  // The same across ranks: 16 hex digits rank 0 drew at random for this set-up (no bit of the
+  // secret), for naming dump files.
   virtual std::string id() const = 0;
   // The unique id of a communicator formed from this one's ranks at ip:port with a public
   // `nonce` (UniqueId::child): split, shrink and grow send only the nonce and the address.

@@ -107,11 +107,23 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
   ring_bytes_ = ring_bytes;
   board_bytes_ = board_bytes;
   bytes_ = bytes_for(slots, ring_bytes, board_bytes);
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
   // It existed at the barrier before this open, so its owner has since failed set-up (and
   // unlinked it): a failure of the set-up, like a closed connection, not a system error.
   if (fd < 0 && errno == ENOENT) RT_THROW(BootstrapError, "shared memory segment ", name, " vanished during set-up: its owner failed");
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
+  // The peer made it 0600 and sized it before the barrier: anything else was put there by
+  // someone else (and a short one would fault on first use).
+  struct stat st{};
+  const bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0 &&
+                    static_cast<uint64_t>(st.st_size) >= bytes_;
+  if (!ours) {
+    ::close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    RT_THROW(BootstrapError, "shared memory segment ", name, " is not this job's (owner uid ", st.st_uid, ", mode ", mode,
+             ", ", st.st_size, " bytes; expected uid ", geteuid(), ", mode 0600, ", bytes_, " bytes)");
+  }
   map(fd, name);
   RT_CHECK(header()->magic == kSegmentMagic, Error, "shared memory segment ", name, " is not a ringtree segment");
 }
@@ -353,6 +365,8 @@ uint64_t cpu_sharing_domain(uint32_t* cpus) {
   }
   return h;
 }
+
+std::string segment_prefix(const std::string& public_id) { return "/rt-" + public_id + "-"; }
 
 uint64_t shared_memory_domain() {
   uint64_t h = kFnvOffset;

@@ -52,11 +52,15 @@ struct ShmRing {
 };
 
 // Which processes can share this transport with this one: the same boot, the same /dev/shm
-// (its device and inode) and the same network namespace (the doorbell is an abstract Unix
-// socket, which does not cross network namespaces). Equal values mean shared memory works
-// between two ranks; a hostname alone does not say so (containers sharing /dev/shm, network
-// namespaces).
+// (its device and inode: segments and the doorbells' set-up names live there) and the same
+// network namespace (ranks in separate ones are treated as separate hosts, as containers are).
+// Equal values mean shared memory works between two ranks; a hostname alone does not say so
+// (containers sharing /dev/shm, network namespaces).
 uint64_t shared_memory_domain();
+// The names of a communicator's segments: "/rt-<public id>-" then the owner's rank. The public id
+// is random per set-up (bootstrap.h, Mesh::public_id): a name shows nothing of the secret, and
+// nobody can create a segment ahead of a job whose id they do not know.
+std::string segment_prefix(const std::string& public_id);
 // Ranks that run on one kernel with the same CPUs allowed compete for those CPUs, whatever their
 // network namespace or /dev/shm (containers, emulated hosts): a hash of the boot id and the
 // affinity mask, and the mask's CPU count in *cpus.
