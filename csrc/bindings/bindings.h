@@ -7,4 +7,5 @@ void register_types(pybind11::module_& m);
 void register_communicator(pybind11::module_& m);
 void register_schedules(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
+void register_security(pybind11::module_& m);
 }  // namespace ringtree

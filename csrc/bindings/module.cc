@@ -21,6 +21,7 @@ PYBIND11_MODULE(RINGTREE_MODULE_NAME, m) {
   ringtree::register_communicator(m);
   ringtree::register_schedules(m);
   ringtree::register_kernels(m);
+  ringtree::register_security(m);
   ringtree::register_cuda(m);
 #ifdef RINGTREE_CUDA_STANDIN
   ringtree::register_cuda_standin(m);
