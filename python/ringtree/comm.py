@@ -603,15 +603,10 @@ def _dump_path(path, name: str) -> str:
 
 
 def _write_json(path: str, text: str) -> str:
-    """Write text to path atomically (a temporary file renamed), making its directory."""
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    """Write text to path as automatic dumps are written: atomically, 0600, in a directory of
+    this user's that nobody else may write (made 0700), never through a symlink."""
+    folder, name = os.path.split(path)
+    return _core.write_private_file(folder or ".", name, text)
 
 
 def live_communicators() -> list:
