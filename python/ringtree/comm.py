@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from . import _core
+from . import _child_ids, _core
 from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
 from .elastic import RESERVED_TAGS
@@ -461,18 +461,21 @@ class Communicator:
         colors, keys = table[0::2], table[1::2]
         members = sorted((int(keys[r]), r) for r in range(self.size) if my_color >= 0 and colors[r] == my_color)
         new_rank = [r for _, r in members].index(self.rank) if members else -1
-        # The new rank 0 of each group makes its unique id; one all_gather delivers them all.
-        token = np.zeros(64, dtype=np.uint8)
+        # The new rank 0 of each group reserves a port; one all_gather delivers every group's
+        # public token, from which its members derive the new secret (_child_ids).
+        n = _child_ids.TOKEN_BYTES
+        token = np.zeros(n, dtype=np.uint8)
         if new_rank == 0:
-            raw = str(_core.UniqueId.create()).encode()
+            raw = _child_ids.lead(self)[0].encode()
             token[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        tokens = np.empty(64 * self.size, dtype=np.uint8)
+        tokens = np.empty(n * self.size, dtype=np.uint8)
         self.all_gather(token, tokens, timeout=timeout)
         if my_color < 0:
             return None
         leader = members[0][1]
-        leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
-        return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
+        public = tokens[n * leader: n * (leader + 1)].tobytes().rstrip(b"\0").decode()
+        return Communicator(new_rank, len(members), _child_ids.follow(self, public),
+                            self.timeout if timeout is None else timeout)
 
     def shrink(self, exclude=(), timeout=None) -> "Communicator":
         """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive and

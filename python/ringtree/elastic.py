@@ -21,6 +21,10 @@ rank order, the leader is rank 0) and close the old one.
 grow: the members agree on a unique id (rank 0 makes it and hands it to publish(), which gets
 it to the new processes); the new processes call join(token); everyone builds the new
 communicator, old ranks first with their numbers, new ranks after them.
+
+The unique ids of shrink's and grow's communicators never cross the old connections whole:
+only a public token (address, port, nonce) does, and the members derive the secret from the
+old communicator's (_child_ids).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import time
 
 import numpy as np
 
-from . import _core
+from . import _child_ids, _core
 
 __all__ = ["Excluded", "RESERVED_TAGS", "shrink", "grow", "join"]
 
@@ -210,7 +214,7 @@ def shrink(comm, exclude=(), timeout=None):
                 view &= theirs
             view -= died | silent
         if commit is None and stable and min(view) == me:
-            token = _core.UniqueId.create(_rendezvous_ip(comm))
+            token = _child_ids.lead(comm, _rendezvous_ip(comm))[0]  # public: members derive the secret
             _send_commit(comm, round_, view, token, dead, commit_tag, timeout)
             commit = (view, token)
         elif commit is not None:
@@ -228,7 +232,7 @@ def shrink(comm, exclude=(), timeout=None):
         raise Excluded(f"shrink: rank {me} is excluded: the survivors formed a communicator of old ranks "
                        f"{sorted(members)} without it")
     order = sorted(members)
-    new = Communicator(order.index(me), len(order), token, timeout)
+    new = Communicator(order.index(me), len(order), _child_ids.follow(comm, token), timeout)
     comm.close()
     return new
 
@@ -246,21 +250,23 @@ def grow(comm, joiners, publish=None, timeout=None):
     timeout = _timeout_arg(comm.timeout, timeout, "grow")
     new_size = comm.size + joiners
     raw = np.zeros(_TOKEN_BYTES, np.uint8)
-    uid, failure = None, None
+    failure = None
     if comm.rank == 0:
-        uid = _core.UniqueId.create(_rendezvous_ip(comm))
+        # The members get the public token and derive the secret; the joiners, who hold no
+        # parent secret, get the whole unique id through publish (a channel the caller trusts).
+        public, uid = _child_ids.lead(comm, _rendezvous_ip(comm))
         try:
             publish(f"{_GROW_PREFIX}:{comm.size}:{new_size}:{uid}")
-            raw[:len(str(uid))] = np.frombuffer(str(uid).encode(), np.uint8)
+            raw[:len(public)] = np.frombuffer(public.encode(), np.uint8)
         except Exception as exc:  # noqa: BLE001 - told to the members (an empty token), then raised
             failure = exc
     comm.broadcast(raw, root=0, timeout=timeout)  # an empty token: rank 0's publish failed
     if failure is not None:
         raise failure
-    token = raw.tobytes().rstrip(b"\0").decode()
-    if not token:
+    public = raw.tobytes().rstrip(b"\0").decode()
+    if not public:
         raise _core.Error("grow: rank 0's publish callback raised; no communicator was formed")
-    return Communicator(comm.rank, new_size, uid if uid is not None else token, timeout)
+    return Communicator(comm.rank, new_size, _child_ids.follow(comm, public), timeout)
 
 
 def join(token: str, index: int = 0, timeout=None):
