@@ -78,8 +78,10 @@ def slurm_env(r, nranks, **extra):
 def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces):
     names, addrs = two_namespaces
     nodelist = ",".join(addrs)  # node names that resolve to the hosts' addresses
+    secret = uuid.uuid4().hex  # without it (or a token file, or MPI) init refuses under Slurm
     world = run_world(2, slurm_rank, timeout=100,
-                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533"),
+                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533",
+                                                       RINGTREE_SECRET=secret),
                       per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
     for r, res in enumerate(world.check_ok()):
         assert (res["rank"], res["size"], res["sum"], res["transport"]) == (r, 2, 3, "tcp"), res
