@@ -20,7 +20,8 @@ std::map<uint16_t, int>& reserved() {
 }
 
 // PBKDF2-HMAC-SHA256 rounds that stretch a seed into a secret: a guess at a human-chosen
-// RINGTREE_SECRET costs an attacker this many HMACs (about 0.2 s on one core here), not a hash.
+// RINGTREE_SECRET costs an attacker this many HMACs (about 0.1 s on one core of a current x86
+// server), not one hash.
 constexpr uint32_t kSeedIterations = 200000;
 
 // The port a unique id reserves: RINGTREE_PORT, else any free one (0).

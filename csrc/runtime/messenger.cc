@@ -148,6 +148,8 @@ struct Messenger::State {
   void start_payload(int q, Sink sink);
   void payload_done(int q);
   void lose_peer(int q, bool departed, const std::string& detail);
+  // A peer that broke the protocol: lost, and its connection shut down both ways so it learns too.
+  void protocol_error(int q, const std::string& what);
   void fail_everything(ErrorKind kind, const std::string& text);
 };
 
@@ -487,20 +489,10 @@ void Messenger::State::received(int q, uint64_t n) {
   }
   if (link.got < sizeof(MsgWire)) return;
   if (link.in.magic == kMsgMagic && link.in.kind == kGoodbye) return lose_peer(q, true, "");
-  // A protocol error ends the link both ways, so the sender learns of it too.
-  auto protocol_error = [&](const std::string& what) {
-    lose_peer(q, false, what);
-    shutdown(link.fd, SHUT_RDWR);
-  };
-  if (link.in.magic != kMsgMagic || link.in.kind != kMessage) return protocol_error("it sent a corrupt message header");
+  if (link.in.magic != kMsgMagic || link.in.kind != kMessage) return protocol_error(q, "it sent a corrupt message header");
   if (link.in.bytes > max_message)
-    return protocol_error(str_cat("it sent a message header claiming ", link.in.bytes,
-                                  " bytes, over RINGTREE_MAX_MESSAGE_BYTES=", max_message, ": a protocol error"));
-  if (!std::any_of(posted.begin(), posted.end(), [&](const std::shared_ptr<MessageOp>& r) { return matches(r->peer, r->tag, q, link.in.tag); }) &&
-      link.in.bytes > max_unexpected - unexpected_bytes)
-    return protocol_error(str_cat("its message of ", link.in.bytes, " bytes (tag ", link.in.tag,
-                                  ") arrived before its receive, and the messages waiting for theirs already hold ",
-                                  unexpected_bytes, " bytes: over RINGTREE_MAX_UNEXPECTED_BYTES=", max_unexpected));
+    return protocol_error(q, str_cat("it sent a message header claiming ", link.in.bytes,
+                                     " bytes, over RINGTREE_MAX_MESSAGE_BYTES=", max_message, ": a protocol error"));
   header_arrived(q);
 }
 
@@ -524,9 +516,13 @@ void Messenger::State::header_arrived(int q) {
     return start_payload(q, Sink::Op);
   }
   // Nobody waits for it yet: it is read at once all the same, so that the sender is never held up.
+  if (bytes > max_unexpected - unexpected_bytes)
+    return protocol_error(q, str_cat("its message of ", bytes, " bytes (tag ", tag,
+                                     ") arrived before its receive, and the messages waiting for theirs already hold ",
+                                     unexpected_bytes, " bytes: over RINGTREE_MAX_UNEXPECTED_BYTES=", max_unexpected));
   Unexpected u{q, tag, bytes};
   try {
-    hold_unexpected(u);  // within the cap: received() checked
+    hold_unexpected(u);  // within the cap: checked above
   } catch (const std::bad_alloc&) {
     u.failure = str_cat("the message from rank ", q, " with tag ", tag, " (", bytes,
                         " bytes) arrived before its receive and could not be buffered: out of memory");
@@ -598,6 +594,11 @@ void Messenger::State::lose_peer(int q, bool departed, const std::string& detail
     it = posted.erase(it);
   }
   cv.notify_all();  // probes naming it
+}
+
+void Messenger::State::protocol_error(int q, const std::string& what) {
+  lose_peer(q, false, what);
+  shutdown(links[q].fd, SHUT_RDWR);
 }
 
 void Messenger::State::fail_everything(ErrorKind kind, const std::string& text) {

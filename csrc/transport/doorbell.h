@@ -6,8 +6,9 @@
 //
 // Nobody else can ring: a rank's socket has a name only during set-up, inside a directory only
 // its user may enter (made by mkdtemp, mode 0700); every shared-memory peer connects a sender of
-// its own to it then, and the name is removed. Afterwards the socket has no address at all
-// (nothing in /proc/net/unix to find, nothing to flood) and only the connected senders reach it.
+// its own to it then, and the name and its directory are removed. Afterwards no path leads to
+// the socket (/proc/net/unix still shows the one it was bound to, which is gone), and only the
+// connected senders reach it.
 #pragma once
 #include <string>
 #include <vector>
