@@ -263,21 +263,21 @@ def from_slurm():
 # --- torchrun -----------------------------------------------------------------------------------
 
 _inits_through_store = 0  # rt.init() calls under torchrun in this process: each reads its own key
+_stores = []  # kept: where rank 0 hosts the c10d store, the others may read the id until they all joined
 
 
 def _token_through_torch_store(rank, size, addr):
     """Rank 0 makes the unique id and publishes it in the c10d store torchrun runs (the agent's,
     or rank 0's own at MASTER_ADDR:MASTER_PORT); the others read it there. With RINGTREE_SECRET
-    set only the address goes through the store. Where rank 0 hosts the store itself, it keeps it
-    until every rank has read the token."""
+    set only the address goes through the store."""
     global _inits_through_store
     import torch.distributed as dist  # torchrun comes with torch
 
-    timeout = _timeout_setting()
-    store = next(dist.rendezvous("env://", rank, size, timeout=datetime.timedelta(seconds=timeout)))[0]
+    timeout = datetime.timedelta(seconds=_timeout_setting())
+    store = next(dist.rendezvous("env://", rank, size, timeout=timeout))[0]
+    _stores[:] = [store]  # a second rank-0 store in this process shares this one's server (multi-tenant)
     _inits_through_store += 1
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    key = f"ringtree/init/{restart}/{_inits_through_store}"
+    key = f"ringtree/init/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_inits_through_store}"
     secret = os.environ.get("RINGTREE_SECRET")
     if rank == 0:
         local = _env_int("LOCAL_WORLD_SIZE")
@@ -285,13 +285,9 @@ def _token_through_torch_store(rank, size, addr):
         uid = _core.UniqueId.create(os.environ.get("RINGTREE_ADDR") or (spans_hosts and routable_address()) or addr)
         published = f"{uid.ip}:{uid.port}" if secret else str(uid)
         store.set(key, published)
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and size > 1:
-            store.wait([key + "/read"], datetime.timedelta(seconds=timeout))
     else:
-        store.wait([key], datetime.timedelta(seconds=timeout))
+        store.wait([key], timeout)
         published = store.get(key).decode()
-        if store.add(key + "/readers", 1) == size - 1:
-            store.set(key + "/read", "1")
     if not secret:
         return published
     ip, port = published.rsplit(":", 1)
