@@ -423,18 +423,6 @@ void Bootstrap::broadcast_from_root(void* data, size_t bytes) {
   }
 }
 
-void Bootstrap::all_gather(const void* mine, void* all, size_t bytes) {
-  uint8_t* out = static_cast<uint8_t*>(all);
-  std::memcpy(out + rank_ * bytes, mine, bytes);
-  if (size_ == 1) return;
-  if (rank_ == 0) {
-    for (int r = 1; r < size_; ++r) recv_sealed(r, out + r * bytes, bytes);
-  } else {
-    send_sealed(0, mine, bytes);
-  }
-  broadcast_from_root(all, bytes * size_);
-}
-
 // NTP-style, through rank 0: rank 0 pings each rank `rounds` times and keeps the exchange with
 // the shortest round trip; the offset is the peer's clock at the reply minus the midpoint of rank
 // 0's send and receive, good to half that round trip. Then rank 0 tells each rank its figures.

@@ -4,18 +4,18 @@
 // ring only when the target has raised its `sleeping` flag, so the common spinning case costs
 // no system call.
 //
-// Nobody else can ring: a rank's socket has a name only during set-up, inside a directory only
-// its user may enter (made by mkdtemp, mode 0700); every shared-memory peer connects a sender of
-// its own to it then, and the name and its directory are removed. Afterwards no path leads to
-// the socket (/proc/net/unix still shows the one it was bound to, which is gone), and only the
-// connected senders reach it.
+// Nobody else can ring: a rank's socket has a name only during set-up, inside a directory that
+// the rank creates (it must not exist yet) with mode 0700, under the communicator's random
+// public id; every shared-memory peer connects a sender of its own to it then, and the name and
+// its directory are removed. Afterwards no path leads to the socket (/proc/net/unix still shows
+// the one it was bound to, which is gone) and only the connected senders reach it. Set-up takes
+// three steps, between barriers the executor makes anyway: bind, connect, forget the name.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace ringtree {
 
-class Bootstrap;
 struct Mesh;
 
 class Doorbell {
@@ -25,15 +25,17 @@ class Doorbell {
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
 
-  // Collective over the bootstrap: every rank calls it, with or without shared-memory peers.
-  void open(Bootstrap& boot, const Mesh& mesh, int rank);
+  // Names this rank's socket (ranks with shared-memory peers only).
+  void bind(const Mesh& mesh, int rank);
+  // Once every rank has bound its socket: a sender to each shared-memory peer's.
+  void connect(const Mesh& mesh, int rank);
+  // Once every peer has connected: nothing can reach the socket but those senders.
+  void forget_name();
   void ring(int peer);
   void drain();
   int fd() const { return fd_; }
 
  private:
-  void remove_name();
-
   int fd_ = -1;
   std::vector<int> senders_;  // per peer: connected to its socket; -1 where it shares no memory
   std::string dir_;           // while the socket has a name

@@ -131,8 +131,8 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     }
   } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
   numa_ = numa_placement(NodeDir());
-  bell_.open(boot, mesh, rank_);  // every rank: it exchanges the doorbells' names through the bootstrap
   if (have_shm_) {
+    bell_.bind(mesh, rank_);
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
     own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_, numa_.node,
@@ -151,12 +151,14 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     h->cma_probe_value = single_copy_probe_word_;
   }
   boot.barrier();  // every segment exists
+  if (have_shm_) bell_.connect(mesh, rank_);
   peer_segments_.resize(size_);
   for (int q : my_senders) {
     peer_segments_[q] = std::make_unique<ShmSegment>();
     peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, board_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
+  bell_.forget_name();
   for (size_t i = 0; i < my_senders.size(); ++i) {
     const int q = my_senders[i];
     const std::vector<int> theirs = senders_of(q);
