@@ -25,6 +25,15 @@ def vm_size() -> int:
     raise RuntimeError("no VmSize in /proc/self/status")
 
 
+def close_quietly(comm, result):
+    """Closes comm (its peer may be gone by now) and returns result."""
+    try:
+        comm.close()
+    except rt.Error:
+        pass
+    return result
+
+
 def message_socket_to(peer_ip, marker_bytes):
     """This process's TCP connection that has carried at least `marker_bytes` to peer_ip: the
     message connection, right after a message of that size went out on it."""
@@ -73,11 +82,7 @@ def forge_huge_header(claim):
             out["raised"], out["message"] = type(exc).__name__, str(exc)
         out["seconds"] = time.monotonic() - start
         out["vm_growth"] = vm_size() - before
-    try:
-        comm.close()
-    except rt.Error:
-        pass
-    return out
+    return close_quietly(comm, out)
 
 
 @pytest.mark.timeout(90)
@@ -125,11 +130,7 @@ def overfill(count, each):
             except rt.Error as exc:
                 out["received"].append(type(exc).__name__)
                 out["message"] = str(exc)
-    try:
-        comm.close()
-    except rt.Error:
-        pass
-    return out
+    return close_quietly(comm, out)
 
 
 @pytest.mark.timeout(90)
