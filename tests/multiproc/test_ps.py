@@ -234,6 +234,10 @@ def bad_input():
     cases = {
         "unknown table": lambda: node.pull("nope", [1]),
         "row width": lambda: node.push("emb", [1, 2], np.zeros((2, EMB_DIM + 1), np.float32)),
+        "float64 gradients": lambda: node.push("emb", [1, 2], np.full((2, EMB_DIM), 0.1)),
+        "float16 gradients": lambda: node.push("emb", [1, 2], np.zeros((2, EMB_DIM), np.float16)),
+        "int gradients": lambda: node.push("emb", [1, 2], np.zeros((2, EMB_DIM), np.int32)),
+        "list of floats": lambda: node.push("emb", [1, 2], [[0.5] * EMB_DIM] * 2),
         "negative key": lambda: node.pull("emb", [3, -1]),
         "dense key range": lambda: node.pull("w", [ROWS]),
         "float keys": lambda: node.pull("emb", [1.5]),
@@ -244,9 +248,12 @@ def bad_input():
         try:
             call()
             report[name] = "no error"
-        except ValueError:
+        except ValueError as exc:
             ok = np.array_equal(node.pull("w", [0, 1]), np.zeros((2, DIM), np.float32))
-            report[name] = "ok" if ok else "node unusable afterwards"
+            # A refused push sent nothing: the rows it named are as they started.
+            ok = ok and np.array_equal(node.pull("emb", [1, 2]), np.zeros((2, EMB_DIM), np.float32))
+            named = "gradients" not in name or "float32" in str(exc)
+            report[name] = "ok" if ok and named else f"node unusable afterwards or unclear: {exc}"
     node.finish()
     return report
 
