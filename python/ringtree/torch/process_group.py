@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import queue
-import threading
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
-from torch.futures import Future
 
 import ringtree as rt
 from ringtree import _core
 from ringtree.comm import Communicator
 from ringtree.ops import resolve_op
-from ringtree._buffers import _DTYPE_CODES, _TORCH_DTYPES
+
+from ._buffer_pool import _POOL_BYTES, _AllocatingBackend, _BufferPool
+from ._convert import (_BITWISE_OPS, _BOOL_OPS, _MessageBuffer, _Staged, _as_buffer, _concat, _copy_blocks,
+                       _cuda_device, _host_view, _reduce_op, _rows, _seconds, _tensor_list, _units)
+from ._work import RingtreeWork, _Completer, _MessageWork
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
@@ -39,288 +40,10 @@ BACKEND_NAME = "ringtree"
 # CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
 DEVICES = ("cpu", "cuda")
 
-# torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
-# moved as raw bytes.
-_NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPES}
-# The core's dtype code of each of them, for calls that hand the core a tensor's pointer directly.
-_DTYPE_CODE = {getattr(torch, name.split(".", 1)[1]): _DTYPE_CODES[code] for name, code in _TORCH_DTYPES.items()}
 _COLL_CODE = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _BROADCAST = (
     _COLL_CODE["all_reduce"], _COLL_CODE["reduce_scatter"], _COLL_CODE["all_gather"], _COLL_CODE["broadcast"])
 _AUTO_ALGO = list(_core.ALGOS).index("auto")
-# Idle staging buffers a group keeps for reuse (allocate_tensor), in bytes.
-_POOL_BYTES = 1 << 30
-
-_RED_OP = dist.ReduceOp.RedOpType
-_SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
-               _RED_OP.AVG: "avg"}
-# Flags: a bool all_reduce with MIN is a logical and, with MAX a logical or: min / max of the
-# flags' bytes (0 or 1), as Gloo accepts them.
-_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.MAX: "max"}
-# Bitwise ops act byte by byte, so any integer or bool tensor reduces as its bytes with the core's
-# band / bor / bxor (a bool BAND is a logical and, BXOR a logical xor).
-_BITWISE_OPS = {_RED_OP.BAND: "band", _RED_OP.BOR: "bor", _RED_OP.BXOR: "bxor"}
-
-
-# --- work and completion ------------------------------------------------------------------
-
-
-class _Failure:
-    """A ringtree error travelling as a future's value (see RingtreeWork)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error):
-        self.error = error
-
-
-def _raise_failure(fut):
-    value = fut.value()
-    if isinstance(value, _Failure):
-        raise value.error
-    return value
-
-
-class RingtreeWork(dist.Work):
-    """A torch.distributed Work for one or more ringtree calls.
-
-    wait() blocks until they finish and re-raises their error as is (rt.Timeout,
-    rt.PeerFailure, ...). get_future() is a torch Future whose value is the list of output
-    tensors; on failure it completes with a RuntimeError whose message starts with the
-    ringtree error's type.
-
-    Why the two futures: torch.futures.Future.set_exception() stores the exception as the
-    future's *value*, which C++ consumers such as DDP's reducer then take for a tensor list
-    (and crash). An error raised inside a then() callback, though, becomes a real error of
-    the child future. So the completion thread always sets a value on a private future, a
-    _Failure for errors, and the public future is its then() child that raises it.
-    """
-
-    def __init__(self, outputs, keep=None):
-        super().__init__()
-        self._settled = Future()
-        self._future = None  # made by the first get_future(): most works are only waited for
-        self._done = threading.Event()
-        self._outputs = outputs
-        self._keep = keep  # inputs the call reads, alive until it is done
-        self._error = None
-
-    def _complete(self, error):
-        self._error = error
-        self._keep = None
-        # Future first, so that once wait() returns, get_future() is done too.
-        self._settled.set_result(self._outputs if error is None else _Failure(error))
-        self._done.set()
-
-    def wait(self, timeout=None):
-        seconds = _seconds(timeout)
-        if not self._done.wait(seconds):
-            raise rt.Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def get_future(self):
-        if self._future is None:
-            # A then() child of a future already settled is settled at once.
-            self._future = self._settled.then(_raise_failure)
-        return self._future
-
-    def result(self):
-        self.wait()
-        return self._outputs
-
-    def source_rank(self):
-        raise RuntimeError("ringtree: source_rank() is only meaningful for recv from any source, which "
-                           "the ringtree backend does not support")
-
-    def synchronize(self):
-        # CPU tensors: nothing is queued on a stream. CUDA tensors: the collective was enqueued
-        # on the caller's current stream, so work after it on that stream is already ordered.
-        pass
-
-
-class _Completer:
-    """Threads that wait for ringtree work and complete the matching RingtreeWork.
-
-    Completing a future runs its then-callbacks on the completing thread, and a callback may
-    itself start a collective and wait for it (PowerSGD's hooks do). So a thread is never
-    the only one left to finish other work: each submission either reserves an idle thread
-    or starts a new one; idle threads exit after a while.
-    """
-
-    _IDLE_SECONDS = 30.0
-
-    def __init__(self, name):
-        self._name = name
-        self._queue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, rt_works, finish, work):
-        self._queue.put((rt_works, finish, work))
-        with self._lock:
-            if self._idle > 0:
-                self._idle -= 1  # that thread will take this item
-                return
-        threading.Thread(target=self._loop, name=f"{self._name}-completion", daemon=True).start()
-
-    def _loop(self):
-        while True:
-            try:
-                rt_works, finish, work = self._queue.get(timeout=self._IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0:  # not reserved by a submit that is about to put
-                        self._idle -= 1
-                        return
-                continue
-            error = None
-            try:
-                for rt_work in rt_works:
-                    rt_work.wait()
-                if finish is not None:
-                    finish()
-            except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
-                error = exc
-            work._complete(error)
-            with self._lock:
-                self._idle += 1
-
-
-# --- argument conversion ------------------------------------------------------------------
-
-
-def _seconds(timeout):
-    """A timedelta or number of seconds; None, zero and negative mean "no limit"."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-def _reduce_op(op):
-    """torch ReduceOp (or its RedOpType) -> a ringtree op."""
-    kind = getattr(op, "op", op)
-    if kind in _SIMPLE_OPS:
-        return _SIMPLE_OPS[kind]
-    if kind in _BITWISE_OPS:
-        return _BITWISE_OPS[kind]
-    if kind == _RED_OP.PREMUL_SUM:
-        factor = getattr(op, "factor", None)
-        if isinstance(factor, torch.Tensor):
-            if factor.numel() != 1:
-                raise ValueError(f"ringtree: premul_sum needs a scalar factor, got a tensor of {factor.numel()} elements")
-            factor = factor.item()
-        if factor is None:
-            raise ValueError("ringtree: premul_sum without a factor")
-        return rt.premul_sum(float(factor))
-    raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
-                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR")
-
-
-class _Staged:
-    """A tensor as ringtree can take it: contiguous, with a dtype the core knows.
-
-    Data-movement calls pass other dtypes (bool, int16, complex, float8...) as raw bytes;
-    reductions refuse them. When a copy was needed, write_back() copies the result back.
-    """
-
-    __slots__ = ("tensor", "buffer", "copied")
-
-    def __init__(self, tensor, what, reduction=False):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"ringtree: {what} is on {tensor.device}; the ringtree backend takes CPU and CUDA tensors")
-        if tensor.is_sparse:
-            raise ValueError(f"ringtree: {what} is sparse; the ringtree backend supports dense tensors only")
-        self.tensor = tensor
-        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-        self.copied = buffer is not tensor
-        if buffer.dtype not in _NATIVE_DTYPES:
-            if reduction:
-                raise ValueError(f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
-                                 f"reduce; supported: {', '.join(sorted(str(d) for d in _NATIVE_DTYPES))}")
-            buffer = buffer.reshape(-1).view(torch.uint8)
-        self.buffer = buffer
-
-    def write_back(self):
-        if self.copied:
-            self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
-
-
-def _cuda_device(outputs):
-    """The CUDA device of a call's outputs (a list of tensors or of tensor lists), or None."""
-    for item in outputs:
-        for t in (item if isinstance(item, (list, tuple)) else [item]):
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-                return t.device
-    return None
-
-
-def _tensor_list(tensors, what):
-    if isinstance(tensors, torch.Tensor):
-        return [tensors]
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError(f"ringtree: {what} needs at least one tensor")
-    return tensors
-
-
-def _concat(tensors, what):
-    """One contiguous tensor holding `tensors` back to back."""
-    dtype = tensors[0].dtype
-    for t in tensors:
-        if t.dtype != dtype:
-            raise ValueError(f"ringtree: {what}: tensors must share one dtype, got {dtype} and {t.dtype}")
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _as_buffer(tensor):
-    """The ringtree view of a contiguous tensor we allocated ourselves."""
-    return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
-
-
-def _host_view(tensor):
-    """(pointer, element count, dtype code) of a tensor the core can take as it is: a dense,
-    contiguous CPU tensor of a dtype it reduces. None for anything else, which takes the
-    staged route (_Staged) with its checks and copies."""
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    code = _DTYPE_CODE.get(tensor.dtype)
-    if code is None or tensor.device.type != "cpu" or tensor.layout != torch.strided or not tensor.is_contiguous():
-        return None
-    return tensor.data_ptr(), tensor.numel(), code
-
-
-def _units(dtype):
-    """Elements ringtree moves per tensor element: 1, or the item size for dtypes moved as bytes."""
-    return 1 if dtype in _NATIVE_DTYPES else dtype.itemsize
-
-
-def _copy_blocks(flat, outputs):
-    offset = 0
-    for out in outputs:
-        n = out.numel()
-        out.copy_(flat[offset:offset + n].view(out.shape))
-        offset += n
-
-
-def _rows(tensor):
-    """Elements per dim-0 row, for all_to_all split sizes."""
-    if tensor.dim() == 0:
-        return 1
-    return tensor.numel() // tensor.size(0) if tensor.size(0) else 0
 
 
 def bucket_label(group, index: int):
@@ -330,72 +53,6 @@ def bucket_label(group, index: int):
     (ringtree.torch.comm_hooks) set the label around their calls."""
     comm = getattr(dist.group.WORLD if group is None else group, "comm", None)
     return comm.label(index) if isinstance(comm, Communicator) else contextlib.nullcontext()
-
-
-# --- staging buffers for FSDP2 --------------------------------------------------------------
-
-
-def _storage_users(tensor):
-    """How many tensors hold tensor's storage (torch's own count; the storage object asked adds one)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
-
-
-class _BufferPool:
-    """Host buffers for ProcessGroupRingtree.allocate_tensor: FSDP2's all-gather outputs and
-    reduce-scatter inputs, the same few sizes every step. A buffer is handed out again once
-    nothing but the pool holds its storage, so a step reuses warm memory instead of asking the
-    allocator (and, for buffers past glibc's mmap threshold, the kernel) for fresh pages, and
-    collectives run on it in place. Holds at most `max_bytes` of idle buffers."""
-
-    def __init__(self, max_bytes: int):
-        self._max_bytes = max_bytes
-        self._buffers = []  # uint8 tensors, oldest first
-        self._lock = threading.Lock()
-        self.reused = 0
-        self.allocated = 0
-
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = numel * dtype.itemsize
-        with self._lock:
-            for buffer in self._buffers:
-                if buffer.numel() == nbytes and _storage_users(buffer) == 1:
-                    self.reused += 1
-                    return buffer.view(dtype)
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            self.allocated += 1
-            self._buffers.append(buffer)
-            held = sum(b.numel() for b in self._buffers)
-            for old in list(self._buffers):  # drop idle buffers, oldest first, beyond the cap
-                if held <= self._max_bytes:
-                    break
-                if old is not buffer and _storage_users(old) == 1:
-                    self._buffers.remove(old)
-                    held -= old.numel()
-            return buffer.view(dtype)
-
-
-class _AllocatingBackend:
-    """What ProcessGroupRingtree._get_backend(device) returns: the registered stand-in backend
-    (every attribute read goes to it) that also answers FSDP2's allocation hook with the group's
-    own allocate_tensor. torch cannot build a C++ Backend from Python, and FSDP2 asks the backend,
-    not the group, through this Python call (_fsdp_collectives.ProcessGroupAllocMixin)."""
-
-    __slots__ = ("_backend", "_group")
-
-    def __init__(self, backend, group):
-        self._backend, self._group = backend, group
-
-    def supports_tensor_alloc(self, device) -> bool:
-        return self._group.supports_tensor_alloc(device)
-
-    def allocate_tensor(self, size, *, dtype, device):
-        return self._group.allocate_tensor(size, dtype=dtype, device=device)
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
-
-    def __repr__(self):
-        return f"<ringtree allocating view of {self._backend!r}>"
 
 
 # --- the process group --------------------------------------------------------------------
@@ -970,51 +627,6 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         staged = [_MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
         return self._messages(lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged], tensors,
                               lambda messages: [s.write_back(m) for s, m in zip(staged, messages)])
-
-
-class _MessageBuffer:
-    """A tensor's bytes as a message takes them: host memory, contiguous, viewed as uint8 (so
-    every dtype travels as is). CUDA and non-contiguous tensors go through a host copy."""
-
-    __slots__ = ("tensor", "buffer", "copied")
-
-    def __init__(self, tensor, what, copy_in):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type not in ("cpu", "cuda") or tensor.is_sparse:
-            raise ValueError(f"ringtree: {what} must be a dense CPU or CUDA tensor, got {tensor.layout} on {tensor.device}")
-        host = tensor.detach()
-        if host.device.type != "cpu":
-            host = host.to("cpu") if copy_in else torch.empty(host.shape, dtype=host.dtype)
-        elif not host.is_contiguous():
-            host = host.contiguous()
-        self.copied = host is not tensor and host.data_ptr() != tensor.data_ptr()
-        self.tensor = tensor
-        self.buffer = host.reshape(-1).view(torch.uint8)
-
-    def write_back(self, message):
-        """After the receive: the whole tensor must have come (as Gloo demands), then into place."""
-        want = self.buffer.numel()
-        if message.nbytes != want:
-            raise rt.InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
-                                     f"{message.tag}, but the tensor holds {want} bytes")
-        if self.copied:
-            with torch.no_grad():
-                self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
-
-
-class _MessageWork(RingtreeWork):
-    """A RingtreeWork over messages: after a receive, source_rank() names the sender."""
-
-    def __init__(self, outputs, messages):
-        super().__init__(outputs)
-        self.messages = messages
-
-    def source_rank(self):
-        self.wait()
-        return self.messages[0].source
-
-    _source_rank = source_rank  # what torch.distributed.recv(src=None) calls
 
 
 # --- creation -----------------------------------------------------------------------------
