@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import json
 import os
 import weakref
 
@@ -18,6 +16,8 @@ import numpy as np
 from . import _core
 from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
+from ._recording import Recording
+from ._work import MessageWork, Work
 from .elastic import RESERVED_TAGS
 from .ops import resolve_op
 
@@ -26,77 +26,6 @@ _ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 ANY_SOURCE = -1
 ANY_TAG = -1
-
-
-class Work:
-    """A collective in flight. wait() returns the output buffer or raises the collective's error."""
-
-    __slots__ = ("_work", "_keepalive", "_result")
-
-    def __init__(self, work, keepalive, result):
-        self._work, self._keepalive, self._result = work, keepalive, result
-
-    def wait(self, timeout: float | None = None):
-        if not self._work.wait(-1.0 if timeout is None else float(timeout)):
-            raise _core.Timeout(f"Work.wait: not completed within {timeout} s (the collective is still running)")
-        self._keepalive = None
-        return self._result
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def result(self):
-        return self._result
-
-
-class MessageWork:
-    """One isend or irecv in flight (see Communicator.isend / irecv).
-
-    wait(timeout=None) waits up to `timeout` seconds (None: the communicator's timeout) and
-    returns the message's buffer, or raises its error (PeerFailure, Aborted, InvalidArgument
-    for a message larger than the receive buffer); past the timeout it cancels the message
-    and raises Timeout, after which the buffer is never touched again. After completion,
-    source, tag and nbytes say what a receive got (a send reports its own)."""
-
-    __slots__ = ("_work", "_buffer")
-
-    def __init__(self, work, buffer):
-        self._work, self._buffer = work, buffer
-
-    def wait(self, timeout: float | None = None):
-        if timeout is None:
-            seconds = 0.0
-        else:
-            seconds = float(timeout)
-            if seconds <= 0:
-                raise _core.InvalidArgument(f"MessageWork.wait: timeout must be positive, got {timeout}")
-        self._work.wait(seconds)
-        return self._buffer
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def cancel(self) -> bool:
-        """Stop the message unless it completed already; True when it was cancelled (wait()
-        then raises Aborted). A send partly written finishes from a copy."""
-        return self._work.cancel()
-
-    @property
-    def source(self) -> int:
-        return self._work.status()[0]
-
-    @property
-    def tag(self) -> int:
-        return self._work.status()[1]
-
-    @property
-    def nbytes(self) -> int:
-        return self._work.status()[2]
-
-    def __repr__(self):
-        source, tag, nbytes = self._work.status()
-        state = "done" if self.is_completed() else "pending"
-        return f"<ringtree.MessageWork {state} source={source} tag={tag} nbytes={nbytes}>"
 
 
 def _rank_arg(value, what):
@@ -142,7 +71,7 @@ def _algo_code(algo) -> int:
                                 f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'")
 
 
-class Communicator:
+class Communicator(Recording):
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
     __slots__ = ("_core", "_fast", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
@@ -503,70 +432,6 @@ class Communicator:
             self._cuda = _core.CudaComm(self._core, wheel_library())
         return self._cuda
 
-    # --- flight recorder ---------------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The communicator's id, the same on every rank (it names dump and trace files)."""
-        return self._core.id
-
-    def record(self, reason: str = "request") -> dict:
-        """This rank's flight record: its last calls (RINGTREE_FLIGHT_RECORDER) with their
-        times, states and errors, and this rank's clock offset to rank 0 (see the README)."""
-        return json.loads(self._core.dump_json(reason))
-
-    def dump(self, path=None, reason: str = "request") -> str:
-        """Write this rank's flight record as JSON and return the file's path. path: a file
-        (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
-        which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
-        return _write_json(_dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
-                           self._core.dump_json(reason))
-
-    @contextlib.contextmanager
-    def label(self, value: int):
-        """Calls issued inside the block carry `value` (an int: a bucket id, a step) in the
-        flight recorder, its dumps and traces; the previous label comes back afterwards."""
-        previous = self._label
-        self._label = int(value)
-        self._core.set_label(self._label)
-        try:
-            yield self
-        finally:
-            self._label = previous
-            self._core.set_label(previous)
-
-    def sync_clocks(self, rounds: int = 8, timeout=None) -> tuple[int, int]:
-        """Re-estimate every rank's clock offset to rank 0 (NTP-style, best of `rounds` round
-        trips over this communicator's own send/recv) and record it for dumps and traces.
-        Collective. Returns this rank's (offset_ns, error_ns): its clock minus rank 0's, good
-        to +- error_ns (half the best round trip)."""
-        if rounds < 1:
-            raise _core.InvalidArgument(f"sync_clocks: rounds must be at least 1, got {rounds}")
-        stamp = np.zeros(2, np.int64)
-        best = np.zeros(2, np.int64)
-        if self.rank == 0:
-            for peer in range(1, self.size):
-                best[:] = (0, np.iinfo(np.int64).max)
-                for _ in range(rounds):
-                    stamp[0] = t0 = _core.now_ns()
-                    self.send(stamp, peer, timeout=timeout)
-                    self.recv(stamp, peer, timeout=timeout)
-                    t1 = _core.now_ns()
-                    half_rtt = (t1 - t0 + 1) // 2
-                    if half_rtt < best[1]:
-                        best[:] = (int(stamp[0]) - (t0 + (t1 - t0) // 2), half_rtt)
-                self.send(best, peer, timeout=timeout)
-            best[:] = 0
-        elif self.size > 1:
-            for _ in range(rounds):
-                self.recv(stamp, 0, timeout=timeout)
-                stamp[0] = _core.now_ns()
-                self.send(stamp, 0, timeout=timeout)
-            self.recv(best, 0, timeout=timeout)
-        offset_ns, error_ns = int(best[0]), int(best[1])
-        self._core.set_clock_offset(offset_ns, error_ns)
-        return offset_ns, error_ns
-
     def close(self):
         """Finish queued work, tell the peers this rank is leaving, release everything.
         With RINGTREE_TRACE=DIR set, then write this rank's trace there (see timeline.py)."""
@@ -591,27 +456,6 @@ class Communicator:
     @property
     def is_aborted(self) -> bool:
         return self._core.is_aborted
-
-
-def _dump_path(path, name: str) -> str:
-    """A dump's file: `path` itself when it names a .json file, else `name` in the directory
-    `path` (default RINGTREE_DUMP_DIR, else ./ringtree-dumps)."""
-    if path is None:
-        path = os.environ.get("RINGTREE_DUMP_DIR") or "ringtree-dumps"
-    path = os.fspath(path)
-    return path if path.endswith(".json") else os.path.join(path, name)
-
-
-def _write_json(path: str, text: str) -> str:
-    """Write text to path atomically (a temporary file renamed), making its directory."""
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def live_communicators() -> list:

@@ -142,7 +142,7 @@ def trace_document(records) -> dict:
 
 def write_trace(records, path) -> str:
     """Write the trace of `records` to `path` (made atomically); returns the path."""
-    from .comm import _write_json
+    from ._files import _write_json
     return _write_json(os.fspath(path), json.dumps(trace_document(records)))
 
 
