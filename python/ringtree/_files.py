@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 
-def _dump_path(path, name: str) -> str:
+def dump_path(path, name: str) -> str:
     """A dump's file: `path` itself when it names a .json file, else `name` in the directory
     `path` (default RINGTREE_DUMP_DIR, else ./ringtree-dumps)."""
     if path is None:
@@ -13,7 +13,7 @@ def _dump_path(path, name: str) -> str:
     return path if path.endswith(".json") else os.path.join(path, name)
 
 
-def _write_json(path: str, text: str) -> str:
+def write_json(path: str, text: str) -> str:
     """Write text to path atomically (a temporary file renamed), making its directory."""
     folder = os.path.dirname(path)
     if folder:

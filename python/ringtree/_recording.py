@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from . import _core
-from ._files import _dump_path, _write_json
+from ._files import dump_path, write_json
 
 
 class Recording:
@@ -31,7 +31,7 @@ class Recording:
         """Write this rank's flight record as JSON and return the file's path. path: a file
         (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
         which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
-        return _write_json(_dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
+        return write_json(dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
                            self._core.dump_json(reason))
 
     @contextlib.contextmanager

@@ -13,62 +13,18 @@ import weakref
 
 import numpy as np
 
-from . import _core
-from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
+from . import _core, elastic, timeline
+from ._args import (ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg,
+                    user_tag)
+from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
 from ._recording import Recording
 from ._work import MessageWork, Work
-from .elastic import RESERVED_TAGS
 from .ops import resolve_op
 
-_COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-_ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+__all__ = ["Communicator", "Work", "MessageWork", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
+
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
-ANY_SOURCE = -1
-ANY_TAG = -1
-
-
-def _rank_arg(value, what):
-    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
-        raise _core.InvalidArgument(f"{what} must be an int, got {value!r}")
-    return int(value)
-
-
-def _user_tag(value, what):
-    tag = _rank_arg(value, f"{what}: tag")
-    if tag >= RESERVED_TAGS:
-        raise _core.InvalidArgument(f"{what}: tags from 2**62 up are reserved for shrink(), got {tag}")
-    return tag
-
-
-def _counts(counts, name):
-    try:
-        values = [int(c) for c in counts]
-    except (TypeError, ValueError):
-        raise _core.InvalidArgument(f"{name} must be a sequence of element counts, got {counts!r}") from None
-    if any(c < 0 for c in values):
-        raise _core.InvalidArgument(f"{name} must be non-negative, got {values}")
-    return values
-
-
-def _coll_code(collective) -> int:
-    if collective in _COLL:
-        return _COLL[collective]
-    raise _core.InvalidArgument(f"unknown collective {collective!r}; expected one of {', '.join(_core.COLLECTIVES)}")
-
-
-def _dtype_code(dtype) -> int:
-    name = getattr(dtype, "name", dtype)  # numpy dtypes and names alike
-    if isinstance(name, str) and name in _DTYPE_CODES:
-        return _DTYPE_CODES[name]
-    raise _core.InvalidArgument(f"unknown dtype {dtype!r}; expected one of {', '.join(_core.DTYPES)}")
-
-
-def _algo_code(algo) -> int:
-    if isinstance(algo, str) and algo.lower() in _ALGO:
-        return _ALGO[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
-                                f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'")
 
 
 class Communicator(Recording):
@@ -182,7 +138,7 @@ class Communicator(Recording):
         buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
         all_gather and all_to_all), as in the bench's count column. deterministic: as a call with
         deterministic=True (RINGTREE_DETERMINISTIC=1 counts too)."""
-        code = self._core.choose_algo(_coll_code(collective), _algo_code(algo), int(nbytes), _dtype_code(dtype),
+        code = self._core.choose_algo(coll_code(collective), algo_code(algo), int(nbytes), dtype_code(dtype),
                                       resolve_op(op)[0], bool(deterministic))
         return _core.ALGOS[code]
 
@@ -191,7 +147,7 @@ class Communicator(Recording):
         deterministic=True: those a deterministic call of a floating-point reduction chooses from
         (rank_order, and oneshot where the board fits), to weigh their cost against auto's."""
         return [(_core.ALGOS[a], t, formula)
-                for a, t, formula in self._core.estimate(_coll_code(collective), int(nbytes), _dtype_code(dtype),
+                for a, t, formula in self._core.estimate(coll_code(collective), int(nbytes), dtype_code(dtype),
                                                          bool(deterministic))]
 
     def machine_costs(self) -> dict:
@@ -205,7 +161,7 @@ class Communicator(Recording):
         """One C call for the common case (numpy arrays, or torch CPU tensors read in a few
         attribute reads; a named op and algorithm; a bool async_op). Everything else goes
         through _run, which converts, checks and explains."""
-        code = _COLL[coll]
+        code = COLL_CODES[coll]
         done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
@@ -247,19 +203,19 @@ class Communicator(Recording):
                                         f"host buffers take the ringtree algorithms")
         if on_device:
             work = self._cuda_comm().run(
-                _COLL[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
+                COLL_CODES[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
                 has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
                 op_code, factor, int(root),
-                int(peer), int(recv_peer), 0 if use_nccl else _algo_code(algo), t, (inb or outb).stream,
-                use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"),
+                int(peer), int(recv_peer), 0 if use_nccl else algo_code(algo), t, (inb or outb).stream,
+                use_nccl, bool(async_op), counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"),
                 bool(deterministic))
             return Work(work, keep, result) if async_op else result
         work = self._core.run(
-            _COLL[coll], dtype,
+            COLL_CODES[coll], dtype,
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
             has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
-            op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op),
-            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"), int(recv_peer),
+            op_code, factor, int(root), int(peer), algo_code(algo), t, bool(async_op),
+            counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"), int(recv_peer),
             deterministic=bool(deterministic))
         if async_op:
             return Work(work, keep, result)
@@ -338,14 +294,14 @@ class Communicator(Recording):
         once; the MessageWork completes when the bytes are written (x may then be reused), and
         never waits for dst to post its receive. Messages from one rank to another with the same
         tag arrive in the order sent."""
-        return self._isend(x, _rank_arg(dst, "isend: dst"), _user_tag(tag, "isend"), "isend")
+        return self._isend(x, rank_arg(dst, "isend: dst"), user_tag(tag, "isend"), "isend")
 
     def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
         """Receive into x the first message from `src` (ANY_SOURCE: any rank) with `tag`
         (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
         was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
         alive until the work is done (the communicator also holds it)."""
-        return self._irecv(x, _rank_arg(src, "irecv: src"), _user_tag(tag, "irecv"), "irecv")
+        return self._irecv(x, rank_arg(src, "irecv: src"), user_tag(tag, "irecv"), "irecv")
 
     # Any tag, reserved ones included: ringtree's own protocols (shrink) use these.
     def _isend(self, x, dst, tag, what) -> MessageWork:
@@ -362,11 +318,11 @@ class Communicator(Recording):
         seconds = 0.0 if timeout is None else float(timeout)
         if timeout is not None and seconds <= 0:
             raise _core.InvalidArgument(f"probe: timeout must be positive, got {timeout}")
-        return self._core.probe(_rank_arg(src, "probe: src"), _rank_arg(tag, "probe: tag"), seconds)
+        return self._core.probe(rank_arg(src, "probe: src"), rank_arg(tag, "probe: tag"), seconds)
 
     def iprobe(self, src=ANY_SOURCE, tag=ANY_TAG):
         """(source, tag, nbytes) of a matching message no receive has taken yet, else None."""
-        return self._core.iprobe(_rank_arg(src, "iprobe: src"), _rank_arg(tag, "iprobe: tag"))
+        return self._core.iprobe(rank_arg(src, "iprobe: src"), rank_arg(tag, "iprobe: tag"))
 
     def _track(self, work, x, keep) -> MessageWork:
         inflight = self._inflight
@@ -410,16 +366,14 @@ class Communicator(Recording):
         A rank the others left out raises rt.Excluded. Each exchange waits at most `timeout`
         seconds (default: this communicator's) for a peer before leaving it out. See the README
         (Shrink and grow) for the protocol and what it guarantees."""
-        from .elastic import shrink
-        return shrink(self, exclude, timeout)
+        return elastic.shrink(self, exclude, timeout)
 
     def grow(self, joiners: int, publish=None, timeout=None) -> "Communicator":
         """A communicator of this one's ranks (same numbers) and `joiners` new processes (the
         next numbers). Collective over this communicator, which stays usable. Rank 0 makes the
         token and calls publish(token) (a file, a store, an environment variable...); each new
         process calls rt.join(token, index) with index 0..joiners-1. The others may pass None."""
-        from .elastic import grow
-        return grow(self, joiners, publish, timeout)
+        return elastic.grow(self, joiners, publish, timeout)
 
     def cuda_executor(self) -> str:
         """How this communicator moves CUDA buffers: 'ipc' (a kernel walks the schedules over
@@ -442,7 +396,6 @@ class Communicator(Recording):
         first, self._closed = not self._closed, True
         trace_dir = os.environ.get("RINGTREE_TRACE")
         if trace_dir and first:
-            from . import timeline
             try:
                 timeline.write_rank_trace(self, trace_dir)
             except Exception as exc:  # noqa: BLE001 - a trace must not break a close

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
-from .comm import ANY_SOURCE
+from ._args import ANY_SOURCE
 
 # Tags of the protocol; a program may use other tags on the same communicator.
 TAG_REQUEST = 0x7073_0001  # worker -> server: pull, push, bye

@@ -418,7 +418,7 @@ def parse_size(text: str) -> int:
 
 def measured_machine() -> dict:
     """This machine's figures from a one-rank communicator's probe (RINGTREE_TCP_* for TCP)."""
-    from . import init
+    from ._world import init
     comm = init(rank=0, size=1)
     try:
         return comm.machine_costs()

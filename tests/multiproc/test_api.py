@@ -77,7 +77,7 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
     """comm._fast runs a call on plain ndarrays in one C call and returns NotImplemented
     for whatever the Python route must convert or explain; the public call gives the same answer
     either way, and an error raised through the fast entry keeps its class and the communicator."""
-    from ringtree.comm import _COLL
+    from ringtree._args import COLL_CODES as _COLL
     ar = _COLL["all_reduce"]
     with rt.init(rank=0, size=1) as comm:
         x = np.arange(6, dtype=np.float32)

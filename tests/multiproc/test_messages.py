@@ -641,7 +641,7 @@ def reserved_tags_and_any_tag():
     """A user's pending any-tag receive never takes a message on ringtree's reserved tags
     (shrink's agreement travels there): it gets the user's later message, and the reserved one
     stays for a receive that names its tag."""
-    from ringtree.elastic import RESERVED_TAGS, _recv, _send
+    from ringtree._args import RESERVED_TAGS
     comm = rt.init(timeout=30)
     if comm.rank == 1:
         mine = np.zeros(4, np.int64)
@@ -649,12 +649,12 @@ def reserved_tags_and_any_tag():
         comm.barrier()
         pending.wait()
         reserved = np.zeros(4, np.int64)
-        _recv(comm, reserved, 0, RESERVED_TAGS + 3).wait()
+        comm._irecv(reserved, 0, RESERVED_TAGS + 3, "test").wait()
         result = {"any_tag": [pending.tag] + mine.tolist(), "reserved": reserved.tolist(),
                   "probe_sees_reserved": comm.iprobe(0) is not None}
     else:
         comm.barrier()
-        _send(comm, np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3).wait()
+        comm._isend(np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3, "test").wait()
         time.sleep(0.2)  # the reserved message is there first
         comm.isend(np.full(4, 5, np.int64), 1, tag=7).wait()
         result = {}

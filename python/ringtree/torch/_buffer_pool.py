@@ -6,7 +6,7 @@ import threading
 import torch
 
 # Idle staging buffers a group keeps for reuse (allocate_tensor), in bytes.
-_POOL_BYTES = 1 << 30
+POOL_BYTES = 1 << 30
 
 
 def _storage_users(tensor):
@@ -14,7 +14,7 @@ def _storage_users(tensor):
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
 
 
-class _BufferPool:
+class BufferPool:
     """Host buffers for ProcessGroupRingtree.allocate_tensor: FSDP2's all-gather outputs and
     reduce-scatter inputs, the same few sizes every step. A buffer is handed out again once
     nothing but the pool holds its storage, so a step reuses warm memory instead of asking the
@@ -48,7 +48,7 @@ class _BufferPool:
             return buffer.view(dtype)
 
 
-class _AllocatingBackend:
+class AllocatingBackend:
     """What ProcessGroupRingtree._get_backend(device) returns: the registered stand-in backend
     (every attribute read goes to it) that also answers FSDP2's allocation hook with the group's
     own allocate_tensor. torch cannot build a C++ Backend from Python, and FSDP2 asks the backend,

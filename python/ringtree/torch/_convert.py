@@ -7,27 +7,29 @@ import datetime
 import torch
 import torch.distributed as dist
 
-import ringtree as rt
-from ringtree._buffers import _DTYPE_CODES, _TORCH_DTYPES
+from ringtree._buffers import DTYPE_CODES, TORCH_DTYPES
+from ringtree._core import InvalidArgument
+from ringtree.ops import premul_sum
 
 # torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
 # moved as raw bytes.
-_NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPES}
+NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in TORCH_DTYPES}
 # The core's dtype code of each of them, for calls that hand the core a tensor's pointer directly.
-_DTYPE_CODE = {getattr(torch, name.split(".", 1)[1]): _DTYPE_CODES[code] for name, code in _TORCH_DTYPES.items()}
+TORCH_DTYPE_CODES = {getattr(torch, name.split(".", 1)[1]): DTYPE_CODES[code]
+                     for name, code in TORCH_DTYPES.items()}
 
-_RED_OP = dist.ReduceOp.RedOpType
-_SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
-               _RED_OP.AVG: "avg"}
+RED_OP = dist.ReduceOp.RedOpType
+SIMPLE_OPS = {RED_OP.SUM: "sum", RED_OP.PRODUCT: "prod", RED_OP.MIN: "min", RED_OP.MAX: "max",
+               RED_OP.AVG: "avg"}
 # Flags: a bool all_reduce with MIN is a logical and, with MAX a logical or: min / max of the
 # flags' bytes (0 or 1), as Gloo accepts them.
-_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.MAX: "max"}
+BOOL_OPS = {RED_OP.MIN: "min", RED_OP.MAX: "max"}
 # Bitwise ops act byte by byte, so any integer or bool tensor reduces as its bytes with the core's
 # band / bor / bxor (a bool BAND is a logical and, BXOR a logical xor).
-_BITWISE_OPS = {_RED_OP.BAND: "band", _RED_OP.BOR: "bor", _RED_OP.BXOR: "bxor"}
+BITWISE_OPS = {RED_OP.BAND: "band", RED_OP.BOR: "bor", RED_OP.BXOR: "bxor"}
 
 
-def _seconds(timeout):
+def timeout_seconds(timeout):
     """A timedelta or number of seconds; None, zero and negative mean "no limit"."""
     if timeout is None:
         return None
@@ -35,14 +37,14 @@ def _seconds(timeout):
     return seconds if seconds > 0 else None
 
 
-def _reduce_op(op):
+def ringtree_op(op):
     """torch ReduceOp (or its RedOpType) -> a ringtree op."""
     kind = getattr(op, "op", op)
-    if kind in _SIMPLE_OPS:
-        return _SIMPLE_OPS[kind]
-    if kind in _BITWISE_OPS:
-        return _BITWISE_OPS[kind]
-    if kind == _RED_OP.PREMUL_SUM:
+    if kind in SIMPLE_OPS:
+        return SIMPLE_OPS[kind]
+    if kind in BITWISE_OPS:
+        return BITWISE_OPS[kind]
+    if kind == RED_OP.PREMUL_SUM:
         factor = getattr(op, "factor", None)
         if isinstance(factor, torch.Tensor):
             if factor.numel() != 1:
@@ -50,12 +52,12 @@ def _reduce_op(op):
             factor = factor.item()
         if factor is None:
             raise ValueError("ringtree: premul_sum without a factor")
-        return rt.premul_sum(float(factor))
+        return premul_sum(float(factor))
     raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
                      f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR")
 
 
-class _Staged:
+class StagedTensor:
     """A tensor as ringtree can take it: contiguous, with a dtype the core knows.
 
     Data-movement calls pass other dtypes (bool, int16, complex, float8...) as raw bytes;
@@ -74,10 +76,10 @@ class _Staged:
         self.tensor = tensor
         buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
         self.copied = buffer is not tensor
-        if buffer.dtype not in _NATIVE_DTYPES:
+        if buffer.dtype not in NATIVE_DTYPES:
             if reduction:
                 raise ValueError(f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
-                                 f"reduce; supported: {', '.join(sorted(str(d) for d in _NATIVE_DTYPES))}")
+                                 f"reduce; supported: {', '.join(sorted(str(d) for d in NATIVE_DTYPES))}")
             buffer = buffer.reshape(-1).view(torch.uint8)
         self.buffer = buffer
 
@@ -86,7 +88,7 @@ class _Staged:
             self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
 
 
-def _cuda_device(outputs):
+def cuda_device_of(outputs):
     """The CUDA device of a call's outputs (a list of tensors or of tensor lists), or None."""
     for item in outputs:
         for t in (item if isinstance(item, (list, tuple)) else [item]):
@@ -95,7 +97,7 @@ def _cuda_device(outputs):
     return None
 
 
-def _tensor_list(tensors, what):
+def tensor_list(tensors, what):
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     tensors = list(tensors)
@@ -104,7 +106,7 @@ def _tensor_list(tensors, what):
     return tensors
 
 
-def _concat(tensors, what):
+def concatenated(tensors, what):
     """One contiguous tensor holding `tensors` back to back."""
     dtype = tensors[0].dtype
     for t in tensors:
@@ -113,29 +115,29 @@ def _concat(tensors, what):
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _as_buffer(tensor):
+def as_buffer(tensor):
     """The ringtree view of a contiguous tensor we allocated ourselves."""
-    return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
+    return tensor if tensor.dtype in NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
 
 
-def _host_view(tensor):
+def host_view(tensor):
     """(pointer, element count, dtype code) of a tensor the core can take as it is: a dense,
     contiguous CPU tensor of a dtype it reduces. None for anything else, which takes the
-    staged route (_Staged) with its checks and copies."""
+    staged route (StagedTensor) with its checks and copies."""
     if not isinstance(tensor, torch.Tensor):
         return None
-    code = _DTYPE_CODE.get(tensor.dtype)
+    code = TORCH_DTYPE_CODES.get(tensor.dtype)
     if code is None or tensor.device.type != "cpu" or tensor.layout != torch.strided or not tensor.is_contiguous():
         return None
     return tensor.data_ptr(), tensor.numel(), code
 
 
-def _units(dtype):
+def elements_per_item(dtype):
     """Elements ringtree moves per tensor element: 1, or the item size for dtypes moved as bytes."""
-    return 1 if dtype in _NATIVE_DTYPES else dtype.itemsize
+    return 1 if dtype in NATIVE_DTYPES else dtype.itemsize
 
 
-def _copy_blocks(flat, outputs):
+def copy_blocks(flat, outputs):
     offset = 0
     for out in outputs:
         n = out.numel()
@@ -143,14 +145,14 @@ def _copy_blocks(flat, outputs):
         offset += n
 
 
-def _rows(tensor):
+def row_elements(tensor):
     """Elements per dim-0 row, for all_to_all split sizes."""
     if tensor.dim() == 0:
         return 1
     return tensor.numel() // tensor.size(0) if tensor.size(0) else 0
 
 
-class _MessageBuffer:
+class MessageBuffer:
     """A tensor's bytes as a message takes them: host memory, contiguous, viewed as uint8 (so
     every dtype travels as is). CUDA and non-contiguous tensors go through a host copy."""
 
@@ -174,7 +176,7 @@ class _MessageBuffer:
         """After the receive: the whole tensor must have come (as Gloo demands), then into place."""
         want = self.buffer.numel()
         if message.nbytes != want:
-            raise rt.InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
+            raise InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
                                      f"{message.tag}, but the tensor holds {want} bytes")
         if self.copied:
             with torch.no_grad():

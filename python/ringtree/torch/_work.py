@@ -7,9 +7,9 @@ import threading
 import torch.distributed as dist
 from torch.futures import Future
 
-import ringtree as rt
+from ringtree._core import Timeout
 
-from ._convert import _seconds
+from ._convert import timeout_seconds
 
 
 class _Failure:
@@ -31,8 +31,8 @@ def _raise_failure(fut):
 class RingtreeWork(dist.Work):
     """A torch.distributed Work for one or more ringtree calls.
 
-    wait() blocks until they finish and re-raises their error as is (rt.Timeout,
-    rt.PeerFailure, ...). get_future() is a torch Future whose value is the list of output
+    wait() blocks until they finish and re-raises their error as is (ringtree.Timeout,
+    ringtree.PeerFailure, ...). get_future() is a torch Future whose value is the list of output
     tensors; on failure it completes with a RuntimeError whose message starts with the
     ringtree error's type.
 
@@ -60,9 +60,9 @@ class RingtreeWork(dist.Work):
         self._done.set()
 
     def wait(self, timeout=None):
-        seconds = _seconds(timeout)
+        seconds = timeout_seconds(timeout)
         if not self._done.wait(seconds):
-            raise rt.Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
+            raise Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
         if self._error is not None:
             raise self._error
         return True
@@ -96,7 +96,7 @@ class RingtreeWork(dist.Work):
         pass
 
 
-class _Completer:
+class Completer:
     """Threads that wait for ringtree work and complete the matching RingtreeWork.
 
     Completing a future runs its then-callbacks on the completing thread, and a callback may
@@ -144,7 +144,7 @@ class _Completer:
                 self._idle += 1
 
 
-class _MessageWork(RingtreeWork):
+class RingtreeMessageWork(RingtreeWork):
     """A RingtreeWork over messages: after a receive, source_rank() names the sender."""
 
     def __init__(self, outputs, messages):

@@ -23,15 +23,16 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
 
-import ringtree as rt
 from ringtree import _core
+from ringtree._args import ANY_SOURCE, default_timeout
 from ringtree.comm import Communicator
 from ringtree.ops import resolve_op
 
-from ._buffer_pool import _POOL_BYTES, _AllocatingBackend, _BufferPool
-from ._convert import (_BITWISE_OPS, _BOOL_OPS, _MessageBuffer, _Staged, _as_buffer, _concat, _copy_blocks,
-                       _cuda_device, _host_view, _reduce_op, _rows, _seconds, _tensor_list, _units)
-from ._work import RingtreeWork, _Completer, _MessageWork
+from ._buffer_pool import POOL_BYTES, AllocatingBackend, BufferPool
+from ._convert import (BITWISE_OPS, BOOL_OPS, MessageBuffer, StagedTensor, as_buffer, concatenated, copy_blocks,
+                       cuda_device_of, elements_per_item, host_view, ringtree_op, row_elements, tensor_list,
+                       timeout_seconds)
+from ._work import Completer, RingtreeMessageWork, RingtreeWork
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
@@ -72,9 +73,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         super().__init__(comm.rank, comm.size)
         self._store = store
         self._comm = comm
-        self._timeout = _seconds(timeout)
-        self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
-        self._pool = _BufferPool(_POOL_BYTES)
+        self._timeout = timeout_seconds(timeout)
+        self._completer = Completer(f"ringtree-pg-r{comm.rank}")
+        self._pool = BufferPool(POOL_BYTES)
         self._register_devices()
 
     def _register_devices(self):
@@ -97,10 +98,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # FSDP2's allocation hook (fully_shard module .set_allocate_memory_from_process_group_for_comm(True))
 
     def _get_backend(self, device):
-        return _AllocatingBackend(super()._get_backend(device), self)
+        return AllocatingBackend(super()._get_backend(device), self)
 
     def supports_tensor_alloc(self, device) -> bool:
-        """True for the CPU: allocate_tensor then gives pooled host buffers (see _BufferPool).
+        """True for the CPU: allocate_tensor then gives pooled host buffers (see BufferPool).
         CUDA tensors are staged through the host by the core, whatever memory they live in."""
         return torch.device(device).type == "cpu"
 
@@ -150,7 +151,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # plumbing ---------------------------------------------------------------------------
 
     def _call_timeout(self, opts):
-        seconds = _seconds(getattr(opts, "timeout", None)) if opts is not None else None
+        seconds = timeout_seconds(getattr(opts, "timeout", None)) if opts is not None else None
         return seconds if seconds is not None else self._timeout
 
     def _launch(self, issue, outputs, finish=None, opts=None):
@@ -167,7 +168,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 finish()  # on the caller's stream, after the collective: nothing to wait for
             work._complete(None)
             return work
-        device = _cuda_device(outputs)
+        device = cuda_device_of(outputs)
         if finish is not None and device is not None:
             copy_back = finish
 
@@ -180,7 +181,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return work
 
     def _direct(self, coll, inp, out, op, outputs, keep, opts, timeout, root=0):
-        """One core call on host views (_host_view) of tensors used in place: no staging, no
+        """One core call on host views (host_view) of tensors used in place: no staging, no
         closures, no conversion by the Python communicator. The core checks the call (counts,
         dtypes, root) before any traffic, as on the staged route."""
         op_code, factor = resolve_op(op)
@@ -205,26 +206,26 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "allreduce")
+        tensors = tensor_list(tensors, "allreduce")
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
         timeout = self._call_timeout(opts)
-        if kind in _BITWISE_OPS:
+        if kind in BITWISE_OPS:
             for t in tensors:
                 if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
                     raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
                                      f"got {t.dtype}")
-            op, as_bytes = _BITWISE_OPS[kind], True
-        elif kind in _BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
-            op, as_bytes = _BOOL_OPS[kind], True
+            op, as_bytes = BITWISE_OPS[kind], True
+        elif kind in BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
+            op, as_bytes = BOOL_OPS[kind], True
         else:
-            op, as_bytes = _reduce_op(requested), False
+            op, as_bytes = ringtree_op(requested), False
         # One dense CPU tensor of a dtype the core knows (DDP's buckets): the tensor itself, in place.
-        view = _host_view(tensors[0]) if len(tensors) == 1 else None
+        view = host_view(tensors[0]) if len(tensors) == 1 else None
         if view is not None:
             return self._direct(_ALL_REDUCE, view, view, op, tensors, None, opts, timeout)
         # Bytes-wise reductions stage dtypes the core lacks (bool, int16...) as uint8.
-        staged = [_Staged(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
+        staged = [StagedTensor(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
 
         def issue(async_op):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
@@ -232,11 +233,11 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "allreduce_coalesced")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = tensor_list(tensors, "allreduce_coalesced")
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         for t in tensors:
-            _Staged(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
+            StagedTensor(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
         # One call per dtype, in first-appearance order (the same on every rank).
         groups = {}
         for t in tensors:
@@ -248,20 +249,20 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
         def finish():
             for members, flat in flats:
-                _copy_blocks(flat, members)
+                copy_blocks(flat, members)
 
         return self._launch(issue, tensors, finish, opts=opts)
 
     def broadcast(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "broadcast")
+        tensors = tensor_list(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
         timeout = self._call_timeout(opts)
         if len(tensors) == 1:
-            view = _host_view(tensors[0])
+            view = host_view(tensors[0])
             if view is not None:
                 return self._direct(_BROADCAST, view, None, "sum", tensors, None, opts, timeout, root=root)
-        staged = [_Staged(t, "broadcast tensor") for t in tensors]
+        staged = [StagedTensor(t, "broadcast tensor") for t in tensors]
 
         def issue(async_op):
             return [self._comm.broadcast(s.buffer, root=root, async_op=async_op, timeout=timeout) for s in staged]
@@ -269,12 +270,12 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
     def reduce(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "reduce")
+        tensors = tensor_list(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "reduce")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
-        staged = [_Staged(t, "reduce tensor", reduction=True) for t in tensors]
+        staged = [StagedTensor(t, "reduce tensor", reduction=True) for t in tensors]
 
         def issue(async_op):
             return [self._comm.reduce(s.buffer, root=root, op=op, async_op=async_op, timeout=timeout) for s in staged]
@@ -287,7 +288,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, finish, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        input_tensors = _tensor_list(input_tensors, "allgather")
+        input_tensors = tensor_list(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(f"ringtree: allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs")
         P, timeout = self._comm.size, self._call_timeout(opts)
@@ -299,18 +300,18 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             for out in outputs:
                 if out.dtype != x.dtype:
                     raise ValueError(f"ringtree: allgather: output dtype {out.dtype} differs from input dtype {x.dtype}")
-            plans.append((outputs, _Staged(x, "allgather input")))
+            plans.append((outputs, StagedTensor(x, "allgather input")))
 
         even = all(out.numel() == x.numel() for outputs, x in zip(output_tensors, input_tensors) for out in outputs)
         flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype, device=s.tensor.device)
                  for _, s in plans] if even else []
-        staged_outputs = [] if even else [[_Staged(out, "allgather output") for out in outputs] for outputs, _ in plans]
+        staged_outputs = [] if even else [[StagedTensor(out, "allgather output") for out in outputs] for outputs, _ in plans]
 
         def issue(async_op):
             works = []
             if even:
                 for (outputs, s), flat in zip(plans, flats):
-                    works.append(self._comm.all_gather(s.buffer, _as_buffer(flat), async_op=async_op, timeout=timeout))
+                    works.append(self._comm.all_gather(s.buffer, as_buffer(flat), async_op=async_op, timeout=timeout))
                 return works
             # Uneven sizes: one broadcast per rank; ringtree's count check catches ranks whose
             # output sizes disagree with the sender's input.
@@ -327,7 +328,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         def finish():
             if even:
                 for (outputs, _), flat in zip(plans, flats):
-                    _copy_blocks(flat, outputs)
+                    copy_blocks(flat, outputs)
             else:
                 for outs in staged_outputs:
                     for s in outs:
@@ -342,14 +343,14 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if output.numel() != P * input.numel():
             raise ValueError(f"ringtree: {what}: output has {output.numel()} elements, expected {P} x "
                              f"{input.numel()} (group size x input)")
-        out = _Staged(output, f"{what} output")
-        x = _Staged(input, f"{what} input")
+        out = StagedTensor(output, f"{what} output")
+        x = StagedTensor(input, f"{what} input")
         return out, x
 
     def all_gather_single(self, output, input, opts=None):
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and output.numel() == self._comm.size * input.numel():
-            out, x = _host_view(output), _host_view(input)
+            out, x = host_view(output), host_view(input)
             if out is not None and x is not None:  # FSDP's gathers: straight into the output
                 return self._direct(_ALL_GATHER, x, out, "sum", [output], input, opts, timeout)
         out, x = self._gather_single(output, input, "all_gather_single")
@@ -374,10 +375,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back."""
-        inputs = _tensor_list(input_list, "allgather_coalesced")
+        inputs = tensor_list(input_list, "allgather_coalesced")
         P, timeout = self._comm.size, self._call_timeout(opts)
         for x in inputs:
-            _Staged(x, "allgather_coalesced input")  # argument checks only
+            StagedTensor(x, "allgather_coalesced input")  # argument checks only
         output_lists = [list(outputs) for outputs in output_lists]
         if len(output_lists) != P:
             raise ValueError(f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}")
@@ -386,19 +387,19 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 raise ValueError(f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
                                  f"{len(inputs)} inputs")
             for out, x in zip(outputs, inputs):
-                _Staged(out, "allgather_coalesced output")  # argument checks only
+                StagedTensor(out, "allgather_coalesced output")  # argument checks only
                 if out.dtype != x.dtype or out.numel() != x.numel():
                     raise ValueError(f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
                                      f"match its input ({x.numel()} x {x.dtype})")
-        flat = _concat(inputs, "allgather_coalesced")
+        flat = concatenated(inputs, "allgather_coalesced")
         gathered = torch.empty((P, flat.numel()), dtype=flat.dtype, device=flat.device)
 
         def issue(async_op):
-            return [self._comm.all_gather(_as_buffer(flat), _as_buffer(gathered), async_op=async_op, timeout=timeout)]
+            return [self._comm.all_gather(as_buffer(flat), as_buffer(gathered), async_op=async_op, timeout=timeout)]
 
         def finish():
             for outputs, block in zip(output_lists, gathered):
-                _copy_blocks(block, outputs)
+                copy_blocks(block, outputs)
 
         return self._launch(issue, [t for outputs in output_lists for t in outputs], finish, opts=opts)
 
@@ -409,13 +410,13 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if input.numel() != P * output.numel():
             raise ValueError(f"ringtree: {what}: input has {input.numel()} elements, expected {P} x "
                              f"{output.numel()} (group size x output)")
-        return _Staged(output, f"{what} output", reduction), _Staged(input, f"{what} input", reduction)
+        return StagedTensor(output, f"{what} output", reduction), StagedTensor(input, f"{what} input", reduction)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and input.numel() == self._comm.size * output.numel():
-            out, x = _host_view(output), _host_view(input)
+            out, x = host_view(output), host_view(input)
             if out is not None and x is not None:
                 return self._direct(_REDUCE_SCATTER, x, out, op, [output], input, opts, timeout)
         out, x = self._scatter_single(output, input, "reduce_scatter_single", True)
@@ -428,7 +429,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
 
@@ -441,8 +442,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        output_tensors = _tensor_list(output_tensors, "reduce_scatter")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        output_tensors = tensor_list(output_tensors, "reduce_scatter")
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         P = self._comm.size
         pairs = []
@@ -453,7 +454,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             if any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
                 raise ValueError("ringtree: reduce_scatter: every input must match the output's size and dtype "
                                  f"({output.numel()} x {output.dtype})")
-            out = _Staged(output, "reduce_scatter output", reduction=True)
+            out = StagedTensor(output, "reduce_scatter output", reduction=True)
             pairs.append((out, torch.cat([t.reshape(-1) for t in inputs])))
 
         def issue(async_op):
@@ -474,9 +475,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             raise ValueError(f"ringtree: all_to_all_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
         send_counts = self._split_counts(input, input_split_sizes, "input")
         recv_counts = self._split_counts(output, output_split_sizes, "output")
-        out, x = _Staged(output, "all_to_all_single output"), _Staged(input, "all_to_all_single input")
-        send_counts = [c * _units(input.dtype) for c in send_counts]
-        recv_counts = [c * _units(output.dtype) for c in recv_counts]
+        out, x = StagedTensor(output, "all_to_all_single output"), StagedTensor(input, "all_to_all_single input")
+        send_counts = [c * elements_per_item(input.dtype) for c in send_counts]
+        recv_counts = [c * elements_per_item(output.dtype) for c in recv_counts]
 
         def issue(async_op):
             return [self._all_to_all_counts(send_counts, recv_counts, x.buffer, out.buffer, timeout, async_op)]
@@ -499,7 +500,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if sum(split_sizes) != (tensor.size(0) if tensor.dim() else 1):
             raise ValueError(f"ringtree: all_to_all_single: {what} split sizes {split_sizes} do not add up to "
                              f"dim 0 ({tensor.size(0) if tensor.dim() else 1})")
-        return [int(s) * _rows(tensor) for s in split_sizes]
+        return [int(s) * row_elements(tensor) for s in split_sizes]
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         P, timeout = self._comm.size, self._call_timeout(opts)
@@ -508,28 +509,28 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             raise ValueError(f"ringtree: alltoall needs {P} input and {P} output tensors, got "
                              f"{len(input_tensors)} and {len(output_tensors)}")
         for t in output_tensors + input_tensors:
-            _Staged(t, "alltoall tensor")  # argument checks only
-        x = _concat(input_tensors, "alltoall")
+            StagedTensor(t, "alltoall tensor")  # argument checks only
+        x = concatenated(input_tensors, "alltoall")
         if any(t.dtype != x.dtype for t in output_tensors):
             raise ValueError("ringtree: alltoall: inputs and outputs must share one dtype")
         out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype, device=x.device)
-        xb, outb = _as_buffer(x), _as_buffer(out)
-        send_counts = [t.numel() * _units(x.dtype) for t in input_tensors]
-        recv_counts = [t.numel() * _units(x.dtype) for t in output_tensors]
+        xb, outb = as_buffer(x), as_buffer(out)
+        send_counts = [t.numel() * elements_per_item(x.dtype) for t in input_tensors]
+        recv_counts = [t.numel() * elements_per_item(x.dtype) for t in output_tensors]
 
         def issue(async_op):
             return [self._all_to_all_counts(send_counts, recv_counts, xb, outb, timeout, async_op)]
 
-        return self._launch(issue, output_tensors, lambda: _copy_blocks(out, output_tensors), opts=opts)
+        return self._launch(issue, output_tensors, lambda: copy_blocks(out, output_tensors), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        input_tensors = _tensor_list(input_tensors, "gather")
+        input_tensors = tensor_list(input_tensors, "gather")
         if len(input_tensors) != 1:
             raise ValueError(f"ringtree: gather takes one input tensor, got {len(input_tensors)}")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "gather")
         timeout, P = self._call_timeout(opts), self._comm.size
-        x = _Staged(input_tensors[0], "gather input")
+        x = StagedTensor(input_tensors[0], "gather input")
         outputs = []
         if self._comm.rank == root:
             if len(output_tensors) != 1 or len(output_tensors[0]) != P:
@@ -542,19 +543,19 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         flat = torch.empty(P * x.tensor.numel(), dtype=x.tensor.dtype, device=x.tensor.device) if outputs else None
 
         def issue(async_op):
-            out = _as_buffer(flat) if flat is not None else None
+            out = as_buffer(flat) if flat is not None else None
             return [self._comm.gather(x.buffer, out, root=root, async_op=async_op, timeout=timeout)]
 
-        return self._launch(issue, outputs, (lambda: _copy_blocks(flat, outputs)) if outputs else None, opts=opts)
+        return self._launch(issue, outputs, (lambda: copy_blocks(flat, outputs)) if outputs else None, opts=opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        output_tensors = _tensor_list(output_tensors, "scatter")
+        output_tensors = tensor_list(output_tensors, "scatter")
         if len(output_tensors) != 1:
             raise ValueError(f"ringtree: scatter takes one output tensor, got {len(output_tensors)}")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "scatter")
         timeout, P = self._call_timeout(opts), self._comm.size
-        out = _Staged(output_tensors[0], "scatter output")
+        out = StagedTensor(output_tensors[0], "scatter output")
         flat = None
         if self._comm.rank == root:
             if len(input_tensors) != 1 or len(input_tensors[0]) != P:
@@ -562,7 +563,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             inputs = list(input_tensors[0])
             if any(t.numel() != out.tensor.numel() or t.dtype != out.tensor.dtype for t in inputs):
                 raise ValueError("ringtree: scatter: every input must match the output's size and dtype")
-            flat = _as_buffer(_concat(inputs, "scatter"))
+            flat = as_buffer(concatenated(inputs, "scatter"))
         elif input_tensors and any(len(i) for i in input_tensors):
             raise ValueError(f"ringtree: scatter: only the root (rank {root}) passes input tensors")
 
@@ -593,10 +594,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         """Start the messages issue() makes; a completion thread waits for them, runs
         finish(messages) (checks sizes, copies into CUDA or non-contiguous tensors) and
         completes the work."""
-        work = _MessageWork(outputs, issue())
+        work = RingtreeMessageWork(outputs, issue())
         done = None
         if finish is not None:
-            device = _cuda_device(outputs)
+            device = cuda_device_of(outputs)
 
             def done():
                 finish(work.messages)
@@ -606,25 +607,25 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return work
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's argument names
-        tensors = _tensor_list(tensors, "send")
+        tensors = tensor_list(tensors, "send")
         self._check_p2p(dstRank, tag, "send")
-        staged = [_MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
+        staged = [MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
         return self._messages(lambda: [self._comm.isend(s.buffer, dstRank, tag) for s in staged], tensors)
 
     def recv(self, tensors, srcRank, tag=0):  # noqa: N803
-        tensors = _tensor_list(tensors, "recv")
+        tensors = tensor_list(tensors, "recv")
         self._check_p2p(srcRank, tag, "recv")
         return self._receive(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
-        tensors = _tensor_list(tensors, "recv")
+        tensors = tensor_list(tensors, "recv")
         if len(tensors) != 1:
             raise ValueError(f"ringtree: recv from any source takes one tensor, got {len(tensors)}")
         self._check_tag(tag, "recv")
-        return self._receive(tensors, rt.ANY_SOURCE, tag)
+        return self._receive(tensors, ANY_SOURCE, tag)
 
     def _receive(self, tensors, src, tag):
-        staged = [_MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
+        staged = [MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
         return self._messages(lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged], tensors,
                               lambda messages: [s.write_back(m) for s, m in zip(staged, messages)])
 
@@ -642,7 +643,7 @@ def _unique_id_through_store(store, rank, timeout):
     generation = store.add(f"ringtree/creations/rank{rank}", 1)
     key = f"ringtree/uid/{generation}"
     if rank == 0:
-        token = str(rt.UniqueId.create())
+        token = str(_core.UniqueId.create())
         store.set(key, token)
         return token
     if timeout is not None:
@@ -657,9 +658,9 @@ def create_process_group(store, rank, size, timeout):
     init_process_group / new_group is used as is; torch's default (30 minutes) gives way to
     ringtree's own RINGTREE_TIMEOUT (default 300 s), so a stalled peer surfaces in minutes.
     """
-    seconds = _seconds(timeout)
+    seconds = timeout_seconds(timeout)
     if seconds is None or timeout == default_pg_timeout:
-        seconds = rt.default_timeout()
+        seconds = default_timeout()
     token = _unique_id_through_store(store, rank, seconds)
     comm = Communicator(rank, size, token, seconds)
     return ProcessGroupRingtree(comm, store=store, timeout=seconds)
