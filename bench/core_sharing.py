@@ -58,7 +58,7 @@ def main():
                 raise SystemExit(f"rank {comm.rank}: wrong result")
             if comm.rank == 0:
                 print(f"{args.placement:10s} {nbytes:>10d} B  {np.median(times) * 1e6:10.1f} us/call  "
-                      f"(waits yielded to a peer on this CPU: {getattr(comm, 'shared_cpu_waits', 'n/a')})", flush=True)
+                      f"(waits yielded to a peer on this CPU: {comm.status().shared_cpu_waits})", flush=True)
     finally:
         if burner is not None:
             burner.kill()

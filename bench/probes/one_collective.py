@@ -4,7 +4,7 @@ ran (each launch its own placement of the ranks on cores, unlike rt_bench's inte
     python -m ringtree.launch -n 2 bench/probes/one_collective.py all_gather 2M [calls]
 
 Prints rank 0's median time per call (a barrier before each), whether single-copy transfers are
-on, and which stores its shared-memory writers chose (comm.shm_stores)."""
+on, and which stores its shared-memory writers chose (comm.status().shm_stores)."""
 import sys
 import time
 
@@ -46,7 +46,7 @@ def main():
         times.append(time.perf_counter() - t)
     if comm.rank == 0:
         print(f"{collective} {nbytes} B P={P}: {np.median(times) * 1e6:.1f} us median of {calls}; "
-              f"single copy {comm.single_copy.split(':')[0]}; stores: {comm.shm_stores}", flush=True)
+              f"single copy {comm.status().single_copy.split(':')[0]}; stores: {comm.status().shm_stores}", flush=True)
     comm.close()
 
 

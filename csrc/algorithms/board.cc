@@ -50,6 +50,16 @@ void await_others(Schedule& s, int P, int r, int skip) {
 
 }  // namespace
 
+uint64_t board_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
+  switch (coll) {
+    case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
+      return block_bytes;
+    case Collective::ReduceScatter: case Collective::AllToAll: return block_bytes * static_cast<uint64_t>(nranks);
+    case Collective::Barrier: return 0;
+    default: return UINT64_MAX;
+  }
+}
+
 void board_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
   const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
   uint64_t published = N;

@@ -191,6 +191,10 @@ void rank_order_schedule(Schedule& s, const ScheduleKey& key);
 // The one-shot board (board.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
 // broadcast, reduce and barrier; P = 1 and count = 0 included (a board call always publishes).
 void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
+// What each rank of a board call publishes, in bytes, for a per-rank count of block_bytes (the
+// largest publication of the call: a broadcast's root, every rank of the others); UINT64_MAX for
+// a collective the board does not run.
+uint64_t board_payload_bytes(Collective coll, uint64_t block_bytes, int nranks);
 
 // Transport-free check: builds every rank's schedule for `key` (key.rank ignored), runs them
 // against each other with rendezvous semantics (a send completes only when the receiver is at

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 #include "bindings/bindings.h"
+#include "bindings/choice_hook.h"
 #include "exec/plan.h"
 #include "runtime/flight_recorder.h"
 #include "common/check.h"
@@ -326,16 +327,36 @@ void register_communicator(py::module_& m) {
              return py::make_tuple(s.source, s.tag, s.bytes);
            },
            py::arg("src"), py::arg("tag"))
-      .def("machine_costs", &Communicator::machine_costs)
-      .def("transport_to", &Communicator::transport_to)
-      .def_property_readonly("shared_cpu_waits", &Communicator::shared_cpu_waits)
-      .def_property_readonly("single_copy", &Communicator::single_copy)
-      .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
-      .def_property_readonly("numa", &Communicator::numa)
-      .def_property_readonly("numa_nodes", &Communicator::numa_nodes)
-      .def_property_readonly("streamed_pieces", &Communicator::streamed_pieces)
-      .def_property_readonly("shm_stores", &Communicator::shm_stores)
-      .def_property_readonly("wait_policy", &Communicator::wait_policy)
+      .def("status",
+           [](const Communicator& c) {
+             CommStatus s;
+             {
+               py::gil_scoped_release release;
+               s = c.status();
+             }
+             py::dict machine;
+             machine["source"] = s.cost_source;
+             for (const auto& [name, value] : s.machine) machine[py::str(name)] = value;
+             machine["hosts"] = s.hosts;
+             py::dict d;
+             d["transports"] = s.transports;
+             d["hosts"] = s.hosts;
+             d["wait_policy"] = s.wait_policy;
+             d["single_copy"] = s.single_copy;
+             d["numa"] = s.numa;
+             d["numa_nodes"] = s.numa_nodes;
+             d["shm_stores"] = s.shm_stores;
+             d["machine"] = machine;
+             d["algo_hook"] = s.algo_hook;
+             d["shared_cpu_waits"] = s.shared_cpu_waits;
+             d["single_copy_messages"] = s.single_copy_messages;
+             d["streamed_pieces"] = s.streamed_pieces;
+             return d;
+           },
+           "What set-up found and the counters since, as a dict (CommStatus).")
+      .def("set_choice_hook",
+           [](Communicator& c, py::object fn) { c.set_choice_hook(choice_hook_of(fn)); }, py::arg("hook"),
+           "fn(request tuple) -> algo code replaces auto's last decision; None restores the cost model's.")
       .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)

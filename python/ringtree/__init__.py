@@ -17,9 +17,11 @@ if os.environ.get("RINGTREE_CUDA_STANDIN") == "1":
 
 from ._args import ANY_SOURCE, ANY_TAG, default_timeout
 from ._buffers import DTYPES
+from ._choice import ChoiceRequest
 from ._core import (Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure,
                     Timeout, UniqueId)
 from ._nccl import nccl_info
+from ._status import Status
 from ._work import MessageWork, Work
 from ._world import cuda_available, dump, init, join, trace
 from .bucketing import Bucketer
@@ -34,6 +36,6 @@ __all__ = [
     "Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
     "BootstrapError", "DTYPES", "default_timeout", "explain", "nccl_info", "cuda_available",
     "collective_info", "CollectiveInfo", "dump", "trace", "MessageWork", "ANY_SOURCE", "ANY_TAG",
-    "Excluded", "join",
+    "Excluded", "join", "Status", "ChoiceRequest",
 ]
 __version__ = "0.1.0"

@@ -18,7 +18,9 @@ from ._args import (ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, count
                     user_tag)
 from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
+from ._choice import core_hook
 from ._recording import Recording
+from ._status import Status
 from ._work import MessageWork, Work
 from .ops import resolve_op
 
@@ -71,66 +73,22 @@ class Communicator(Recording):
     def __exit__(self, *exc):
         self.close()
 
-    @property
-    def shared_cpu_waits(self) -> int:
-        """How many of this rank's waits went straight to yielding, without spinning, because a
-        peer they needed was last seen on this rank's CPU (the scheduler put both on one core)."""
-        return self._core.shared_cpu_waits
+    def status(self) -> Status:
+        """What this communicator found at set-up (transports, hosts, how it waits, single-copy,
+        NUMA, stores, the cost model's figures) and its counters so far, as one ringtree.Status
+        (read it between calls). str() of it is a readable summary."""
+        cuda = "not set up" if self._cuda is None else self._cuda.executor()
+        return Status.of(self._core.status(), cuda)
 
-    def transport_to(self, peer: int) -> str:
-        """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
-        return self._core.transport_to(int(peer))
-
-    @property
-    def single_copy(self) -> str:
-        """'on: ...' when large messages of all_gather, all_to_all, broadcast and scatter between
-        ranks on this host are read straight from the sender's memory (process_vm_readv), else
-        'off: <reason>' (RINGTREE_CMA=0, the kernel forbids it, no other rank shares memory with
-        this one); then they are copied twice, through shared memory."""
-        return self._core.single_copy
-
-    @property
-    def single_copy_messages(self) -> int:
-        """How many messages this rank has received single-copy so far (read it between calls)."""
-        return self._core.single_copy_messages
-
-    @property
-    def numa(self) -> str:
-        """This rank's NUMA node (the node of every CPU it may run on, or, where its CPUs span
-        nodes, the node it runs on now) and where the shared memory it reads was placed: each
-        rank allocates the rings it reads on its own node, so a ring's pages sit with the rank
-        that reads every byte of it."""
-        return self._core.numa
-
-    @property
-    def numa_nodes(self) -> list:
-        """Each rank's NUMA node as this rank knows it: its own and those of the ranks it shares
-        memory with; -1 for ranks on other hosts, or where the kernel reports no nodes."""
-        return list(self._core.numa_nodes)
-
-    @property
-    def streamed_pieces(self) -> int:
-        """How many payload pieces this rank has written into shared-memory rings with streaming
-        (cache-bypassing) stores so far. RINGTREE_SHM_STREAM_STORES=auto (the default) times both
-        kinds of store on each ring and streams while that is clearly faster, which it is when the
-        two ranks' cores do not share a cache (read it between calls)."""
-        return self._core.streamed_pieces
-
-    @property
-    def shm_stores(self) -> str:
-        """Which stores this rank's shared-memory writers use now (its board, its ring to each
-        local peer) and, under RINGTREE_SHM_STREAM_STORES=auto, the measured cycles per KiB of
-        plain and streaming copies behind the choice: plain copies measuring several times dearer
-        than streaming ones mean the peer's core does not share a cache with this one."""
-        return self._core.shm_stores
-
-    @property
-    def wait_policy(self) -> str:
-        """How this rank waits for its peers: how long it spins and yields before it blocks, and
-        the counts that decided it (ranks on this host; ranks on this kernel allowed the same
-        CPUs, which includes other containers and network namespaces). A wait on nothing but TCP
-        transfers blocks at once, and one whose peer last waited on this CPU skips the spin."""
-        return self._core.wait_policy
+    def set_algo_hook(self, hook) -> None:
+        """Let hook(request) make algo="auto"'s last decision on this communicator: request is a
+        ringtree.ChoiceRequest (the call, every candidate algorithm with its predicted seconds and
+        formula, and the cost model's pick); the hook returns a candidate's name, or None for the
+        model's pick. Set the same hook on every rank, between calls: it must answer from the
+        request alone (ranks that choose differently fail with CollectiveMismatch). Its answers
+        are remembered per (collective, bytes, dtype), like the model's. None removes it. See
+        the docs' "How auto chooses"."""
+        self._core.set_choice_hook(core_hook(hook))
 
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
@@ -149,11 +107,6 @@ class Communicator(Recording):
         return [(_core.ALGOS[a], t, formula)
                 for a, t, formula in self._core.estimate(coll_code(collective), int(nbytes), dtype_code(dtype),
                                                          bool(deterministic))]
-
-    def machine_costs(self) -> dict:
-        """The figures the cost model prices with (rank 0's, shared by every rank)."""
-        pairs = (line.split(" ", 1) for line in self._core.machine_costs().splitlines())
-        return {k: (v if k in ("source", "hosts") else float(v)) for k, v in pairs}
 
     # --- the collectives -------------------------------------------------------------------
 
@@ -374,12 +327,6 @@ class Communicator(Recording):
         token and calls publish(token) (a file, a store, an environment variable...); each new
         process calls rt.join(token, index) with index 0..joiners-1. The others may pass None."""
         return elastic.grow(self, joiners, publish, timeout)
-
-    def cuda_executor(self) -> str:
-        """How this communicator moves CUDA buffers: 'ipc' (a kernel walks the schedules over
-        CUDA IPC mailboxes), 'staged: <why not ipc>' (through the host communicator), or
-        'not set up' before its first call on CUDA buffers (that call sets it up, on every rank)."""
-        return "not set up" if self._cuda is None else self._cuda.executor()
 
     def _cuda_comm(self):
         if self._cuda is None:

@@ -57,7 +57,7 @@ class Machine:
 
     @classmethod
     def from_costs(cls, m: dict, **overrides) -> "Machine":
-        """From Communicator.machine_costs()."""
+        """From Communicator.status().machine."""
         made = cls(call_s=m["call_us"] * 1e-6, hop_s=m["hop_us"] * 1e-6, switch_s=m["switch_us"] * 1e-6,
                    tcp_hop_s=m["tcp_hop_us"] * 1e-6, tcp_Bps=m["tcp_GBps"] * 1e9,
                    copy_hot_Bps=m["copy_hot_GBps"] * 1e9, copy_cold_Bps=m["copy_cold_GBps"] * 1e9,
@@ -421,7 +421,7 @@ def measured_machine() -> dict:
     from ._world import init
     comm = init(rank=0, size=1)
     try:
-        return comm.machine_costs()
+        return comm.status().machine
     finally:
         comm.close()
 
@@ -429,8 +429,8 @@ def measured_machine() -> dict:
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m ringtree.simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--machine", action="store_true",
-                   help="start from this machine's measured figures (Communicator.machine_costs())")
-    p.add_argument("--costs-json", default=None, metavar="FILE", help="start from a saved machine_costs() dict")
+                   help="start from this machine's measured figures (Communicator.status().machine)")
+    p.add_argument("--costs-json", default=None, metavar="FILE", help="start from a saved Communicator.status().machine dict")
     p.add_argument("--intra-hop-us", type=float, help="one message between ranks of a host (us)")
     p.add_argument("--intra-GBps", type=float, help="copy bandwidth inside a host (GB/s; in cache and from memory)")
     p.add_argument("--reduce-GBps", type=float, help="float32 sum bandwidth inside a host (GB/s)")

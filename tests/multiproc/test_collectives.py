@@ -86,11 +86,14 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
 
 
 def transports():
+    """This rank's Status: how it reaches each rank, the hosts, and its printed summary."""
     comm = rt.init()
-    out = [comm.transport_to(q) for q in range(comm.size)]
+    status = comm.status()
+    assert isinstance(status, rt.Status)
     comm.barrier()
     comm.close()
-    return {"transports": out}
+    return {"transports": list(status.transports), "hosts": status.hosts, "machine_hosts": status.machine["hosts"],
+            "text": str(status)}
 
 
 def assert_clean(world):
@@ -117,12 +120,17 @@ def test_collectives_two_hosts(nranks):
                       hosts=2, timeout=540)
     assert_clean(world)
     world = run_world(nranks, transports, hosts=2, timeout=60)
-    t = [res["transports"] for res in world.check_ok()]
+    results = world.check_ok()
+    t = [res["transports"] for res in results]
     half = [r * 2 // nranks for r in range(nranks)]
     for a in range(nranks):
         for b in range(nranks):
             want = "self" if a == b else ("shm" if half[a] == half[b] else "tcp")
             assert t[a][b] == want, (a, b, t[a][b])
+    groups = " ".join("{" + ",".join(str(r) for r in range(nranks) if half[r] == h) + "}" for h in (0, 1))
+    for res in results:
+        assert res["hosts"] == res["machine_hosts"] == f"2 hosts: {groups}", res
+        assert res["text"].startswith(f"hosts: {res['hosts']}; transports: 0:") and "waiting: spin" in res["text"]
 
 
 @pytest.mark.timeout(300)

@@ -40,7 +40,7 @@ def choices_and_estimates():
                 choices[key] = comm.choose_algo(coll, nbytes, "auto", dtype)
                 estimates[key] = [(a, t) for a, t, _ in comm.estimate(coll, nbytes, dtype)]
     text = rt.explain("all_reduce", 4096, comm=comm, file=io.StringIO())
-    costs = comm.machine_costs()
+    costs = comm.status().machine
     comm.close()
     return {"choices": choices, "estimates": estimates, "explain": text, "costs": costs}
 
@@ -92,6 +92,62 @@ def test_default_figures_without_measuring():
     res = run_world(2, choices_and_estimates, timeout=100, env={"RINGTREE_COST_MODEL": "defaults"}).check_ok()
     assert all(r["costs"]["source"] == "defaults" for r in res)
 
+
+
+def overrule_past(limit, request):
+    """An algorithm hook: for calls larger than `limit`, ring or tree, whichever the model did not pick."""
+    if request.nbytes <= limit:
+        return None
+    return next(a for a, _, _ in request.candidates if a in ("ring", "tree") and a != request.model_choice)
+
+
+def hooked_calls():
+    """Every rank sets the same hook: its choice runs (the flight recorder says so) and gives
+    numpy's sum; a hook that answers a non-candidate fails the call on every rank, before any
+    traffic, leaving the communicator usable; ranks whose hooks disagree get CollectiveMismatch
+    (last: it aborts the communicator)."""
+    import functools
+    comm = rt.init(timeout=20)
+    P, r = comm.size, comm.rank
+    out = {"model": [comm.choose_algo("all_reduce", n) for n in (4096, 1 << 20)]}
+    comm.set_algo_hook(functools.partial(overrule_past, 65536))
+    out["hooked"] = [comm.choose_algo("all_reduce", n) for n in (4096, 1 << 20)]
+    x = np.arange(1 << 18, dtype=np.float32) + r
+    comm.all_reduce(x)
+    out["exact"] = bool(np.array_equal(x, P * np.arange(1 << 18, dtype=np.float32) + P * (P - 1) / 2))
+    out["recorded_algo"] = comm.record()["calls"][-1]["algo"]
+    out["status_hook"] = comm.status().algo_hook
+    out["explain"] = rt.explain("all_reduce", 1 << 20, comm=comm, file=None)
+    comm.set_algo_hook(lambda request: "oneshot")
+    try:
+        comm.all_reduce(x)
+        out["bad_answer"] = None
+    except rt.InvalidArgument as exc:
+        out["bad_answer"] = str(exc)
+    comm.set_algo_hook(None)
+    y = np.ones(1 << 18, np.float32)
+    comm.all_reduce(y)
+    out["usable"] = bool((y == P).all()) and not comm.status().algo_hook
+    comm.set_algo_hook(lambda request: "ring" if r == 0 else "tree")
+    try:
+        comm.all_reduce(np.ones(1 << 18, np.float32))
+        out["disagree"] = None
+    except rt.Error as exc:
+        out["disagree"] = type(exc).__name__
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_an_algorithm_hook_set_on_every_rank_decides_what_auto_runs():
+    for res in run_world(2, hooked_calls, timeout=50).check_ok():
+        small, large = res["model"]
+        overruled = "tree" if large == "ring" else "ring"
+        assert res["hooked"] == [small, overruled], res
+        assert res["exact"] and res["recorded_algo"] == overruled and res["status_hook"], res
+        assert f"auto chooses {overruled} (the algorithm hook's choice" in res["explain"], res["explain"]
+        assert "hook chose 'oneshot'" in res["bad_answer"] and res["usable"], res
+        assert res["disagree"] in ("CollectiveMismatch", "Aborted"), res
 
 def deterministic_estimates():
     """What deterministic mode weighs for a small and a large all_reduce, what it chooses and

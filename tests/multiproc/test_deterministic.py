@@ -42,7 +42,7 @@ def results(seed):
     and whether it equals numpy's rank-order fold; then ring and tree without the mode."""
     comm = rt.init()
     r, P = comm.rank, comm.size
-    one_host = comm.machine_costs()["hosts"].startswith("1 host")
+    one_host = comm.status().machine["hosts"].startswith("1 host")
     digests, wrong, ran, differs = {}, [], set(), []
     for coll, algos in ALGOS.items():
         for dtype_name in ("float32", "bfloat16"):

@@ -54,8 +54,8 @@ def sweep(counts):
                 if wrong:
                     failures.append(f"{desc}: {wrong} wrong")
     comm.barrier()
-    out = {"checks": checks, "failures": failures, "hosts": comm.machine_costs()["hosts"],
-           "transports": [comm.transport_to(q) if q != comm.rank else "self" for q in range(P)]}
+    out = {"checks": checks, "failures": failures, "hosts": comm.status().machine["hosts"],
+           "transports": [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)]}
     comm.close()
     return out
 

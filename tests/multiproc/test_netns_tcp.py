@@ -40,7 +40,7 @@ def sweep(counts):
                 checks += 1
                 if wrong:
                     failures.append(f"{desc}: {wrong} wrong")
-    transports = [comm.transport_to(q) if q != comm.rank else "self" for q in range(P)]
+    transports = [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)]
     comm.close()
     return {"checks": checks, "failures": failures, "transports": transports}
 

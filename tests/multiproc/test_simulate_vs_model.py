@@ -15,7 +15,7 @@ SIZES = [64 << 10, 1 << 20, 8 << 20]
 
 def estimates():
     comm = rt.init()
-    out = {"costs": comm.machine_costs(),
+    out = {"costs": comm.status().machine,
            "estimates": {n: {a: t for a, t, _ in comm.estimate("all_reduce", n)} for n in SIZES}}
     comm.close()
     return out

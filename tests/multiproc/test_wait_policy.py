@@ -31,7 +31,7 @@ def small_and_large_calls(placement, calls=200):
     out = np.empty_like(big)
     comm.all_reduce(big, out, algo="ring")  # ring steps over the shared-memory rings
     ok = ok and bool(np.array_equal(out, P * np.arange(1 << 20, dtype=np.int64) + P * (P - 1) // 2))
-    waits = comm.shared_cpu_waits
+    waits = comm.status().shared_cpu_waits
     comm.close()
     return {"ok": ok, "shared_cpu_waits": waits, "cores": len(cores)}
 

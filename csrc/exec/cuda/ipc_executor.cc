@@ -174,8 +174,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
   if (!IpcEnabled()) return "RINGTREE_CUDA_IPC=0";
   if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
+  const std::vector<std::string> transports = host_->status().transports;
   for (int q = 0; q < P_; ++q)
-    if (q != rank_ && host_->transport_to(q) != "shm") return str_cat("rank ", q, " is on another host");
+    if (q != rank_ && transports[q] != "shm") return str_cat("rank ", q, " is on another host");
   slot_bytes_ = static_cast<uint64_t>(IpcSlotBytes()) / 16 * 16;
   slots_ = static_cast<uint32_t>(IpcSlots());
   if (slot_bytes_ < 16 || slots_ < 1) return "RINGTREE_CUDA_IPC_SLOT_BYTES / RINGTREE_CUDA_IPC_SLOTS are too small";

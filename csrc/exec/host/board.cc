@@ -29,21 +29,6 @@
 
 namespace ringtree {
 
-// block_bytes: the call's per-rank count in bytes (ScheduleKey::count times the element size).
-uint64_t HostExecutor::board_payload_bytes(Collective c, uint64_t block_bytes) const {
-  switch (c) {
-    case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
-      return block_bytes;
-    case Collective::ReduceScatter: case Collective::AllToAll: return block_bytes * static_cast<uint64_t>(size_);
-    case Collective::Barrier: return 0;
-    default: return UINT64_MAX;  // not a board collective
-  }
-}
-
-bool HostExecutor::board_fits(Collective c, uint64_t block_bytes) const {
-  return board_usable_ && board_payload_bytes(c, block_bytes) <= board_bytes_;
-}
-
 static int board_slot_of(uint64_t gen) { return static_cast<int>(gen % kBoardSlots); }
 
 void HostExecutor::publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
@@ -136,7 +121,7 @@ void HostExecutor::run_board(const uint8_t* in, uint8_t* out) {
   const uint64_t gen = ++board_gen_;
   const int slot_index = board_slot_of(gen);
   MsgHeader fp = current_fp_;
-  fp.payload_bytes = board_payload_bytes(p.key.coll, p.key.count * esz);
+  fp.payload_bytes = board_payload_bytes(p.key.coll, p.key.count * esz, size_);
   current_fp_ = fp;
   const Schedule& s = schedule_for(*current_);
   // The rule of common/board.h; then slot gen % kBoardSlots is free to rewrite.

@@ -77,11 +77,9 @@ class HostExecutor {
   // "all_reduce #3 (...)" with the peers of a point-to-point call; "no collective" between calls.
   std::string describe_current() const;
 
-  // The board (board.cc): what a call would put there per rank, and whether it fits.
-  uint64_t board_payload_bytes(Collective c, uint64_t block_bytes) const;
-  bool board_fits(Collective c, uint64_t block_bytes) const;
-  bool board_usable() const { return board_usable_; }
-  uint64_t board_bytes() const { return board_bytes_; }
+  // What a rank may publish on the board (board.cc) in one call: 0 where the board is not
+  // usable (some rank on another host, or RINGTREE_ONESHOT_BYTES=0).
+  uint64_t board_capacity() const { return board_usable_ ? board_bytes_ : 0; }
 
   std::string transport_to(int peer) const;
   // Whether large collective messages between ranks on this host go single-copy (cma.h), and why
