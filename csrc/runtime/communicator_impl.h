@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 #include "bootstrap/control_plane.h"
-#include "exec/host/host_executor.h"
+#include "exec/host/executor.h"
 #include "runtime/algo_choice.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/machine_probe.h"

@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <cstring>
 #include "common/check.h"
-#include "exec/host/host_executor.h"
+#include "exec/host/executor.h"
 
 
 namespace ringtree {

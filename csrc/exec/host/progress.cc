@@ -18,7 +18,7 @@
 #include "algorithms/ops.h"
 #include "common/check.h"
 #include "kernels/host/copy.h"
-#include "exec/host/host_executor.h"
+#include "exec/host/executor.h"
 
 namespace ringtree {
 

@@ -8,7 +8,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
-#include "exec/host/host_executor.h"
+#include "exec/host/executor.h"
 #include "transport/shm/cma.h"
 #include "transport/tcp/tcp.h"
 
