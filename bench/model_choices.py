@@ -48,7 +48,7 @@ def measured(paths, colls, ranks):
                 continue
             f = line.split()
             cell = f[9] if coll == "broadcast" else f[5]  # the bench's convention: broadcast in place
-            if not f[0].isdigit() or cell == "n/a":  # oneshot past the board's capacity
+            if not f[0].isdigit() or cell == "n/a":  # oneshot past its slots' capacity
                 continue
             time, size = float(cell), int(f[0])
             out.setdefault(coll, {}).setdefault(size, {}).setdefault(algo, []).append(time)

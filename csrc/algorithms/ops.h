@@ -14,7 +14,7 @@ inline Op make_copy(BufId dst, uint64_t dst_off, BufId src, uint64_t src_off, ui
   return {OpKind::Copy, -1, n, {dst, dst_off}, {src, src_off}};
 }
 
-// Board ops (schedule.h). A read of count 0 waits for `peer`'s publication and moves nothing.
+// One-shot ops (schedule.h). A read of count 0 waits for `peer`'s publication and moves nothing.
 inline Op make_publish(BufId src, uint64_t n) { return {OpKind::Publish, -1, n, {BufId::Published, 0}, {src, 0}}; }
 inline Op make_copy_published(int peer, BufId dst, uint64_t dst_off, uint64_t pub_off, uint64_t n) {
   return {OpKind::CopyPublished, peer, n, {dst, dst_off}, {BufId::Published, pub_off}};

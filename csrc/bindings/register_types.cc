@@ -1,7 +1,7 @@
 // Names of the enums, in code order, so Python maps names to codes without a second table.
 #include <pybind11/stl.h>
 #include "bindings/bindings.h"
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "common/collective.h"
 #include "ringtree/communicator.h"
 #include "ringtree/types.h"
@@ -23,8 +23,8 @@ void register_types(py::module_& m) {
   m.attr("ALGOS") = algos;
   // Message tags from here up are ringtree's own (shrink); the messenger's any-tag skips them.
   m.attr("FIRST_RESERVED_TAG") = kFirstReservedTag;
-  // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/board.h).
-  m.attr("BOARD_RUN_AHEAD") = kBoardRunAhead;
+  // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/oneshot.h).
+  m.attr("ONESHOT_RUN_AHEAD") = kOneShotRunAhead;
 
   // The one description of each collective (common/collective.h), for the Python layer, the
   // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,

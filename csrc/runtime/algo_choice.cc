@@ -28,7 +28,7 @@ void AlgoChoice::configure(const ChoiceSetup& setup) {
 }
 
 bool AlgoChoice::oneshot_fits(Collective coll, uint64_t bytes) const {
-  return oneshot_bytes_ > 0 && board_payload_bytes(coll, bytes, nranks_) <= oneshot_bytes_;
+  return oneshot_bytes_ > 0 && oneshot_payload_bytes(coll, bytes, nranks_) <= oneshot_bytes_;
 }
 
 void AlgoChoice::set_hook(std::shared_ptr<ChoiceHook> hook) {
@@ -45,7 +45,7 @@ std::vector<Algo> AlgoChoice::available(Collective coll, uint64_t bytes) const {
 }
 
 Algo AlgoChoice::choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const {
-  // The one-shot slots reduce in the same order; min and max may keep another zero or NaN when
+  // Oneshot reduces in the same order; min and max may keep another zero or NaN when
   // the operands of a step come the other way round, so they stay on the chain.
   const bool oneshot = oneshot_fits(coll, bytes) && op != ReduceOp::Min && op != ReduceOp::Max;
   if (!oneshot) return Algo::RankOrder;
@@ -63,10 +63,10 @@ void AlgoChoice::refuse(Collective coll, Algo requested, uint64_t bytes) const {
   if (!multi_host_)
     for (Algo a : hier_[static_cast<int>(coll)]) names += std::string(algo_name(a)) + ", ";
   for (Algo a : rank_order_algos(coll)) names += std::string(algo_name(a)) + ", ";
-  const uint64_t payload = board_payload_bytes(coll, bytes, nranks_);
+  const uint64_t payload = oneshot_payload_bytes(coll, bytes, nranks_);
   if (requested == Algo::OneShot && payload != UINT64_MAX)
     RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
-             " on one host and at most ", oneshot_bytes_, " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
+             " on one host and at most ", oneshot_bytes_, " bytes per rank in the one-shot slots (RINGTREE_ONESHOT_BYTES); this call",
              oneshot_bytes_ > 0 ? str_cat(" puts ", payload, " there") : std::string(" spans hosts or uses TCP"),
              "; choose from ", names, "auto");
   RT_THROW(InvalidArgument, "algo '", algo_name(requested), "' is not available for ", collective_name(coll),
@@ -119,8 +119,8 @@ Algo AlgoChoice::choose(Collective coll, Algo requested, uint64_t bytes, DataTyp
   }
   if (rank_order) return choose_rank_order(coll, is_supported(forced_) ? forced_ : Algo::Auto, bytes, dtype, op);
   if (forced_ != Algo::Auto && is_supported(forced_)) return forced_;  // rule 3
-  // Rule 4: a count-0 call moves nothing; in the one-shot slots it also waits for nobody (its
-  // fingerprint checks are deferred, board.cc), where any other schedule's rank waits for its peers.
+  // Rule 4: a count-0 call moves nothing; in a one-shot call it also waits for nobody (its
+  // fingerprint checks are deferred, oneshot.cc), where any other schedule's rank waits for its peers.
   if (bytes == 0 && oneshot && coll != Collective::Barrier) return Algo::OneShot;
   // Rule 5: one candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
   if (scheduled.size() == 1 && !oneshot && (!multi_host_ || hier.empty())) return scheduled.front();

@@ -25,7 +25,7 @@ namespace {
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
 RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", -1)
-RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
+RT_PARAM(OneShotBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
 RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
 RT_PARAM(DumpOnExit, "RINGTREE_DUMP_ON_EXIT", 0)
@@ -99,7 +99,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
-  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, BoardBytes())));
+  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneShotBytes())));
   ctrl_.attach(rank, mesh_);
   std::vector<std::string> names;
   for (int q = 0; q < size; ++q) names.push_back(ctrl_.who(q));
@@ -203,7 +203,7 @@ void CommunicatorImpl::setup_choice(Bootstrap& boot) {
   setup.nranks = size_;
   setup.topology = topo_;
   setup.costs = costs;
-  setup.oneshot_bytes = exec_.board_capacity();
+  setup.oneshot_bytes = exec_.oneshot_capacity();
   setup.forced = parse_algo_setting();
   choice_.configure(setup);
 }

@@ -103,7 +103,7 @@ class Communicator(Recording):
     def estimate(self, collective: str, nbytes: int, dtype: str = "float32", deterministic: bool = False) -> list:
         """[(algo, predicted seconds, formula)] for every algorithm available to such a call;
         deterministic=True: those a deterministic call of a floating-point reduction chooses from
-        (rank_order, and oneshot where the board fits), to weigh their cost against auto's."""
+        (rank_order, and oneshot where the call fits its slots), to weigh their cost against auto's."""
         return [(_core.ALGOS[a], t, formula)
                 for a, t, formula in self._core.estimate(coll_code(collective), int(nbytes), dtype_code(dtype),
                                                          bool(deterministic))]

@@ -58,7 +58,7 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
     """Prints (and returns) every candidate algorithm's predicted time for a call of
     `collective` on this communicator, the formula behind each, and the choice: across hosts, why
     hierarchical wins or not; for a floating-point reduction, what deterministic mode would run
-    (rank_order or the board) and its cost against auto's choice.
+    (rank_order or oneshot) and its cost against auto's choice.
 
     nbytes is one rank's block (count x itemsize), as for Communicator.choose_algo.
     """

@@ -1,7 +1,7 @@
 """The cost model behind algo="auto": every rank must choose alike (rank 0's machine figures),
 explain() must show what choose_algo() does, and the figures are cached per host.
 
-The rank bodies (choices_and_estimates, board_boundary) run in every rank of a test's world
+The rank bodies (choices_and_estimates, oneshot_boundary) run in every rank of a test's world
 (harness.py) and return a JSON report that the test asserts on."""
 import io
 import math
@@ -62,7 +62,7 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
         chosen_t = dict(candidates)[first["choices"][key]]
         assert chosen_t <= best * 1.0101, (key, candidates)  # auto takes the cheapest (ties within 1%)
         assert all(t > 0 and math.isfinite(t) for _, t in candidates), key
-    # The board takes small calls on one host, and never calls beyond its capacity.
+    # One-shot takes small calls on one host, and never calls beyond its capacity.
     assert "oneshot" in [a for a, _ in first["estimates"]["all_reduce/8/float32"]]
     assert "oneshot" not in [a for a, _ in first["estimates"][f"all_reduce/{1 << 24}/float32"]]
     # Larger calls of one algorithm never get cheaper.
@@ -168,7 +168,7 @@ def deterministic_estimates():
 def test_estimate_and_explain_show_deterministic_mode_and_its_cost():
     for res in run_world(3, deterministic_estimates, timeout=50).check_ok():
         small, large = res["64"], res[str(1 << 20)]
-        # the board fits a small call and reduces in rank order too; a large one has the chain alone
+        # one-shot fits a small call and reduces in rank order too; a large one has the chain alone
         assert {a for a, _ in small["estimates"]} == {"rank_order", "oneshot"}
         assert [a for a, _ in large["estimates"]] == ["rank_order"]
         for case in (small, large):
@@ -180,9 +180,9 @@ def test_estimate_and_explain_show_deterministic_mode_and_its_cost():
             assert "rank_order" not in case["ints"]
 
 
-def board_boundary(limit_bytes):
+def oneshot_boundary(limit_bytes):
     """With RINGTREE_ONESHOT_BYTES=limit_bytes, the largest all_reduce that fits runs on the
-    board and the next size up does not; both give numpy's answer."""
+    one-shot slots and the next size up does not; both give numpy's answer."""
     comm = rt.init()
     r, P = comm.rank, comm.size
     fits = limit_bytes // 4
@@ -207,9 +207,9 @@ def board_boundary(limit_bytes):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_one_shot_board_capacity_boundary(nranks):
+def test_oneshot_capacity_boundary(nranks):
     limit = 1024
-    res = run_world(nranks, board_boundary, dict(limit_bytes=limit), timeout=100,
+    res = run_world(nranks, oneshot_boundary, dict(limit_bytes=limit), timeout=100,
                     env={"RINGTREE_ONESHOT_BYTES": str(limit)}).check_ok()
     fits = limit // 4
     for r in res:
@@ -379,7 +379,7 @@ def test_explain_across_hosts_gives_the_terms_of_the_hier_verdict():
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_board_publication_is_counted_once_on_the_critical_path(P):
+def test_oneshot_publication_is_counted_once_on_the_critical_path(P):
     # A reader starts only once a whole publication is out: the largest one is counted apart
     # (all_reduce and all_gather publish the input, reduce_scatter all P blocks, broadcast the
     # root alone, a barrier nothing); the busiest rank's own copy stays in its bytes.

@@ -55,7 +55,7 @@ def results(seed):
                     want = want[r * N:(r + 1) * N]
                 for algo in algos:
                     if algo == "oneshot" and (not one_host or total * want.itemsize > 65536):
-                        continue  # the board: one host, small calls (else InvalidArgument, as without the mode)
+                        continue  # oneshot: one host, small calls (else InvalidArgument, as without the mode)
                     got = run_one(comm, coll, inputs[r], N, algo, deterministic=True)
                     ran.add(comm.choose_algo(coll, total * want.itemsize, algo, dtype_name, deterministic=True))
                     if got is None:

@@ -6,11 +6,11 @@
 // changes bits).
 // Ops within a step must touch disjoint memory (with the in-place aliasing the collective
 // permits); a send completes only when its receiver's current step holds the matching recv.
-// A publication is a snapshot of atoms; a board read takes atoms from it once it exists.
+// A publication is a snapshot of atoms; a one-shot read takes atoms from it once it exists.
 #include <algorithm>
 #include <map>
 #include "algorithms/verify/rendezvous.h"
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "algorithms/schedule.h"
 #include "common/check.h"
 #include "common/collective.h"
@@ -95,7 +95,7 @@ struct RankState {
   Aliasing alias;
   std::vector<Value> storage[3];
   std::vector<uint8_t> knows;  // barrier causality: which ranks this rank has heard from
-  std::vector<Value> published;         // its publication (one call: the board's are one-shot)
+  std::vector<Value> published;         // its publication (one per call)
   std::vector<uint8_t> knows_published;  // what it knew when it published
 };
 
@@ -160,11 +160,11 @@ void drop(Schedule& s, size_t index) {
   if (s.num_steps() < steps && step + s.deferred_steps >= steps) --s.deferred_steps;  // a deferred step emptied
 }
 
-bool is_board_schedule(const ScheduleKey& k) { return k.algo == Algo::OneShot; }
+bool is_oneshot_schedule(const ScheduleKey& k) { return k.algo == Algo::OneShot; }
 
-// The board rules of schedule.h for one rank's schedule of one call; also that every board op
+// The one-shot rules of schedule.h for one rank's schedule of one call; also that every one-shot op
 // names its buffers as its kind says, so the rest of the check can address them.
-void check_board_rules(const Schedule& s, int P, int r, const ScheduleKey& k) {
+void check_oneshot_rules(const Schedule& s, int P, int r, const ScheduleKey& k) {
   auto fail_rank = [&](const std::string& what) { fail(k, false, str_cat("rank ", r, " ", what)); };
   const auto local = [](BufRef ref) { return ref.buf < BufId::Count; };
   size_t publishes = 0;
@@ -178,23 +178,23 @@ void check_board_rules(const Schedule& s, int P, int r, const ScheduleKey& k) {
         if (step != 0) fail_rank(str_cat("publishes in step ", step, ", not step 0: a peer could wait for it first"));
         if (op.dst.buf != BufId::Published || !local(op.src)) fail_rank("publishes with bad buffers");
         ++publishes;
-      } else if (is_board_read(op.kind)) {
-        if (step == 0) fail_rank("reads the board in step 0, beside its publication");
-        if (op.src.buf != BufId::Published || !local(op.dst)) fail_rank("reads the board with bad buffers");
+      } else if (is_oneshot_read(op.kind)) {
+        if (step == 0) fail_rank("reads one-shot slots in step 0, beside its publication");
+        if (op.src.buf != BufId::Published || !local(op.dst)) fail_rank("reads one-shot slots with bad buffers");
         if (op.peer >= 0 && op.peer < P) waits_for[op.peer] = 1;
         if (op.kind == OpKind::ReducePublished && op.lhs_peer >= 0 && op.lhs_peer < P) waits_for[op.lhs_peer] = 1;
       }
-      if (step >= first_deferred && !(is_board_read(op.kind) && op.count == 0))
+      if (step >= first_deferred && !(is_oneshot_read(op.kind) && op.count == 0))
         fail_rank(str_cat("moves data in deferred step ", step, ": its result would not be complete when it returns"));
     }
-  if (publishes != 1) fail_rank(str_cat("publishes ", publishes, " times in one call (the board takes one)"));
+  if (publishes != 1) fail_rank(str_cat("publishes ", publishes, " times in one call (one-shot takes one)"));
   for (int q = 0; q < P; ++q)
     if (q != r && !waits_for[q])
       fail_rank(str_cat("never waits for rank ", q, "'s publication, so it could publish two calls later into the slot",
                         " rank ", q, " may still be reading"));
 }
 
-void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, bool claim_rank_fold) {
+void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
   Shapes shapes;
   const int P = base.nranks;
   const uint64_t N = base.count;
@@ -206,7 +206,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, 
     RankState& st = ranks[r];
     st.sched = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(st.sched, static_cast<size_t>(drop_op));
-    if (is_board_schedule(base) && board_rules) check_board_rules(st.sched, P, r, base);
+    if (is_oneshot_schedule(base) && oneshot_rules) check_oneshot_rules(st.sched, P, r, base);
     st.alias = {in_place, base.coll, r, base.root, N};
     st.storage[0].resize(sz.input);
     st.storage[1].resize(sz.output);
@@ -296,9 +296,9 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, 
   if (!problem.empty()) fail(base, in_place, problem);
 
   // Expected contents.
-  // The board's claim is stronger than one order on every rank: rank order 0, 1, ..., P-1, as
-  // operands too. Board and rank_order reductions both have the shape of the rank-order left fold.
-  const bool rank_operands = is_board_schedule(base);
+  // One-shot's claim is stronger than one order on every rank: rank order 0, 1, ..., P-1, as
+  // operands too. One-shot and rank_order reductions both have the shape of the rank-order left fold.
+  const bool rank_operands = is_oneshot_schedule(base);
   const bool rank_fold = rank_operands || base.algo == Algo::RankOrder || claim_rank_fold;
   auto all_ranks_once = [&](const Value& v, uint64_t index, int r, uint64_t i) {
     std::vector<Atom> sorted = v.atoms;
@@ -371,14 +371,14 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool board_rules, 
   }
 }
 
-// The board's slots: every rank makes kBoardCalls board calls in a row, its schedule repeated,
-// each call's deferred steps placed before the publication kBoardRunAhead calls later (where the
-// host executor settles them at the latest), walked with kBoardSlots slots per rank
-// (common/board.h). The walk reports a publication that could land in a slot some rank may still
+// The slots: every rank makes kOneShotCalls one-shot calls in a row, its schedule repeated,
+// each call's deferred steps placed before the publication kOneShotRunAhead calls later (where the
+// host executor settles them at the latest), walked with kOneShotSlots slots per rank
+// (common/oneshot.h). The walk reports a publication that could land in a slot some rank may still
 // read, in any interleaving.
-constexpr int kBoardCalls = 2 * kBoardSlots;  // every slot reused, deferred steps included
+constexpr int kOneShotCalls = 2 * kOneShotSlots;  // every slot reused, deferred steps included
 
-void check_board_slots(const ScheduleKey& base, int drop_op) {
+void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
   struct Silent : RendezvousVisitor {
     void enter_step(int, size_t) override {}
     void transfer(int, const Op&, int, const Op&) override {}
@@ -387,14 +387,14 @@ void check_board_slots(const ScheduleKey& base, int drop_op) {
   } silent;
   std::vector<Schedule> calls(base.nranks);
   std::vector<std::vector<uint64_t>> read_calls(base.nranks);
-  const uint64_t lag = kBoardRunAhead;
+  const uint64_t lag = kOneShotRunAhead;
   for (int r = 0; r < base.nranks; ++r) {
     ScheduleKey k = base;
     k.rank = r;
     Schedule one = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(one, static_cast<size_t>(drop_op));
     const size_t deferred_from = one.num_steps() - std::min<size_t>(one.deferred_steps, one.num_steps());
-    // Appends steps [from, to) of `one` as the reads of board call `call` (0: the latest).
+    // Appends steps [from, to) of `one` as the reads of one-shot call `call` (0: the latest).
     auto append = [&](size_t from, size_t to, uint64_t call) {
       for (size_t step = from; step < to; ++step) {
         calls[r].ops.insert(calls[r].ops.end(), one.ops.begin() + one.step_begin(step), one.ops.begin() + one.step_end[step]);
@@ -402,26 +402,26 @@ void check_board_slots(const ScheduleKey& base, int drop_op) {
         read_calls[r].push_back(call);
       }
     };
-    for (uint64_t c = 1; c <= kBoardCalls; ++c) {
+    for (uint64_t c = 1; c <= kOneShotCalls; ++c) {
       if (c > lag) append(deferred_from, one.num_steps(), c - lag);
       append(0, deferred_from, 0);
     }
-    for (uint64_t c = kBoardCalls > lag ? kBoardCalls - lag + 1 : 1; c <= kBoardCalls; ++c)
+    for (uint64_t c = kOneShotCalls > lag ? kOneShotCalls - lag + 1 : 1; c <= kOneShotCalls; ++c)
       append(deferred_from, one.num_steps(), c);
   }
   std::vector<const Schedule*> schedules;
   for (const Schedule& s : calls) schedules.push_back(&s);
   const std::string problem = walk_rendezvous(schedules, silent, &read_calls);
-  if (!problem.empty()) fail(base, false, str_cat(kBoardCalls, " calls in a row: ", problem));
+  if (!problem.empty()) fail(base, false, str_cat(kOneShotCalls, " calls in a row: ", problem));
 }
 
 }  // namespace
 
-std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules, bool claim_rank_fold) {
-  run(key, false, drop_op, board_rules, claim_rank_fold);
-  run(key, true, drop_op, board_rules, claim_rank_fold);
-  const bool board = is_board_schedule(key);
-  if (board) check_board_slots(key, drop_op);
+std::string simulate_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
+  run(key, false, drop_op, oneshot_rules, claim_rank_fold);
+  run(key, true, drop_op, oneshot_rules, claim_rank_fold);
+  const bool oneshot = is_oneshot_schedule(key);
+  if (oneshot) check_oneshot_slots(key, drop_op);
   uint64_t steps = 0, messages = 0, reads = 0;
   for (int r = 0; r < key.nranks; ++r) {
     key.rank = r;
@@ -429,12 +429,12 @@ std::string simulate_schedules(ScheduleKey key, int drop_op, bool board_rules, b
     steps = std::max<uint64_t>(steps, s.num_steps());
     for (const Op& op : s.ops) {
       messages += op.kind == OpKind::Send || op.kind == OpKind::Publish;
-      reads += is_board_read(op.kind);
+      reads += is_oneshot_read(op.kind);
     }
   }
-  if (board)
+  if (oneshot)
     return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " publications, ",
-                   reads, " board reads; ", kBoardCalls, " calls in a row fit ", kBoardSlots, " board slots per rank");
+                   reads, " one-shot reads; ", kOneShotCalls, " calls in a row fit ", kOneShotSlots, " one-shot slots per rank");
   return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
 }
 

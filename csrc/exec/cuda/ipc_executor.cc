@@ -265,7 +265,7 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
            " but this communicator's CUDA IPC mailboxes live on device ", device_);
   check_device_buffers(a, device);
   // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
-  // Deterministic mode walks the rank-order schedule (the board, the host's other choice, is host memory).
+  // Deterministic mode walks the rank-order schedule (one-shot, the host's other choice, runs in host memory).
   const uint64_t bytes = v.count * dtype_size(a.dtype);
   const Algo algo = needs_rank_order(a) ? Algo::RankOrder
                     : a.algo == Algo::Auto ? supported_algos(a.coll).front()

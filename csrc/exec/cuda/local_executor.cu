@@ -89,7 +89,7 @@ std::vector<RankCall> lower_ranks(const CudaLocalArgs& a) {
   RT_CHECK(a.dtype < DataType::Count, InvalidArgument, name, ": unsupported dtype code ", static_cast<int>(a.dtype));
   RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
   RT_CHECK(a.algo != Algo::OneShot, InvalidArgument, name,
-           ": algo 'oneshot' runs on the host's shared-memory board; the local GPU executor runs message schedules");
+           ": algo 'oneshot' runs in the host's shared-memory one-shot slots; the local GPU executor runs message schedules");
   const std::vector<Algo> supported = supported_algos(a.coll);
   const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
   if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
@@ -203,8 +203,8 @@ class Executor {
 
  private:
   // The host-side walk described at the top of this file: the shared rendezvous walk, with
-  // entering a step and matching a send to a receive turned into stream work. Board ops never
-  // get here (validation refuses OneShot); the visitor's inherited board hooks would throw.
+  // entering a step and matching a send to a receive turned into stream work. One-shot ops never
+  // get here (validation refuses OneShot); the visitor's inherited one-shot hooks would throw.
   void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, ReduceOp combine, size_t esz) {
     struct Enqueue : RendezvousVisitor {
       Executor& ex;

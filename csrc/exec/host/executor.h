@@ -1,6 +1,6 @@
 // The host executor: runs lowered calls (exec/plan.h) over this rank's connections, with a
 // progress engine that spins briefly, then blocks in poll() on the doorbell, the TCP sockets it
-// waits for and every peer's control connection; and the one-shot board (board.cc) for small
+// waits for and every peer's control connection; and one-shot (oneshot.cc) for small
 // calls when every rank shares this host.
 //
 // It knows connections, not communicators: the call order, validation, the algorithm choice and
@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 #include "algorithms/schedule.h"
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/control_plane.h"
 #include "common/clock.h"
@@ -65,8 +65,8 @@ class HostExecutor {
   HostExecutor& operator=(const HostExecutor&) = delete;
 
   // Takes the mesh's TCP data connections and sets up shared memory with the ranks on this host
-  // (a collective over `boot`). board_bytes: the one-shot board's capacity (0: no board).
-  void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t board_bytes);
+  // (a collective over `boot`). oneshot_bytes: a one-shot slot's capacity (0: no one-shot slots).
+  void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes);
   void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
   // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
   uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
@@ -77,9 +77,9 @@ class HostExecutor {
   // "all_reduce #3 (...)" with the peers of a point-to-point call; "no collective" between calls.
   std::string describe_current() const;
 
-  // What a rank may publish on the board (board.cc) in one call: 0 where the board is not
+  // What a rank may publish in its one-shot slot (oneshot.cc) in one call: 0 where one-shot is not
   // usable (some rank on another host, or RINGTREE_ONESHOT_BYTES=0).
-  uint64_t board_capacity() const { return board_usable_ ? board_bytes_ : 0; }
+  uint64_t oneshot_capacity() const { return oneshot_usable_ ? oneshot_bytes_ : 0; }
 
   std::string transport_to(int peer) const;
   // Whether large collective messages between ranks on this host go single-copy (cma.h), and why
@@ -98,7 +98,7 @@ class HostExecutor {
   uint64_t streamed_pieces() const;
   // The connection to rank q where the pair talks over shared memory, else null.
   const ShmConnection* shm_connection(int q) const;
-  // One line per shared-memory writer of this rank (its board, its ring to each local peer):
+  // One line per shared-memory writer of this rank (its one-shot slots, its ring to each local peer):
   // which stores it uses and why (SharedStores::describe).
   std::string shm_stores() const;
   // From any thread: the call in progress (and any later one) raises Aborted with `why` as soon
@@ -148,16 +148,16 @@ class HostExecutor {
   // Records what block() is about to wait for (waiting_on); cleared when a call ends.
   void note_waiting(int peer, bool send);
   void clear_waiting();
-  // The one-shot board (board.cc).
-  void publish_on_board(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
-  SharedStores board_stores_;  // this rank's board payloads
-  void run_board(const uint8_t* in, uint8_t* out);
-  void board_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
-  void await_board(uint64_t gen, const MsgHeader& fp, double timeout_s);
-  void settle_board_through(uint64_t last_gen, double timeout_s);
-  void settle_board_published(double timeout_s);
-  void settle_board(double timeout_s);
-  void check_board_mismatch() const;
+  // One-shot (oneshot.cc).
+  void publish_oneshot(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen);
+  SharedStores oneshot_stores_;  // this rank's one-shot payloads
+  void run_oneshot(const uint8_t* in, uint8_t* out);
+  void oneshot_block(const MsgHeader& fp, double timeout_s, const Deadline& deadline, uint64_t gen);
+  void await_oneshot(uint64_t gen, const MsgHeader& fp, double timeout_s);
+  void settle_oneshot_through(uint64_t last_gen, double timeout_s);
+  void settle_oneshot_published(double timeout_s);
+  void settle_oneshot(double timeout_s);
+  void check_oneshot_mismatch() const;
 
   int rank_, size_;
   ControlPlane& ctrl_;
@@ -168,8 +168,8 @@ class HostExecutor {
   std::vector<std::unique_ptr<ShmSegment>> peer_segments_;
   WaitPolicy wait_;
   // At the start of a wait: publishes this rank's CPU and says whether a peer the wait needs
-  // (the step's open cursors, or the board's missing ranks) last started a wait on it.
-  bool awaited_peer_on_this_cpu(bool board);
+  // (the step's open cursors, or the missing ranks of a one-shot call) last started a wait on it.
+  bool awaited_peer_on_this_cpu(bool oneshot);
   // How a wait of pump() starts: Block when every open transfer is over TCP, Yield when an
   // awaited peer last waited on this CPU, else Spin (backoff.h).
   WaitStart pump_wait_start();
@@ -186,18 +186,18 @@ class HostExecutor {
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   NumaPlacement numa_;
   std::string numa_refused_;  // why its segment is not bound to numa_.node ("": bound)
-  bool board_usable_ = false;  // every rank is on this host: the one-shot board connects them all
-  uint64_t board_bytes_ = 0;   // payload capacity of a board slot
-  uint64_t board_gen_ = 0;     // one-shot calls so far
-  std::vector<uint8_t> board_arrived_;
-  // One-shot calls this rank returned from before some ranks had published them (board.cc): a
+  bool oneshot_usable_ = false;  // every rank is on this host: one-shot connects them all
+  uint64_t oneshot_bytes_ = 0;   // payload capacity of a one-shot slot
+  uint64_t oneshot_gen_ = 0;     // one-shot calls so far
+  std::vector<uint8_t> oneshot_arrived_;
+  // One-shot calls this rank returned from before some ranks had published them (oneshot.cc): a
   // broadcast's or a count-0 call's, oldest first.
-  struct UnsettledBoardCall {
+  struct UnsettledOneShotCall {
     uint64_t gen;
     MsgHeader fp;
   };
-  std::array<UnsettledBoardCall, kBoardRunAhead> board_unsettled_{};
-  size_t board_unsettled_count_ = 0;
+  std::array<UnsettledOneShotCall, kOneShotRunAhead> oneshot_unsettled_{};
+  size_t oneshot_unsettled_count_ = 0;
 
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;
   ScheduleKey last_key_{};

@@ -135,7 +135,7 @@ void HostExecutor::run(const HostCall& call) {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
       if (!collective_traits(plan.key.coll).point_to_point && plan.key.algo != Algo::OneShot)
-        settle_board(plan.timeout_s);
+        settle_oneshot(plan.timeout_s);
       run_plan(plan, dev);
     } catch (const PeerFailure& e) {
       // A peer that aborted explains itself on its control connection, possibly just after its
@@ -152,7 +152,7 @@ void HostExecutor::run(const HostCall& call) {
 }
 
 void HostExecutor::walk(uint8_t* in, uint8_t* out) {
-  if (current_->plan.key.algo == Algo::OneShot) run_board(in, out);
+  if (current_->plan.key.algo == Algo::OneShot) run_oneshot(in, out);
   else run_scheduled(in, out);
 }
 
@@ -312,7 +312,7 @@ bool HostExecutor::single_copy_acked() const {
   return true;
 }
 
-bool HostExecutor::awaited_peer_on_this_cpu(bool board) {
+bool HostExecutor::awaited_peer_on_this_cpu(bool oneshot) {
   if (!have_shm_) return false;
   const int cpu = sched_getcpu();
   own_segment_->header()->cpu.store(cpu, std::memory_order_relaxed);
@@ -320,8 +320,8 @@ bool HostExecutor::awaited_peer_on_this_cpu(bool board) {
     return q != rank_ && peer_segments_[q] && peer_segments_[q]->header()->cpu.load(std::memory_order_relaxed) == cpu;
   };
   bool shared = false;
-  if (board) {
-    for (int q = 0; q < size_ && !shared; ++q) shared = !board_arrived_[q] && on_this_cpu(q);
+  if (oneshot) {
+    for (int q = 0; q < size_ && !shared; ++q) shared = !oneshot_arrived_[q] && on_this_cpu(q);
   } else {
     for (const OpCursor& c : cursors_) shared = shared || (!c.done && on_this_cpu(c.peer));
   }
@@ -364,7 +364,7 @@ void HostExecutor::block(const Deadline& deadline, bool final) {
   };
   raise_if_aborted();
   ctrl_.raise_notice_if_any();  // no progress was possible: a peer's abort now explains why
-  check_board_mismatch();       // a peer may be on the board for this call
+  check_oneshot_mismatch();     // a peer may be in a one-shot call for this one
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);

@@ -30,7 +30,7 @@ RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
 
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,
 // then opened by the peers, then unlinked: nothing is left in /dev/shm even if a rank dies.
-void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t board_bytes) {
+void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes) {
   conns_.resize(size_);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
@@ -41,11 +41,11 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
       have_shm_ = true;
     }
   }
-  // The board needs every rank on this host; every rank derives the same answer from the mesh.
+  // One-shot needs every rank on this host; every rank derives the same answer from the mesh.
   const bool all_local = size_ > 1 && mesh.no_pair_uses_tcp();
-  board_usable_ = all_local && board_bytes > 0;
-  board_bytes_ = all_local ? (board_bytes + 63) & ~uint64_t{63} : 0;
-  board_arrived_.assign(size_, 0);
+  oneshot_usable_ = all_local && oneshot_bytes > 0;
+  oneshot_bytes_ = all_local ? (oneshot_bytes + 63) & ~uint64_t{63} : 0;
+  oneshot_arrived_.assign(size_, 0);
   setup_shared_memory(boot, mesh, uid, ring_bytes);
 }
 
@@ -72,9 +72,9 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     bell_.open("ringtree." + uid.secret_hex().substr(0, 16) + "." + std::to_string(uid.port), rank_, size_);
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
-    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, board_bytes_, numa_.node,
+    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, oneshot_bytes_, numa_.node,
                          &numa_refused_);
-    own_segment_->populate_all();  // its rings are read here, its board written
+    own_segment_->populate_all();  // its rings are read here, its one-shot slots written
     own_segment_->header()->numa_node = numa_.node;
   }
   if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
@@ -91,7 +91,7 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
   peer_segments_.resize(size_);
   for (int q : my_senders) {
     peer_segments_[q] = std::make_unique<ShmSegment>();
-    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, board_bytes_);
+    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, oneshot_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
   for (size_t i = 0; i < my_senders.size(); ++i) {
@@ -99,7 +99,7 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     const std::vector<int> theirs = senders_of(q);
     const int out_slot = static_cast<int>(std::find(theirs.begin(), theirs.end(), rank_) - theirs.begin());
     ShmSegment& peer = *peer_segments_[q];
-    peer.populate(peer.header(), peer.board_region_bytes());  // read: its board and sleeping flag
+    peer.populate(peer.header(), peer.oneshot_region_bytes());  // read: its one-shot slots and sleeping flag
     peer.populate(peer.ring(out_slot), sizeof(ShmRing) + peer.ring_bytes());  // written: our ring there
     conns_[q] = std::make_unique<ShmConnection>(q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
                                                 own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
@@ -163,7 +163,7 @@ uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t by
 
 std::string HostExecutor::numa_status() const {
   if (!own_segment_) return str_cat(describe(numa_), "; no shared memory");
-  return str_cat(describe(numa_), "; rings this rank reads and its board ",
+  return str_cat(describe(numa_), "; rings this rank reads and its one-shot slots ",
                  numa_refused_.empty() ? str_cat("on node ", numa_.node, " (preferred), allocated by this rank")
                                        : str_cat("allocated by this rank, first touch only (", numa_refused_, ")"));
 }
@@ -189,7 +189,7 @@ const ShmConnection* HostExecutor::shm_connection(int q) const {
 }
 
 uint64_t HostExecutor::streamed_pieces() const {
-  uint64_t n = board_stores_.streamed();
+  uint64_t n = oneshot_stores_.streamed();
   for (int q = 0; q < size_; ++q)
     if (const ShmConnection* conn = shm_connection(q)) n += conn->streamed_pieces();
   return n;
@@ -197,7 +197,7 @@ uint64_t HostExecutor::streamed_pieces() const {
 
 std::string HostExecutor::shm_stores() const {
   std::string out;
-  if (board_usable_) out = str_cat("board: ", board_stores_.describe());
+  if (oneshot_usable_) out = str_cat("one-shot slots: ", oneshot_stores_.describe());
   for (int q = 0; q < size_; ++q)
     if (const ShmConnection* conn = shm_connection(q))
       out += str_cat(out.empty() ? "" : "; ", "ring to rank ", q, ": ", conn->describe_stores());

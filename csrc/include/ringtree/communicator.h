@@ -189,7 +189,7 @@ class Communicator {
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype,
                            ReduceOp op = ReduceOp::Sum, bool deterministic = false) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction; deterministic:
-  // those a call in deterministic mode chooses from (rank_order, and the board where it fits;
+  // those a call in deterministic mode chooses from (rank_order, and oneshot where it fits;
   // for a floating-point reduction), so its cost can be set against auto's choice.
   virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype,
                                              bool deterministic = false) const = 0;

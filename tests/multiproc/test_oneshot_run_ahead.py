@@ -1,5 +1,5 @@
-"""The one-shot board lets a broadcast root, and every rank of a count-0 call, return without
-waiting for its peers, up to BOARD_RUN_AHEAD calls ahead (common/board.h). Data stays exact
+"""One-shot lets a broadcast root, and every rank of a count-0 call, return without
+waiting for its peers, up to ONESHOT_RUN_AHEAD calls ahead (common/oneshot.h). Data stays exact
 while the slots turn over, the bound holds (a rank that far ahead waits), a peer that never comes
 gives a Timeout naming it, and a dead one a PeerFailure."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ringtree as rt
 from ringtree import _core
 from harness import run_world
 
-AHEAD = _core.BOARD_RUN_AHEAD
+AHEAD = _core.ONESHOT_RUN_AHEAD
 CALLS = 6 * AHEAD  # every slot reused several times
 
 

@@ -1,5 +1,5 @@
-// The one-shot board as schedules: one publication per rank, then local reads of the
-// publications (exec/host/board.cc runs them over shared memory).
+// One-shot as schedules: one publication per rank, then local reads of the
+// publications (exec/host/oneshot.cc runs them over shared memory).
 //
 // Terms: N is the per-rank count (all_reduce / broadcast / reduce: the whole buffer). A rank's
 // publication is its whole input: N elements, N·P for reduce_scatter and all_to_all, nothing
@@ -16,7 +16,7 @@
 //   broadcast: a rank other than the root copies published(root); the root has its data.
 //   reduce (other ranks) / barrier: wait for every other rank's publication.
 //   count 0 (but barrier): nothing to read; wait for every other rank's publication, deferred.
-// Every rank waits for every other rank's publication in its call (schedule.h "board rules"):
+// Every rank waits for every other rank's publication in its call (schedule.h "one-shot rules"):
 // a broadcast does so in a deferred step, after the rank has its result, so the root returns at
 // once and the others once they have the root's data; a count-0 call returns at once.
 #include "algorithms/ops.h"
@@ -50,7 +50,7 @@ void await_others(Schedule& s, int P, int r, int skip) {
 
 }  // namespace
 
-uint64_t board_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
+uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
   switch (coll) {
     case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
       return block_bytes;
@@ -60,7 +60,7 @@ uint64_t board_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) 
   }
 }
 
-void board_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
+void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
   const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
   uint64_t published = N;
   if (coll == Collective::ReduceScatter || coll == Collective::AllToAll) published = N * uP;
@@ -98,7 +98,7 @@ void board_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64
       break;
     }
     case Collective::Barrier: await_others(s, P, r, r); break;
-    default: RT_THROW(InvalidArgument, "no one-shot board schedule for ", collective_name(coll));
+    default: RT_THROW(InvalidArgument, "no one-shot schedule for ", collective_name(coll));
   }
 }
 
