@@ -1,6 +1,6 @@
 // A schedule is one rank's part of a collective, as data: an ordered list of steps, each step a
 // set of ops that run concurrently and touch disjoint memory. Executors (host now, CUDA later)
-// walk the same schedule; the simulator checks it without any transport.
+// walk the same schedule; the verifier checks it without any transport.
 //
 // Terms used by every algorithm file:
 //   block    the N elements one rank owns in reduce_scatter / all_gather / all_to_all / gather /
@@ -19,7 +19,7 @@
 // runs them, and the step walker and the GPU executors refuse a schedule that holds one. Copy
 // is local and belongs to both.
 //
-// One-shot rules (the simulator checks them, see simulate_schedules):
+// One-shot rules (the verifier checks them, see verify_schedules):
 //   - a rank publishes exactly once per call, in step 0; its reads come later, so every rank has
 //     published before any rank waits, and an executor may wait for all of a call's
 //     publications at once;
@@ -210,6 +210,6 @@ uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks
 // drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
 // oneshot_rules false skips the per-call one-shot rules, to show that the data check and the walk
 // of three calls find a fault without them (a check of the checker).
-std::string simulate_schedules(ScheduleKey key, int drop_op = -1, bool oneshot_rules = true, bool claim_rank_fold = false);
+std::string verify_schedules(ScheduleKey key, int drop_op = -1, bool oneshot_rules = true, bool claim_rank_fold = false);
 
 }  // namespace ringtree

@@ -59,12 +59,12 @@ void register_schedules(py::module_& m) {
       "Every rank's schedule walked by the CUDA IPC executor's step walker, on host threads over in-memory\n"
       "mailboxes (one thread per rank). inputs/outputs: one pointer per rank, as the host executor takes them.");
   m.def(
-      "simulate",
+      "verify_schedules",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool oneshot_rules,
          std::vector<int64_t> hosts, bool claim_rank_fold) {
         const auto topo = topology_of(hosts);
         ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
-        return simulate_schedules(k, drop_op, oneshot_rules, claim_rank_fold);
+        return verify_schedules(k, drop_op, oneshot_rules, claim_rank_fold);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("drop_op") = -1, py::arg("oneshot_rules") = true,

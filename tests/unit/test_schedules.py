@@ -1,4 +1,4 @@
-"""Transport-free checks: every schedule simulated for P = 1..64 against every other rank's
+"""Transport-free checks: every schedule verified for P = 1..64 against every other rank's
 schedule (rendezvous semantics, so no buffering assumption), proving each rank ends with the
 right data, every element reduced from every rank exactly once, all_reduce results in one
 reduction order on every rank, inputs untouched, and no deadlock. One-shot one-shot schedules also:
@@ -25,7 +25,7 @@ def counts_for(P):
 
 
 @pytest.mark.parametrize("coll,algo", CASES)
-def test_schedules_simulate_for_1_to_64_ranks(coll, algo):
+def test_schedules_verify_for_1_to_64_ranks(coll, algo):
     checked = 0
     for P in range(1, 65):
         roots = sorted({0, P // 2, P - 1}) if coll in ROOTED else [0]
@@ -35,7 +35,7 @@ def test_schedules_simulate_for_1_to_64_ranks(coll, algo):
                 pipelined = algo != "oneshot" and (coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree"))
                 segments = [0, 1, 2] if pipelined else [0]
                 for segment in segments:
-                    summary = _core.simulate(COLL[coll], ALGO[algo], P, count, root, segment)
+                    summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment)
                     assert ": ok," in summary
                     assert summary.endswith("one-shot slots per rank" if algo == "oneshot" else "messages")
                     checked += 1
@@ -88,7 +88,7 @@ def test_step_walker_refuses_oneshot_schedules():
         _core.walk_on_threads(COLL["all_reduce"], ALGO["oneshot"], 2, 0, 0, 0, 0, 0, 1.0, buf, buf, 1 << 12, 2)
 
 
-def test_simulator_detects_faults():
+def test_the_verifier_detects_faults():
     # The fault hook drops one op of rank 0's schedule; every such fault must be reported.
     for coll, algo in CASES:
         if (coll, algo) == ("barrier", "direct"):
@@ -97,7 +97,7 @@ def test_simulator_detects_faults():
         n_ops = sum(len(s) for s in steps)
         for k in range(n_ops):
             with pytest.raises(rt.Error, match="schedule check failed"):
-                _core.simulate(COLL[coll], ALGO[algo], 5, 11, 0, 2, drop_op=k)
+                _core.verify_schedules(COLL[coll], ALGO[algo], 5, 11, 0, 2, drop_op=k)
 
 
 def test_unsupported_algorithm_is_rejected_by_name():
@@ -121,4 +121,4 @@ def test_oneshot_faults_are_found_without_the_oneshot_rules(coll, P, root):
     for k, (kind, _peer, count, *_rest) in enumerate(ops):
         wait = kind != "publish" and count == 0
         with pytest.raises(rt.Error, match="schedule check failed"):
-            _core.simulate(COLL[coll], ALGO["oneshot"], P, 3, root, 0, drop_op=k, oneshot_rules=wait)
+            _core.verify_schedules(COLL[coll], ALGO["oneshot"], P, 3, root, 0, drop_op=k, oneshot_rules=wait)

@@ -1,6 +1,6 @@
 // Every rank's schedule walked together, in one thread, under rendezvous semantics: a send
 // completes only when the receiver's current step holds the matching receive, so a walk that
-// finishes proves the schedules need no buffering. The simulator drives it to check
+// finishes proves the schedules need no buffering. The verifier drives it to check
 // schedules; the single-process GPU executor drives it to enqueue the same work on streams.
 //
 // One-shot ops (schedule.h) are walked with the one-shot semantics (common/oneshot.h): a rank's

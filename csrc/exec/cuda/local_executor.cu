@@ -18,13 +18,13 @@
 //   done event    recorded on b's stream after a transfer. Rank a waits on the done events of
 //                 all its sends before it enters its next step.
 //
-// The two waits give rendezvous semantics, the model simulate.cc verifies the schedules under:
+// The two waits give rendezvous semantics, the model verify/dataflow.cc verifies the schedules under:
 // a transfer reads a's data only once a has finished every earlier step (read-after-write), and
 // a does not go on to overwrite what it sent, nor does anything later write into it, until the
 // receiver has consumed it (write-after-read). Ops within a step touch disjoint memory, so
 // running a step's ops in any order, on any of the streams, is allowed.
 //
-// Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the simulator's
+// Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the verifier's
 // too) enters every rank's first step, then repeatedly matches pending sends with the receives
 // the peers' current steps hold; each transfer is enqueued as it is matched, and a rank
 // advances once every op of its step is matched. Enqueueing in this order guarantees every event is recorded before any stream is
@@ -221,7 +221,7 @@ class Executor {
     } enqueue(*this, ranks, a.dtype, combine, esz);
     std::vector<const Schedule*> schedules;
     for (const RankRun& st : ranks) schedules.push_back(&st.sched);
-    // The schedules are proven by simulate_schedules; this guards the executor.
+    // The schedules are proven by verify_schedules; this guards the executor.
     const std::string problem = walk_rendezvous(schedules, enqueue);
     RT_CHECK(problem.empty(), Error, "internal error: the local GPU executor could not run the schedules of ",
              collective_name(a.coll), " (P=", ranks.size(), ", count=", a.count, "): ", problem);

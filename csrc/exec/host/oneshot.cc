@@ -6,7 +6,7 @@
 // it waits until every peer it reads has published `gen`, checks each one's fingerprint, and
 // computes its result straight from the slots, reducing in rank order 0, 1, ..., P-1 so every
 // rank gets identical bits. What it publishes, reads and reduces, in which order, is the call's
-// one-shot schedule (algorithms/oneshot.cc), which simulate_schedules proves like every other
+// one-shot schedule (algorithms/oneshot.cc), which verify_schedules proves like every other
 // schedule.
 //
 // Most calls wait for every peer's publication, so no rank gets ahead. A broadcast's root and
@@ -14,7 +14,7 @@
 // schedule's deferred steps, kept here as unsettled calls and run later, and a rank may run
 // ahead of slow peers. One rule keeps the slots safe without acknowledgements (common/oneshot.h):
 // a rank settles (waits for the publications of, and checks the fingerprints of) an unsettled
-// call g before it publishes call g + kOneShotRunAhead. The simulator walks kOneShotCalls calls in a
+// call g before it publishes call g + kOneShotRunAhead. The verifier walks kOneShotCalls calls in a
 // row under this rule, in any interleaving (algorithms/verify/rendezvous.h). Every other
 // collective settles them all first.
 //
@@ -152,7 +152,7 @@ void HostExecutor::run_oneshot(const uint8_t* in, uint8_t* out) {
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
-  // only the output (the simulator proves the input stays untouched).
+  // only the output (the verifier proves the input stays untouched).
   auto published = [&](int q, uint64_t offset) -> const uint8_t* {
     const ShmSegment* seg = q == rank_ ? own_segment_.get() : peer_segments_[q].get();
     return ShmSegment::oneshot_data(seg->oneshot_slot(slot_index)) + offset * esz;

@@ -1,4 +1,4 @@
-// Transport-free check of the schedules (see simulate_schedules in schedule.h).
+// Transport-free check of the schedules (see verify_schedules in schedule.h).
 //
 // Every element holds the ordered list of (rank, input index) atoms that were reduced into it,
 // and the shape of its reduction: a tree interned so that equal shapes have equal ids, with the
@@ -53,7 +53,7 @@ struct Value {
 
 struct Sizes { uint64_t input, output; };
 
-// The root's buffers (the simulator gives every rank the largest shapes), from the collective's
+// The root's buffers (the verifier gives every rank the largest shapes), from the collective's
 // description; broadcast's one buffer is modelled as an output of the input's size.
 Sizes buffer_sizes(Collective c, int P, uint64_t N) {
   const BufferSizes b = collective_traits(c).sizes(N, P, /*is_root=*/true);
@@ -417,7 +417,7 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
 
 }  // namespace
 
-std::string simulate_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
+std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
   run(key, false, drop_op, oneshot_rules, claim_rank_fold);
   run(key, true, drop_op, oneshot_rules, claim_rank_fold);
   const bool oneshot = is_oneshot_schedule(key);
