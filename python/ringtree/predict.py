@@ -1,8 +1,8 @@
 """Predicted time and bus bandwidth of all_reduce, reduce_scatter and all_gather beyond this
 machine: flat ring, tree and the hierarchical algorithms on hosts x local ranks, from 8 to 4096 ranks.
 
-    python -m ringtree.simulate --inter-GBps 25 --inter-hop-us 5 --local 8 --size 256M
-    python -m ringtree.simulate --machine --plot busbw.png
+    python -m ringtree.predict --inter-GBps 25 --inter-hop-us 5 --local 8 --size 256M
+    python -m ringtree.predict --machine --plot busbw.png
 
 The prices are the C++ cost model's (csrc/algorithms/pricing.cc), term for term:
     time = call + hops x hop + bytes of each kind x seconds per byte of that kind
@@ -427,7 +427,7 @@ def measured_machine() -> dict:
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m ringtree.simulate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ringtree.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--machine", action="store_true",
                    help="start from this machine's measured figures (Communicator.status().machine)")
     p.add_argument("--costs-json", default=None, metavar="FILE", help="start from a saved Communicator.status().machine dict")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The simulator's predictions beside namespace runs' measurements (bench/RESULTS.md).
+"""ringtree.predict's predictions beside namespace runs' measurements (bench/RESULTS.md).
 
-    python bench/netns_vs_simulate.py RUN1.json [RUN2.json ...] --hosts 2 --local 2 --link-MBps 238 [--cores 1]
+    python bench/netns_vs_predict.py RUN1.json [RUN2.json ...] --hosts 2 --local 2 --link-MBps 238 [--cores 1]
 
 RUN*.json: rt_bench -J output of the same sweep run under bench/netns_launch.py, repeated (the
 measured time is the median over the runs, out of place; reduce_scatter and all_gather runs are
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from ringtree import simulate  # noqa: E402
+from ringtree import predict  # noqa: E402
 
 
 def measured(paths):
@@ -26,7 +26,7 @@ def measured(paths):
         for row in json.load(open(path))["results"]:
             for impl, cell in row["cells"].items():
                 algo = impl.partition(":")[2]
-                if row["collective"] in simulate.COLLECTIVES and algo in simulate.COLLECTIVES[row["collective"]]:
+                if row["collective"] in predict.COLLECTIVES and algo in predict.COLLECTIVES[row["collective"]]:
                     key = (row["collective"], row["size"], row["count"], algo)
                     out.setdefault(key, []).append(cell["oop"]["seconds"])
     return out
@@ -41,7 +41,7 @@ def burst_saving(algo, hosts, local, block, m, coll, burst):
     phase's bytes at the rate: the saving is at most one phase's link time."""
     if not burst or hosts < 2 or algo not in ("tree", "hier_tree"):
         return 0.0
-    k = simulate.counts(algo, hosts, local, block, m, collective=coll)
+    k = predict.counts(algo, hosts, local, block, m, collective=coll)
     per_phase = k.link / 2 * k.streams  # the host's bytes one way in one phase
     return min(2 * burst, per_phase) / m.tcp_Bps
 
@@ -61,7 +61,7 @@ def main(argv=None):
     over = dict(tcp_Bps=args.link_MBps * 1e6, nics=1, cores=args.cores)
     if args.inter_hop_us is not None:
         over["tcp_hop_s"] = args.inter_hop_us * 1e-6
-    m = simulate.Machine.from_costs(simulate.measured_machine(), **over)
+    m = predict.Machine.from_costs(predict.measured_machine(), **over)
     print(f"# {args.hosts} x {args.local}, link {args.link_MBps:g} MB/s shared by a host's ranks, "
           f"inter-host hop {m.tcp_hop_s * 1e6:g} us, cores per host {args.cores or 'one per rank'}, "
           f"tbf bucket {args.burst_KB:g} KB; "
@@ -71,7 +71,7 @@ def main(argv=None):
     for (coll, size, count, algo), times in sorted(measured(args.results).items()):
         t = statistics.median(times)
         block = size if coll == "all_reduce" else size // (args.hosts * args.local)
-        predicted = simulate.predict(algo, args.hosts, args.local, block, m, collective=coll)
+        predicted = predict.predict(algo, args.hosts, args.local, block, m, collective=coll)
         predicted -= burst_saving(algo, args.hosts, args.local, block, m, coll, args.burst_KB * 1e3)
         print(f"| {coll:14s} | {algo:9s} | {size:9d} | {t * 1e6:11.0f} | {predicted * 1e6:12.0f} | {predicted / t:20.2f} |")
 
