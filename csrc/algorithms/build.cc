@@ -2,7 +2,7 @@
 // (the executor still runs its fingerprint handshake, so a count mismatch is caught), except on
 // one-shot, where every call publishes: that is its handshake.
 #include <algorithm>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 #include "common/env.h"
 

@@ -19,7 +19,7 @@
 // Every rank waits for every other rank's publication in its call (schedule.h "one-shot rules"):
 // a broadcast does so in a deferred step, after the rank has its result, so the root returns at
 // once and the others once they have the root's data; a count-0 call returns at once.
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 
 namespace ringtree {

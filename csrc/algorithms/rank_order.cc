@@ -31,7 +31,7 @@
 //                   once more; S + P - 1 steps; 2 pieces of scratch per rank.
 //   reduce          C along the chain, then C from P-1 to the root (none when the root is P-1).
 #include <algorithm>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 
 namespace ringtree {

@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 #include "kernels/host/copy.h"
 #include "exec/host/executor.h"

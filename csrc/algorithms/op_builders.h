@@ -1,4 +1,5 @@
-// Small constructors shared by the algorithm files.
+// Builders of schedule ops (send, receive, receive-and-reduce, copy, the one-shot ops), shared
+// by the algorithm files and the executors that build per-call schedules.
 #pragma once
 #include "algorithms/schedule.h"
 
