@@ -38,12 +38,10 @@ import sys
 import tempfile
 import time
 
+from rtbench import load as load_mod
+from rtbench import options as options_mod
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # the rtbench package beside us
-
-from rtbench import load as load_mod  # noqa: E402
-from rtbench import options as options_mod  # noqa: E402
-
 WORKER = os.path.join(HERE, "launch_worker.py")
 LIBS = ("ringtree", "mpich", "openmpi", "gloo")
 PEERS = ("mpich", "openmpi", "gloo")

@@ -11,14 +11,10 @@ the files are repeats of one command: times are the median over the runs, and ea
 the median of the per-run ratios (each one ringtree against a peer measured in the same run).
 """
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from rtbench.collectives import get as get_collective  # noqa: E402
-from rtbench.report import parse_tables  # noqa: E402
+from rtbench.collectives import get as get_collective
+from rtbench.report import parse_tables
 
 
 def human_size(n):

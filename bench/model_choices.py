@@ -9,15 +9,11 @@ model be judged against measurements taken once, before it is measured again.
     mpiexec -n 2 python bench/model_choices.py bench/results/p2-run{1,2,3}.txt --collective all_reduce,broadcast
 """
 import argparse
-import os
 import re
 import statistics
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-
-import ringtree as rt  # noqa: E402
-from ringtree import _core  # noqa: E402
+import ringtree as rt
+from ringtree import _core
 
 SEGMENT = 128 << 10  # RINGTREE_TREE_SEGMENT_BYTES' default: the pipelined schedules' segment
 

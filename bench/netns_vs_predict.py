@@ -10,13 +10,9 @@ predicted time per collective, algorithm and size, and the ratio; the shared-mem
 this machine's (its cached probe)."""
 import argparse
 import json
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-
-from ringtree import predict  # noqa: E402
+from ringtree import predict
 
 
 def measured(paths):
@@ -55,7 +51,7 @@ def main(argv=None):
     p.add_argument("--inter-hop-us", type=float, default=None, help="one message between hosts (default: the model's)")
     p.add_argument("--cores", type=int, default=0, help="cores per host (default: one per rank)")
     p.add_argument("--burst-KB", type=float, default=0,
-                   help="the emulated link's tc tbf bucket (tests/support/netns.py: 2 ms of the rate, 500 KB at "
+                   help="the emulated link's tc tbf bucket (bench/rtbench/netns.py: 2 ms of the rate, 500 KB at "
                         "2gbit): a link direction that has been idle passes that much at line speed")
     args = p.parse_args(argv)
     over = dict(tcp_Bps=args.link_MBps * 1e6, nics=1, cores=args.cores)

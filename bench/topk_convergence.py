@@ -19,11 +19,8 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
 
 HELD_OUT_STEP = 10**6  # the seed of the held-out batch: far beyond any step trained on
@@ -39,7 +36,8 @@ def train_once(args, seed, ratio, world):
     import torch
 
     import ringtree.torch as rtt
-    import train_ddp
+    from rtbench.examples import load
+    train_ddp = load("train_ddp")
     ddp = train_ddp.wrap(train_ddp.make_model(args.hidden, seed=seed))
     state = None
     if ratio is not None:

@@ -16,9 +16,8 @@ from ringtree import _core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "bench", "rt_bench.py")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from rtbench import report  # noqa: E402
+from rtbench import report
 
 TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "--no-progress"]
 

@@ -1,16 +1,11 @@
 """Bench driver: nccl-tests table formatting, its parser, ratios, footers, JSON."""
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-from rtbench import collectives as colls  # noqa: E402
-from rtbench import report  # noqa: E402
-from rtbench.report import Cell, Row  # noqa: E402
+from rtbench import collectives as colls
+from rtbench import report
+from rtbench.report import Cell, Row
 
 
 def make_row(size=1 << 20, rt_oop=1e-3, rt_ip=2e-3, peer=4e-3, wrong=0, nranks=4):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
-import netns
+from rtbench import netns
 from harness import run_world
 
 

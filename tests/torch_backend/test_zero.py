@@ -457,13 +457,9 @@ def _curve(variant, comm, gloo, rank, world):
 
 
 def memory_and_loss_curves():
-    import os
-    import sys
-
     import torch.distributed as dist
 
     import torch_group
-    sys.path.insert(0, os.path.join(torch_group.ROOT, "bench"))
     import zero_bench
     rank, world = torch_group.init_group()
     gloo = dist.new_group(backend="gloo")

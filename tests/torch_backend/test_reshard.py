@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from harness import run_world  # noqa: E402
-import torch_group  # noqa: E402,F401  (puts examples/ on sys.path)
+import torch_group  # noqa: E402
 
 # float32: P ranks sum gradients in another order than one process, a few ulps per step that
 # Adam's 1/sqrt(v) amplifies a little; relative to the largest parameter, as in test_zero.py.

@@ -1,15 +1,12 @@
 """The start and end of a rank in the torch test worlds (test_torch_backend.py,
 test_torch_training.py, test_torch_clients.py): a process group on the ringtree backend, one CPU
-thread per rank, and examples/ on sys.path for the training example (train_ddp). torch is
-imported only inside the functions, so importing this module leaves torch out."""
+thread per rank. torch is imported only inside the functions, so importing this module leaves
+torch out. The examples (train_ddp, ...) are importable by name, as the suite's settings say."""
 import datetime
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
-if EXAMPLES not in sys.path:
-    sys.path.insert(0, EXAMPLES)
 
 
 def init_group(timeout=60.0, backend="ringtree"):
