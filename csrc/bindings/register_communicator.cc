@@ -58,12 +58,6 @@ bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   return true;
 }
 
-template <typename E>
-E checked_enum(int code, E count, const char* what) {
-  RT_CHECK(code >= 0 && code < static_cast<int>(count), InvalidArgument, "unknown ", what, " code ", code);
-  return static_cast<E>(code);
-}
-
 // The arguments both entry points take as codes and numbers; buffers are filled in by each.
 CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, int algo, double timeout) {
   CollectiveArgs a;
@@ -291,11 +285,8 @@ void register_communicator(py::module_& m) {
            py::arg("op") = 0, py::arg("deterministic") = false)
       .def("estimate",
            [](Communicator& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
-             std::vector<std::tuple<int, double, std::string>> out;
-             for (const AlgoEstimate& e : c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
-                                                     checked_enum(dtype, DataType::Count, "dtype"), deterministic))
-               out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
-             return out;
+             return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                               checked_enum(dtype, DataType::Count, "dtype"), deterministic));
            },
            py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
            py::arg("deterministic") = false)

@@ -1,27 +1,15 @@
 // The communicator's two decisions as units a test drives without ranks: the algorithm choice
 // (MachineCosts, AlgoChoice; runtime/algo_choice.h) and the wait policy (exec/host/wait_policy.h).
 #include <pybind11/stl.h>
-#include <tuple>
 #include <vector>
 #include "bindings/bindings.h"
 #include "bindings/choice_hook.h"
-#include "common/check.h"
 #include "exec/host/wait_policy.h"
 #include "runtime/algo_choice.h"
 
 namespace py = pybind11;
 
 namespace ringtree {
-
-namespace {
-
-template <typename E>
-E enum_arg(int code, E count, const char* what) {
-  RT_CHECK(code >= 0 && code < static_cast<int>(count), InvalidArgument, "unknown ", what, " code ", code);
-  return static_cast<E>(code);
-}
-
-}  // namespace
 
 void register_policies(py::module_& m) {
   py::class_<MachineCosts>(m, "MachineCosts",
@@ -52,7 +40,7 @@ void register_policies(py::module_& m) {
              if (!hosts.empty()) setup.topology = Topology::from_labels(hosts);
              setup.costs = costs;
              setup.oneshot_bytes = oneshot_bytes;
-             setup.forced = enum_arg(forced, Algo::Count, "algo");
+             setup.forced = checked_enum(forced, Algo::Count, "algo");
              auto choice = std::make_unique<AlgoChoice>();
              choice->configure(setup);
              return choice;
@@ -63,26 +51,23 @@ void register_policies(py::module_& m) {
            "forced: RINGTREE_ALGO's algo code (0: auto).")
       .def("choose",
            [](const AlgoChoice& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
-             return static_cast<int>(c.choose(enum_arg(coll, Collective::Count, "collective"),
-                                              enum_arg(algo, Algo::Count, "algo"), bytes,
-                                              enum_arg(dtype, DataType::Count, "dtype"),
-                                              enum_arg(op, ReduceOp::Count, "reduce op"), deterministic));
+             return static_cast<int>(c.choose(checked_enum(coll, Collective::Count, "collective"),
+                                              checked_enum(algo, Algo::Count, "algo"), bytes,
+                                              checked_enum(dtype, DataType::Count, "dtype"),
+                                              checked_enum(op, ReduceOp::Count, "reduce op"), deterministic));
            },
            py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
            py::arg("op") = 0, py::arg("deterministic") = false)
       .def("estimate",
            [](const AlgoChoice& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
-             std::vector<std::tuple<int, double, std::string>> out;
-             for (const AlgoEstimate& e : c.estimate(enum_arg(coll, Collective::Count, "collective"), bytes,
-                                                     enum_arg(dtype, DataType::Count, "dtype"), deterministic))
-               out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
-             return out;
+             return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                               checked_enum(dtype, DataType::Count, "dtype"), deterministic));
            },
            py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
            py::arg("deterministic") = false)
       .def("oneshot_fits",
            [](const AlgoChoice& c, int coll, uint64_t bytes) {
-             return c.oneshot_fits(enum_arg(coll, Collective::Count, "collective"), bytes);
+             return c.oneshot_fits(checked_enum(coll, Collective::Count, "collective"), bytes);
            },
            py::arg("coll"), py::arg("bytes"))
       .def("set_choice_hook", [](AlgoChoice& c, py::object fn) { c.set_hook(choice_hook_of(fn)); }, py::arg("hook"));
