@@ -39,6 +39,11 @@ def _run(command, cwd):
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"{' '.join(command)} did not finish in {TIMEOUT} s:\n{output}")
+    finally:
+        try:  # a rank the framework started and left behind, after a failure say
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}:\n{output}"
     for r in range(RANKS):
         assert f"rank {r} of {RANKS}: backend ringtree" in output, output
