@@ -3,6 +3,7 @@
 #include "bindings/bindings.h"
 #include "common/oneshot.h"
 #include "common/collective.h"
+#include "common/settings.h"
 #include "ringtree/communicator.h"
 #include "ringtree/types.h"
 #include "ringtree/unique_id.h"
@@ -48,6 +49,19 @@ void register_types(py::module_& m) {
     traits[collective_name(static_cast<Collective>(i))] = d;
   }
   m.attr("COLLECTIVE_TRAITS") = traits;
+
+  // The settings table (common/settings.def), for the Python layer's own readers and the manual.
+  py::list settings;
+  for (int i = 0; i < static_cast<int>(Setting::Count); ++i) {
+    const SettingInfo& info = setting_info(static_cast<Setting>(i));
+    py::dict d;
+    d["name"] = info.name;
+    d["default"] = info.fallback;
+    d["group"] = setting_group_title(info.group);
+    d["text"] = info.text;
+    settings.append(d);
+  }
+  m.attr("SETTINGS") = settings;
   m.def(
       "busbw_factor", [](int coll, int nranks) { return collective_traits(static_cast<Collective>(coll)).busbw_factor(nranks); },
       py::arg("coll"), py::arg("nranks"), "Bus bandwidth / algorithm bandwidth for a collective over nranks (nccl-tests).");
