@@ -19,6 +19,7 @@ PYBIND11_MODULE(RINGTREE_MODULE_NAME, m) {
   ringtree::register_errors(m);
   ringtree::register_types(m);
   ringtree::register_communicator(m);
+  ringtree::register_policies(m);
   ringtree::register_schedules(m);
   ringtree::register_kernels(m);
   ringtree::register_security(m);

@@ -123,7 +123,7 @@ def mismatched_count(odd_rank=1, n=1000, timeout=30.0):
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     out["first_ok"] = first_ok
-    out["executor"] = comm.cuda_executor()
+    out["executor"] = comm.status().cuda_executor
     try:  # the CUDA IPC path stays failed: a later call reports the error, it does not hang
         comm.all_reduce(x, timeout=timeout)
         out["later"] = None
@@ -144,7 +144,7 @@ def setup_refused(n=1000):
     y = arrays.upload(np.zeros(n * P, np.int32))
     comm.all_gather(arrays.upload(np.full(n, r, np.int32)), y)
     arrays.synchronize()
-    return {"executor": comm.cuda_executor(),
+    return {"executor": comm.status().cuda_executor,
             "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
             "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))),
             "ipc_env": os.environ.get("RINGTREE_CUDA_IPC", ""), "fail_env": os.environ.get("RINGTREE_STANDIN_FAIL", "")}
@@ -170,4 +170,4 @@ def deterministic_sums(n=5003, seed=7):
     arrays.synchronize()
     if peek(out).tobytes() != want[r * n:(r + 1) * n].tobytes():
         wrong.append("reduce_scatter/auto")
-    return {"wrong": wrong, "executor": comm.cuda_executor()}
+    return {"wrong": wrong, "executor": comm.status().cuda_executor}
