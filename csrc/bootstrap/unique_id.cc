@@ -8,6 +8,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -26,7 +27,7 @@ constexpr uint32_t kSeedIterations = 200000;
 
 // The port a unique id reserves: RINGTREE_PORT, else any free one (0).
 uint16_t port_setting() {
-  const int64_t port = env_int("RINGTREE_PORT", 0);
+  const int64_t port = setting_int(Setting::Port);
   RT_CHECK(port >= 0 && port <= 65535, InvalidArgument, "RINGTREE_PORT=", port,
            " is out of range: a TCP port is 1..65535 (0 or unset: any free port)");
   return static_cast<uint16_t>(port);

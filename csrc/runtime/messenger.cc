@@ -23,7 +23,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -45,8 +45,8 @@ constexpr int kIoRounds = 64;  // system calls per link per wake-up, so one busy
 // What a peer may make this rank hold: one message's claimed size, and the bytes of messages
 // that arrived before their receive, all peers together. A header past either is a protocol
 // error: the sender is dropped (PeerFailure) before anything is allocated for it.
-RT_PARAM(MaxMessageBytes, "RINGTREE_MAX_MESSAGE_BYTES", int64_t{1} << 32)
-RT_PARAM(MaxUnexpectedBytes, "RINGTREE_MAX_UNEXPECTED_BYTES", int64_t{8} << 30)
+RT_SETTING(MaxMessageBytes)
+RT_SETTING(MaxUnexpectedBytes)
 
 std::string rank_text(int r) { return r < 0 ? std::string("any") : std::to_string(r); }
 std::string tag_text(int64_t t) { return t < 0 ? std::string("any") : std::to_string(t); }

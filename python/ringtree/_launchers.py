@@ -34,7 +34,7 @@ import stat
 import struct
 import time
 
-from . import _core
+from . import _core, _settings
 
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 
@@ -124,12 +124,17 @@ def first_host(nodelist):
 
 
 def _flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return (_settings.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _port_setting(default):
-    port = _env_int("RINGTREE_PORT")
-    if port is None:
+    """RINGTREE_PORT, else (0 or unset) `default`."""
+    value = _settings.get("RINGTREE_PORT") or "0"
+    try:
+        port = int(value)
+    except ValueError:
+        raise _core.InvalidArgument(f"RINGTREE_PORT={value!r} is not an integer") from None
+    if port == 0:
         return default
     if not 1 <= port <= 65535:
         raise _core.InvalidArgument(f"RINGTREE_PORT={port} is out of range: a TCP port is 1..65535")
@@ -137,7 +142,7 @@ def _port_setting(default):
 
 
 def _timeout_setting():
-    value = os.environ.get("RINGTREE_TIMEOUT") or "300"
+    value = _settings.get("RINGTREE_TIMEOUT")
     try:
         return float(value)
     except ValueError:
@@ -237,7 +242,7 @@ def from_slurm():
     if rank is None or size is None:
         return None
     step = _env_int("SLURM_STEP_ID") or 0
-    path = os.environ.get("RINGTREE_UNIQUE_ID_FILE")
+    path = _settings.get("RINGTREE_UNIQUE_ID_FILE")
     if path:
         job = f"{os.environ.get('SLURM_JOB_ID', '')}.{step}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
         if rank == 0:
@@ -247,7 +252,7 @@ def from_slurm():
         else:
             token = read_token_file(path, job, _timeout_setting())
         return rank, size, token, "slurm"
-    secret = os.environ.get("RINGTREE_SECRET")
+    secret = _settings.get("RINGTREE_SECRET")
     if not secret and not _flag("RINGTREE_SINGLE_USER_CLUSTER"):
         raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
@@ -266,7 +271,7 @@ _inits_through_store = 0  # rt.init() calls under torchrun in this process: each
 _stores = []  # kept: where rank 0 hosts the c10d store, the others may read the id until they all joined
 
 
-def _token_through_torch_store(rank, size, addr):
+def _token_through_torch_store(rank, size):
     """Rank 0 makes the unique id and publishes it in the c10d store torchrun runs (the agent's,
     or rank 0's own at MASTER_ADDR:MASTER_PORT); the others read it there. With RINGTREE_SECRET
     set only the address goes through the store."""
@@ -278,11 +283,10 @@ def _token_through_torch_store(rank, size, addr):
     _stores[:] = [store]  # a second rank-0 store in this process shares this one's server (multi-tenant)
     _inits_through_store += 1
     key = f"ringtree/init/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_inits_through_store}"
-    secret = os.environ.get("RINGTREE_SECRET")
+    secret = _settings.get("RINGTREE_SECRET")
     if rank == 0:
         local = _env_int("LOCAL_WORLD_SIZE")
-        spans_hosts = local is not None and local < size
-        uid = _core.UniqueId.create(os.environ.get("RINGTREE_ADDR") or (spans_hosts and routable_address()) or addr)
+        uid = create_unique_id(spans_hosts=local is not None and local < size)
         published = f"{uid.ip}:{uid.port}" if secret else str(uid)
         store.set(key, published)
     else:
@@ -301,7 +305,7 @@ def from_torchrun():
         return None
     if size == 1:
         return rank, size, None, "torchrun"
-    return rank, size, _token_through_torch_store(rank, size, addr), "torchrun"
+    return rank, size, _token_through_torch_store(rank, size), "torchrun"
 
 
 def detect():
