@@ -22,8 +22,6 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
 
 def _step_times(step, steps, warmup):
@@ -43,7 +41,8 @@ def worker(args):
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtree.torch as rtt
-    import train_ddp
+    from rtbench.examples import load
+    train_ddp = load("train_ddp")
 
     torch.set_num_threads(1)
     rtt.init_process_group(args.backend)

@@ -36,7 +36,7 @@ def allreduce(n: int, iters: int) -> int:
         comm.all_reduce(x)
         want = sum(q + 1 + k for q in range(P))
         wrong += int((x != want).sum().item())
-    print(f"rank {r}: {iters} all_reduce of {n} float32, executor {comm.cuda_executor()}, {wrong} wrong", flush=True)
+    print(f"rank {r}: {iters} all_reduce of {n} float32, executor {comm.status().cuda_executor}, {wrong} wrong", flush=True)
     comm.close()
     return 0 if wrong == 0 else 1
 
@@ -73,7 +73,7 @@ def contexts() -> int:
             print(f"rank {q} (pid {pid}) on GPU {dev}: contexts {sorted(held.get(pid, set()))}: {verdict}", flush=True)
             status |= bool(extra)
     comm.all_reduce(torch.zeros(1, device="cuda"))
-    print(f"rank {r}: all_reduce {'right' if ok else 'WRONG'} on GPU {device}, executor {comm.cuda_executor()}",
+    print(f"rank {r}: all_reduce {'right' if ok else 'WRONG'} on GPU {device}, executor {comm.status().cuda_executor}",
           flush=True)
     comm.close()
     return 0 if ok and status == 0 else 1

@@ -38,12 +38,10 @@ import sys
 import tempfile
 import time
 
+from rtbench import load as load_mod
+from rtbench import options as options_mod
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # the rtbench package beside us
-
-from rtbench import load as load_mod  # noqa: E402
-from rtbench import options as options_mod  # noqa: E402
-
 WORKER = os.path.join(HERE, "launch_worker.py")
 LIBS = ("ringtree", "mpich", "openmpi", "gloo")
 PEERS = ("mpich", "openmpi", "gloo")
@@ -447,6 +445,32 @@ def format_report(records, libs, absent, a, context, interleaved=()):
     return lines
 
 
+def _commit():
+    """The checkout's commit, marked '+changes' when its tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", HERE, "diff", "--quiet", "HEAD", "--"], timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
+def _machine():
+    """What the page says of the machine: CPU model, logical CPUs, memory, NUMA nodes, kernel."""
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            mem_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal"))
+    except (OSError, StopIteration, ValueError):
+        mem_kb = 0
+    nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
+    return {"cpu": cpu, "cpus": os.cpu_count(), "memory_gib": round(mem_kb / 2**20), "numa_nodes": nodes,
+            "kernel": os.uname().release}
+
+
 def _uptime():
     try:
         with open("/proc/loadavg") as fh:
@@ -505,7 +529,9 @@ def main(argv=None) -> int:
             except ValueError as exc:
                 print(f"launch_spread.py: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-        context = {"thp": load_mod.thp_settings(), "thp_before": thp_before, "uptime_before": _uptime()}
+        context = {"thp": load_mod.thp_settings(), "thp_before": thp_before, "uptime_before": _uptime(),
+                   "commit": _commit(), "machine": _machine(), "date": time.strftime("%Y-%m-%d"),
+                   "command": "python bench/launch_spread.py " + " ".join(argv if argv is not None else sys.argv[1:])}
         context.update(background_load="not started", background_pids=[])
         try:
             run_all(a, libs, records, interleaved, context)

@@ -5,7 +5,7 @@
       python bench/rt_bench.py -b 64K -e 16M -f 4 --algo ring,tree,hier --vs gloo
 
 Each host is a network namespace with its own stack; the hosts are joined by a bridge, and with
---rate every host's link is capped in both directions by `tc tbf` (tests/support/netns.py makes
+--rate every host's link is capped in both directions by `tc tbf` (bench/rtbench/netns.py makes
 and removes all of it). Ranks of one host share memory; ranks of different hosts use TCP. Before
 the program, a raw-socket baseline streams --raw-mb MB from host 0 to host 1 with plain Python
 sockets and prints what the link carries, so the program's figures can be read against it.
@@ -26,13 +26,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "support"))  # the namespace maker
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, HERE)  # raw_socket
+from rtbench import netns
 
-import netns  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 RAW_PORT = 29611
 CHUNK = 1 << 20
@@ -183,8 +179,7 @@ def summary(raw: dict, path: str, hosts: int, ranks_per_host: int):
 def rank_env(rank, size, token, hosts, extra) -> dict:
     from ringtree.launch import rank_environment
     env = rank_environment(rank, size, token, 1)  # hosts are real here: no emulated host names
-    env.update(RINGTREE_IFNAME=hosts.device, MASTER_ADDR=hosts.addrs[0], GLOO_SOCKET_IFNAME=hosts.device,
-               PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "python"), env.get("PYTHONPATH")])))
+    env.update(RINGTREE_IFNAME=hosts.device, MASTER_ADDR=hosts.addrs[0], GLOO_SOCKET_IFNAME=hosts.device)
     env.update(extra)
     return env
 

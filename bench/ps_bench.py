@@ -71,7 +71,7 @@ def converge(args):
         if me == workers - 1:
             time.sleep(args.slow_s)  # the straggler
         node.push("w", unique, grad[:, None])
-        node.push("b", [0], [[bias_grad]])
+        node.push("b", [0], np.full((1, 1), bias_grad, np.float32))
         step += 1
         if me == 0 and step % args.eval_every == 0:
             loss, *_ = loss_and_grad(node, eval_keys, eval_labels)

@@ -8,12 +8,9 @@
 Flags: python bench/rt_bench.py --help. Exit status: 0 all results right, 1 some
 ringtree result wrong, 2 bad usage, 3 a ringtree error.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the rtbench package beside us
-
-from rtbench.driver import main  # noqa: E402
+from rtbench.driver import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,13 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
-from ddp_step import launched_result  # noqa: E402  (bench/ is the script's directory)
+from ddp_step import launched_result  # bench/ is the script's directory
 
 VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
             "zero3 ringtree")
@@ -122,7 +119,8 @@ def worker(args):
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtree.torch as rtt
-    import train_ddp
+    from rtbench.examples import load
+    train_ddp = load("train_ddp")
 
     torch.set_num_threads(1)
     rtt.init_process_group()

@@ -8,4 +8,7 @@ Modules, in the order data flows through them:
   report       nccl-tests table formatting and parsing, JSON
   plot         busbw-vs-size PNG
   driver       the sweep: measure, check, aggregate over ranks, print
+Beside them: load (CPU burners beside a job), solo (one library alone, for launch_spread.py),
+device (CUDA buffers), netns (emulated hosts made of network namespaces, for netns_launch.py and
+the tests), examples (the examples as modules, for the training benches).
 """

@@ -150,13 +150,12 @@ class Sweep:
         host = socket.gethostname()
         for r, pid in enumerate(pids):
             lines.append(f"#  Rank {r:2d} Pid {int(pid):7d} on {host} device {o.device}")
-        transport_to = getattr(self.comm, "transport_to", None)
-        if transport_to is not None and self.nranks > 1:
-            kinds = sorted({transport_to(p) for p in range(1, self.nranks)})
-            lines.append(f"# ringtree transports from rank 0: {', '.join(kinds)}")
-        costs = getattr(self.comm, "machine_costs", None)
-        if costs is not None and "hosts" in (m := costs()):
-            lines.append(f"# ringtree topology (shared-memory groups): {m['hosts']}")
+        status = getattr(self.comm, "status", None)
+        if status is not None:
+            found = status()
+            if self.nranks > 1:
+                lines.append(f"# ringtree transports from rank 0: {', '.join(sorted(set(found.transports[1:])))}")
+            lines.append(f"# ringtree topology (shared-memory groups): {found.hosts}")
         if o.peers:
             lines.append("#")
             lines.append("# Peers (measured right after ringtree at each size, same buffers):")
@@ -454,7 +453,7 @@ class Sweep:
             print("# Summary over all tables", flush=True)
             print("\n".join(report.footer_lines(wrong, avg, o.check)), flush=True)
             if self.dev is not None:
-                print(f"# CUDA executor: {self.comm.cuda_executor()}", flush=True)
+                print(f"# CUDA executor: {self.comm.status().cuda_executor}", flush=True)
             if o.json_path:
                 header = {"nranks": self.nranks, "launcher": impls_mod.launcher_name(),
                           "options": {k: v for k, v in vars(o).items() if k != "extra"},

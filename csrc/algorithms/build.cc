@@ -1,8 +1,8 @@
 // One entry: key in, schedule out. Single-rank and empty collectives reduce to local copies
 // (the executor still runs its fingerprint handshake, so a count mismatch is caught), except on
-// the one-shot board, where every call publishes: that is its handshake.
+// one-shot, where every call publishes: that is its handshake.
 #include <algorithm>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 #include "common/env.h"
 
@@ -55,7 +55,7 @@ Schedule build_schedule(const ScheduleKey& k) {
   if (k.coll == Collective::Recv) {
     s.add(make_recv(k.peer, BufId::Output, 0, k.count)); s.end_step(); return s;
   }
-  if (k.algo == Algo::OneShot) { board_schedule(s, k.coll, P, r, k.root, k.count); return s; }
+  if (k.algo == Algo::OneShot) { oneshot_schedule(s, k.coll, P, r, k.root, k.count); return s; }
   if (P == 1) { local_copy_only(s, k); return s; }
   if (k.count == 0 && k.coll != Collective::Barrier) return s;
   if (is_hier(k.algo)) { hier_schedule(s, k); return s; }

@@ -6,7 +6,7 @@
 // gather / scatter: the root receives from (sends to) every rank in one step.
 // barrier, dissemination: in round k rank r signals r+2^k and waits for r-2^k; after
 //   ceil(log2 P) rounds every rank has heard, directly or transitively, from every other.
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 
 namespace ringtree {
 

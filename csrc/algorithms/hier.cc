@@ -39,7 +39,7 @@
 // Every op is a message op or a local copy, so every executor that walks schedules runs them.
 #include <algorithm>
 #include <functional>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "algorithms/tree.h"
 #include "common/check.h"
 

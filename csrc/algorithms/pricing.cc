@@ -51,8 +51,8 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
 // all_to_all_v is priced as the all_to_all it generalizes).
 bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
 
-// The collectives the one-shot board runs (algorithms/board.cc).
-bool has_board_schedule(Collective c) {
+// The collectives one-shot runs (algorithms/oneshot.cc).
+bool has_oneshot_schedule(Collective c) {
   switch (c) {
     case Collective::AllReduce: case Collective::ReduceScatter: case Collective::AllGather: case Collective::AllToAll:
     case Collective::Broadcast: case Collective::Reduce: case Collective::Barrier:
@@ -69,8 +69,8 @@ bool has_board_schedule(Collective c) {
 // the order they were sent, as on every transport. So a ring all_reduce, whose ranks move in
 // lockstep, takes one hop a step, and a pipelined chain takes depth + segments - 1: a rank's
 // step t waits for its parent's step t+1, not for anything at the same step index.
-// On the one-shot board a publication is the message: a step that reads peers' publications
-// ends one hop after the latest of them, and publishing itself is a local copy. So a board call
+// In one-shot calls a publication is the message: a step that reads peers' publications
+// ends one hop after the latest of them, and publishing itself is a local copy. So a one-shot call
 // takes one hop, whatever P.
 // With a topology, a hop over a link between hosts weighs w.hop local hops: a message arrives
 // one hop of its own link after it left, and a step that talks across hosts lasts at least one
@@ -94,7 +94,7 @@ PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo,
   std::vector<size_t> next(P, 0);        // each rank's next step
   std::vector<PathLength> ended(P);      // when its last finished step ended
   std::vector<uint8_t> posted(P, 0);     // the next step's sends are posted
-  std::vector<PathLength> published(P);  // when a rank's board publication is out
+  std::vector<PathLength> published(P);  // when a rank's one-shot publication is out
   std::vector<uint8_t> has_published(P, 0);
   for (bool moved = true; moved;) {
     moved = false;
@@ -109,16 +109,16 @@ PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo,
           }
           posted[r] = 1;
         }
-        bool talks = false, talks_across = false, ready = true, reads_board = false;
-        PathLength last = ended[r], board_from;
+        bool talks = false, talks_across = false, ready = true, reads_oneshot = false;
+        PathLength last = ended[r], oneshot_from;
         for (uint32_t i = begin; i < end; ++i) {
           const Op& op = s.ops[i];
           if (op.kind == OpKind::Copy || op.kind == OpKind::Publish) continue;
-          if (is_board_read(op.kind)) {
+          if (is_oneshot_read(op.kind)) {
             for (int q : {op.peer, op.lhs_peer}) {
               if (q < 0 || q == r) continue;
               if (!has_published[q]) ready = false;
-              else board_from = reads_board ? later(board_from, published[q]) : published[q], reads_board = true;
+              else oneshot_from = reads_oneshot ? later(oneshot_from, published[q]) : published[q], reads_oneshot = true;
             }
             continue;
           }
@@ -136,8 +136,8 @@ PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo,
           break;
         }
         ended[r] = talks ? later(last, ended[r].plus(talks_across)) : last;
-        // Publications already read cost nothing more: later board steps read local memory.
-        if (reads_board) ended[r] = later(ended[r], board_from.plus(false));
+        // Publications already read cost nothing more: later one-shot steps read local memory.
+        if (reads_oneshot) ended[r] = later(ended[r], oneshot_from.plus(false));
         ++next[r];
         posted[r] = 0;
         moved = true;
@@ -182,7 +182,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
       for (uint32_t i = sched.step_begin(step); i < sched.step_end[step]; ++i) {
         const Op& op = sched.ops[i];
         const double n = static_cast<double>(op.count);
-        const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_board_op(op.kind);
+        const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_oneshot_op(op.kind);
         switch (op.kind) {
           case OpKind::Send: mine.sent += n, mine.remote_sent += remote ? n : 0, step_out += remote ? n : 0; break;
           case OpKind::Recv: mine.received += n, mine.remote_received += remote ? n : 0, step_in += remote ? n : 0; break;
@@ -356,7 +356,7 @@ void PriceTable::build(int P, const Topology* topo, LinkWeights w) {
     const Collective c = static_cast<Collective>(ci);
     if (!has_keyed_schedules(c)) continue;
     std::vector<Algo> algos = supported_algos(c);
-    if (has_board_schedule(c)) algos.push_back(Algo::OneShot);
+    if (has_oneshot_schedule(c)) algos.push_back(Algo::OneShot);
     if (topo)
       for (Algo a : hier_algos(c)) algos.push_back(a);
     for (Algo a : rank_order_algos(c)) algos.push_back(a);
@@ -402,17 +402,17 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
                DataType dtype, std::string* formula) {
   const int P = table.nranks();
   const double buffer = buffer_bytes(c, P, bytes);
-  const bool board = a == Algo::OneShot;
+  const bool oneshot = a == Algo::OneShot;
   uint64_t lo = bytes, hi = bytes;
   const ScheduleCounts k = table.counts(c, a, bytes, &lo, &hi);
   // The executor's fingerprint handshake with its ring neighbours comes before the first step;
-  // on the board every call publishes, and that is its handshake.
-  const double handshake = !board && P > 1 ? 1 : 0;
+  // in one-shot calls every call publishes, and that is its handshake.
+  const double handshake = !oneshot && P > 1 ? 1 : 0;
   const Rates r = rates_for(m, buffer, dtype, !table.topology() && m.any_tcp);
   const double hops = handshake + k.hops;
   const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);
   const double data = data_seconds(k, r);
-  const double publish = k.published * r.copy;  // the board's publication, before any read
+  const double publish = k.published * r.copy;  // the one-shot publication, before any read
   const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + publish + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
     std::string hop_terms = hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
@@ -425,7 +425,7 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
                     : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
                               size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
     *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
-                       count_text(k.hops), board ? " hop (board publications)" : " hops", " on the critical path",
+                       count_text(k.hops), oneshot ? " hop (one-shot publications)" : " hops", " on the critical path",
                        remote_hops > 0 ? str_cat(" (", count_text(remote_hops), " of ", count_text(hops), " across hosts)")
                                        : std::string(),
                        "; busiest rank ",

@@ -66,7 +66,7 @@ struct ScheduleCounts {
   // What the link must carry one way for the busiest rank: over its steps, the larger of what a
   // step sends and what it receives (and reduces) across hosts.
   double remote_link = 0;
-  // The one-shot board: the largest publication of any rank. A reader starts only once the whole
+  // One-shot: the largest publication of any rank. A reader starts only once the whole
   // publication is out (its generation is stored after the copy), so, unlike a message, whose
   // pieces the receiver takes while the sender still writes, that copy is on the critical path.
   double published = 0;

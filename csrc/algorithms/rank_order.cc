@@ -11,8 +11,8 @@
 // ((x_0 op x_1) op x_2) ... op x_{P-1}. Sum and product are commutative in IEEE arithmetic
 // (x_i op partial has the bits of partial op x_i), and half types round after every step as
 // everywhere, so every element gets the bits of that left fold whatever the hosts, the rank
-// layout or the transport: only P and the rank order decide them. The one-shot board reduces
-// in the same order (board.cc), so it gives the same bits for sum, prod, avg and premul_sum.
+// layout or the transport: only P and the rank order decide them. One-shot reduces
+// in the same order (oneshot.cc), so it gives the same bits for sum, prod, avg and premul_sum.
 //
 // Piece u leaves rank 0 at T = u and is reduced on rank i at T = u + i - 1; it is complete on
 // P-1 at T = u + P - 2. Then:
@@ -31,7 +31,7 @@
 //                   once more; S + P - 1 steps; 2 pieces of scratch per rank.
 //   reduce          C along the chain, then C from P-1 to the root (none when the root is P-1).
 #include <algorithm>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 #include "common/check.h"
 
 namespace ringtree {

@@ -11,7 +11,7 @@
 //   all-gather step s (0..P-2): send block r+1-s, receive block r-s into the output.
 // Every block is reduced in ring order starting at a different rank, so each element is
 // reduced in one fixed order, and all ranks end with bitwise-identical results.
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 
 namespace ringtree {
 

@@ -1,6 +1,6 @@
 // A schedule is one rank's part of a collective, as data: an ordered list of steps, each step a
 // set of ops that run concurrently and touch disjoint memory. Executors (host now, CUDA later)
-// walk the same schedule; the simulator checks it without any transport.
+// walk the same schedule; the verifier checks it without any transport.
 //
 // Terms used by every algorithm file:
 //   block    the N elements one rank owns in reduce_scatter / all_gather / all_to_all / gather /
@@ -8,18 +8,18 @@
 //            ring hands around.
 //   segment  a slice of a buffer that a pipelined algorithm (tree, chain) moves as one message.
 //   step     a set of ops that may run concurrently; step k+1 starts when step k is complete.
-//   publication  what a rank put on the one-shot board for one call (algorithms/board.cc makes
-//            the schedules, exec/host/board.cc runs them): a buffer every rank of the call may
+//   publication  what a rank put in its one-shot slot for one call (algorithms/oneshot.cc makes
+//            the schedules, exec/host/oneshot.cc runs them): a buffer every rank of the call may
 //            read once it is there, and that never changes after.
 // Offsets and counts are in elements.
 //
 // Two families of ops. Message ops (Send, Recv, RecvReduce) pair with a peer's op and move data
-// through a transport; every executor runs them. Board ops (Publish, CopyPublished,
-// ReducePublished) need memory every rank of the host can read: only the host board executor
+// through a transport; every executor runs them. One-shot ops (Publish, CopyPublished,
+// ReducePublished) need memory every rank of the host can read: only the host one-shot executor
 // runs them, and the step walker and the GPU executors refuse a schedule that holds one. Copy
 // is local and belongs to both.
 //
-// Board rules (the simulator checks them, see simulate_schedules):
+// One-shot rules (the verifier checks them, see verify_schedules):
 //   - a rank publishes exactly once per call, in step 0; its reads come later, so every rank has
 //     published before any rank waits, and an executor may wait for all of a call's
 //     publications at once;
@@ -27,8 +27,8 @@
 //     snapshots, so a rank may overwrite its own input after publishing it (in-place needs no
 //     staging);
 //   - within its call (deferred steps included) every rank waits for every other rank's
-//     publication. With the executor's rule (common/board.h: run a call's deferred steps
-//     before publishing kBoardRunAhead calls later) that makes kBoardSlots slots per rank
+//     publication. With the executor's rule (common/oneshot.h: run a call's deferred steps
+//     before publishing kOneShotRunAhead calls later) that makes kOneShotSlots slots per rank
 //     enough: a slot's previous call was read and checked by every rank before it is rewritten.
 #pragma once
 #include <cstdint>
@@ -40,14 +40,14 @@
 namespace ringtree {
 
 // Input, Output and Scratch are this rank's buffers (Count of them: executors index their base
-// pointers with these). Published names a publication on the board; the op says whose.
+// pointers with these). Published names a publication in a one-shot slot; the op says whose.
 enum class BufId : uint8_t { Input, Output, Scratch, Count, Published };
 enum class OpKind : uint8_t {
   Send,        // src -> peer
   Recv,        // peer -> dst
   RecvReduce,  // dst = src (op) incoming from peer
   Copy,        // dst = src, local
-  // Board ops. `peer` is whose publication is read (may be this rank); dst is a local buffer,
+  // One-shot ops. `peer` is whose publication is read (may be this rank); dst is a local buffer,
   // src = {Published, offset into that publication}. A read of count 0 only waits for the
   // publication (and checks its fingerprint): it is how a rank synchronizes with a peer whose
   // data it does not need.
@@ -56,11 +56,11 @@ enum class OpKind : uint8_t {
   ReducePublished,  // dst = lhs (op) published(peer)[src.offset, +count), where lhs is
                     // published(lhs_peer) at the same offset when lhs_peer >= 0, else dst itself:
                     // a rank-order reduction 0, 1, ..., P-1 is one two-operand op (0 (op) 1) and
-                    // P-2 accumulating ones, exactly the passes the board executor makes.
+                    // P-2 accumulating ones, exactly the passes the one-shot executor makes.
 };
 
-constexpr bool is_board_op(OpKind k) { return k >= OpKind::Publish; }
-constexpr bool is_board_read(OpKind k) { return k == OpKind::CopyPublished || k == OpKind::ReducePublished; }
+constexpr bool is_oneshot_op(OpKind k) { return k >= OpKind::Publish; }
+constexpr bool is_oneshot_read(OpKind k) { return k == OpKind::CopyPublished || k == OpKind::ReducePublished; }
 
 struct BufRef {
   BufId buf = BufId::Input;
@@ -81,9 +81,9 @@ struct Schedule {
   std::vector<Op> ops;
   std::vector<uint32_t> step_end;  // ops[step_end[k-1] .. step_end[k]) form step k
   uint64_t scratch_elems = 0;
-  // The last deferred_steps steps only wait for publications (board reads of count 0): the
+  // The last deferred_steps steps only wait for publications (one-shot reads of count 0): the
   // result is complete before them, so a rank may return from the call first and run them
-  // before its next collective (a one-shot broadcast's early return; board.cc settle_board).
+  // before its next collective (a one-shot broadcast's early return; oneshot.cc settle_oneshot).
   uint32_t deferred_steps = 0;
 
   size_t num_steps() const { return step_end.size(); }
@@ -144,7 +144,7 @@ struct ScheduleKeyHash {
 };
 
 // Which concrete algorithms a collective supports over any transport; the first is its default.
-// OneShot is not listed: it needs the board (every rank on one host), which the communicator
+// OneShot is not listed: it needs one-shot slots (every rank on one host), which the communicator
 // checks before it offers it; build_schedule builds its schedules all the same.
 std::vector<Algo> supported_algos(Collective coll);
 // The hierarchical algorithms of a collective (none for gather, scatter, barrier, point to point).
@@ -188,24 +188,28 @@ void hier_schedule(Schedule& s, const ScheduleKey& key);
 // Deterministic reductions (rank_order.cc): every element reduced in rank order along the chain
 // 0 -> 1 -> ... -> P-1, with the same bits on any layout; key.algo RankOrder.
 void rank_order_schedule(Schedule& s, const ScheduleKey& key);
-// The one-shot board (board.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
-// broadcast, reduce and barrier; P = 1 and count = 0 included (a board call always publishes).
-void board_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
+// One-shot (oneshot.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
+// broadcast, reduce and barrier; P = 1 and count = 0 included (a one-shot call always publishes).
+void oneshot_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
+// What each rank of a one-shot call publishes, in bytes, for a per-rank count of block_bytes (the
+// largest publication of the call: a broadcast's root, every rank of the others); UINT64_MAX for
+// a collective one-shot does not run.
+uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks);
 
 // Transport-free check: builds every rank's schedule for `key` (key.rank ignored), runs them
 // against each other with rendezvous semantics (a send completes only when the receiver is at
-// the matching recv, so any buffering also works; a board read only once its peer has
+// the matching recv, so any buffering also works; a one-shot read only once its peer has
 // published), tracks which inputs every output element holds, and throws Error describing the
-// first violation. Returns a short summary. Board schedules also get the board rules above
+// first violation. Returns a short summary. One-shot schedules also get the one-shot rules above
 // checked, the rank order of their reductions (0, 1, ..., P-1 on every rank), and three calls
 // in a row walked over two slots per rank, proving that no rank can overwrite a publication
-// before every reader is done with it. Board and rank_order reductions must also have the shape
+// before every reader is done with it. One-shot and rank_order reductions must also have the shape
 // of the rank-order left fold ((x_0 op x_1) op x_2) ... (operands of each op in either order),
 // which is what makes their bits equal; claim_rank_fold asks that of any algorithm (a check of
 // the checker: the ring and the trees must fail it).
 // drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
-// board_rules false skips the per-call board rules, to show that the data check and the walk
+// oneshot_rules false skips the per-call one-shot rules, to show that the data check and the walk
 // of three calls find a fault without them (a check of the checker).
-std::string simulate_schedules(ScheduleKey key, int drop_op = -1, bool board_rules = true, bool claim_rank_fold = false);
+std::string verify_schedules(ScheduleKey key, int drop_op = -1, bool oneshot_rules = true, bool claim_rank_fold = false);
 
 }  // namespace ringtree

@@ -12,7 +12,7 @@
 // elements in one step, and the reduction order is fixed: own, child 1, child 2, ...
 #include "algorithms/tree.h"
 #include <algorithm>
-#include "algorithms/ops.h"
+#include "algorithms/op_builders.h"
 
 namespace ringtree {
 

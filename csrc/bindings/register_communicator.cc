@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 #include "bindings/bindings.h"
+#include "bindings/choice_hook.h"
 #include "exec/plan.h"
 #include "runtime/flight_recorder.h"
 #include "common/check.h"
@@ -55,12 +56,6 @@ bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   b.count = static_cast<uint64_t>(PyArray_SIZE(arr));
   b.readonly = !PyArray_ISWRITEABLE(arr);
   return true;
-}
-
-template <typename E>
-E checked_enum(int code, E count, const char* what) {
-  RT_CHECK(code >= 0 && code < static_cast<int>(count), InvalidArgument, "unknown ", what, " code ", code);
-  return static_cast<E>(code);
 }
 
 // The arguments both entry points take as codes and numbers; buffers are filled in by each.
@@ -290,11 +285,8 @@ void register_communicator(py::module_& m) {
            py::arg("op") = 0, py::arg("deterministic") = false)
       .def("estimate",
            [](Communicator& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
-             std::vector<std::tuple<int, double, std::string>> out;
-             for (const AlgoEstimate& e : c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
-                                                     checked_enum(dtype, DataType::Count, "dtype"), deterministic))
-               out.emplace_back(static_cast<int>(e.algo), e.seconds, e.formula);
-             return out;
+             return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                               checked_enum(dtype, DataType::Count, "dtype"), deterministic));
            },
            py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
            py::arg("deterministic") = false)
@@ -326,16 +318,36 @@ void register_communicator(py::module_& m) {
              return py::make_tuple(s.source, s.tag, s.bytes);
            },
            py::arg("src"), py::arg("tag"))
-      .def("machine_costs", &Communicator::machine_costs)
-      .def("transport_to", &Communicator::transport_to)
-      .def_property_readonly("shared_cpu_waits", &Communicator::shared_cpu_waits)
-      .def_property_readonly("single_copy", &Communicator::single_copy)
-      .def_property_readonly("single_copy_messages", &Communicator::single_copy_messages)
-      .def_property_readonly("numa", &Communicator::numa)
-      .def_property_readonly("numa_nodes", &Communicator::numa_nodes)
-      .def_property_readonly("streamed_pieces", &Communicator::streamed_pieces)
-      .def_property_readonly("shm_stores", &Communicator::shm_stores)
-      .def_property_readonly("wait_policy", &Communicator::wait_policy)
+      .def("status",
+           [](const Communicator& c) {
+             CommStatus s;
+             {
+               py::gil_scoped_release release;
+               s = c.status();
+             }
+             py::dict machine;
+             machine["source"] = s.cost_source;
+             for (const auto& [name, value] : s.machine) machine[py::str(name)] = value;
+             machine["hosts"] = s.hosts;
+             py::dict d;
+             d["transports"] = s.transports;
+             d["hosts"] = s.hosts;
+             d["wait_policy"] = s.wait_policy;
+             d["single_copy"] = s.single_copy;
+             d["numa"] = s.numa;
+             d["numa_nodes"] = s.numa_nodes;
+             d["shm_stores"] = s.shm_stores;
+             d["machine"] = machine;
+             d["algo_hook"] = s.algo_hook;
+             d["shared_cpu_waits"] = s.shared_cpu_waits;
+             d["single_copy_messages"] = s.single_copy_messages;
+             d["streamed_pieces"] = s.streamed_pieces;
+             return d;
+           },
+           "What set-up found and the counters since, as a dict (CommStatus).")
+      .def("set_choice_hook",
+           [](Communicator& c, py::object fn) { c.set_choice_hook(choice_hook_of(fn)); }, py::arg("hook"),
+           "fn(request tuple) -> algo code replaces auto's last decision; None restores the cost model's.")
       .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)
@@ -344,6 +356,17 @@ void register_communicator(py::module_& m) {
       .def("dump_json", &Communicator::dump_json, py::arg("reason") = "request",
            py::call_guard<py::gil_scoped_release>(), "This rank's flight record as JSON (runtime/flight_recorder.h).")
       .def_property_readonly("id", &Communicator::id)
+      .def(
+          "child_unique_id",
+          [](const Communicator& c, const std::string& ip, uint16_t port, py::bytes nonce) {
+            const std::string raw = nonce;
+            RT_CHECK(raw.size() == 16, InvalidArgument, "child_unique_id: the nonce must be 16 bytes, got ", raw.size());
+            std::array<uint8_t, 16> n;
+            std::copy(raw.begin(), raw.end(), n.begin());
+            return c.child_unique_id(ip, port, n);
+          },
+          py::arg("ip"), py::arg("port"), py::arg("nonce"),
+          "The unique id of a communicator of these ranks at ip:port: its secret derives from this one's and the nonce.")
       .def("set_label", &Communicator::set_label, py::arg("label"))
       .def("set_clock_offset", &Communicator::set_clock_offset, py::arg("offset_ns"), py::arg("error_ns"));
   m.def("now_ns", &FlightRecorder::now_ns, "The steady clock the flight recorder stamps calls with, in ns.");

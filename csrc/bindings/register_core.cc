@@ -8,8 +8,10 @@ void register_core(pybind11::module_& m) {
   register_errors(m);
   register_types(m);
   register_communicator(m);
+  register_policies(m);
   register_schedules(m);
   register_kernels(m);
+  register_security(m);
   register_cuda(m);
 }
 

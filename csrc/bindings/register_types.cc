@@ -1,8 +1,9 @@
 // Names of the enums, in code order, so Python maps names to codes without a second table.
 #include <pybind11/stl.h>
 #include "bindings/bindings.h"
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "common/collective.h"
+#include "common/settings.h"
 #include "ringtree/communicator.h"
 #include "ringtree/types.h"
 #include "ringtree/unique_id.h"
@@ -23,8 +24,8 @@ void register_types(py::module_& m) {
   m.attr("ALGOS") = algos;
   // Message tags from here up are ringtree's own (shrink); the messenger's any-tag skips them.
   m.attr("FIRST_RESERVED_TAG") = kFirstReservedTag;
-  // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/board.h).
-  m.attr("BOARD_RUN_AHEAD") = kBoardRunAhead;
+  // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/oneshot.h).
+  m.attr("ONESHOT_RUN_AHEAD") = kOneShotRunAhead;
 
   // The one description of each collective (common/collective.h), for the Python layer, the
   // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,
@@ -48,6 +49,19 @@ void register_types(py::module_& m) {
     traits[collective_name(static_cast<Collective>(i))] = d;
   }
   m.attr("COLLECTIVE_TRAITS") = traits;
+
+  // The settings table (common/settings.def), for the Python layer's own readers and the manual.
+  py::list settings;
+  for (int i = 0; i < static_cast<int>(Setting::Count); ++i) {
+    const SettingInfo& info = setting_info(static_cast<Setting>(i));
+    py::dict d;
+    d["name"] = info.name;
+    d["default"] = info.fallback;
+    d["group"] = setting_group_title(info.group);
+    d["text"] = info.text;
+    settings.append(d);
+  }
+  m.attr("SETTINGS") = settings;
   m.def(
       "busbw_factor", [](int coll, int nranks) { return collective_traits(static_cast<Collective>(coll)).busbw_factor(nranks); },
       py::arg("coll"), py::arg("nranks"), "Bus bandwidth / algorithm bandwidth for a collective over nranks (nccl-tests).");

@@ -1,16 +1,21 @@
 // Rendezvous through rank 0, then a full mesh of authenticated connections.
 //
-// Rank 0 listens at the unique id's address. Every other rank connects and presents the job's
-// secret, its rank, the world size, its host identity and the port of its own mesh listener;
-// rank 0 drops connections without the secret (without disturbing the job), explains a wrong
-// rank or size to every rank instead of hanging, and sends everyone the peer table. Then every
-// pair connects directly: one control connection per pair (liveness, abort notices), one
-// message connection per pair (tagged messages, runtime/messenger.h: TCP even on one host), plus
-// a data connection for pairs that talk over TCP.
+// Rank 0 listens at the unique id's address. Every other rank connects, and the two prove to
+// each other that they hold the job's secret (bootstrap/handshake.h: rank 0 first, the secret
+// never on the wire); the rank's proof carries its host identity and the port of its own mesh
+// listener. Rank 0 drops connections that cannot prove the secret (without disturbing the job),
+// explains a wrong rank or size to every rank instead of hanging, and sends everyone the peer
+// table and a fresh public id for the set-up. Everything rank 0 and a rank say to each other
+// after the handshake (the table, barriers, broadcasts, clock offsets) carries a MAC under a key
+// of that connection's own. Then every pair connects directly, each connection authenticated
+// the same way and bound to the set-up's id: one control connection per pair (liveness, abort
+// notices), one message connection per pair (tagged messages, runtime/messenger.h: TCP even on
+// one host), plus a data connection for pairs that talk over TCP.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "bootstrap/crypto.h"
 #include "common/clock.h"
 #include "ringtree/unique_id.h"
 
@@ -34,6 +39,9 @@ struct PeerInfo {
 
 struct Mesh {
   std::vector<PeerInfo> peers;
+  // Random, made by rank 0 for this set-up and the same on every rank: names what others on the
+  // host can see (shared-memory segments, dump files) without a bit of the secret.
+  std::string public_id;
   std::vector<int> ctrl_fd;  // per peer, -1 for self
   std::vector<int> data_fd;  // per peer, -1 where the pair uses shared memory
   std::vector<int> msg_fd;   // per peer, -1 for self: tagged messages beside the call order
@@ -81,14 +89,25 @@ class Bootstrap {
   // Every rank reports to rank 0, which then releases them all; with release_may_fail, a rank
   // that died after reporting does not fail rank 0.
   void gather_then_release(bool release_may_fail);
-  void rendezvous_as_root(PeerInfo self, Mesh& mesh);
-  void rendezvous_as_peer(PeerInfo self, Mesh& mesh, int root_fd);
-  void connect_mesh(Mesh& mesh, int mesh_listener);
+  void rendezvous_as_root(PeerInfo self, Mesh& mesh, std::array<uint8_t, 16>& setup);
+  void rendezvous_as_peer(PeerInfo& self, Mesh& mesh, int& mesh_listener, std::array<uint8_t, 16>& setup);
+  void connect_mesh(Mesh& mesh, int mesh_listener, const std::array<uint8_t, 16>& setup);
+
+  // A star connection after its handshake: every message carries a MAC under the connection's
+  // own key and a count per direction, so none can be forged, replayed or reordered.
+  struct StarLink {
+    int fd = -1;
+    crypto::HmacKey key;
+    uint64_t sent = 0, received = 0;
+  };
+  void send_sealed(int r, const void* data, size_t bytes);
+  void recv_sealed(int r, void* data, size_t bytes);
 
   int rank_, size_;
   UniqueId uid_;
+  crypto::HmacKey secret_key_;
   Deadline deadline_;
-  std::vector<int> star_fd_;  // root: one per rank; others: [0] = connection to root
+  std::vector<StarLink> star_;  // root: one per rank; others: [0] = connection to root
 };
 
 }  // namespace ringtree

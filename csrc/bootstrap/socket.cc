@@ -10,7 +10,6 @@
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 #include "common/check.h"
 
 namespace ringtree {
@@ -54,10 +53,11 @@ int tcp_bind(const std::string& ip, uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   RT_SYSCHECK(fd, "socket");
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   // A launcher's UniqueId::create() holds the port bound (not listening) while rank 0, in
   // another process of the same user, binds it again and listens; connections reach only
-  // listening sockets, so they all go to rank 0.
+  // listening sockets, so they all go to rank 0. SO_REUSEPORT shares a port between sockets of
+  // one user only (and binds over the port's TIME_WAIT connections); SO_REUSEADDR is not set:
+  // it would let another user bind a reserved port that is not listening yet, and take it.
   setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
   sockaddr_in a = make_addr(ip, port);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) < 0) {
@@ -96,43 +96,6 @@ std::string socket_local_ip(int fd) {
   char buf[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf));
   return buf;
-}
-
-int tcp_connect(const std::string& ip, uint16_t port, const Deadline& deadline) {
-  sockaddr_in a = make_addr(ip, port);
-  int backoff_ms = 5;
-  for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    RT_SYSCHECK(fd, "socket");
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-      set_tcp_nodelay(fd);
-      return fd;
-    }
-    int e = errno;
-    ::close(fd);
-    if (e != ECONNREFUSED && e != ETIMEDOUT && e != ENETUNREACH && e != EINTR && e != ECONNRESET && e != EAGAIN)
-      RT_THROW(BootstrapError, "cannot connect to ", ip, ":", port, ": ", std::strerror(e));
-    if (deadline.expired())
-      RT_THROW(Timeout, "nobody accepted a connection at ", ip, ":", port, " before the deadline (",
-               std::strerror(e), "); is rank 0 running with the same unique id?");
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, deadline.remaining_ms(1000) + 1)));
-    backoff_ms = std::min(backoff_ms * 2, 100);
-  }
-}
-
-int tcp_accept(int listen_fd, const Deadline& deadline) {
-  for (;;) {
-    pollfd p{listen_fd, POLLIN, 0};
-    int n = poll(&p, 1, deadline.remaining_ms(100));
-    if (n > 0) {
-      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) { set_tcp_nodelay(fd); return fd; }
-      if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) throw_system_error("accept", errno);
-    } else if (n < 0 && errno != EINTR) {
-      throw_system_error("poll", errno);
-    }
-    if (deadline.expired()) return -1;
-  }
 }
 
 void write_full(int fd, const void* data, size_t bytes, const Deadline& deadline) {

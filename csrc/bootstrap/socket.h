@@ -8,16 +8,12 @@
 namespace ringtree {
 
 // A socket bound to ip:port (0: any free port) that does not listen yet; SO_REUSEPORT, so a
-// process of the same user may bind the same port and listen there.
+// process of the same user (and no other user) may bind the same port and listen there.
 int tcp_bind(const std::string& ip, uint16_t port);
 void start_listening(int fd, int backlog);
 int tcp_listen(const std::string& ip, uint16_t port, int backlog);
 uint16_t socket_local_port(int fd);
 std::string socket_local_ip(int fd);
-// Connects, retrying while nobody listens yet, until the deadline.
-int tcp_connect(const std::string& ip, uint16_t port, const Deadline& deadline);
-// Returns -1 when the deadline passes first.
-int tcp_accept(int listen_fd, const Deadline& deadline);
 // Throw Timeout at the deadline and PeerFailure when the peer closes or resets.
 void write_full(int fd, const void* data, size_t bytes, const Deadline& deadline);
 void read_full(int fd, void* data, size_t bytes, const Deadline& deadline);

@@ -1,13 +1,14 @@
 #include "ringtree/unique_id.h"
 
-#include <sys/random.h>
 #include <unistd.h>
-#include <cerrno>
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include "bootstrap/crypto.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -19,28 +20,17 @@ std::map<uint16_t, int>& reserved() {
   return m;
 }
 
-void fill_random(uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t got = getrandom(p, n, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw_system_error("getrandom", errno);
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-}
+// PBKDF2-HMAC-SHA256 rounds that stretch a seed into a secret: a guess at a human-chosen
+// RINGTREE_SECRET costs an attacker this many HMACs (about 0.1 s on one core of a current x86
+// server), not one hash.
+constexpr uint32_t kSeedIterations = 200000;
 
-// FNV-1a over the seed, stretched by rehashing: not a KDF, only enough to make the derived
-// secret unguessable to someone who does not know the seed.
-void derive_secret(const std::string& seed, std::array<uint8_t, 16>& out) {
-  uint64_t h1 = 1469598103934665603ull, h2 = 0x9e3779b97f4a7c15ull;
-  for (int round = 0; round < 64; ++round)
-    for (unsigned char c : seed) {
-      h1 = (h1 ^ c) * 1099511628211ull;
-      h2 = (h2 ^ (c + round)) * 0x100000001b3ull + (h1 >> 7);
-    }
-  for (int i = 0; i < 8; ++i) { out[i] = static_cast<uint8_t>(h1 >> (8 * i)); out[8 + i] = static_cast<uint8_t>(h2 >> (8 * i)); }
+// The port a unique id reserves: RINGTREE_PORT, else any free one (0).
+uint16_t port_setting() {
+  const int64_t port = setting_int(Setting::Port);
+  RT_CHECK(port >= 0 && port <= 65535, InvalidArgument, "RINGTREE_PORT=", port,
+           " is out of range: a TCP port is 1..65535 (0 or unset: any free port)");
+  return static_cast<uint16_t>(port);
 }
 
 }  // namespace
@@ -50,9 +40,9 @@ UniqueId UniqueId::create(const std::string& ip) {
   id.ip = resolve_ipv4(ip.empty() ? env_str("RINGTREE_ADDR", "127.0.0.1") : ip);
   // Bound, not listening: the port is ours, yet rank 0 may be another process (a launcher that
   // stays alive hands the token on), and nobody's connection lands in a queue no one accepts.
-  int fd = tcp_bind(id.ip, static_cast<uint16_t>(env_int("RINGTREE_PORT", 0)));
+  int fd = tcp_bind(id.ip, port_setting());
   id.port = socket_local_port(fd);
-  fill_random(id.secret.data(), id.secret.size());
+  crypto::random_bytes(id.secret.data(), id.secret.size());
   std::lock_guard<std::mutex> lock(reserved_mu);
   auto& m = reserved();
   if (m.count(id.port)) ::close(m[id.port]);
@@ -61,10 +51,33 @@ UniqueId UniqueId::create(const std::string& ip) {
 }
 
 UniqueId UniqueId::from_seed(const std::string& ip, uint16_t port, const std::string& seed) {
+  RT_CHECK(!seed.empty(), InvalidArgument, "UniqueId.from_seed: the seed is empty");
+  RT_CHECK(port > 0, InvalidArgument, "UniqueId.from_seed: port must be in 1..65535, got ", port);
   UniqueId id;
   id.ip = resolve_ipv4(ip);
   id.port = port;
-  derive_secret(seed, id.secret);
+  // Salted with the port, so that one dictionary of stretched guesses does not serve every job.
+  const std::string salt = str_cat("ringtree seeded unique id v1|", port);
+  std::array<uint8_t, 32> key;
+  crypto::pbkdf2_sha256(seed.data(), seed.size(), salt.data(), salt.size(), kSeedIterations, key.data(), key.size());
+  std::copy(key.begin(), key.begin() + id.secret.size(), id.secret.begin());
+  return id;
+}
+
+UniqueId UniqueId::child(const std::string& child_ip, uint16_t child_port, const std::array<uint8_t, 16>& nonce) const {
+  RT_CHECK(child_port > 0, InvalidArgument, "a child unique id needs a port in 1..65535, got ", child_port);
+  UniqueId id;
+  id.ip = resolve_ipv4(child_ip);
+  id.port = child_port;
+  const crypto::HmacKey key(secret.data(), secret.size());
+  crypto::Sha256 h = key.begin();
+  const char label[] = "ringtree child unique id v1";
+  h.update(label, sizeof(label));
+  h.update(nonce.data(), nonce.size());
+  h.update_value(id.port);
+  h.update(id.ip.data(), id.ip.size());
+  const crypto::Digest d = key.end(h);
+  std::copy(d.begin(), d.begin() + id.secret.size(), id.secret.begin());
   return id;
 }
 
@@ -78,12 +91,7 @@ int take_reserved_listener(uint16_t port) {
   return fd;
 }
 
-std::string UniqueId::secret_hex() const {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : secret) { s += digits[b >> 4]; s += digits[b & 15]; }
-  return s;
-}
+std::string UniqueId::secret_hex() const { return crypto::to_hex(secret.data(), secret.size()); }
 
 std::string UniqueId::str() const { return "rt1:" + ip + ":" + std::to_string(port) + ":" + secret_hex(); }
 

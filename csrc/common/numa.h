@@ -5,7 +5,7 @@
 // copies out of the ring), so the ring's pages belong on the reader's node: each owner asks for
 // its node (MPOL_PREFERRED on the segment, a policy of the shared object that every peer's
 // mapping then follows) before it allocates the pages, and allocates them itself, so they are
-// first touched by their reader. A board slot has one writer (the owner) and every other rank
+// first touched by their reader. A one-shot slot has one writer (the owner) and every other rank
 // as a reader, so no node suits all of them; it stays with its writer, in the same segment.
 #pragma once
 #include <cstddef>

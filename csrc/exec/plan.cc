@@ -202,7 +202,7 @@ CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nr
     p.pre_elems = p.input.count;
   } else if (t.in_place == InPlace::StagedSameBuffer && algo != Algo::OneShot && p.input.count > 0 &&
              ranges_overlap(p.input.ptr, p.input.count * esz, p.output.ptr, p.output.count * esz)) {
-    // The board publishes a copy of the input anyway; a schedule must send from one.
+    // One-shot publishes a copy of the input anyway; a schedule must send from one.
     p.pre = PreStep::CopyInput;
     p.pre_elems = p.input.count;
   }

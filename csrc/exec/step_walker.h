@@ -25,8 +25,8 @@
 //            which no chunk of the wrong call is ever read (all_reduce against broadcast: the
 //            ranks wait for chunks that never come) without waiting for the timeout.
 //
-// The walker runs message ops and copies only. Board ops (schedule.h: Publish, CopyPublished,
-// ReducePublished, the one-shot board's schedules) need the host's shared board: an executor
+// The walker runs message ops and copies only. One-shot ops (schedule.h: Publish, CopyPublished,
+// ReducePublished, the one-shot schedules) need the host's shared one-shot slots: an executor
 // hands the walker only schedules that walker_can_run() accepts, and a walker that meets one
 // anyway stops every rank instead of taking it for a receive.
 //
@@ -125,10 +125,10 @@ RT_HOST_DEVICE inline Slice slice_of(uint64_t count, uint32_t c, uint32_t n, uin
   return {first, last - first};
 }
 
-// Whether every op of `s` is one the walker runs (no board op).
+// Whether every op of `s` is one the walker runs (no one-shot op).
 inline bool walker_can_run(const Schedule& s) {
   for (const Op& op : s.ops)
-    if (is_board_op(op.kind)) return false;
+    if (is_oneshot_op(op.kind)) return false;
   return true;
 }
 
@@ -173,7 +173,7 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
     // Local copies first: they touch memory no other op of the step touches.
     for (uint32_t i = begin; i < end; ++i) {
       const Op& op = plan.ops[i];
-      if (op.kind > OpKind::Copy) {  // a board op: never walked (see the top of this file)
+      if (op.kind > OpKind::Copy) {  // a one-shot op: never walked (see the top of this file)
         stop_everyone();
         return WalkResult::Stopped;
       }

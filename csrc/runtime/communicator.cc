@@ -1,5 +1,5 @@
-// Communicator set-up, algorithm choice, the call queue and failure handling. Validation and
-// lowering live in exec/plan.cc, the progress engine in exec/host.
+// Communicator set-up, the call queue, status and failure handling. Validation and lowering live
+// in exec/plan.cc, the algorithm choice in algo_choice.cc, the progress engine in exec/host.
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include "bootstrap/socket.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "exec/host/wait_policy.h"
 #include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/dumps.h"
@@ -24,7 +25,7 @@ namespace {
 RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
 RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
 RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", -1)
-RT_PARAM(BoardBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
+RT_PARAM(OneShotBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
 RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
 RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
 RT_PARAM(DumpOnExit, "RINGTREE_DUMP_ON_EXIT", 0)
@@ -81,11 +82,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s), exec_(rank, size, ctrl_),
       recorder_(static_cast<size_t>(std::max<int64_t>(0, FlightRecorderCalls()))) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
-  forced_algo_ = parse_algo_setting();
-  for (int c = 0; c < static_cast<int>(Collective::Count); ++c) {
-    scheduled_algos_[c] = supported_algos(static_cast<Collective>(c));
-    hier_algos_[c] = hier_algos(static_cast<Collective>(c));
-  }
+  parse_algo_setting();  // a bad RINGTREE_ALGO fails here, before bootstrap
   exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes())));
   kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   tcp_settings();     // and a bad TCP setting, before bootstrap
@@ -99,16 +96,15 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   const uint64_t cpu_domain = cpu_sharing_domain(&cpu_count);
   mesh_ = boot.connect(host_identity(), transport == "tcp", shared_memory_domain(), cpu_domain, cpu_count);
   topo_ = topology_of(mesh_, size);
-  multi_host_ = topo_.num_hosts() > 1;
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
-  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, BoardBytes())));
+  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneShotBytes())));
   ctrl_.attach(rank, mesh_);
   std::vector<std::string> names;
   for (int q = 0; q < size; ++q) names.push_back(ctrl_.who(q));
   messenger_.start(rank, mesh_, std::move(names), timeout_s);
-  setup_cost_model(boot);
+  setup_choice(boot);
   const ClockOffset clock = boot.estimate_clock_offset(&FlightRecorder::now_ns);
   set_clock_offset(clock.offset_ns, clock.error_ns);
   // A shrink retried after a failed set-up needs every member to have failed it, not some.
@@ -118,32 +114,23 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
     return std::make_pair(dump_file_name(), dump_json(reason));
   });
 
-  // Spin while every local rank can have a core; when oversubscribed, hand the core over fast.
-  // Local means what the probes found (topo_), not what the hostnames say.
-  int local_ranks = 0;
-  for (int q = 0; q < size; ++q) local_ranks += topo_.same_host(q, rank);
-  // Ranks in other namespaces or containers on this kernel may run on the same CPUs: count every
-  // rank allowed exactly this rank's CPUs (emulated hosts here share the 2 cores, and each
-  // host's 2 ranks alone would seem to fit them).
-  int cpu_sharers = 0;
-  for (int q = 0; q < size; ++q) cpu_sharers += mesh_.peers[q].cpu_domain == mesh_.peers[rank].cpu_domain;
-  const int cpus = cpu_count > 0 ? static_cast<int>(cpu_count) : online_cpus();
-  const bool oversubscribed = local_ranks > online_cpus() || cpu_sharers > cpus;
-  // A rank whose peers are all across TCP neither spins nor yields: its data arrives through the
-  // kernel, which needs the core the spinning rank holds, and on a busy core sched_yield hands a
-  // whole time slice to an unrelated task that data arriving on a socket cannot interrupt (no
-  // wake-up). Both cost about a millisecond a wait between namespace hosts here; poll() wakes it
-  // (bench/RESULTS.md).
-  const bool host_peer = local_ranks > 1;
-  WaitPolicy wait;
-  wait.spin_ns = 1000 * (SpinMicros() >= 0 ? SpinMicros() : (oversubscribed || !host_peer ? 1 : 1000));
-  const int64_t yield_us = YieldMicros() >= 0 ? YieldMicros() : (host_peer ? 2000 : 0);
-  wait.yield_ns = 1000 * yield_us;
-  exec_.set_wait_policy(wait);
-  wait_policy_ = str_cat("spin ", wait.spin_ns / 1000, " us", SpinMicros() >= 0 ? " (RINGTREE_SPIN_US)" : "", ", yield ",
-                         yield_us, " us", YieldMicros() >= 0 ? " (RINGTREE_YIELD_US)" : "", ", then block; ", local_ranks,
-                         " ranks on this host, ", cpu_sharers, " allowed the same ", cpus, " CPUs",
-                         oversubscribed ? ": oversubscribed" : "");
+  // Local means what the probes found (topo_), not what the hostnames say. Ranks in other
+  // namespaces or containers on this kernel may run on the same CPUs: count every rank allowed
+  // exactly this rank's CPUs (emulated hosts here share the 2 cores, and each host's 2 ranks
+  // alone would seem to fit them).
+  WaitCounts counts;
+  counts.local_ranks = counts.cpu_sharers = 0;
+  for (int q = 0; q < size; ++q) {
+    counts.local_ranks += topo_.same_host(q, rank);
+    counts.cpu_sharers += mesh_.peers[q].cpu_domain == mesh_.peers[rank].cpu_domain;
+  }
+  counts.online_cpus = online_cpus();
+  counts.cpus = cpu_count > 0 ? static_cast<int>(cpu_count) : counts.online_cpus;
+  counts.spin_us = SpinMicros() >= 0 ? SpinMicros() : -1;
+  counts.yield_us = YieldMicros() >= 0 ? YieldMicros() : -1;
+  const WaitDecision wait = decide_wait_policy(counts);
+  exec_.set_wait_policy(wait.policy);
+  wait_policy_ = wait.text;
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -154,7 +141,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   unregister_dump_source(dump_source_);
 }
 
-std::string CommunicatorImpl::id() const { return str_cat(uid_.secret_hex().substr(0, 16), "-", uid_.port); }
+std::string CommunicatorImpl::id() const { return mesh_.public_id; }
 
 std::string CommunicatorImpl::dump_json(const std::string& reason) const {
   std::vector<int> sends, recvs;
@@ -194,144 +181,55 @@ std::string CommunicatorImpl::address() const {
   return ip.empty() ? uid_.ip : ip;
 }
 
-std::string CommunicatorImpl::transport_to(int peer) const {
-  RT_CHECK(peer >= 0 && peer < size_, InvalidArgument, "peer must be in [0, ", size_, "), got ", peer);
-  return exec_.transport_to(peer);
-}
-
-std::vector<Algo> CommunicatorImpl::available_algos(Collective coll, uint64_t bytes) const {
-  std::vector<Algo> algos = scheduled_algos_[static_cast<int>(coll)];
-  if (exec_.board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
-  if (multi_host_)
-    for (Algo a : hier_algos(coll)) algos.push_back(a);
-  return algos;
-}
-
-Algo CommunicatorImpl::choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const {
-  // The board reduces in the same order; min and max may keep another zero or NaN when the
-  // operands of a step come the other way round, so they stay on the chain.
-  const bool board = exec_.board_fits(coll, bytes) && op != ReduceOp::Min && op != ReduceOp::Max;
-  if (!board) return Algo::RankOrder;
-  if (wanted == Algo::OneShot) return Algo::OneShot;
-  if (wanted != Algo::Auto) return Algo::RankOrder;
-  return predict(costs_, prices_, coll, Algo::OneShot, bytes, dtype, nullptr) <
-                 predict(costs_, prices_, coll, Algo::RankOrder, bytes, dtype, nullptr)
-             ? Algo::OneShot
-             : Algo::RankOrder;
-}
-
-Algo CommunicatorImpl::choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op,
-                                   bool deterministic) const {
-  RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
-  // Deterministic mode: floating-point reductions reduce in rank order whatever was asked for.
-  const bool rank_order = deterministic && is_reduction(coll) && dtype_is_floating(dtype);
-  // Runs on every call: no allocation unless the request is refused.
-  const std::vector<Algo>& scheduled = scheduled_algos_[static_cast<int>(coll)];
-  const bool board = exec_.board_fits(coll, bytes);
-  // The hierarchical algorithms run on one host too (their intra-host phases alone), so a
-  // script that names one runs anywhere; auto weighs them only across hosts.
-  const std::vector<Algo>& hier = hier_algos_[static_cast<int>(coll)];
-  auto is_supported = [&](Algo a) {
-    return (a == Algo::OneShot && board) || std::find(scheduled.begin(), scheduled.end(), a) != scheduled.end() ||
-           std::find(hier.begin(), hier.end(), a) != hier.end() || (a == Algo::RankOrder && is_reduction(coll));
-  };
-  if (requested != Algo::Auto) {
-    if (is_supported(requested)) return rank_order ? choose_rank_order(coll, requested, bytes, dtype, op) : requested;
-    std::string names;
-    for (Algo a : available_algos(coll, bytes)) names += std::string(algo_name(a)) + ", ";
-    if (!multi_host_)
-      for (Algo a : hier) names += std::string(algo_name(a)) + ", ";
-    for (Algo a : rank_order_algos(coll)) names += std::string(algo_name(a)) + ", ";
-    if (requested == Algo::OneShot && exec_.board_payload_bytes(coll, bytes) != UINT64_MAX)
-      RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
-               " on one host and at most ", exec_.board_bytes(), " bytes per rank on the board (RINGTREE_ONESHOT_BYTES); this call",
-               exec_.board_usable() ? str_cat(" puts ", exec_.board_payload_bytes(coll, bytes), " there") : std::string(" spans hosts or uses TCP"),
-               "; choose from ", names, "auto");
-    RT_THROW(InvalidArgument, "algo '", algo_name(requested), "' is not available for ", collective_name(coll),
-             "; choose from ", names, "auto");
-  }
-  if (rank_order)
-    return choose_rank_order(coll, is_supported(forced_algo_) ? forced_algo_ : Algo::Auto, bytes, dtype, op);
-  if (forced_algo_ != Algo::Auto && is_supported(forced_algo_)) return forced_algo_;
-  // A count-0 call moves nothing; on the board it also waits for nobody (its fingerprint checks
-  // are deferred, board.cc), where any other schedule's rank waits for its peers.
-  if (bytes == 0 && board && coll != Collective::Barrier) return Algo::OneShot;
-  // One candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
-  if (scheduled.size() == 1 && !board && (!multi_host_ || hier.empty())) return scheduled.front();
-  // A training loop or a bench calls the same sizes again and again: the last choices are
-  // remembered (one word each, lock-free; the figures never change after set-up).
-  std::atomic<uint64_t>& memo = choice_memo_[(bytes * 31 + static_cast<uint64_t>(coll) * 7 +
-                                              static_cast<uint64_t>(dtype)) % kChoiceMemo];
-  const uint64_t key = bytes < (uint64_t{1} << 48) ? ((bytes << 16) | (static_cast<uint64_t>(coll) << 8) |
-                                                      (static_cast<uint64_t>(dtype) << 4) | 1)
-                                                   : 0;
-  const uint64_t seen = memo.load(std::memory_order_relaxed);
-  if (key && (seen & ~uint64_t{0xe}) == (key & ~uint64_t{0xe}) && (seen >> 1 & 7) != 0)
-    return static_cast<Algo>((seen >> 1) & 7);
-  // The cheapest prediction; near-ties (within 1%) go to the earlier, simpler algorithm.
-  Algo best = scheduled.front();
-  double best_s = predict(costs_, prices_, coll, best, bytes, dtype, nullptr);
-  auto consider = [&](Algo a) {
-    const double t = predict(costs_, prices_, coll, a, bytes, dtype, nullptr);
-    if (t < best_s * 0.99) best = a, best_s = t;
-  };
-  for (size_t i = 1; i < scheduled.size(); ++i) consider(scheduled[i]);
-  if (board) consider(Algo::OneShot);
-  if (multi_host_)
-    for (Algo a : hier) consider(a);
-  if (key) memo.store((key & ~uint64_t{0xe}) | (static_cast<uint64_t>(best) << 1), std::memory_order_relaxed);
-  return best;
-}
-
-std::vector<AlgoEstimate> CommunicatorImpl::estimate(Collective coll, uint64_t bytes, DataType dtype,
-                                                     bool deterministic) const {
-  RT_CHECK(coll < Collective::Count, InvalidArgument, "unknown collective code ", static_cast<int>(coll));
-  RT_CHECK(dtype < DataType::Count, InvalidArgument, "unknown dtype code ", static_cast<int>(dtype));
-  std::vector<Algo> algos;
-  if (deterministic && is_reduction(coll) && dtype_is_floating(dtype)) {
-    // What choose_rank_order() weighs for a sum (min and max keep to the chain).
-    algos = rank_order_algos(coll);
-    if (exec_.board_fits(coll, bytes)) algos.push_back(Algo::OneShot);
-  } else {
-    algos = available_algos(coll, bytes);
-  }
-  std::vector<AlgoEstimate> out;
-  for (const Candidate& c : price(costs_, prices_, coll, algos, bytes, dtype))
-    out.push_back({c.algo, c.seconds, c.terms});
-  return out;
-}
-
-std::string CommunicatorImpl::machine_costs() const {
-  const MachineCosts& m = costs_;
-  return str_cat("source ", m.measured == 1 ? "measured" : m.measured == 2 ? "cached" : "defaults",
-                 "\ncall_us ", m.call_s * 1e6, "\nhop_us ", m.hop_s * 1e6, "\nswitch_us ", m.switch_s * 1e6,
-                 "\ncopy_hot_GBps ", m.copy_hot_Bps / 1e9, "\ncopy_cold_GBps ", m.copy_cold_Bps / 1e9,
-                 "\nreduce_hot_GBps ", m.reduce_hot_Bps / 1e9, "\nreduce_cold_GBps ", m.reduce_cold_Bps / 1e9,
-                 "\nl2_KiB ", m.l2_bytes / 1024, "\nl3_KiB ", m.l3_bytes / 1024, "\ncores ", m.cores, "\nlocal_ranks ", m.local_ranks, "\nany_tcp ", m.any_tcp,
-                 "\ntcp_hop_us ", m.tcp_hop_s * 1e6, "\ntcp_GBps ", m.tcp_Bps / 1e9, "\nhosts ", topo_.describe());
-}
-
 // Rank 0 measures (or reads its host's cache) and every rank adopts its figures: choices
 // must agree on every rank, and a per-rank measurement would not.
-void CommunicatorImpl::setup_cost_model(Bootstrap& boot) {
+void CommunicatorImpl::setup_choice(Bootstrap& boot) {
+  MachineCosts costs;
   if (rank_ == 0) {
     const std::string model = env_str("RINGTREE_COST_MODEL", "measure");
     RT_CHECK(model == "measure" || model == "defaults", InvalidArgument,
              "RINGTREE_COST_MODEL must be measure or defaults, got '", model, "'");
-    costs_ = model == "defaults" ? MachineCosts{} : measure_machine(host_identity());
-    if (costs_.measured == 0) costs_.cores = online_cpus();
-    costs_.local_ranks = 0;
-    for (int q = 0; q < size_; ++q) costs_.local_ranks += mesh_.peers[q].host == mesh_.peers[0].host;
-    costs_.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
-    costs_.tcp_hop_s = std::max<int64_t>(1, TcpHopMicros()) * 1e-6;
-    costs_.tcp_Bps = std::max<int64_t>(1, TcpMBps()) * 1e6;
+    costs = model == "defaults" ? MachineCosts{} : measure_machine(host_identity());
+    if (costs.measured == 0) costs.cores = online_cpus();
+    costs.local_ranks = 0;
+    for (int q = 0; q < size_; ++q) costs.local_ranks += mesh_.peers[q].host == mesh_.peers[0].host;
+    costs.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
+    costs.tcp_hop_s = std::max<int64_t>(1, TcpHopMicros()) * 1e-6;
+    costs.tcp_Bps = std::max<int64_t>(1, TcpMBps()) * 1e6;
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
-  boot.broadcast_from_root(&costs_, sizeof(costs_));
-  // The schedules' counts depend only on P, the hosts and the segment setting (and rank 0's
-  // figures weigh the links), so every rank builds the same table; choose_algo() then prices
-  // from it without allocating.
-  prices_.build(size_, &topo_, link_weights(costs_));
+  boot.broadcast_from_root(&costs, sizeof(costs));
+  ChoiceSetup setup;
+  setup.nranks = size_;
+  setup.topology = topo_;
+  setup.costs = costs;
+  setup.oneshot_bytes = exec_.oneshot_capacity();
+  setup.forced = parse_algo_setting();
+  choice_.configure(setup);
+}
+
+CommStatus CommunicatorImpl::status() const {
+  CommStatus s;
+  for (int q = 0; q < size_; ++q) s.transports.push_back(exec_.transport_to(q));
+  s.hosts = topo_.describe();
+  s.wait_policy = wait_policy_;
+  s.single_copy = exec_.single_copy_status();
+  s.numa = exec_.numa_status();
+  s.numa_nodes = exec_.numa_nodes();
+  s.shm_stores = exec_.shm_stores();
+  const MachineCosts& m = choice_.costs();
+  s.cost_source = m.measured == 1 ? "measured" : m.measured == 2 ? "cached" : "defaults";
+  s.machine = {{"call_us", m.call_s * 1e6}, {"hop_us", m.hop_s * 1e6}, {"switch_us", m.switch_s * 1e6},
+               {"copy_hot_GBps", m.copy_hot_Bps / 1e9}, {"copy_cold_GBps", m.copy_cold_Bps / 1e9},
+               {"reduce_hot_GBps", m.reduce_hot_Bps / 1e9}, {"reduce_cold_GBps", m.reduce_cold_Bps / 1e9},
+               {"l2_KiB", m.l2_bytes / 1024}, {"l3_KiB", m.l3_bytes / 1024}, {"cores", m.cores},
+               {"local_ranks", m.local_ranks}, {"any_tcp", m.any_tcp}, {"tcp_hop_us", m.tcp_hop_s * 1e6},
+               {"tcp_GBps", m.tcp_Bps / 1e9}};
+  s.algo_hook = choice_.has_hook();
+  s.shared_cpu_waits = exec_.shared_cpu_waits();
+  s.single_copy_messages = exec_.single_copy_messages();
+  s.streamed_pieces = exec_.streamed_pieces();
+  return s;
 }
 
 Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {

@@ -1,7 +1,7 @@
 // The host communicator: the call order (a queue for async calls, sequence numbers), validation
-// and lowering of each call (exec/plan.h), the algorithm choice (cost model), and what follows a
-// failure (abort notices to every peer through the control plane). The data move in the host
-// executor (exec/host).
+// and lowering of each call (exec/plan.h), and what follows a failure (abort notices to every
+// peer through the control plane). It asks its AlgoChoice (algo_choice.h) which algorithm a call
+// runs; the data move in the host executor (exec/host).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -9,9 +9,9 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-#include "algorithms/pricing.h"
 #include "bootstrap/control_plane.h"
-#include "exec/host/host_executor.h"
+#include "exec/host/executor.h"
+#include "runtime/algo_choice.h"
 #include "runtime/flight_recorder.h"
 #include "runtime/machine_probe.h"
 #include "runtime/messenger.h"
@@ -42,22 +42,15 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
   ValidatedCall validate(const CollectiveArgs& args) const override { return validate_call(args, rank_, size_); }
   Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op = ReduceOp::Sum,
-                   bool deterministic = false) const override;
-  // Deterministic mode's choice for a floating-point reduction: rank_order, or the one-shot board
-  // (same bits) when it fits and `wanted` is oneshot, or auto and the board is predicted faster.
-  Algo choose_rank_order(Collective coll, Algo wanted, uint64_t bytes, DataType dtype, ReduceOp op) const;
+                   bool deterministic = false) const override {
+    return choice_.choose(coll, requested, bytes, dtype, op, deterministic);
+  }
   std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype,
-                                     bool deterministic = false) const override;
-  std::string machine_costs() const override;
-  std::string transport_to(int peer) const override;
-  uint64_t shared_cpu_waits() const override { return exec_.shared_cpu_waits(); }
-  std::string single_copy() const override { return exec_.single_copy_status(); }
-  std::string numa() const override { return exec_.numa_status(); }
-  std::vector<int> numa_nodes() const override { return exec_.numa_nodes(); }
-  std::string wait_policy() const override { return wait_policy_; }
-  uint64_t single_copy_messages() const override { return exec_.single_copy_messages(); }
-  uint64_t streamed_pieces() const override { return exec_.streamed_pieces(); }
-  std::string shm_stores() const override { return exec_.shm_stores(); }
+                                     bool deterministic = false) const override {
+    return choice_.estimate(coll, bytes, dtype, deterministic);
+  }
+  void set_choice_hook(std::shared_ptr<ChoiceHook> hook) override { choice_.set_hook(std::move(hook)); }
+  CommStatus status() const override;
   std::string address() const override;
   std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {
     return messenger_.isend(ptr, bytes, dst, tag);
@@ -72,6 +65,9 @@ class CommunicatorImpl : public Communicator {
   void abort(const std::string& why) override;
   std::string dump_json(const std::string& reason) const override;
   std::string id() const override;
+  UniqueId child_unique_id(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const override {
+    return uid_.child(ip, port, nonce);
+  }
   void set_label(int64_t label) override { label_.store(label, std::memory_order_relaxed); }
   void set_clock_offset(int64_t offset_ns, int64_t error_ns) override {
     clock_offset_ns_.store(offset_ns);
@@ -79,8 +75,8 @@ class CommunicatorImpl : public Communicator {
   }
 
  private:
-  void setup_cost_model(Bootstrap& boot);
-  std::vector<Algo> available_algos(Collective coll, uint64_t bytes) const;
+  // Rank 0's machine figures, adopted by every rank, and the algorithm choice built from them.
+  void setup_choice(Bootstrap& boot);
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
   void worker_loop();
@@ -98,15 +94,7 @@ class CommunicatorImpl : public Communicator {
   HostExecutor exec_;
   Messenger messenger_;  // tagged messages, beside the call order
   Topology topo_;       // which ranks share a host (shared-memory pairs), from the mesh
-  bool multi_host_ = false;
-  MachineCosts costs_;  // rank 0's, so every rank chooses alike
-  PriceTable prices_;   // the schedules' counts at this P, built once at set-up
-  // choose_algo's last choices for auto: (bytes << 16 | coll << 8 | dtype << 4 | algo << 1 | 1).
-  static constexpr size_t kChoiceMemo = 64;
-  mutable std::atomic<uint64_t> choice_memo_[kChoiceMemo] = {};
-  Algo forced_algo_ = Algo::Auto;
-  std::vector<Algo> scheduled_algos_[static_cast<int>(Collective::Count)];  // supported_algos(), once
-  std::vector<Algo> hier_algos_[static_cast<int>(Collective::Count)];       // hier_algos(), once
+  AlgoChoice choice_;   // from rank 0's figures, so every rank chooses alike
 
   // Call order state (guarded by queue_mu_).
   uint64_t next_seq_ = 0;
@@ -114,7 +102,7 @@ class CommunicatorImpl : public Communicator {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> closed_{false};
   std::string abort_reason_;
-  std::string wait_policy_;  // how this rank waits, and the counts behind it
+  std::string wait_policy_;  // how this rank waits, and the counts behind it (status())
 
   std::mutex exec_mu_;  // one call at a time in the executor
 

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <thread>
 #include "common/check.h"
 #include "common/env.h"
+#include "runtime/private_files.h"
 
 namespace ringtree {
 
@@ -77,20 +77,7 @@ void install_signal_once() {
 std::string dump_dir_setting() { return env_str("RINGTREE_DUMP_DIR", ""); }
 
 std::string write_dump_file(const std::string& dir, const std::string& name, const std::string& json) {
-  // mkdir -p
-  for (size_t at = 1; at <= dir.size(); ++at)
-    if (at == dir.size() || dir[at] == '/') {
-      const std::string part = dir.substr(0, at);
-      if (mkdir(part.c_str(), 0777) != 0 && errno != EEXIST) throw_system_error("mkdir " + part, errno);
-    }
-  const std::string path = dir + "/" + name;
-  const std::string tmp = path + ".tmp" + std::to_string(getpid());
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) throw_system_error("open " + tmp, errno);
-  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  if (std::fclose(f) != 0 || !ok) throw_system_error("write " + tmp, errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_system_error("rename " + tmp, errno);
-  return path;
+  return write_private_file(dir, name, json);
 }
 
 int register_dump_source(DumpSource source) {

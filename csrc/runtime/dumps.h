@@ -10,7 +10,9 @@ namespace ringtree {
 
 // RINGTREE_DUMP_DIR, or "" when automatic dumps are off.
 std::string dump_dir_setting();
-// Writes `json` to dir/name (making dir), atomically (a temporary file renamed); returns the path.
+// Writes `json` to dir/name (making dir, 0700), atomically and privately (runtime/private_files.h:
+// refused in a directory another user owns or may write; a symlink at the name is replaced, not
+// followed); returns the path.
 std::string write_dump_file(const std::string& dir, const std::string& name, const std::string& json);
 
 // A live communicator's dump, as the signal thread asks for it: (file name, JSON).

@@ -2,7 +2,6 @@
 #include "runtime/machine_probe.h"
 
 #include <pthread.h>
-#include <sys/stat.h>
 #include <sched.h>
 #include <unistd.h>
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include "common/cpu_relax.h"
 #include "common/env.h"
 #include "kernels/host/reduce.h"
+#include "runtime/private_files.h"
 
 namespace ringtree {
 
@@ -149,32 +149,34 @@ const Field kFields[] = {{"hop_s", &MachineCosts::hop_s}, {"switch_s", &MachineC
                          {"reduce_hot_Bps", &MachineCosts::reduce_hot_Bps},
                          {"reduce_cold_Bps", &MachineCosts::reduce_cold_Bps}};
 
+// A cache file another user could have planted or may rewrite is ignored (private_files.h).
 bool read_cache(const std::string& path, MachineCosts& m) {
-  if (path.empty()) return false;
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return false;
+  std::string text;
+  if (path.empty() || !read_private_file(path, 4096, text)) return false;
   int found = 0;
   char name[64];
   double value;
-  while (std::fscanf(f, "%63s %lf", name, &value) == 2)
+  int used = 0;
+  for (const char* p = text.c_str(); std::sscanf(p, "%63s %lf%n", name, &value, &used) == 2; p += used)
     for (const Field& fld : kFields)
       if (std::strcmp(name, fld.name) == 0 && std::isfinite(value) && value > 0) { m.*fld.value = value; ++found; }
-  std::fclose(f);
   return found == static_cast<int>(sizeof(kFields) / sizeof(kFields[0]));
 }
 
 void write_cache(const std::string& path, const MachineCosts& m) {
   if (path.empty()) return;
-  const std::string dir = path.substr(0, path.rfind('/'));
-  // Create each level; a failure just means no cache.
-  for (size_t i = 1; i <= dir.size(); ++i)
-    if (i == dir.size() || dir[i] == '/') mkdir(dir.substr(0, i).c_str(), 0755);
-  const std::string tmp = str_cat(path, ".", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return;
-  for (const Field& fld : kFields) std::fprintf(f, "%s %.6g\n", fld.name, m.*fld.value);
-  std::fclose(f);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  std::string text;
+  for (const Field& fld : kFields) {
+    char line[96];
+    std::snprintf(line, sizeof(line), "%s %.6g\n", fld.name, m.*fld.value);
+    text += line;
+  }
+  const size_t slash = path.rfind('/');
+  try {
+    write_private_file(path.substr(0, slash), path.substr(slash + 1), text);
+  } catch (const Error&) {
+    // No cache then (a directory of another user's, no space): the next run measures again.
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -41,6 +42,12 @@ struct MsgWire {
 constexpr size_t kDiscardBytes = 64 << 10;  // where payloads nobody will read are drained
 constexpr int kIoRounds = 64;  // system calls per link per wake-up, so one busy link cannot starve the others
 
+// What a peer may make this rank hold: one message's claimed size, and the bytes of messages
+// that arrived before their receive, all peers together. A header past either is a protocol
+// error: the sender is dropped (PeerFailure) before anything is allocated for it.
+RT_SETTING(MaxMessageBytes)
+RT_SETTING(MaxUnexpectedBytes)
+
 std::string rank_text(int r) { return r < 0 ? std::string("any") : std::to_string(r); }
 std::string tag_text(int64_t t) { return t < 0 ? std::string("any") : std::to_string(t); }
 
@@ -56,6 +63,7 @@ struct Unexpected {
   int64_t tag;
   uint64_t bytes;
   std::unique_ptr<char[]> data;
+  uint64_t held = 0;  // of State::unexpected_bytes: what data holds
   bool complete = false;
   std::string failure;                 // it could not be buffered: the receive that takes it fails
   std::shared_ptr<MessageOp> claimed;  // the receive waiting for the rest of it
@@ -95,6 +103,8 @@ struct Messenger::State {
   std::vector<Link> links;
   std::list<std::shared_ptr<MessageOp>> posted;
   std::list<Unexpected> unexpected;
+  uint64_t unexpected_bytes = 0;  // held by `unexpected`, at most max_unexpected
+  uint64_t max_message = 0, max_unexpected = 0;
   bool aborted = false, closed = false, stop = false;
   std::string end_why;
   int wake_fd = -1;
@@ -118,6 +128,9 @@ struct Messenger::State {
   }
 
   void complete(MessageOp& op, std::exception_ptr error);
+  // A buffer for an unexpected message within max_unexpected; false (nothing held) past it.
+  bool hold_unexpected(Unexpected& u);
+  void forget(std::list<Unexpected>::iterator it);
   // A receive that can never be satisfied (its peer, or every peer, is gone): the error, else null.
   std::exception_ptr unreachable(int src, const std::string& what) const;
   std::list<Unexpected>::iterator first_unexpected(int src, int64_t tag);
@@ -135,6 +148,8 @@ struct Messenger::State {
   void start_payload(int q, Sink sink);
   void payload_done(int q);
   void lose_peer(int q, bool departed, const std::string& detail);
+  // A peer that broke the protocol: lost, and its connection shut down both ways so it learns too.
+  void protocol_error(int q, const std::string& what);
   void fail_everything(ErrorKind kind, const std::string& text);
 };
 
@@ -244,6 +259,19 @@ void Messenger::State::take(std::list<Unexpected>::iterator it, MessageOp& op) {
     op.result = {it->source, it->tag, it->bytes};
     complete(op, nullptr);
   }
+  forget(it);
+}
+
+bool Messenger::State::hold_unexpected(Unexpected& u) {
+  if (u.bytes > max_unexpected - unexpected_bytes) return false;
+  u.data.reset(new char[u.bytes ? u.bytes : 1]);
+  u.held = u.bytes;
+  unexpected_bytes += u.held;
+  return true;
+}
+
+void Messenger::State::forget(std::list<Unexpected>::iterator it) {
+  unexpected_bytes -= it->held;
   unexpected.erase(it);
 }
 
@@ -263,7 +291,12 @@ void Messenger::State::deliver_local(MessageOp& send) {
     }
   } else {
     Unexpected u{rank, send.tag, send.bytes};
-    u.data.reset(new char[send.bytes ? send.bytes : 1]);
+    if (!hold_unexpected(u)) {
+      return complete(send, make_error(ErrorKind::Error,
+                                       str_cat(send.describe(), ": no receive is posted for it and the messages waiting for "
+                                               "theirs already hold ", unexpected_bytes, " bytes (RINGTREE_MAX_UNEXPECTED_BYTES=",
+                                               max_unexpected, ")")));
+    }
     if (send.bytes) std::memcpy(u.data.get(), send.ptr, send.bytes);
     u.complete = true;
     unexpected.push_back(std::move(u));
@@ -306,10 +339,13 @@ bool Messenger::State::cancel(std::unique_lock<std::mutex>& lock, MessageOp& op,
       // becomes unexpected again, for a later receive.
       Unexpected u{op.result.source, op.result.tag, op.result.bytes};
       try {
-        u.data.reset(new char[u.bytes]);
-        std::memcpy(u.data.get(), op.ptr, link.got);
-        link.ux = unexpected.insert(unexpected.end(), std::move(u));
-        link.sink = Sink::Unexpected;
+        if (hold_unexpected(u)) {
+          std::memcpy(u.data.get(), op.ptr, link.got);
+          link.ux = unexpected.insert(unexpected.end(), std::move(u));
+          link.sink = Sink::Unexpected;
+        } else {
+          link.sink = Sink::Discard;
+        }
       } catch (const std::bad_alloc&) {
         link.sink = Sink::Discard;
       }
@@ -453,7 +489,10 @@ void Messenger::State::received(int q, uint64_t n) {
   }
   if (link.got < sizeof(MsgWire)) return;
   if (link.in.magic == kMsgMagic && link.in.kind == kGoodbye) return lose_peer(q, true, "");
-  if (link.in.magic != kMsgMagic || link.in.kind != kMessage) return lose_peer(q, false, "it sent a corrupt message header");
+  if (link.in.magic != kMsgMagic || link.in.kind != kMessage) return protocol_error(q, "it sent a corrupt message header");
+  if (link.in.bytes > max_message)
+    return protocol_error(q, str_cat("it sent a message header claiming ", link.in.bytes,
+                                     " bytes, over RINGTREE_MAX_MESSAGE_BYTES=", max_message, ": a protocol error"));
   header_arrived(q);
 }
 
@@ -477,9 +516,13 @@ void Messenger::State::header_arrived(int q) {
     return start_payload(q, Sink::Op);
   }
   // Nobody waits for it yet: it is read at once all the same, so that the sender is never held up.
+  if (bytes > max_unexpected - unexpected_bytes)
+    return protocol_error(q, str_cat("its message of ", bytes, " bytes (tag ", tag,
+                                     ") arrived before its receive, and the messages waiting for theirs already hold ",
+                                     unexpected_bytes, " bytes: over RINGTREE_MAX_UNEXPECTED_BYTES=", max_unexpected));
   Unexpected u{q, tag, bytes};
   try {
-    u.data.reset(new char[bytes ? bytes : 1]);
+    hold_unexpected(u);  // within the cap: checked above
   } catch (const std::bad_alloc&) {
     u.failure = str_cat("the message from rank ", q, " with tag ", tag, " (", bytes,
                         " bytes) arrived before its receive and could not be buffered: out of memory");
@@ -507,7 +550,7 @@ void Messenger::State::payload_done(int q) {
     Unexpected& u = *link.ux;
     u.complete = true;
     if (u.discard) {
-      unexpected.erase(link.ux);
+      forget(link.ux);
     } else if (u.claimed) {
       std::shared_ptr<MessageOp> r = std::move(u.claimed);
       take(link.ux, *r);
@@ -535,7 +578,7 @@ void Messenger::State::lose_peer(int q, bool departed, const std::string& detail
     link.op.reset();
   } else if (link.sink == Sink::Unexpected) {
     if (link.ux->claimed) complete(*link.ux->claimed, failure(*link.ux->claimed));
-    unexpected.erase(link.ux);
+    forget(link.ux);
   }
   link.sink = Sink::Header;
   link.got = 0;
@@ -553,6 +596,11 @@ void Messenger::State::lose_peer(int q, bool departed, const std::string& detail
   cv.notify_all();  // probes naming it
 }
 
+void Messenger::State::protocol_error(int q, const std::string& what) {
+  lose_peer(q, false, what);
+  shutdown(links[q].fd, SHUT_RDWR);
+}
+
 void Messenger::State::fail_everything(ErrorKind kind, const std::string& text) {
   auto failure = [&](const MessageOp& op) { return make_error(kind, str_cat(op.describe(), ": ", text)); };
   for (Link& link : links) {
@@ -567,6 +615,7 @@ void Messenger::State::fail_everything(ErrorKind kind, const std::string& text) 
   for (Unexpected& u : unexpected)
     if (u.claimed) complete(*u.claimed, failure(*u.claimed));
   unexpected.clear();
+  unexpected_bytes = 0;
   cv.notify_all();
 }
 
@@ -584,6 +633,11 @@ void Messenger::start(int rank, Mesh& mesh, std::vector<std::string> names, doub
   s->rank = rank;
   s->size = static_cast<int>(mesh.peers.size());
   s->default_timeout = default_timeout_s;
+  RT_CHECK(MaxMessageBytes() > 0 && MaxUnexpectedBytes() > 0, InvalidArgument,
+           "RINGTREE_MAX_MESSAGE_BYTES and RINGTREE_MAX_UNEXPECTED_BYTES must be positive, got ", MaxMessageBytes(),
+           " and ", MaxUnexpectedBytes());
+  s->max_message = static_cast<uint64_t>(MaxMessageBytes());
+  s->max_unexpected = static_cast<uint64_t>(MaxUnexpectedBytes());
   s->names = std::move(names);
   s->discard.resize(kDiscardBytes);
   s->links.resize(s->size);
@@ -602,6 +656,8 @@ std::shared_ptr<MessageWork> Messenger::isend(const void* ptr, uint64_t bytes, i
   s.check_peer(dst, false, "isend: dst");
   s.check_tag(tag, false);
   RT_CHECK(ptr || bytes == 0, InvalidArgument, "isend: a null buffer of ", bytes, " bytes");
+  RT_CHECK(bytes <= s.max_message, InvalidArgument, "isend: ", bytes, " bytes is over RINGTREE_MAX_MESSAGE_BYTES=",
+           s.max_message, " (the receiver would drop this rank); raise it on every rank, or send in pieces");
   auto op = std::make_shared<MessageOp>(state_, true, static_cast<char*>(const_cast<void*>(ptr)), bytes, dst, tag);
   std::lock_guard<std::mutex> lock(s.mu);
   s.check_open();
@@ -632,7 +688,7 @@ std::shared_ptr<MessageWork> Messenger::irecv(void* ptr, uint64_t capacity, bool
   if (it != s.unexpected.end()) {
     if (it->bytes > capacity && it->failure.empty()) {
       s.complete(*op, truncation(*op, it->source, it->tag, it->bytes));
-      if (it->complete) s.unexpected.erase(it);
+      if (it->complete) s.forget(it);
       else it->discard = true;
     } else if (it->complete) {
       s.take(it, *op);

@@ -1,46 +1,84 @@
 #include "transport/doorbell.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
+#include "bootstrap/bootstrap.h"
 #include "common/check.h"
 
 namespace ringtree {
 
 namespace {
 
-socklen_t abstract_address(const std::string& name, sockaddr_un& a) {
-  std::memset(&a, 0, sizeof(a));
+// Where the names live for the moment of set-up: the shared-memory transport needs its peers
+// to share /dev/shm anyway (transport/shm/shm.h, shared_memory_domain), and the segments are
+// named after the same public id there.
+std::string bell_dir(const Mesh& mesh, int rank) { return str_cat("/dev/shm/ringtree-bell-", mesh.public_id, "-", rank); }
+
+sockaddr_un unix_address(const std::string& path) {
+  sockaddr_un a{};
   a.sun_family = AF_UNIX;
-  // Leading NUL: abstract namespace, nothing on the filesystem to clean up after a crash.
-  const size_t n = std::min(name.size(), sizeof(a.sun_path) - 2);
-  std::memcpy(a.sun_path + 1, name.data(), n);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  RT_CHECK(path.size() < sizeof(a.sun_path), Error, "doorbell path too long: ", path);
+  std::memcpy(a.sun_path, path.data(), path.size());
+  return a;
+}
+
+int datagram_socket() {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  RT_SYSCHECK(fd, "doorbell socket");
+  return fd;
 }
 
 }  // namespace
 
 Doorbell::~Doorbell() {
+  forget_name();
+  for (int fd : senders_)
+    if (fd >= 0) ::close(fd);
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Doorbell::open(const std::string& prefix, int rank, int nranks) {
-  fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  RT_SYSCHECK(fd_, "doorbell socket");
-  sockaddr_un self;
-  socklen_t len = abstract_address(prefix + "." + std::to_string(rank), self);
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&self), len) < 0)
-    throw_system_error("doorbell bind (is the same unique id used twice?)", errno);
-  peers_.resize(nranks);
-  peer_len_.resize(nranks);
-  for (int r = 0; r < nranks; ++r) peer_len_[r] = abstract_address(prefix + "." + std::to_string(r), peers_[r]);
+void Doorbell::bind(const Mesh& mesh, int rank) {
+  const std::string dir = bell_dir(mesh, rank);
+  // Made here, now, or not at all: one that exists already is someone else's.
+  if (mkdir(dir.c_str(), 0700) != 0) throw_system_error("doorbell: mkdir " + dir, errno);
+  dir_ = dir;
+  fd_ = datagram_socket();
+  const sockaddr_un self = unix_address(dir + "/bell");
+  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&self), sizeof(self)) < 0)
+    throw_system_error("doorbell: bind " + dir + "/bell", errno);
+}
+
+void Doorbell::connect(const Mesh& mesh, int rank) {
+  const int size = static_cast<int>(mesh.peers.size());
+  senders_.assign(size, -1);
+  for (int q = 0; q < size; ++q) {
+    if (q == rank || mesh.pair_uses_tcp(rank, q)) continue;
+    senders_[q] = datagram_socket();
+    const std::string peer = bell_dir(mesh, q) + "/bell";
+    const sockaddr_un a = unix_address(peer);
+    if (::connect(senders_[q], reinterpret_cast<const sockaddr*>(&a), sizeof(a)) < 0)
+      throw_system_error(str_cat("doorbell: connecting to rank ", q, "'s socket ", peer), errno);
+  }
+}
+
+void Doorbell::forget_name() {
+  if (dir_.empty()) return;
+  ::unlink((dir_ + "/bell").c_str());
+  ::rmdir(dir_.c_str());
+  dir_.clear();
 }
 
 void Doorbell::ring(int peer) {
+  const int fd = peer < static_cast<int>(senders_.size()) ? senders_[peer] : -1;
+  if (fd < 0) return;
   char byte = 1;
   // EAGAIN means the peer already has wake-ups queued; anything else means it is gone, which
   // the liveness connection reports.
-  (void)sendto(fd_, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&peers_[peer]), peer_len_[peer]);
+  (void)::send(fd, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void Doorbell::drain() {

@@ -1,15 +1,22 @@
-// Cross-process wake-ups. Each rank of a communicator on this host owns an abstract-namespace
-// Unix datagram socket; a peer that makes progress possible for a sleeping rank sends it one
-// byte. Because it is a descriptor, one poll() waits on shared memory, TCP sockets and peer
-// liveness together. Senders ring only when the target has raised its `sleeping` flag, so
-// the common spinning case costs no system call.
+// Cross-process wake-ups. Each rank of a communicator on this host owns a Unix datagram socket;
+// a peer that makes progress possible for a sleeping rank sends it one byte. Because it is a
+// descriptor, one poll() waits on shared memory, TCP sockets and peer liveness together. Senders
+// ring only when the target has raised its `sleeping` flag, so the common spinning case costs
+// no system call.
+//
+// Nobody else can ring: a rank's socket has a name only during set-up, inside a directory that
+// the rank creates (it must not exist yet) with mode 0700, under the communicator's random
+// public id; every shared-memory peer connects a sender of its own to it then, and the name and
+// its directory are removed. Afterwards no path leads to the socket (/proc/net/unix still shows
+// the one it was bound to, which is gone) and only the connected senders reach it. Set-up takes
+// three steps, between barriers the executor makes anyway: bind, connect, forget the name.
 #pragma once
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <string>
 #include <vector>
 
 namespace ringtree {
+
+struct Mesh;
 
 class Doorbell {
  public:
@@ -18,16 +25,20 @@ class Doorbell {
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
 
-  // name_prefix identifies the communicator; each rank binds prefix + its rank.
-  void open(const std::string& name_prefix, int rank, int nranks);
+  // Names this rank's socket (ranks with shared-memory peers only).
+  void bind(const Mesh& mesh, int rank);
+  // Once every rank has bound its socket: a sender to each shared-memory peer's.
+  void connect(const Mesh& mesh, int rank);
+  // Once every peer has connected: nothing can reach the socket but those senders.
+  void forget_name();
   void ring(int peer);
   void drain();
   int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
-  std::vector<sockaddr_un> peers_;
-  std::vector<socklen_t> peer_len_;
+  std::vector<int> senders_;  // per peer: connected to its socket; -1 where it shares no memory
+  std::string dir_;           // while the socket has a name
 };
 
 }  // namespace ringtree

@@ -15,8 +15,9 @@ import numpy as np
 
 from . import _core
 
-_DTYPE_CODES = {name: code for code, name in enumerate(_core.DTYPES)}
-_TORCH_DTYPES = {
+DTYPES = tuple(_core.DTYPES)
+DTYPE_CODES = {name: code for code, name in enumerate(_core.DTYPES)}
+TORCH_DTYPES = {
     "torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32", "torch.int64": "int64",
     "torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32",
     "torch.float64": "float64",
@@ -47,18 +48,18 @@ def _from_torch(x, name: str) -> BufferInfo:
     if x.device.type not in ("cpu", "cuda"):
         raise _invalid(f"{name}: {x.device.type} tensors are not supported (got a tensor on {x.device}); "
                        f"use a CPU or CUDA tensor")
-    dtype = _TORCH_DTYPES.get(str(x.dtype))
+    dtype = TORCH_DTYPES.get(str(x.dtype))
     if dtype is None:
         raise _invalid(f"{name}: unsupported dtype {x.dtype}; supported: {', '.join(_core.DTYPES)}")
     if not x.is_contiguous():
         raise _invalid(f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})")
     if x.device.type == "cuda":
         stream = sys.modules["torch"].cuda.current_stream(x.device).cuda_stream
-        return BufferInfo(x.data_ptr(), x.numel(), _DTYPE_CODES[dtype], False, x, CUDA, stream)
-    return BufferInfo(x.data_ptr(), x.numel(), _DTYPE_CODES[dtype], False, x)
+        return BufferInfo(x.data_ptr(), x.numel(), DTYPE_CODES[dtype], False, x, CUDA, stream)
+    return BufferInfo(x.data_ptr(), x.numel(), DTYPE_CODES[dtype], False, x)
 
 
-_TORCH_DTYPE_CODES = {}  # {torch dtype object: ringtree dtype code}, filled at the first torch call
+_TORCHDTYPE_CODES = {}  # {torch dtype object: ringtree dtype code}, filled at the first torch call
 
 
 def torch_host_view(x):
@@ -66,11 +67,11 @@ def torch_host_view(x):
     in a few attribute reads; None for anything else (buffer_info then converts or explains)."""
     if not type(x).__module__.startswith("torch") or not x.is_cpu or not x.is_contiguous():
         return None
-    if not _TORCH_DTYPE_CODES:
+    if not _TORCHDTYPE_CODES:
         torch = sys.modules["torch"]
-        _TORCH_DTYPE_CODES.update({getattr(torch, name.split(".")[1]): _DTYPE_CODES[code_name]
-                                   for name, code_name in _TORCH_DTYPES.items()})
-    code = _TORCH_DTYPE_CODES.get(x.dtype)
+        _TORCHDTYPE_CODES.update({getattr(torch, name.split(".")[1]): DTYPE_CODES[code_name]
+                                   for name, code_name in TORCH_DTYPES.items()})
+    code = _TORCHDTYPE_CODES.get(x.dtype)
     return None if code is None else (x.data_ptr(), x.numel(), code)
 
 
@@ -132,7 +133,7 @@ def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
         expected.reverse()
         if any(extent > 1 and int(got) != want for extent, got, want in zip(shape, strides, expected)):
             raise _invalid(f"{name}: array must be C-contiguous (got strides {tuple(strides)} for shape {shape})")
-    return BufferInfo(int(ptr or 0), count, _DTYPE_CODES[dtype], bool(readonly), x, CUDA,
+    return BufferInfo(int(ptr or 0), count, DTYPE_CODES[dtype], bool(readonly), x, CUDA,
                       _interface_stream(x, cai, name))
 
 
@@ -165,14 +166,14 @@ def buffer_info(x, name: str) -> BufferInfo:
                            f"do); got {type(x).__name__}, which offers DLPack only")
     arr = _to_numpy(x, name)
     dtype = arr.dtype.name
-    if dtype not in _DTYPE_CODES:
+    if dtype not in DTYPE_CODES:
         raise _invalid(f"{name}: unsupported dtype {arr.dtype}; supported: {', '.join(_core.DTYPES)}")
     if not arr.dtype.isnative:
         raise _invalid(f"{name}: byte-swapped dtype {arr.dtype.str} is not supported; use native byte order")
     if not arr.flags.c_contiguous:
         raise _invalid(f"{name}: array must be C-contiguous (got strides {arr.strides} for shape {arr.shape})")
     ptr, readonly = arr.__array_interface__["data"]
-    return BufferInfo(ptr, arr.size, _DTYPE_CODES[dtype], bool(readonly), arr)
+    return BufferInfo(ptr, arr.size, DTYPE_CODES[dtype], bool(readonly), arr)
 
 
 def host_bytes(x, name: str):

@@ -2,15 +2,20 @@
 
 1. explicit arguments to init();
 2. RINGTREE_RANK, RINGTREE_WORLD_SIZE, RINGTREE_UNIQUE_ID (ringtree.launch, Slurm, tests);
-3. mpiexec (MPICH or Open MPI): rank 0 makes the unique id and mpi4py broadcasts it;
-4. torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 listens on MASTER_PORT + 1
-   (or RINGTREE_PORT); the secret derives from TORCHELASTIC_RUN_ID and the master address,
-   or from RINGTREE_SECRET when set (set it on shared hosts);
+3. mpiexec (MPICH or Open MPI, also srun with PMI): rank 0 makes the unique id and mpi4py
+   broadcasts it;
+4. torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 makes the unique id and hands
+   it to the others through the c10d store torchrun already runs (only its address when
+   RINGTREE_SECRET is set: the ranks then stretch that secret themselves);
 5. Slurm (SLURM_PROCID, SLURM_NTASKS): the token from RINGTREE_UNIQUE_ID_FILE (rank 0 writes
-   it there, the others wait for it), else rank 0 listens on the first host of the step's node
-   list at RINGTREE_PORT (default 29400 + SLURM_STEP_ID % 1000) with a secret derived from the
-   job and step ids (or RINGTREE_SECRET);
+   it there, private to this user; the others wait for it), else rank 0 listens on the first
+   host of the step's node list at RINGTREE_PORT (default 29400 + SLURM_STEP_ID % 1000) with
+   the secret stretched from RINGTREE_SECRET; with neither, init() refuses, naming the options,
+   unless RINGTREE_SINGLE_USER_CLUSTER=1 allows a secret derived from the job's public facts;
 6. no launcher: a world of one.
+
+No secret is derived from facts another user can read (job ids, ports, host names) unless
+RINGTREE_SINGLE_USER_CLUSTER=1 says that every user who can reach the nodes is trusted.
 
 When the ranks span hosts and RINGTREE_ADDR is not set, rank 0 listens on a routable address:
 that of RINGTREE_IFNAME (like NCCL_SOCKET_IFNAME), else of the first interface that is up and
@@ -18,14 +23,18 @@ not loopback.
 """
 from __future__ import annotations
 
+import datetime
+import errno
 import fcntl
 import os
 import re
+import secrets
 import socket
+import stat
 import struct
 import time
 
-from . import _core
+from . import _core, _settings
 
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 
@@ -114,35 +123,179 @@ def first_host(nodelist):
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
+def _flag(name):
+    return (_settings.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _port_setting(default):
+    """RINGTREE_PORT, else (0 or unset) `default`."""
+    value = _settings.get("RINGTREE_PORT") or "0"
+    try:
+        port = int(value)
+    except ValueError:
+        raise _core.InvalidArgument(f"RINGTREE_PORT={value!r} is not an integer") from None
+    if port == 0:
+        return default
+    if not 1 <= port <= 65535:
+        raise _core.InvalidArgument(f"RINGTREE_PORT={port} is out of range: a TCP port is 1..65535")
+    return port
+
+
+def _timeout_setting():
+    value = _settings.get("RINGTREE_TIMEOUT")
+    try:
+        return float(value)
+    except ValueError:
+        raise _core.InvalidArgument(f"RINGTREE_TIMEOUT={value!r} is not a number of seconds") from None
+
+
+# --- token files ------------------------------------------------------------------------------
+
+def write_token_file(path, token, job):
+    """Rank 0's side of RINGTREE_UNIQUE_ID_FILE: the token and the job it belongs to, in a file
+    only this user can read, written to a fresh exclusive name (never through a symlink) and
+    renamed over `path`, so a file or symlink planted there is replaced, never followed, and
+    readers never see half a token."""
+    path = os.path.abspath(path)
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        owner = os.geteuid()
+    if owner != os.geteuid():
+        raise _core.BootstrapError(
+            f"RINGTREE_UNIQUE_ID_FILE {path} exists and belongs to uid {owner}, not to this user "
+            f"(uid {os.geteuid()}): refusing to use it; choose a path in a directory only you can write")
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{token}\njob {job}\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _token_file_state(path, job):
+    """(token, None) when `path` holds this job's token and passes the checks; (None, why not)
+    while it may still come. A file of another user's raises at once: rank 0 of this job is
+    this user, and could not replace it in a shared directory anyway."""
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None, "it does not exist"
+    if owner != os.geteuid():
+        raise _core.BootstrapError(
+            f"RINGTREE_UNIQUE_ID_FILE {path} belongs to uid {owner}, not to this user (uid {os.geteuid()}): "
+            f"refusing it (planted by someone else?); choose a path in a directory only you can write")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "it is a symbolic link (rank 0 writes a regular file)"
+        return None, f"it cannot be opened ({exc.strerror})"
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None, "it is not a regular file"
+        if st.st_uid != os.geteuid():
+            return None, f"it belongs to uid {st.st_uid}"
+        if st.st_mode & 0o077:
+            return None, f"its mode is {stat.S_IMODE(st.st_mode):04o} (rank 0 writes it 0600)"
+        lines = f.read(4096).splitlines()
+    if len(lines) < 2 or lines[1] != f"job {job}":
+        found = lines[1] if len(lines) >= 2 else "no job line"
+        return None, f"it is stale: it names {found!r}, this is job {job}"
+    return lines[0].strip(), None
+
+
+def read_token_file(path, job, timeout):
+    """The other ranks' side: waits up to `timeout` seconds for rank 0's token for this job."""
+    deadline = time.monotonic() + timeout
+    while True:
+        token, why = _token_file_state(path, job)
+        if token:
+            return token
+        if time.monotonic() > deadline:
+            raise _core.BootstrapError(f"RINGTREE_UNIQUE_ID_FILE {path}: rank 0 never wrote this job's unique id "
+                                       f"within {timeout} s (last look: {why})")
+        time.sleep(0.05)
+
+
+# --- Slurm --------------------------------------------------------------------------------------
+
+_SLURM_NEEDS = (
+    "ringtree under Slurm without MPI needs a secret that other users cannot compute from the job's "
+    "public facts. Give one of: RINGTREE_UNIQUE_ID_FILE=<path every rank can read> (rank 0 writes a "
+    "private token there); RINGTREE_SECRET=<a long random string> in every rank's environment; or "
+    "launch with mpiexec, or srun --mpi=pmi2/pmix with mpi4py installed (MPI hands out the id). "
+    "RINGTREE_SINGLE_USER_CLUSTER=1 derives the secret from the job id as before, for clusters where "
+    "every user who can reach the nodes is trusted.")
+
+
 def from_slurm():
     rank, size = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
     if rank is None or size is None:
         return None
-    path = os.environ.get("RINGTREE_UNIQUE_ID_FILE")
+    step = _env_int("SLURM_STEP_ID") or 0
+    path = _settings.get("RINGTREE_UNIQUE_ID_FILE")
     if path:
+        job = f"{os.environ.get('SLURM_JOB_ID', '')}.{step}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
         if rank == 0:
             nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
             token = str(create_unique_id(int(nodes) > 1))
-            with open(path + ".tmp", "w") as f:
-                f.write(token)
-            os.replace(path + ".tmp", path)  # readers never see half a token
+            write_token_file(path, token, job)
         else:
-            deadline = time.monotonic() + float(os.environ.get("RINGTREE_TIMEOUT", "300"))
-            while not os.path.exists(path):
-                if time.monotonic() > deadline:
-                    raise _core.BootstrapError(f"RINGTREE_UNIQUE_ID_FILE {path}: rank 0 never wrote the unique id")
-                time.sleep(0.05)
-            token = open(path).read().strip()
+            token = read_token_file(path, job, _timeout_setting())
         return rank, size, token, "slurm"
+    secret = _settings.get("RINGTREE_SECRET")
+    if not secret and not _flag("RINGTREE_SINGLE_USER_CLUSTER"):
+        raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise _core.InvalidArgument("Slurm job without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; set "
                                     "RINGTREE_UNIQUE_ID_FILE to a path every rank can read")
-    step = _env_int("SLURM_STEP_ID") or 0
-    port = _env_int("RINGTREE_PORT") or 29400 + step % 1000
-    seed = os.environ.get("RINGTREE_SECRET") or f"slurm|{os.environ.get('SLURM_JOB_ID', '')}|{step}|{size}"
+    port = _port_setting(29400 + step % 1000)
+    seed = secret or f"slurm|{os.environ.get('SLURM_JOB_ID', '')}|{step}|{size}"
     uid = _core.UniqueId.from_seed(first_host(nodelist), port, seed)
     return rank, size, str(uid), "slurm"
+
+
+# --- torchrun -----------------------------------------------------------------------------------
+
+_inits_through_store = 0  # rt.init() calls under torchrun in this process: each reads its own key
+_stores = []  # kept: where rank 0 hosts the c10d store, the others may read the id until they all joined
+
+
+def _token_through_torch_store(rank, size):
+    """Rank 0 makes the unique id and publishes it in the c10d store torchrun runs (the agent's,
+    or rank 0's own at MASTER_ADDR:MASTER_PORT); the others read it there. With RINGTREE_SECRET
+    set only the address goes through the store."""
+    global _inits_through_store
+    import torch.distributed as dist  # torchrun comes with torch
+
+    timeout = datetime.timedelta(seconds=_timeout_setting())
+    store = next(dist.rendezvous("env://", rank, size, timeout=timeout))[0]
+    _stores[:] = [store]  # a second rank-0 store in this process shares this one's server (multi-tenant)
+    _inits_through_store += 1
+    key = f"ringtree/init/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_inits_through_store}"
+    secret = _settings.get("RINGTREE_SECRET")
+    if rank == 0:
+        local = _env_int("LOCAL_WORLD_SIZE")
+        uid = create_unique_id(spans_hosts=local is not None and local < size)
+        published = f"{uid.ip}:{uid.port}" if secret else str(uid)
+        store.set(key, published)
+    else:
+        store.wait([key], timeout)
+        published = store.get(key).decode()
+    if not secret:
+        return published
+    ip, port = published.rsplit(":", 1)
+    return str(_core.UniqueId.from_seed(ip, int(port), secret))
 
 
 def from_torchrun():
@@ -150,11 +303,9 @@ def from_torchrun():
     addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
     if rank is None or size is None or not addr or port is None:
         return None
-    ringtree_port = _env_int("RINGTREE_PORT") or port + 1
-    seed = os.environ.get("RINGTREE_SECRET") or "|".join(
-        [os.environ.get("TORCHELASTIC_RUN_ID", "none"), addr, str(port), str(size)])
-    uid = _core.UniqueId.from_seed(addr, ringtree_port, seed)
-    return rank, size, str(uid), "torchrun"
+    if size == 1:
+        return rank, size, None, "torchrun"
+    return rank, size, _token_through_torch_store(rank, size), "torchrun"
 
 
 def detect():

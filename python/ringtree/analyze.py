@@ -8,6 +8,8 @@ Communicator.dump(), on SIGUSR1, or at exit with RINGTREE_DUMP_ON_EXIT=1) and/or
 
 The report says, in words and then in a table:
 - which rank never entered which call while the others wait in it, since when and how long;
+- where ranks left no record: the calls every recorded rank entered and did not finish, and
+  which missing rank the survivors' errors and waits name;
 - which ranks called different collectives (or counts, dtypes, ops, roots) at the same seq;
 - which peers a stuck call still waits on (to send to, to receive from);
 - the last call every rank completed, and the failures recorded.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .timeline import P2P, call_name, read_records, write_trace
@@ -164,6 +167,46 @@ def _waiting_words(w) -> str:
     return f"rank {w['rank']} entered it at t={w['since']:+.3f} s and {what} {w['waited_s']:.3f} s{tail}"
 
 
+def _missing_records(comm):
+    """Calls the recorded ranks are in (or failed in) that every recorded rank entered, while some
+    ranks left no record: the call waited on one of those, and the survivors' errors or waits
+    that name one say which."""
+    if not comm.missing:
+        return []
+    findings = []
+    pending = sorted({c["seq"] for q in comm.ranks for c in comm.by_seq[q].values() if c["state"] != "done"})
+    for seq in pending:
+        if any(comm.issued(q, seq) is False for q in comm.ranks):
+            continue  # a recorded rank is absent: _never_entered reports it
+        entered = [q for q in comm.ranks if seq in comm.by_seq[q]]
+        call = comm.by_seq[entered[0]][seq]
+        waiting, named = [], set()
+        for q in entered:
+            c = comm.by_seq[q][seq]
+            since, waited = _waited(comm, q, c)
+            w = c.get("waiting_on") or {}
+            names = {int(r) for r in re.findall(r"\brank (\d+)", c.get("error") or "")}
+            names |= set(w.get("send", [])) | set(w.get("recv", []))
+            named |= names & set(comm.missing)
+            waiting.append({"rank": q, "state": c["state"], "since": since, "waited_s": waited,
+                            "error_kind": c.get("error_kind"), "waiting_on": c.get("waiting_on"),
+                            "names_missing": sorted(names & set(comm.missing))})
+        suspects = sorted(named) or list(comm.missing)
+        evidence = "; ".join(_waiting_words(w) + (f", naming {_ranks(w['names_missing'])}" if w["names_missing"] else "")
+                             for w in waiting)
+        text = (f"{_ranks(suspects).capitalize()} left no record, and the records there point at "
+                f"{'it' if len(suspects) == 1 else 'them'}: every rank that left one entered {_describe(call)} "
+                f"and did not finish it; {evidence}. "
+                + ("The survivors' errors name " + _ranks(suspects) + ", so " if named else "So ")
+                + f"{_ranks(suspects)} most likely never got there (hung, stopped or died before it): "
+                f"dump {'it' if len(suspects) == 1 else 'them'} (rt.dump() or SIGUSR1) or see how "
+                f"{'it' if len(suspects) == 1 else 'they'} ended.")
+        findings.append({"kind": "missing_record", "seq": seq, "call": call_name(call), "suspects": suspects,
+                         "named_by_survivors": sorted(named), "entered": entered, "waiting": waiting,
+                         "text": text})
+    return findings
+
+
 def _mismatches(comm):
     """Seqs at which ranks issued different collectives or arguments, naming both calls."""
     findings = []
@@ -235,7 +278,7 @@ def diagnose(records) -> list:
     out = []
     for comm in _communicators(records):
         comm_id = comm.comm_id
-        findings = _never_entered(comm) + _mismatches(comm) + _stuck(comm)
+        findings = _never_entered(comm) + _missing_records(comm) + _mismatches(comm) + _stuck(comm)
         common = _completed_by_all(comm)
         any_seq = next((comm.by_seq[q][common] for q in comm.ranks if common in comm.by_seq[q]), None)
         out.append({"comm_id": comm_id, "size": comm.size, "ranks": comm.ranks, "missing_ranks": comm.missing,
@@ -252,7 +295,11 @@ def format_report(diagnosis) -> str:
             lines.append(f"   No record from {_ranks(d['missing_ranks'])}: dump them too (rt.dump() or SIGUSR1).")
         for f in d["findings"]:
             lines.append("   * " + f["text"])
-        if not d["findings"]:
+        if not d["findings"] and d["missing_ranks"]:
+            lines.append(f"   * Among the records there, no rank is missing from a call, no call differs across "
+                         f"ranks and nothing is stuck; {_ranks(d['missing_ranks'])} left no record, so what "
+                         f"{'it' if len(d['missing_ranks']) == 1 else 'they'} did is unknown.")
+        elif not d["findings"]:
             lines.append("   * No rank is missing from a call, no call differs across ranks, nothing is stuck.")
         lines.append(f"   Every rank completed up to: {d['completed_by_all'] or 'nothing recorded on every rank'}.")
         for f in d["failures"]:
@@ -401,8 +448,10 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(result, indent=1))
         return 0
+    if a.stragglers:  # the report asked for leads
+        print(format_stragglers(result["stragglers"]))
     print(format_report(result["diagnosis"]))
-    if "stragglers" in result:
+    if "stragglers" in result and not a.stragglers:
         print(format_stragglers(result["stragglers"]))
     if a.plot:
         print(f"lateness plot: {a.plot}")

@@ -8,141 +8,28 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import json
 import os
 import weakref
 
 import numpy as np
 
-from . import _core
-from ._buffers import _DTYPE_CODES, DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
+from . import _child_ids, _core, elastic, timeline
+from ._args import (ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg,
+                    user_tag)
+from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._nccl import wheel_library
-from .elastic import RESERVED_TAGS
+from ._choice import core_hook
+from ._recording import Recording
+from ._status import Status
+from ._work import MessageWork, Work
 from .ops import resolve_op
 
-_COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-_ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+__all__ = ["Communicator", "Work", "MessageWork", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
+
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
-ANY_SOURCE = -1
-ANY_TAG = -1
 
 
-class Work:
-    """A collective in flight. wait() returns the output buffer or raises the collective's error."""
-
-    __slots__ = ("_work", "_keepalive", "_result")
-
-    def __init__(self, work, keepalive, result):
-        self._work, self._keepalive, self._result = work, keepalive, result
-
-    def wait(self, timeout: float | None = None):
-        if not self._work.wait(-1.0 if timeout is None else float(timeout)):
-            raise _core.Timeout(f"Work.wait: not completed within {timeout} s (the collective is still running)")
-        self._keepalive = None
-        return self._result
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def result(self):
-        return self._result
-
-
-class MessageWork:
-    """One isend or irecv in flight (see Communicator.isend / irecv).
-
-    wait(timeout=None) waits up to `timeout` seconds (None: the communicator's timeout) and
-    returns the message's buffer, or raises its error (PeerFailure, Aborted, InvalidArgument
-    for a message larger than the receive buffer); past the timeout it cancels the message
-    and raises Timeout, after which the buffer is never touched again. After completion,
-    source, tag and nbytes say what a receive got (a send reports its own)."""
-
-    __slots__ = ("_work", "_buffer")
-
-    def __init__(self, work, buffer):
-        self._work, self._buffer = work, buffer
-
-    def wait(self, timeout: float | None = None):
-        if timeout is None:
-            seconds = 0.0
-        else:
-            seconds = float(timeout)
-            if seconds <= 0:
-                raise _core.InvalidArgument(f"MessageWork.wait: timeout must be positive, got {timeout}")
-        self._work.wait(seconds)
-        return self._buffer
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def cancel(self) -> bool:
-        """Stop the message unless it completed already; True when it was cancelled (wait()
-        then raises Aborted). A send partly written finishes from a copy."""
-        return self._work.cancel()
-
-    @property
-    def source(self) -> int:
-        return self._work.status()[0]
-
-    @property
-    def tag(self) -> int:
-        return self._work.status()[1]
-
-    @property
-    def nbytes(self) -> int:
-        return self._work.status()[2]
-
-    def __repr__(self):
-        source, tag, nbytes = self._work.status()
-        state = "done" if self.is_completed() else "pending"
-        return f"<ringtree.MessageWork {state} source={source} tag={tag} nbytes={nbytes}>"
-
-
-def _rank_arg(value, what):
-    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
-        raise _core.InvalidArgument(f"{what} must be an int, got {value!r}")
-    return int(value)
-
-
-def _user_tag(value, what):
-    tag = _rank_arg(value, f"{what}: tag")
-    if tag >= RESERVED_TAGS:
-        raise _core.InvalidArgument(f"{what}: tags from 2**62 up are reserved for shrink(), got {tag}")
-    return tag
-
-
-def _counts(counts, name):
-    try:
-        values = [int(c) for c in counts]
-    except (TypeError, ValueError):
-        raise _core.InvalidArgument(f"{name} must be a sequence of element counts, got {counts!r}") from None
-    if any(c < 0 for c in values):
-        raise _core.InvalidArgument(f"{name} must be non-negative, got {values}")
-    return values
-
-
-def _coll_code(collective) -> int:
-    if collective in _COLL:
-        return _COLL[collective]
-    raise _core.InvalidArgument(f"unknown collective {collective!r}; expected one of {', '.join(_core.COLLECTIVES)}")
-
-
-def _dtype_code(dtype) -> int:
-    name = getattr(dtype, "name", dtype)  # numpy dtypes and names alike
-    if isinstance(name, str) and name in _DTYPE_CODES:
-        return _DTYPE_CODES[name]
-    raise _core.InvalidArgument(f"unknown dtype {dtype!r}; expected one of {', '.join(_core.DTYPES)}")
-
-
-def _algo_code(algo) -> int:
-    if isinstance(algo, str) and algo.lower() in _ALGO:
-        return _ALGO[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
-                                f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'")
-
-
-class Communicator:
+class Communicator(Recording):
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
     __slots__ = ("_core", "_fast", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
@@ -186,66 +73,22 @@ class Communicator:
     def __exit__(self, *exc):
         self.close()
 
-    @property
-    def shared_cpu_waits(self) -> int:
-        """How many of this rank's waits went straight to yielding, without spinning, because a
-        peer they needed was last seen on this rank's CPU (the scheduler put both on one core)."""
-        return self._core.shared_cpu_waits
+    def status(self) -> Status:
+        """What this communicator found at set-up (transports, hosts, how it waits, single-copy,
+        NUMA, stores, the cost model's figures) and its counters so far, as one ringtree.Status
+        (read it between calls). str() of it is a readable summary."""
+        cuda = "not set up" if self._cuda is None else self._cuda.executor()
+        return Status.of(self._core.status(), cuda)
 
-    def transport_to(self, peer: int) -> str:
-        """'shm', 'tcp' or 'self': how this rank reaches `peer`."""
-        return self._core.transport_to(int(peer))
-
-    @property
-    def single_copy(self) -> str:
-        """'on: ...' when large messages of all_gather, all_to_all, broadcast and scatter between
-        ranks on this host are read straight from the sender's memory (process_vm_readv), else
-        'off: <reason>' (RINGTREE_CMA=0, the kernel forbids it, no other rank shares memory with
-        this one); then they are copied twice, through shared memory."""
-        return self._core.single_copy
-
-    @property
-    def single_copy_messages(self) -> int:
-        """How many messages this rank has received single-copy so far (read it between calls)."""
-        return self._core.single_copy_messages
-
-    @property
-    def numa(self) -> str:
-        """This rank's NUMA node (the node of every CPU it may run on, or, where its CPUs span
-        nodes, the node it runs on now) and where the shared memory it reads was placed: each
-        rank allocates the rings it reads on its own node, so a ring's pages sit with the rank
-        that reads every byte of it."""
-        return self._core.numa
-
-    @property
-    def numa_nodes(self) -> list:
-        """Each rank's NUMA node as this rank knows it: its own and those of the ranks it shares
-        memory with; -1 for ranks on other hosts, or where the kernel reports no nodes."""
-        return list(self._core.numa_nodes)
-
-    @property
-    def streamed_pieces(self) -> int:
-        """How many payload pieces this rank has written into shared-memory rings with streaming
-        (cache-bypassing) stores so far. RINGTREE_SHM_STREAM_STORES=auto (the default) times both
-        kinds of store on each ring and streams while that is clearly faster, which it is when the
-        two ranks' cores do not share a cache (read it between calls)."""
-        return self._core.streamed_pieces
-
-    @property
-    def shm_stores(self) -> str:
-        """Which stores this rank's shared-memory writers use now (its board, its ring to each
-        local peer) and, under RINGTREE_SHM_STREAM_STORES=auto, the measured cycles per KiB of
-        plain and streaming copies behind the choice: plain copies measuring several times dearer
-        than streaming ones mean the peer's core does not share a cache with this one."""
-        return self._core.shm_stores
-
-    @property
-    def wait_policy(self) -> str:
-        """How this rank waits for its peers: how long it spins and yields before it blocks, and
-        the counts that decided it (ranks on this host; ranks on this kernel allowed the same
-        CPUs, which includes other containers and network namespaces). A wait on nothing but TCP
-        transfers blocks at once, and one whose peer last waited on this CPU skips the spin."""
-        return self._core.wait_policy
+    def set_algo_hook(self, hook) -> None:
+        """Let hook(request) make algo="auto"'s last decision on this communicator: request is a
+        ringtree.ChoiceRequest (the call, every candidate algorithm with its predicted seconds and
+        formula, and the cost model's pick); the hook returns a candidate's name, or None for the
+        model's pick. Set the same hook on every rank, between calls: it must answer from the
+        request alone (ranks that choose differently fail with CollectiveMismatch). Its answers
+        are remembered per (collective, bytes, dtype), like the model's. None removes it. See
+        the docs' "How auto chooses"."""
+        self._core.set_choice_hook(core_hook(hook))
 
     def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
                     op="sum", deterministic: bool = False) -> str:
@@ -253,22 +96,17 @@ class Communicator:
         buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
         all_gather and all_to_all), as in the bench's count column. deterministic: as a call with
         deterministic=True (RINGTREE_DETERMINISTIC=1 counts too)."""
-        code = self._core.choose_algo(_coll_code(collective), _algo_code(algo), int(nbytes), _dtype_code(dtype),
+        code = self._core.choose_algo(coll_code(collective), algo_code(algo), int(nbytes), dtype_code(dtype),
                                       resolve_op(op)[0], bool(deterministic))
         return _core.ALGOS[code]
 
     def estimate(self, collective: str, nbytes: int, dtype: str = "float32", deterministic: bool = False) -> list:
         """[(algo, predicted seconds, formula)] for every algorithm available to such a call;
         deterministic=True: those a deterministic call of a floating-point reduction chooses from
-        (rank_order, and oneshot where the board fits), to weigh their cost against auto's."""
+        (rank_order, and oneshot where the call fits its slots), to weigh their cost against auto's."""
         return [(_core.ALGOS[a], t, formula)
-                for a, t, formula in self._core.estimate(_coll_code(collective), int(nbytes), _dtype_code(dtype),
+                for a, t, formula in self._core.estimate(coll_code(collective), int(nbytes), dtype_code(dtype),
                                                          bool(deterministic))]
-
-    def machine_costs(self) -> dict:
-        """The figures the cost model prices with (rank 0's, shared by every rank)."""
-        pairs = (line.split(" ", 1) for line in self._core.machine_costs().splitlines())
-        return {k: (v if k in ("source", "hosts") else float(v)) for k, v in pairs}
 
     # --- the collectives -------------------------------------------------------------------
 
@@ -276,7 +114,7 @@ class Communicator:
         """One C call for the common case (numpy arrays, or torch CPU tensors read in a few
         attribute reads; a named op and algorithm; a bool async_op). Everything else goes
         through _run, which converts, checks and explains."""
-        code = _COLL[coll]
+        code = COLL_CODES[coll]
         done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
@@ -318,19 +156,19 @@ class Communicator:
                                         f"host buffers take the ringtree algorithms")
         if on_device:
             work = self._cuda_comm().run(
-                _COLL[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
+                COLL_CODES[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
                 has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
                 op_code, factor, int(root),
-                int(peer), int(recv_peer), 0 if use_nccl else _algo_code(algo), t, (inb or outb).stream,
-                use_nccl, bool(async_op), _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"),
+                int(peer), int(recv_peer), 0 if use_nccl else algo_code(algo), t, (inb or outb).stream,
+                use_nccl, bool(async_op), counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"),
                 bool(deterministic))
             return Work(work, keep, result) if async_op else result
         work = self._core.run(
-            _COLL[coll], dtype,
+            COLL_CODES[coll], dtype,
             has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
             has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
-            op_code, factor, int(root), int(peer), _algo_code(algo), t, bool(async_op),
-            _counts(send_counts, "send_counts"), _counts(recv_counts, "recv_counts"), int(recv_peer),
+            op_code, factor, int(root), int(peer), algo_code(algo), t, bool(async_op),
+            counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"), int(recv_peer),
             deterministic=bool(deterministic))
         if async_op:
             return Work(work, keep, result)
@@ -409,14 +247,14 @@ class Communicator:
         once; the MessageWork completes when the bytes are written (x may then be reused), and
         never waits for dst to post its receive. Messages from one rank to another with the same
         tag arrive in the order sent."""
-        return self._isend(x, _rank_arg(dst, "isend: dst"), _user_tag(tag, "isend"), "isend")
+        return self._isend(x, rank_arg(dst, "isend: dst"), user_tag(tag, "isend"), "isend")
 
     def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
         """Receive into x the first message from `src` (ANY_SOURCE: any rank) with `tag`
         (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
         was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
         alive until the work is done (the communicator also holds it)."""
-        return self._irecv(x, _rank_arg(src, "irecv: src"), _user_tag(tag, "irecv"), "irecv")
+        return self._irecv(x, rank_arg(src, "irecv: src"), user_tag(tag, "irecv"), "irecv")
 
     # Any tag, reserved ones included: ringtree's own protocols (shrink) use these.
     def _isend(self, x, dst, tag, what) -> MessageWork:
@@ -433,11 +271,11 @@ class Communicator:
         seconds = 0.0 if timeout is None else float(timeout)
         if timeout is not None and seconds <= 0:
             raise _core.InvalidArgument(f"probe: timeout must be positive, got {timeout}")
-        return self._core.probe(_rank_arg(src, "probe: src"), _rank_arg(tag, "probe: tag"), seconds)
+        return self._core.probe(rank_arg(src, "probe: src"), rank_arg(tag, "probe: tag"), seconds)
 
     def iprobe(self, src=ANY_SOURCE, tag=ANY_TAG):
         """(source, tag, nbytes) of a matching message no receive has taken yet, else None."""
-        return self._core.iprobe(_rank_arg(src, "iprobe: src"), _rank_arg(tag, "iprobe: tag"))
+        return self._core.iprobe(rank_arg(src, "iprobe: src"), rank_arg(tag, "iprobe: tag"))
 
     def _track(self, work, x, keep) -> MessageWork:
         inflight = self._inflight
@@ -461,18 +299,21 @@ class Communicator:
         colors, keys = table[0::2], table[1::2]
         members = sorted((int(keys[r]), r) for r in range(self.size) if my_color >= 0 and colors[r] == my_color)
         new_rank = [r for _, r in members].index(self.rank) if members else -1
-        # The new rank 0 of each group makes its unique id; one all_gather delivers them all.
-        token = np.zeros(64, dtype=np.uint8)
+        # The new rank 0 of each group reserves a port; one all_gather delivers every group's
+        # public token, from which its members derive the new secret (_child_ids).
+        n = _child_ids.TOKEN_BYTES
+        token = np.zeros(n, dtype=np.uint8)
         if new_rank == 0:
-            raw = str(_core.UniqueId.create()).encode()
+            raw = _child_ids.lead(self)[0].encode()
             token[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        tokens = np.empty(64 * self.size, dtype=np.uint8)
+        tokens = np.empty(n * self.size, dtype=np.uint8)
         self.all_gather(token, tokens, timeout=timeout)
         if my_color < 0:
             return None
         leader = members[0][1]
-        leader_token = tokens[64 * leader: 64 * (leader + 1)].tobytes().rstrip(b"\0").decode()
-        return Communicator(new_rank, len(members), leader_token, self.timeout if timeout is None else timeout)
+        public = tokens[n * leader: n * (leader + 1)].tobytes().rstrip(b"\0").decode()
+        return Communicator(new_rank, len(members), _child_ids.follow(self, public),
+                            self.timeout if timeout is None else timeout)
 
     def shrink(self, exclude=(), timeout=None) -> "Communicator":
         """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive and
@@ -481,91 +322,19 @@ class Communicator:
         A rank the others left out raises rt.Excluded. Each exchange waits at most `timeout`
         seconds (default: this communicator's) for a peer before leaving it out. See the README
         (Shrink and grow) for the protocol and what it guarantees."""
-        from .elastic import shrink
-        return shrink(self, exclude, timeout)
+        return elastic.shrink(self, exclude, timeout)
 
     def grow(self, joiners: int, publish=None, timeout=None) -> "Communicator":
         """A communicator of this one's ranks (same numbers) and `joiners` new processes (the
         next numbers). Collective over this communicator, which stays usable. Rank 0 makes the
         token and calls publish(token) (a file, a store, an environment variable...); each new
         process calls rt.join(token, index) with index 0..joiners-1. The others may pass None."""
-        from .elastic import grow
-        return grow(self, joiners, publish, timeout)
-
-    def cuda_executor(self) -> str:
-        """How this communicator moves CUDA buffers: 'ipc' (a kernel walks the schedules over
-        CUDA IPC mailboxes), 'staged: <why not ipc>' (through the host communicator), or
-        'not set up' before its first call on CUDA buffers (that call sets it up, on every rank)."""
-        return "not set up" if self._cuda is None else self._cuda.executor()
+        return elastic.grow(self, joiners, publish, timeout)
 
     def _cuda_comm(self):
         if self._cuda is None:
             self._cuda = _core.CudaComm(self._core, wheel_library())
         return self._cuda
-
-    # --- flight recorder ---------------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The communicator's id, the same on every rank (it names dump and trace files)."""
-        return self._core.id
-
-    def record(self, reason: str = "request") -> dict:
-        """This rank's flight record: its last calls (RINGTREE_FLIGHT_RECORDER) with their
-        times, states and errors, and this rank's clock offset to rank 0 (see the README)."""
-        return json.loads(self._core.dump_json(reason))
-
-    def dump(self, path=None, reason: str = "request") -> str:
-        """Write this rank's flight record as JSON and return the file's path. path: a file
-        (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
-        which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
-        return _write_json(_dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
-                           self._core.dump_json(reason))
-
-    @contextlib.contextmanager
-    def label(self, value: int):
-        """Calls issued inside the block carry `value` (an int: a bucket id, a step) in the
-        flight recorder, its dumps and traces; the previous label comes back afterwards."""
-        previous = self._label
-        self._label = int(value)
-        self._core.set_label(self._label)
-        try:
-            yield self
-        finally:
-            self._label = previous
-            self._core.set_label(previous)
-
-    def sync_clocks(self, rounds: int = 8, timeout=None) -> tuple[int, int]:
-        """Re-estimate every rank's clock offset to rank 0 (NTP-style, best of `rounds` round
-        trips over this communicator's own send/recv) and record it for dumps and traces.
-        Collective. Returns this rank's (offset_ns, error_ns): its clock minus rank 0's, good
-        to +- error_ns (half the best round trip)."""
-        if rounds < 1:
-            raise _core.InvalidArgument(f"sync_clocks: rounds must be at least 1, got {rounds}")
-        stamp = np.zeros(2, np.int64)
-        best = np.zeros(2, np.int64)
-        if self.rank == 0:
-            for peer in range(1, self.size):
-                best[:] = (0, np.iinfo(np.int64).max)
-                for _ in range(rounds):
-                    stamp[0] = t0 = _core.now_ns()
-                    self.send(stamp, peer, timeout=timeout)
-                    self.recv(stamp, peer, timeout=timeout)
-                    t1 = _core.now_ns()
-                    half_rtt = (t1 - t0 + 1) // 2
-                    if half_rtt < best[1]:
-                        best[:] = (int(stamp[0]) - (t0 + (t1 - t0) // 2), half_rtt)
-                self.send(best, peer, timeout=timeout)
-            best[:] = 0
-        elif self.size > 1:
-            for _ in range(rounds):
-                self.recv(stamp, 0, timeout=timeout)
-                stamp[0] = _core.now_ns()
-                self.send(stamp, 0, timeout=timeout)
-            self.recv(best, 0, timeout=timeout)
-        offset_ns, error_ns = int(best[0]), int(best[1])
-        self._core.set_clock_offset(offset_ns, error_ns)
-        return offset_ns, error_ns
 
     def close(self):
         """Finish queued work, tell the peers this rank is leaving, release everything.
@@ -577,7 +346,6 @@ class Communicator:
         first, self._closed = not self._closed, True
         trace_dir = os.environ.get("RINGTREE_TRACE")
         if trace_dir and first:
-            from . import timeline
             try:
                 timeline.write_rank_trace(self, trace_dir)
             except Exception as exc:  # noqa: BLE001 - a trace must not break a close
@@ -591,27 +359,6 @@ class Communicator:
     @property
     def is_aborted(self) -> bool:
         return self._core.is_aborted
-
-
-def _dump_path(path, name: str) -> str:
-    """A dump's file: `path` itself when it names a .json file, else `name` in the directory
-    `path` (default RINGTREE_DUMP_DIR, else ./ringtree-dumps)."""
-    if path is None:
-        path = os.environ.get("RINGTREE_DUMP_DIR") or "ringtree-dumps"
-    path = os.fspath(path)
-    return path if path.endswith(".json") else os.path.join(path, name)
-
-
-def _write_json(path: str, text: str) -> str:
-    """Write text to path atomically (a temporary file renamed), making its directory."""
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def live_communicators() -> list:

@@ -21,6 +21,10 @@ rank order, the leader is rank 0) and close the old one.
 grow: the members agree on a unique id (rank 0 makes it and hands it to publish(), which gets
 it to the new processes); the new processes call join(token); everyone builds the new
 communicator, old ranks first with their numbers, new ranks after them.
+
+The unique ids of shrink's and grow's communicators never cross the old connections whole:
+only a public token (address, port, nonce) does, and the members derive the secret from the
+old communicator's (_child_ids).
 """
 from __future__ import annotations
 
@@ -29,15 +33,16 @@ import time
 
 import numpy as np
 
-from . import _core
+from . import _child_ids, _core
+from ._args import RESERVED_TAGS, rank_arg, timeout_arg
 
-__all__ = ["Excluded", "RESERVED_TAGS", "shrink", "grow", "join"]
+__all__ = ["Excluded", "shrink", "grow", "grow_token_place"]
 
-# Tags from here up belong to shrink (user messages are refused there, see Communicator.isend).
-RESERVED_TAGS = _core.FIRST_RESERVED_TAG  # 2**62: the messenger's any-tag never matches these
-# One shrink attempt's tags: its commit tag, then a view tag per round. A shrink whose new
-# communicator failed to form (on every member: set-up ends everywhere or nowhere) may be retried
-# on the old one; the retry's messages must not meet the failed attempt's leftovers.
+# Shrink's messages travel on RESERVED_TAGS and above (user messages are refused there, see
+# Communicator.isend; the messenger's any-tag never matches them). One shrink attempt's tags:
+# its commit tag, then a view tag per round. A shrink whose new communicator failed to form (on
+# every member: set-up ends everywhere or nowhere) may be retried on the old one; the retry's
+# messages must not meet the failed attempt's leftovers.
 _ATTEMPT_SPAN = 1 << 32
 _VIEW, _COMMIT = 1, 2
 _TOKEN_BYTES = 64
@@ -53,14 +58,6 @@ class Excluded(_core.Error):
 
     kind = "excluded"
     __module__ = "ringtree"
-
-
-def _timeout_arg(default, timeout, what):
-    if timeout is None:
-        return default
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _core.InvalidArgument(f"{what}: timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _message(size: int, kind: int, round_: int, members, token: str = "") -> np.ndarray:
@@ -179,11 +176,9 @@ def _validate_exclude(comm, exclude):
 
 
 def shrink(comm, exclude=(), timeout=None):
-    """See Communicator.shrink."""
-    from .comm import Communicator
-
+    """See Communicator.shrink. The new communicator is of comm's own class."""
     exclude = _validate_exclude(comm, exclude)
-    timeout = _timeout_arg(comm.timeout, timeout, "shrink")
+    timeout = timeout_arg(comm.timeout, timeout, "shrink")
     size, me = comm.size, comm.rank
     view = frozenset(range(size)) - exclude
     dead = set()
@@ -210,7 +205,7 @@ def shrink(comm, exclude=(), timeout=None):
                 view &= theirs
             view -= died | silent
         if commit is None and stable and min(view) == me:
-            token = _core.UniqueId.create(_rendezvous_ip(comm))
+            token = _child_ids.lead(comm, _rendezvous_ip(comm))[0]  # public: members derive the secret
             _send_commit(comm, round_, view, token, dead, commit_tag, timeout)
             commit = (view, token)
         elif commit is not None:
@@ -228,52 +223,49 @@ def shrink(comm, exclude=(), timeout=None):
         raise Excluded(f"shrink: rank {me} is excluded: the survivors formed a communicator of old ranks "
                        f"{sorted(members)} without it")
     order = sorted(members)
-    new = Communicator(order.index(me), len(order), token, timeout)
+    new = type(comm)(order.index(me), len(order), _child_ids.follow(comm, token), timeout)
     comm.close()
     return new
 
 
 def grow(comm, joiners, publish=None, timeout=None):
-    """See Communicator.grow."""
-    from .comm import Communicator, _rank_arg
-
-    joiners = _rank_arg(joiners, "grow: joiners")
+    """See Communicator.grow. The new communicator is of comm's own class."""
+    joiners = rank_arg(joiners, "grow: joiners")
     if joiners < 1:
         raise _core.InvalidArgument(f"grow: joiners must be at least 1, got {joiners}")
     if comm.rank == 0 and not callable(publish):
         raise _core.InvalidArgument(f"grow: rank 0 needs publish, a callable that hands the token to the "
                                     f"new processes; got {publish!r}")
-    timeout = _timeout_arg(comm.timeout, timeout, "grow")
+    timeout = timeout_arg(comm.timeout, timeout, "grow")
     new_size = comm.size + joiners
     raw = np.zeros(_TOKEN_BYTES, np.uint8)
-    uid, failure = None, None
+    failure = None
     if comm.rank == 0:
-        uid = _core.UniqueId.create(_rendezvous_ip(comm))
+        # The members get the public token and derive the secret; the joiners, who hold no
+        # parent secret, get the whole unique id through publish (a channel the caller trusts).
+        public, uid = _child_ids.lead(comm, _rendezvous_ip(comm))
         try:
             publish(f"{_GROW_PREFIX}:{comm.size}:{new_size}:{uid}")
-            raw[:len(str(uid))] = np.frombuffer(str(uid).encode(), np.uint8)
+            raw[:len(public)] = np.frombuffer(public.encode(), np.uint8)
         except Exception as exc:  # noqa: BLE001 - told to the members (an empty token), then raised
             failure = exc
     comm.broadcast(raw, root=0, timeout=timeout)  # an empty token: rank 0's publish failed
     if failure is not None:
         raise failure
-    token = raw.tobytes().rstrip(b"\0").decode()
-    if not token:
+    public = raw.tobytes().rstrip(b"\0").decode()
+    if not public:
         raise _core.Error("grow: rank 0's publish callback raised; no communicator was formed")
-    return Communicator(comm.rank, new_size, uid if uid is not None else token, timeout)
+    return type(comm)(comm.rank, new_size, _child_ids.follow(comm, public), timeout)
 
 
-def join(token: str, index: int = 0, timeout=None):
-    """See ringtree.join."""
-    from . import default_timeout
-    from .comm import Communicator, _rank_arg
-
+def grow_token_place(token: str, index: int) -> tuple:
+    """(rank, size, unique id) of new process `index` in the communicator a grow token names
+    (ringtree.join builds it)."""
     parts = str(token).split(":", 3)
     if len(parts) != 4 or parts[0] != _GROW_PREFIX or not parts[1].isdigit() or not parts[2].isdigit():
         raise _core.InvalidArgument(f"join: {token!r} is not a grow token ({_GROW_PREFIX}:<old size>:<new size>:<id>)")
     old, new = int(parts[1]), int(parts[2])
-    index = _rank_arg(index, "join: index")
+    index = rank_arg(index, "join: index")
     if not 0 <= index < new - old:
         raise _core.InvalidArgument(f"join: index {index} is outside 0..{new - old - 1} ({new - old} joiners)")
-    timeout = _timeout_arg(None, timeout, "join")
-    return Communicator(old + index, new, parts[3], default_timeout() if timeout is None else timeout)
+    return old + index, new, parts[3]

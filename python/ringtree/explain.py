@@ -58,13 +58,14 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
     """Prints (and returns) every candidate algorithm's predicted time for a call of
     `collective` on this communicator, the formula behind each, and the choice: across hosts, why
     hierarchical wins or not; for a floating-point reduction, what deterministic mode would run
-    (rank_order or the board) and its cost against auto's choice.
+    (rank_order or oneshot) and its cost against auto's choice.
 
     nbytes is one rank's block (count x itemsize), as for Communicator.choose_algo.
     """
     if comm is None:
         raise _core.InvalidArgument("explain needs the communicator the call would run on: explain(..., comm=comm)")
-    m = comm.machine_costs()
+    status = comm.status()
+    m = status.machine
     chosen = comm.choose_algo(collective, nbytes, "auto", dtype)
     where = "one host" if not m["any_tcp"] else "several hosts (TCP between them)"
     lines = [
@@ -75,10 +76,10 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
         f"reduce {m['reduce_hot_GBps']:.1f}/{m['reduce_cold_GBps']:.1f} GB/s (in cache/from memory)",
         f"  hosts: {m['hosts']}; between hosts: hop {m['tcp_hop_us']:.1f} us, {m['tcp_GBps']:.2f} GB/s "
         f"(RINGTREE_TCP_HOP_US, RINGTREE_TCP_MBPS)",
-        f"  single-copy transfers on this host: {comm.single_copy}",
-        f"  NUMA: {comm.numa}; ranks' nodes {comm.numa_nodes}",
-        f"  shared-memory stores: {comm.shm_stores}",
-        f"  waiting: {comm.wait_policy}",
+        f"  single-copy transfers on this host: {status.single_copy}",
+        f"  NUMA: {status.numa}; ranks' nodes {list(status.numa_nodes)}",
+        f"  shared-memory stores: {status.shm_stores}",
+        f"  waiting: {status.wait_policy}",
         f"  {'algo':9s} {'predicted':>12s}   formula",
     ]
     estimates = sorted(comm.estimate(collective, nbytes, dtype), key=lambda e: e[1])
@@ -91,7 +92,10 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
         lines.append(f"  hierarchical vs flat: {_hier_verdict(chosen, hier[0], flat[0])}")
     elif not hier and m["hosts"].startswith("1 host"):
         lines.append("  hierarchical: not a candidate, every rank is on one host")
-    lines.append(f"  auto chooses {chosen}")
+    if status.algo_hook:
+        lines.append(f"  auto chooses {chosen} (the algorithm hook's choice; Communicator.set_algo_hook)")
+    else:
+        lines.append(f"  auto chooses {chosen}")
     if collective in _FLOAT_REDUCTIONS and dtype in _FLOATS:
         lines += _deterministic_lines(comm, collective, nbytes, dtype, chosen, dict((a, t) for a, t, _ in estimates))
     text = "\n".join(lines)

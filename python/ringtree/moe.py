@@ -51,7 +51,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _core
-from ._buffers import _DTYPE_CODES, _TORCH_DTYPES
+from ._buffers import DTYPE_CODES, TORCH_DTYPES
 
 __all__ = ["dispatch", "combine", "MoEHandle", "MoEStats"]
 
@@ -185,7 +185,7 @@ def _exchange_counts(comm, handle, kept, dropped, per_rank, global_stats):
     """The count exchange, checking that every rank agrees on num_experts, H and dtype."""
     P, E = comm.size, handle.num_experts
     send = torch.empty(P, _HEADER + 2 * per_rank, dtype=torch.int64)
-    send[:, 0], send[:, 1], send[:, 2] = E, handle.H, _DTYPE_CODES[_TORCH_DTYPES[str(handle.dtype)]]
+    send[:, 0], send[:, 1], send[:, 2] = E, handle.H, DTYPE_CODES[TORCH_DTYPES[str(handle.dtype)]]
     send[:, _HEADER:_HEADER + per_rank] = kept.view(P, per_rank)
     send[:, _HEADER + per_rank:] = dropped.view(P, per_rank)
     recv = torch.empty_like(send)

@@ -27,7 +27,8 @@ Every pull reports the version (updates applied) of the rows it read; `node.vers
 Failure: a worker that dies (its process ends without `finish`) stops counting: sync steps
 complete with the remaining workers and ssp no longer waits for it. A worker whose server dies
 gets ringtree.PeerFailure from the next call that needs that server. Bad input (unknown table,
-wrong row width, negative or out-of-range keys) raises ValueError before any traffic.
+wrong row width, gradients that are not float32, negative or out-of-range keys) raises ValueError
+before any traffic.
 
 The transport is ringtree's tagged point-to-point messages (Communicator.isend/irecv/probe),
 so a server answers whichever worker speaks first and workers never line up in call order.
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
-from .comm import ANY_SOURCE
+from ._args import ANY_SOURCE
 
 # Tags of the protocol; a program may use other tags on the same communicator.
 TAG_REQUEST = 0x7073_0001  # worker -> server: pull, push, bye
@@ -464,11 +465,17 @@ class Worker:
         return out[inverse]
 
     def push(self, table: str, keys, grads):
-        """Sends gradients of rows (duplicate keys are summed first). Every server hears of
-        every push (an empty one where it holds none of the keys), which is how it counts steps."""
+        """Sends gradients of rows ([len(keys), dim] float32; duplicate keys are summed first).
+        Gradients of any other dtype raise ValueError: they are never rounded silently. Every
+        server hears of every push (an empty one where it holds none of the keys), which is how
+        it counts steps."""
         i, spec = self._table(table)
         keys = self._keys(spec, keys)
-        grads = np.asarray(grads, np.float32)
+        grads = np.asarray(grads)
+        if grads.dtype != np.float32:
+            raise ValueError(f"ps: push to {table!r}: gradients must be float32, as the table's rows are; got "
+                             f"{grads.dtype} (convert them yourself, e.g. np.asarray(grads, np.float32), "
+                             f"where rounding them is what you want)")
         if grads.shape != (len(keys), spec.dim):
             raise ValueError(f"ps: push to {table!r}: gradients must have shape ({len(keys)}, {spec.dim}), "
                              f"got {grads.shape}")

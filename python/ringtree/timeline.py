@@ -25,6 +25,8 @@ import glob
 import json
 import os
 
+from ._files import write_json
+
 __all__ = ["RECORD_FORMAT", "read_records", "trace_document", "write_trace", "write_rank_trace", "process_offsets"]
 
 RECORD_FORMAT = "ringtree-flight-recorder/1"
@@ -142,8 +144,7 @@ def trace_document(records) -> dict:
 
 def write_trace(records, path) -> str:
     """Write the trace of `records` to `path` (made atomically); returns the path."""
-    from .comm import _write_json
-    return _write_json(os.fspath(path), json.dumps(trace_document(records)))
+    return write_json(os.fspath(path), json.dumps(trace_document(records)))
 
 
 def write_rank_trace(comm, directory) -> str:

@@ -1,13 +1,8 @@
 """Bench driver: command-line parsing (nccl-tests flags) and size lists."""
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-from rtbench import options  # noqa: E402
+from rtbench import options
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -4,17 +4,12 @@ The expected results are checked against a numpy model of each collective run on
 the generated inputs of every rank, and the exactness claims (any reduction order
 gives the same bits) against reductions done in the dtype itself, in several orders.
 """
-import os
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-from rtbench import collectives as colls  # noqa: E402
-from rtbench import verify  # noqa: E402
+from rtbench import collectives as colls
+from rtbench import verify
 
 try:  # bfloat16 is covered where ml_dtypes is installed
     import ml_dtypes  # noqa: F401

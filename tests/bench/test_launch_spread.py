@@ -13,10 +13,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench")
-sys.path.insert(0, BENCH)
 
-import launch_spread  # noqa: E402
-from rtbench import load  # noqa: E402
+import launch_spread
+from rtbench import load
 
 SPREAD = os.path.join(BENCH, "launch_spread.py")
 DRIVER = os.path.join(BENCH, "rt_bench.py")
@@ -158,8 +157,7 @@ def test_background_load_is_gone_after_an_error():
 
 
 _HOLDER = """
-import sys, time
-sys.path.insert(0, {bench!r})
+import time
 from rtbench import load
 with load.BackgroundLoad(2) as bg:
     print(' '.join(map(str, bg.pids)), flush=True)
@@ -172,7 +170,7 @@ with load.BackgroundLoad(2) as bg:
 def test_background_load_dies_with_an_interrupted_or_killed_parent(sig):
     """Ctrl-C runs the context's exit; SIGKILL leaves it no chance: the kernel's parent-death
     signal must end the burners then."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(bench=BENCH)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True, cwd=BENCH)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(burner_alive(p) for p in pids)

@@ -125,7 +125,7 @@ def mismatched_count(odd_rank=1, n=1000, timeout=30.0):
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     out["first_ok"] = first_ok
-    out["executor"] = comm.cuda_executor()
+    out["executor"] = comm.status().cuda_executor
     try:  # the CUDA IPC path stays failed: a later call reports the error, it does not hang
         comm.all_reduce(x, timeout=timeout)
         out["later"] = None
@@ -146,7 +146,7 @@ def setup_refused(n=1000):
     y = arrays.upload(np.zeros(n * P, np.int32))
     comm.all_gather(arrays.upload(np.full(n, r, np.int32)), y)
     arrays.synchronize()
-    return {"executor": comm.cuda_executor(),
+    return {"executor": comm.status().cuda_executor,
             "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
             "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))),
             "ipc_env": os.environ.get("RINGTREE_CUDA_IPC", ""), "fail_env": os.environ.get("RINGTREE_STANDIN_FAIL", "")}
@@ -172,7 +172,7 @@ def deterministic_sums(n=5003, seed=7):
     arrays.synchronize()
     if peek(out).tobytes() != want[r * n:(r + 1) * n].tobytes():
         wrong.append("reduce_scatter/auto")
-    return {"wrong": wrong, "executor": comm.cuda_executor()}
+    return {"wrong": wrong, "executor": comm.status().cuda_executor}
 
 
 def buffers_on_another_device(n=1000):
@@ -195,7 +195,7 @@ def buffers_on_another_device(n=1000):
     except rt.Error as exc:
         out["raised"], out["message"] = type(exc).__name__, str(exc)
     out["device_after"] = testing.standin_get_device()
-    out["executor"] = comm.cuda_executor()
+    out["executor"] = comm.status().cuda_executor
     return out
 
 
@@ -216,7 +216,7 @@ def one_device_per_rank(n=70000):
     arrays.synchronize()
     ok = bool(np.all(peek(x) == P * (P + 1) / 2)) and bool(
         np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n)))
-    executor = comm.cuda_executor()
+    executor = comm.status().cuda_executor
     comm.close()
     return {"device": device, "ok": ok, "executor": executor, "contexts": testing.standin_contexts(),
             "buffer_device": testing.standin_device_of(x.ptr)}
@@ -240,7 +240,7 @@ def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256):
     comm.broadcast(b, root=0)
     arrays.synchronize()
     ok = ok and bool(np.all(peek(b) == 7.0))
-    executor = comm.cuda_executor()
+    executor = comm.status().cuda_executor
     comm.close()
     return {"ok": ok, "executor": executor, "violations": testing.standin_violations()}
 
@@ -256,7 +256,7 @@ def slot_layouts_differ(n=70000):
     y = arrays.upload(np.zeros(n * P, np.float32))
     comm.all_gather(arrays.upload(np.full(n, r, np.float32)), y)
     arrays.synchronize()
-    return {"executor": comm.cuda_executor(),
+    return {"executor": comm.status().cuda_executor,
             "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
             "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.float32), n)))}
 
@@ -328,7 +328,7 @@ def mismatch_in_every_field(n=1000, timeout=20.0):
         if out["raised"] is None:
             out["next"] = outcome(comm.all_reduce(x, async_op=True, timeout=timeout), start)["raised"]
         arrays.synchronize()
-        out["executor"] = comm.cuda_executor()
+        out["executor"] = comm.status().cuda_executor
         comm.close()
         results[field] = out
     return results

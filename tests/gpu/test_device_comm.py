@@ -218,7 +218,7 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
                         cases += 1
                         if wrong:
                             failures.append(f"{desc}: {wrong} wrong")
-    return {"cases": cases, "failures": failures[:20], "executor": comm.cuda_executor()}
+    return {"cases": cases, "failures": failures[:20], "executor": comm.status().cuda_executor}
 
 
 @pytest.mark.gpu
@@ -451,7 +451,7 @@ def data_parallel_cuda(steps=3):
                       for p, rp in zip(model.used.parameters(), replica.used.parameters())))
     hook.remove()
     comm.close()
-    return {"ok": ok, "executor": comm.cuda_executor()}
+    return {"ok": ok, "executor": comm.status().cuda_executor}
 
 
 @pytest.mark.gpu

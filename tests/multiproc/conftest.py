@@ -1,12 +1,12 @@
 """Fixtures shared by the multi-rank tests."""
 import pytest
 
-import netns
+from rtbench import netns
 
 
 @pytest.fixture
 def namespace_hosts(request):
-    """request.param emulated hosts, each a network namespace (tests/support/netns.py); removed
+    """request.param emulated hosts, each a network namespace (bench/rtbench/netns.py); removed
     after the test, failed or not; the test skips, saying why, where they cannot be made."""
     try:
         with netns.emulated_hosts(request.param) as hosts:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
-from harness import rank_command, run_world
+from harness import rank_command, rank_pythonpath, run_world
 
 
 def test_unique_id_round_trips_through_its_token():
@@ -77,7 +77,7 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
     """comm._fast runs a call on plain ndarrays in one C call and returns NotImplemented
     for whatever the Python route must convert or explain; the public call gives the same answer
     either way, and an error raised through the fast entry keeps its class and the communicator."""
-    from ringtree.comm import _COLL
+    from ringtree._args import COLL_CODES as _COLL
     ar = _COLL["all_reduce"]
     with rt.init(rank=0, size=1) as comm:
         x = np.arange(6, dtype=np.float32)
@@ -287,6 +287,7 @@ def test_mpiexec_launch():
         pytest.skip("mpiexec not found: pip install mpich mpi4py (the test extra installs both)")
     pytest.importorskip("mpi4py", reason="mpi4py missing: the test extra installs it")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
+    env["PYTHONPATH"] = rank_pythonpath(launched_sum, env.get("PYTHONPATH"))
     proc = subprocess.run([mpiexec, "-n", "3", *rank_command(launched_sum)], env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -298,6 +299,7 @@ def test_mpiexec_launch():
 def test_torchrun_launch():
     pytest.importorskip("torch", reason="torch is in the test extra; this environment lacks it")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
+    env["PYTHONPATH"] = rank_pythonpath(launched_sum, env.get("PYTHONPATH"))
     script_and_args = rank_command(launched_sum)[1:]  # torchrun starts the script with its own python
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-port", str(_free_port()), *script_and_args], env=env, capture_output=True,

@@ -35,8 +35,8 @@ def resolve_count(spec, P, coll="all_reduce"):
     return {"P-1": P - 1, "3P+1": 3 * P + 1}[spec]
 
 
-def board_takes(comm, coll, N, dtype_name):
-    """Whether the one-shot board can run this call here (one host, small enough)."""
+def oneshot_takes(comm, coll, N, dtype_name):
+    """Whether oneshot can run this call here (one host, small enough)."""
     try:
         comm.choose_algo(coll, N * np.dtype(NUMPY_DTYPES[dtype_name]).itemsize, "oneshot")
         return True
@@ -72,7 +72,7 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
                 n = max(len(pairs), len(variants))
                 combos = [(*pairs[i % len(pairs)], *variants[i % len(variants)]) for i in range(n)]
             for d, op, algo, in_place, root in combos:
-                if algo == "oneshot" and not board_takes(comm, coll, N, d):
+                if algo == "oneshot" and not oneshot_takes(comm, coll, N, d):
                     continue
                 try:
                     wrong, desc = run_case(comm, coll, N, d, op, algo, in_place, root, salt)
@@ -86,11 +86,14 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
 
 
 def transports():
+    """This rank's Status: how it reaches each rank, the hosts, and its printed summary."""
     comm = rt.init()
-    out = [comm.transport_to(q) for q in range(comm.size)]
+    status = comm.status()
+    assert isinstance(status, rt.Status)
     comm.barrier()
     comm.close()
-    return {"transports": out}
+    return {"transports": list(status.transports), "hosts": status.hosts, "machine_hosts": status.machine["hosts"],
+            "text": str(status)}
 
 
 def assert_clean(world):
@@ -117,12 +120,17 @@ def test_collectives_two_hosts(nranks):
                       hosts=2, timeout=540)
     assert_clean(world)
     world = run_world(nranks, transports, hosts=2, timeout=60)
-    t = [res["transports"] for res in world.check_ok()]
+    results = world.check_ok()
+    t = [res["transports"] for res in results]
     half = [r * 2 // nranks for r in range(nranks)]
     for a in range(nranks):
         for b in range(nranks):
             want = "self" if a == b else ("shm" if half[a] == half[b] else "tcp")
             assert t[a][b] == want, (a, b, t[a][b])
+    groups = " ".join("{" + ",".join(str(r) for r in range(nranks) if half[r] == h) + "}" for h in (0, 1))
+    for res in results:
+        assert res["hosts"] == res["machine_hosts"] == f"2 hosts: {groups}", res
+        assert res["text"].startswith(f"hosts: {res['hosts']}; transports: 0:") and "waiting: spin" in res["text"]
 
 
 @pytest.mark.timeout(300)
@@ -268,10 +276,10 @@ def test_all_to_all_v(nranks, hosts):
         assert "sends 8 bytes to rank 1, which expects 12" in results[1]["mismatch_message"], results[1]
 
 
-def board_stress(rounds=300):
+def oneshot_stress(rounds=300):
     """One-shot calls back to back, mixed with ring calls: broadcasts from rotating roots (whose
     ranks return before the others have published), all_reduce, a large all_gather, barrier.
-    Each result is checked every round, so a board slot rewritten too early shows as wrong data."""
+    Each result is checked every round, so a one-shot slot rewritten too early shows as wrong data."""
     comm = rt.init()
     r, P = comm.rank, comm.size
     failures = []
@@ -285,7 +293,7 @@ def board_stress(rounds=300):
         y = comm.all_reduce(np.full(3, k + r, np.int64))
         if not np.array_equal(y, np.full(3, P * k + P * (P - 1) // 2)):
             failures.append(f"round {k}: all_reduce gave {y}")
-        if k % 50 == 0:  # a ring call between board calls
+        if k % 50 == 0:  # a ring call between one-shot calls
             comm.all_gather(np.full(70_000, r + k, np.float32), big)
             want = np.repeat(np.arange(P, dtype=np.float32) + k, 70_000)
             if not np.array_equal(big, want):
@@ -298,9 +306,9 @@ def board_stress(rounds=300):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3, 5])
-def test_one_shot_board_back_to_back(nranks):
-    """Board slots are reused every other call; broadcasts return before every rank has
+def test_oneshot_back_to_back(nranks):
+    """One-shot slots are reused every other call; broadcasts return before every rank has
     published. Wrong data would show here if a slot were rewritten too early."""
-    world = run_world(nranks, board_stress, timeout=100)
+    world = run_world(nranks, oneshot_stress, timeout=100)
     failures = [f for res in world.check_ok() for f in res["failures"]]
     assert not failures, failures

@@ -1,7 +1,7 @@
 """The cost model behind algo="auto": every rank must choose alike (rank 0's machine figures),
 explain() must show what choose_algo() does, and the figures are cached per host.
 
-The rank bodies (choices_and_estimates, board_boundary) run in every rank of a test's world
+The rank bodies (choices_and_estimates, oneshot_boundary) run in every rank of a test's world
 (harness.py) and return a JSON report that the test asserts on."""
 import io
 import math
@@ -40,7 +40,7 @@ def choices_and_estimates():
                 choices[key] = comm.choose_algo(coll, nbytes, "auto", dtype)
                 estimates[key] = [(a, t) for a, t, _ in comm.estimate(coll, nbytes, dtype)]
     text = rt.explain("all_reduce", 4096, comm=comm, file=io.StringIO())
-    costs = comm.machine_costs()
+    costs = comm.status().machine
     comm.close()
     return {"choices": choices, "estimates": estimates, "explain": text, "costs": costs}
 
@@ -62,7 +62,7 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
         chosen_t = dict(candidates)[first["choices"][key]]
         assert chosen_t <= best * 1.0101, (key, candidates)  # auto takes the cheapest (ties within 1%)
         assert all(t > 0 and math.isfinite(t) for _, t in candidates), key
-    # The board takes small calls on one host, and never calls beyond its capacity.
+    # One-shot takes small calls on one host, and never calls beyond its capacity.
     assert "oneshot" in [a for a, _ in first["estimates"]["all_reduce/8/float32"]]
     assert "oneshot" not in [a for a, _ in first["estimates"][f"all_reduce/{1 << 24}/float32"]]
     # Larger calls of one algorithm never get cheaper.
@@ -93,6 +93,62 @@ def test_default_figures_without_measuring():
     assert all(r["costs"]["source"] == "defaults" for r in res)
 
 
+
+def overrule_past(limit, request):
+    """An algorithm hook: for calls larger than `limit`, ring or tree, whichever the model did not pick."""
+    if request.nbytes <= limit:
+        return None
+    return next(a for a, _, _ in request.candidates if a in ("ring", "tree") and a != request.model_choice)
+
+
+def hooked_calls():
+    """Every rank sets the same hook: its choice runs (the flight recorder says so) and gives
+    numpy's sum; a hook that answers a non-candidate fails the call on every rank, before any
+    traffic, leaving the communicator usable; ranks whose hooks disagree get CollectiveMismatch
+    (last: it aborts the communicator)."""
+    import functools
+    comm = rt.init(timeout=20)
+    P, r = comm.size, comm.rank
+    out = {"model": [comm.choose_algo("all_reduce", n) for n in (4096, 1 << 20)]}
+    comm.set_algo_hook(functools.partial(overrule_past, 65536))
+    out["hooked"] = [comm.choose_algo("all_reduce", n) for n in (4096, 1 << 20)]
+    x = np.arange(1 << 18, dtype=np.float32) + r
+    comm.all_reduce(x)
+    out["exact"] = bool(np.array_equal(x, P * np.arange(1 << 18, dtype=np.float32) + P * (P - 1) / 2))
+    out["recorded_algo"] = comm.record()["calls"][-1]["algo"]
+    out["status_hook"] = comm.status().algo_hook
+    out["explain"] = rt.explain("all_reduce", 1 << 20, comm=comm, file=None)
+    comm.set_algo_hook(lambda request: "oneshot")
+    try:
+        comm.all_reduce(x)
+        out["bad_answer"] = None
+    except rt.InvalidArgument as exc:
+        out["bad_answer"] = str(exc)
+    comm.set_algo_hook(None)
+    y = np.ones(1 << 18, np.float32)
+    comm.all_reduce(y)
+    out["usable"] = bool((y == P).all()) and not comm.status().algo_hook
+    comm.set_algo_hook(lambda request: "ring" if r == 0 else "tree")
+    try:
+        comm.all_reduce(np.ones(1 << 18, np.float32))
+        out["disagree"] = None
+    except rt.Error as exc:
+        out["disagree"] = type(exc).__name__
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_an_algorithm_hook_set_on_every_rank_decides_what_auto_runs():
+    for res in run_world(2, hooked_calls, timeout=50).check_ok():
+        small, large = res["model"]
+        overruled = "tree" if large == "ring" else "ring"
+        assert res["hooked"] == [small, overruled], res
+        assert res["exact"] and res["recorded_algo"] == overruled and res["status_hook"], res
+        assert f"auto chooses {overruled} (the algorithm hook's choice" in res["explain"], res["explain"]
+        assert "hook chose 'oneshot'" in res["bad_answer"] and res["usable"], res
+        assert res["disagree"] in ("CollectiveMismatch", "Aborted"), res
+
 def deterministic_estimates():
     """What deterministic mode weighs for a small and a large all_reduce, what it chooses and
     what it runs, and explain()'s account of it."""
@@ -112,7 +168,7 @@ def deterministic_estimates():
 def test_estimate_and_explain_show_deterministic_mode_and_its_cost():
     for res in run_world(3, deterministic_estimates, timeout=50).check_ok():
         small, large = res["64"], res[str(1 << 20)]
-        # the board fits a small call and reduces in rank order too; a large one has the chain alone
+        # one-shot fits a small call and reduces in rank order too; a large one has the chain alone
         assert {a for a, _ in small["estimates"]} == {"rank_order", "oneshot"}
         assert [a for a, _ in large["estimates"]] == ["rank_order"]
         for case in (small, large):
@@ -124,9 +180,9 @@ def test_estimate_and_explain_show_deterministic_mode_and_its_cost():
             assert "rank_order" not in case["ints"]
 
 
-def board_boundary(limit_bytes):
+def oneshot_boundary(limit_bytes):
     """With RINGTREE_ONESHOT_BYTES=limit_bytes, the largest all_reduce that fits runs on the
-    board and the next size up does not; both give numpy's answer."""
+    one-shot slots and the next size up does not; both give numpy's answer."""
     comm = rt.init()
     r, P = comm.rank, comm.size
     fits = limit_bytes // 4
@@ -151,9 +207,9 @@ def board_boundary(limit_bytes):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_one_shot_board_capacity_boundary(nranks):
+def test_oneshot_capacity_boundary(nranks):
     limit = 1024
-    res = run_world(nranks, board_boundary, dict(limit_bytes=limit), timeout=100,
+    res = run_world(nranks, oneshot_boundary, dict(limit_bytes=limit), timeout=100,
                     env={"RINGTREE_ONESHOT_BYTES": str(limit)}).check_ok()
     fits = limit // 4
     for r in res:
@@ -323,7 +379,7 @@ def test_explain_across_hosts_gives_the_terms_of_the_hier_verdict():
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_board_publication_is_counted_once_on_the_critical_path(P):
+def test_oneshot_publication_is_counted_once_on_the_critical_path(P):
     # A reader starts only once a whole publication is out: the largest one is counted apart
     # (all_reduce and all_gather publish the input, reduce_scatter all P blocks, broadcast the
     # root alone, a barrier nothing); the busiest rank's own copy stays in its bytes.

@@ -42,7 +42,7 @@ def results(seed):
     and whether it equals numpy's rank-order fold; then ring and tree without the mode."""
     comm = rt.init()
     r, P = comm.rank, comm.size
-    one_host = comm.machine_costs()["hosts"].startswith("1 host")
+    one_host = comm.status().machine["hosts"].startswith("1 host")
     digests, wrong, ran, differs = {}, [], set(), []
     for coll, algos in ALGOS.items():
         for dtype_name in ("float32", "bfloat16"):
@@ -55,7 +55,7 @@ def results(seed):
                     want = want[r * N:(r + 1) * N]
                 for algo in algos:
                     if algo == "oneshot" and (not one_host or total * want.itemsize > 65536):
-                        continue  # the board: one host, small calls (else InvalidArgument, as without the mode)
+                        continue  # oneshot: one host, small calls (else InvalidArgument, as without the mode)
                     got = run_one(comm, coll, inputs[r], N, algo, deterministic=True)
                     ran.add(comm.choose_algo(coll, total * want.itemsize, algo, dtype_name, deterministic=True))
                     if got is None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
-from harness import rank_command, run_world
+from harness import rank_command, rank_pythonpath, run_world
 
 SHRINK_TIMEOUT = 3.0
 
@@ -267,6 +267,7 @@ def shrink_then_grow(victim):
 
     def publish(token):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_") or k == "RINGTREE_TIMEOUT"}
+        env["PYTHONPATH"] = rank_pythonpath(joiner, env.get("PYTHONPATH"))
         spawned.append(subprocess.Popen(rank_command(joiner, dict(token=token)), env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
 

@@ -114,7 +114,7 @@ def mismatch(kind):
             comm.all_reduce(x, algo="tree" if odd else "ring")
         elif kind == "zero_count":
             comm.all_reduce(np.ones(0 if odd else 16, np.float32))
-        elif kind == "count_across_paths":  # the small call goes to the one-shot board, the large one to the ring
+        elif kind == "count_across_paths":  # the small call runs oneshot, the large one the ring
             comm.all_reduce(np.ones((1 << 20) if odd else 16, np.float32))
         elif kind == "algo_oneshot":
             comm.all_reduce(x, algo="oneshot" if odd else "ring")
@@ -163,7 +163,7 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
 
 def kill_during_allreduce(victim=1, elems=1 << 23):
     """The victim SIGKILLs itself in the middle of a run of all_reduces (large ones: mid-ring;
-    small ones: on the one-shot board); the others must raise PeerFailure naming it, long
+    small ones: oneshot); the others must raise PeerFailure naming it, long
     before the collective timeout."""
     comm = rt.init(timeout=60)
     r = comm.rank

@@ -1,14 +1,22 @@
-"""A quick, fixed slice of the fault campaign (support/faults.py; the soak of a thousand trials is
-bench/fault_soak.py): trials that between them inject every fault kind at every moment over every
-transport, at P = 2, 3 and 4, into real rank processes. Each must end with every survivor raising
-the typed error its fault calls for, naming the call, within the timeout plus 5 s of the fault,
-with every completed call's result exact and no process left running.
+"""A quick, fixed slice of the fault campaign (support/faults.py): trials that between them inject
+every fault kind at every moment over every transport, at P = 2, 3 and 4, into real rank
+processes. Each must end with every survivor raising the typed error its fault calls for, naming
+the call, within the timeout plus 5 s of the fault, with every completed call's result exact and
+no process left running.
 
-A failing trial's id reruns it alone: python bench/fault_soak.py --only ID."""
+The same campaign as a soak of many trials (skipped unless asked for; -s shows a line per trial,
+then the summary: hangs, failures by kind, detection times per fault kind and moment):
+
+    python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-trials 1000 --fault-seed 7 \
+        [--fault-out DIR] [--fault-minutes M]
+    python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only 7-123 [7-456 ...]
+
+Network-namespace trials need root and `ip netns`; without them they are skipped, and the summary
+says why."""
 import pytest
 
 import faults
-import netns
+from rtbench import netns
 
 SEED = 14
 SLICE = faults.covering_slice(SEED, want=12)
@@ -72,3 +80,21 @@ def test_the_judge_flags_hangs_silence_wrong_errors_and_slow_detection():
     assert judged(r2={**good, "wall": 100 + t.timeout + faults.SLACK + 0.1}) == ["slow"]
     assert judged(r2={**good, "wrong_results": [1]}) == ["wrong_result"]
     assert judged(r0=None) == ["crash"]
+
+
+def test_fault_soak(request, namespaces):
+    """Every trial of the soak asked for on the command line passes (see the top of this file)."""
+    option = request.config.getoption
+    if option("--fault-only"):
+        trials = [faults.parse_trial_id(i) for i in option("--fault-only")]
+    elif option("--fault-trials") > 0:
+        trials = faults.make_campaign(option("--fault-seed"), option("--fault-trials"))
+    else:
+        pytest.skip("a soak runs when asked for: --fault-trials N [--fault-seed S] or --fault-only ID ...")
+    if isinstance(namespaces, str) and any(t.transport == "netns" for t in trials):
+        print(f"note: network-namespace trials are skipped: {namespaces}")
+    summary = faults.soak(trials, None if isinstance(namespaces, str) else namespaces, out_dir=option("--fault-out"),
+                          minutes=option("--fault-minutes"), in_full=bool(option("--fault-only")))
+    print()
+    print(faults.soak_report(summary))
+    assert summary["failed"] == 0, faults.soak_report(summary)

@@ -8,6 +8,7 @@ test has a hard timeout, so a hang fails instead of stalling."""
 import copy
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -156,14 +157,21 @@ def bucket_labels():
 # --- tests ------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
-def test_a_rank_that_never_calls_is_named_as_the_cause_of_the_hang(tmp_path, capsys):
-    world = run_world(3, never_calls, dict(timeout=3.0), timeout=80,
-                      env={"RINGTREE_DUMP_DIR": str(tmp_path)})
+@pytest.fixture(scope="module")
+def never_called_dumps(tmp_path_factory):
+    """The dumps of a world where rank 2 never entered all_reduce #1 (never_calls)."""
+    folder = tmp_path_factory.mktemp("never-called")
+    world = run_world(3, never_calls, dict(timeout=3.0), timeout=80, env={"RINGTREE_DUMP_DIR": str(folder)})
     results = world.check_ok()
     assert results[0]["raised"] == "Timeout" and results[1]["raised"] in ("Timeout", "PeerFailure", "Aborted"), results
-    dumps = sorted(p for p in os.listdir(tmp_path) if p.startswith("ringtree-"))
+    dumps = sorted(p for p in os.listdir(folder) if p.startswith("ringtree-"))
     assert len(dumps) == 3, (dumps, world.failure_report())  # 0 and 1 after their error, 2 by comm.dump()
+    return folder, results
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_never_calls_is_named_as_the_cause_of_the_hang(never_called_dumps, capsys):
+    tmp_path, _ = never_called_dumps
     assert analyze.main([str(tmp_path)]) == 0
     report = capsys.readouterr().out
     print(report)
@@ -176,13 +184,39 @@ def test_a_rank_that_never_calls_is_named_as_the_cause_of_the_hang(tmp_path, cap
     assert comm["completed_by_all"] == "all_reduce #0"
 
 
+@pytest.mark.timeout(90)
+def test_without_the_hung_ranks_record_the_survivors_records_name_it(never_called_dumps, tmp_path, capsys):
+    """Rank 2 hung and left no record: the verdict must not say that nothing is wrong, but
+    reason from what ranks 0 and 1 recorded (they entered all_reduce #1 and timed out or
+    failed waiting for rank 2)."""
+    folder, results = never_called_dumps
+    for name in os.listdir(folder):
+        if name.startswith("ringtree-") and not name.endswith("-rank2.json"):
+            shutil.copy(folder / name, tmp_path / name)
+    assert analyze.main([str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    print(report)
+    assert "No rank is missing from a call" not in report and "nothing is stuck" not in report, report
+    (comm,) = analyze.diagnose(timeline.read_records(str(tmp_path)))
+    assert comm["missing_ranks"] == [2]
+    (finding,) = [f for f in comm["findings"] if f["kind"] == "missing_record"]
+    assert finding["seq"] == 1 and finding["entered"] == [0, 1] and finding["suspects"] == [2], finding
+    # Rank 0's Timeout names the rank it waited for (rank 2 or the rank in between, rank 1).
+    assert 2 in finding["named_by_survivors"] or "rank 2" not in results[0]["message"], (finding, results)
+    assert "Rank 2 left no record" in finding["text"] and "all_reduce #1" in finding["text"], finding["text"]
+    assert "Rank 2 left no record" in report
+
+
 @pytest.mark.timeout(120)
 def test_a_rank_that_sleeps_before_each_call_is_named_as_the_straggler(tmp_path, capsys):
     delay, calls = 0.05, 15
     run_world(3, slow_rank, dict(slow=1, delay=delay, calls=calls), timeout=100,
               env={"RINGTREE_DUMP_DIR": str(tmp_path)}).check_ok()
     assert analyze.main([str(tmp_path), "--stragglers", "--plot", str(tmp_path / "late.png")]) == 0
-    print(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    print(out)
+    assert out.startswith("== stragglers"), out[:200]  # the report asked for leads
+    assert "== communicator" in out
     assert (tmp_path / "late.png").stat().st_size > 1000
     (report,) = analyze.stragglers(timeline.read_records(str(tmp_path)))
     assert report["straggler"] == 1

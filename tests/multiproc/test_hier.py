@@ -38,7 +38,7 @@ def sweep(counts):
                     checks += 1
                     if wrong:
                         failures.append(f"{desc}: {wrong} wrong")
-    hosts = comm.machine_costs()["hosts"]
+    hosts = comm.status().machine["hosts"]
     comm.close()
     return {"checks": checks, "failures": failures, "hosts": hosts}
 

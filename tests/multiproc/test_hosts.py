@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ringtree as rt
-import netns
+from rtbench import netns
 from harness import run_world
 
 
@@ -35,7 +35,7 @@ def same_name_other_namespace(elems=1 << 20, calls=5):
     for _ in range(calls):
         comm.all_reduce(x)
     seconds = (time.monotonic() - start) / calls
-    out = {"transport": comm.transport_to(1 - comm.rank), "seconds": seconds, "ok": bool(np.all(x == 2 ** (calls + 1)))}
+    out = {"transport": comm.status().transports[1 - comm.rank], "seconds": seconds, "ok": bool(np.all(x == 2 ** (calls + 1)))}
     comm.close()
     return out
 
@@ -62,7 +62,7 @@ def slurm_rank():
     x = np.full(1000, comm.rank + 1, np.int64)
     comm.all_reduce(x)
     out = {"rank": comm.rank, "size": comm.size, "sum": int(x[0]),
-           "transport": comm.transport_to((comm.rank + 1) % comm.size)}
+           "transport": comm.status().transports[(comm.rank + 1) % comm.size]}
     comm.close()
     return out
 
@@ -78,8 +78,10 @@ def slurm_env(r, nranks, **extra):
 def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces):
     names, addrs = two_namespaces
     nodelist = ",".join(addrs)  # node names that resolve to the hosts' addresses
+    secret = uuid.uuid4().hex  # without it (or a token file, or MPI) init refuses under Slurm
     world = run_world(2, slurm_rank, timeout=100,
-                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533"),
+                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533",
+                                                       RINGTREE_SECRET=secret),
                       per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
     for r, res in enumerate(world.check_ok()):
         assert (res["rank"], res["size"], res["sum"], res["transport"]) == (r, 2, 3, "tcp"), res

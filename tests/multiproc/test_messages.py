@@ -162,6 +162,64 @@ def test_tags_match_and_messages_of_one_tag_never_overtake():
     assert res["mixed"] == [[i, 10 + i % 3] for i in range(count)]
 
 
+def source_zero_is_one_rank(tag=5):
+    """A receive, probe or iprobe for source 0 takes rank 0's message only, never another
+    rank's message of the same tag that arrived first (rank 0 is a rank, not "any"). Rank 2
+    posts a receive for rank 0 before anything arrives; rank 1's message of that tag arrives
+    first (rank 2 waits for a later message on the same link), only then does rank 0 send.
+    The same again with rank 1's message waiting in the queue before the receive is posted."""
+    comm = rt.init(timeout=30)
+    r = comm.rank
+    report = {}
+    if r == 1:
+        for round_ in (0, 1):
+            comm.isend(_payload(1, round_, 6), 2, tag=tag).wait()
+            comm.isend(np.array([round_], np.int64), 2, tag=tag + 1).wait()  # after it, on the same link
+    elif r == 0:
+        for round_ in (0, 1):
+            comm.irecv(np.empty(1, np.int64), src=2, tag=tag + 2).wait()  # rank 2 has rank 1's message
+            comm.isend(_payload(0, round_, 6), 2, tag=tag).wait()
+    else:
+        got = []
+        posted = np.empty(6, np.int64)
+        early = comm.irecv(posted, src=0, tag=tag)  # posted before either message arrives
+        comm.irecv(np.empty(1, np.int64), src=1, tag=tag + 1).wait()
+        taken_early = early.is_completed()
+        comm.isend(np.zeros(1, np.int64), 0, tag=tag + 2).wait()
+        early.wait()
+        got.append([early.source, bool(np.array_equal(posted, _payload(0, 0, 6)))])
+        # Round 1: rank 1's message waits in the queue; probe and receive name rank 0.
+        comm.irecv(np.empty(1, np.int64), src=1, tag=tag + 1).wait()
+        before_zero = comm.iprobe(0, tag)
+        comm.isend(np.zeros(1, np.int64), 0, tag=tag + 2).wait()
+        probed = comm.probe(0, tag)
+        late = np.empty(6, np.int64)
+        work = comm.irecv(late, src=0, tag=tag)
+        work.wait()
+        got.append([work.source, bool(np.array_equal(late, _payload(0, 1, 6)))])
+        ones = []
+        for round_ in (0, 1):  # rank 1's two messages are still there, for a receive that names it
+            buf = np.empty(6, np.int64)
+            w = comm.irecv(buf, src=1, tag=tag)
+            try:
+                w.wait(3.0)
+                ones.append([w.source, bool(np.array_equal(buf, _payload(1, round_, 6)))])
+            except rt.Timeout:
+                ones.append(["timeout", False])
+        report = {"taken_early": taken_early, "got": got, "iprobe_before": before_zero, "probed": list(probed),
+                  "from_one": ones}
+    comm.barrier()
+    comm.close()
+    return report
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_from_rank_0_takes_rank_0s_message_only():
+    res = run_world(3, source_zero_is_one_rank, timeout=50).check_ok()[2]
+    assert res == {"taken_early": False, "got": [[0, True], [0, True]], "iprobe_before": None,
+                   "probed": [0, 5, 48], "from_one": [[1, True], [1, True]]}, res
+
+
 def large_both_ways(mib=64):
     """Both ranks isend a large message to each other before either posts its receive: the
     progress threads read eagerly, so nobody waits for the other's receive."""
@@ -583,7 +641,7 @@ def reserved_tags_and_any_tag():
     """A user's pending any-tag receive never takes a message on ringtree's reserved tags
     (shrink's agreement travels there): it gets the user's later message, and the reserved one
     stays for a receive that names its tag."""
-    from ringtree.elastic import RESERVED_TAGS, _recv, _send
+    from ringtree._args import RESERVED_TAGS
     comm = rt.init(timeout=30)
     if comm.rank == 1:
         mine = np.zeros(4, np.int64)
@@ -591,12 +649,12 @@ def reserved_tags_and_any_tag():
         comm.barrier()
         pending.wait()
         reserved = np.zeros(4, np.int64)
-        _recv(comm, reserved, 0, RESERVED_TAGS + 3).wait()
+        comm._irecv(reserved, 0, RESERVED_TAGS + 3, "test").wait()
         result = {"any_tag": [pending.tag] + mine.tolist(), "reserved": reserved.tolist(),
                   "probe_sees_reserved": comm.iprobe(0) is not None}
     else:
         comm.barrier()
-        _send(comm, np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3).wait()
+        comm._isend(np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3, "test").wait()
         time.sleep(0.2)  # the reserved message is there first
         comm.isend(np.full(4, 5, np.int64), 1, tag=7).wait()
         result = {}

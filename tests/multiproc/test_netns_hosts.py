@@ -1,5 +1,5 @@
 """Collectives across real, separate network stacks: 2 and 3 emulated hosts, each a network
-namespace holding 2 ranks, joined by a bridge (tests/support/netns.py makes and removes them).
+namespace holding 2 ranks, joined by a bridge (bench/rtbench/netns.py makes and removes them).
 Ranks of one namespace are one host to ringtree (shared memory), ranks of different namespaces
 talk over TCP. Every collective runs with its flat and hierarchical algorithms against numpy; and
 when a host's link is cut mid-collective, every rank raises PeerFailure or Timeout within its
@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import pytest
 
-import netns
+from rtbench import netns
 import ringtree as rt
 from harness import run_world, spawn_world
 from rank_checks import report_wait_policy, run_case
@@ -54,8 +54,8 @@ def sweep(counts):
                 if wrong:
                     failures.append(f"{desc}: {wrong} wrong")
     comm.barrier()
-    out = {"checks": checks, "failures": failures, "hosts": comm.machine_costs()["hosts"],
-           "transports": [comm.transport_to(q) if q != comm.rank else "self" for q in range(P)]}
+    out = {"checks": checks, "failures": failures, "hosts": comm.status().machine["hosts"],
+           "transports": [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)]}
     comm.close()
     return out
 

@@ -1,5 +1,5 @@
 """The TCP transport between real, separate network stacks: emulated hosts of one rank each
-(network namespaces joined by a bridge, tests/support/netns.py), so every byte crosses TCP. The
+(network namespaces joined by a bridge, bench/rtbench/netns.py), so every byte crosses TCP. The
 five main collectives run against numpy at sizes that outgrow the socket buffers and the
 reduction staging buffer, with the transport's settings shrunk so that reads end mid-element and
 mid-message (an odd staging size, 4 KiB socket buffers), and with its defaults. Bad settings are
@@ -40,7 +40,7 @@ def sweep(counts):
                 checks += 1
                 if wrong:
                     failures.append(f"{desc}: {wrong} wrong")
-    transports = [comm.transport_to(q) if q != comm.rank else "self" for q in range(P)]
+    transports = [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)]
     comm.close()
     return {"checks": checks, "failures": failures, "transports": transports}
 

@@ -50,7 +50,7 @@ def report():
     x = np.arange(1 << 16, dtype=np.float32) + comm.rank
     y = comm.all_reduce(x)  # the rings carry data after the placement
     ok = bool(np.array_equal(y, np.arange(1 << 16, dtype=np.float32) * comm.size + sum(range(comm.size))))
-    out = {"rank": comm.rank, "numa": comm.numa, "nodes": comm.numa_nodes, "maps": segment_maps(), "ok": ok,
+    out = {"rank": comm.rank, "numa": comm.status().numa, "nodes": comm.status().numa_nodes, "maps": segment_maps(), "ok": ok,
            "allowed": sorted(os.sched_getaffinity(0))}
     comm.close()
     return out

@@ -25,7 +25,7 @@ def ring_sweep():
     rng = np.random.default_rng(7)
     inputs = [rng.integers(-1 << 20, 1 << 20, COUNT).astype(np.int64) for _ in range(P)]
     failures = []
-    before = comm.streamed_pieces
+    before = comm.status().streamed_pieces
     for dtype in (np.int64, np.float32):  # float32 of small integers sums exactly
         xs = [x.astype(dtype) for x in inputs]
         total = sum(xs)
@@ -46,8 +46,8 @@ def ring_sweep():
         comm.broadcast(bc, root=P - 1, algo="ring")
         if not np.array_equal(bc, xs[P - 1]):
             failures.append(f"broadcast {dtype.__name__}: wrong")
-    streamed = comm.streamed_pieces - before
-    stores = comm.shm_stores
+    streamed = comm.status().streamed_pieces - before
+    stores = comm.status().shm_stores
     explained = rt.explain("all_reduce", 4 << 20, comm=comm, file=None)
     comm.close()
     return {"failures": failures, "streamed": streamed, "stores": stores, "explained": explained}

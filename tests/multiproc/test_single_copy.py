@@ -38,7 +38,7 @@ def routed_sweep():
     comm = rt.init()
     P = comm.size
     failures, checks = [], 0
-    before = comm.single_copy_messages
+    before = comm.status().single_copy_messages
     for coll, algos in ROUTED:
         rooted = coll in ("broadcast", "gather", "scatter")
         for N in COUNTS:
@@ -52,19 +52,19 @@ def routed_sweep():
                             failures.append(f"{desc}: {wrong} wrong")
     # A reduction stays on the two-copy path: its receivers combine, they do not copy.
     x = np.arange(50_000, dtype=np.float64) + comm.rank
-    mid = comm.single_copy_messages
+    mid = comm.status().single_copy_messages
     got = comm.all_reduce(x.copy(), algo="ring")
     want = sum(np.arange(50_000, dtype=np.float64) + q for q in range(P))
     if not np.array_equal(got, want):
         failures.append("all_reduce ring: wrong result")
-    unrouted_messages = comm.single_copy_messages - mid
+    unrouted_messages = comm.status().single_copy_messages - mid
     # So does gather: its root copies every byte either way.
-    mid = comm.single_copy_messages
+    mid = comm.status().single_copy_messages
     got = comm.gather(x, np.empty(x.size * P, x.dtype) if comm.rank == 0 else None, root=0)
     if comm.rank == 0 and not np.array_equal(got, np.concatenate([np.arange(50_000, dtype=np.float64) + q for q in range(P)])):
         failures.append("gather: wrong result")
-    unrouted_messages += comm.single_copy_messages - mid
-    status, received = comm.single_copy, comm.single_copy_messages - before
+    unrouted_messages += comm.status().single_copy_messages - mid
+    status, received = comm.status().single_copy, comm.status().single_copy_messages - before
     comm.close()
     return {"failures": failures, "checks": checks, "status": status, "received": received,
             "unrouted_messages": unrouted_messages}
@@ -76,7 +76,7 @@ def small_only():
     for d in DTYPES:
         run = run_case(comm, "all_gather", 3001 // 8, d, "sum", "ring", False, 0, salt=1)
         assert run[0] == 0, run[1]
-    out = {"status": comm.single_copy, "received": comm.single_copy_messages}
+    out = {"status": comm.status().single_copy, "received": comm.status().single_copy_messages}
     comm.close()
     return out
 
@@ -159,7 +159,7 @@ def kill_during(coll, victim=1):
     while a peer reads its buffer, or while its peers wait for it to read theirs); the others must
     raise PeerFailure naming it, long before the collective timeout."""
     comm = rt.init(timeout=60)
-    assert comm.single_copy.startswith("on: "), comm.single_copy
+    assert comm.status().single_copy.startswith("on: "), comm.status().single_copy
     n = 1 << 21
     x = np.ones(n, np.float32)
     out = np.empty(n * comm.size, np.float32)
@@ -194,13 +194,13 @@ def unread_broadcast(timeout=UNREAD_TIMEOUT):
     """Rank 1 stops calling collectives. The root of a broadcast only sends, single-copy: its call
     must wait for rank 1 to read its buffer and so time out (not return early, not hang)."""
     comm = rt.init()
-    x = np.ones(1 << 16, np.float32)  # 256 KiB: above the board, inside one ring
+    x = np.ones(1 << 16, np.float32)  # 256 KiB: above a one-shot slot, inside one ring
     comm.broadcast(x, root=0)
     if comm.rank == 1:
         time.sleep(UNREAD_AWAY)
         return {"raised": None}
     res = repeat_until_raised(lambda: comm.broadcast(x, root=0, timeout=timeout), 0)
-    res["single_copy"] = comm.single_copy
+    res["single_copy"] = comm.status().single_copy
     return res
 
 
@@ -230,7 +230,7 @@ def reuse_after_return(rounds=40):
             x.fill(-1.0)  # the caller's next use of its buffer
         elif not (x == k).all():
             wrong += 1
-    received = comm.single_copy_messages
+    received = comm.status().single_copy_messages
     comm.close()
     return {"wrong": wrong, "single_copy_messages": received}
 
@@ -246,9 +246,9 @@ def broadcast_messages(nbytes, algo):
     """Single-copy messages each rank received in one broadcast of nbytes from rank 0."""
     comm = rt.init(timeout=60)
     x = np.arange(nbytes // 4, dtype=np.float32) if comm.rank == 0 else np.zeros(nbytes // 4, np.float32)
-    before = comm.single_copy_messages
+    before = comm.status().single_copy_messages
     comm.broadcast(x, root=0, algo=algo)
-    got = comm.single_copy_messages - before
+    got = comm.status().single_copy_messages - before
     exact = bool(np.array_equal(x, np.arange(nbytes // 4, dtype=np.float32)))
     comm.close()
     return {"received": got, "exact": exact}

@@ -25,13 +25,13 @@ def small_and_large_calls(placement, calls=200):
     x = np.full(4, r + 1, np.int64)
     for _ in range(calls):
         y = np.empty_like(x)
-        comm.all_reduce(x, y)  # the one-shot board
+        comm.all_reduce(x, y)  # oneshot
         ok = ok and bool((y == P * (P + 1) // 2).all())
     big = np.arange(1 << 20, dtype=np.int64) + r
     out = np.empty_like(big)
     comm.all_reduce(big, out, algo="ring")  # ring steps over the shared-memory rings
     ok = ok and bool(np.array_equal(out, P * np.arange(1 << 20, dtype=np.int64) + P * (P - 1) // 2))
-    waits = comm.shared_cpu_waits
+    waits = comm.status().shared_cpu_waits
     comm.close()
     return {"ok": ok, "shared_cpu_waits": waits, "cores": len(cores)}
 

@@ -2,7 +2,7 @@
 injects one fault into one of them and checks what the others see.
 
 A trial is a pure function of (seed, index), named "SEED-INDEX", so any one of a thousand can be
-run again alone (`bench/fault_soak.py --only SEED-INDEX`). It chooses:
+run again alone (`python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only SEED-INDEX`). It chooses:
 
 - kind: how the victim fails. sigkill; sigstop (alive but silent); exit (os._exit: the kernel
   closes its sockets, nobody says goodbye); shutdown (its TCP connections are shut down while
@@ -26,12 +26,15 @@ shrink_and_check(), skipped with its reason while Communicator has no shrink().
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import platform
 import random
 import signal
 import socket
 import statistics
+import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -562,8 +565,92 @@ def describe(record) -> str:
     """A failing trial in words: parameters, problems, and the ranks' output."""
     t = record["trial"]
     lines = [f"trial {t['id']}: " + ", ".join(f"{k}={v}" for k, v in t.items() if k != "id"),
-             f"rerun: python bench/fault_soak.py --only {t['id']}"]
+             f"rerun: python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only {t['id']}"]
     lines += [f"  {p}" for p in record["problems"]]
     for r, out in (record.get("outputs") or {}).items():
         lines.append(f"--- rank {r} (exit {record['returncodes'][int(r)]}) ---\n{out.rstrip()}")
     return "\n".join(lines)
+
+
+# --- the soak: many trials, a line each, then the summary ----------------------------------------
+
+
+def machine_state() -> dict:
+    here = os.path.dirname(os.path.abspath(__file__))
+    commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout
+    return {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
+            "kernel": platform.release(), "commit": commit.strip() + ("+changes" if dirty.strip() else ""),
+            "root": os.geteuid() == 0}
+
+
+def trial_line(record) -> str:
+    t = record["trial"]
+    head = f"{t['id']:>9} {t['kind']:>8} {t['moment']:>12} {t['collective']:>14} {t['size']:>5} {t['algo']:>6} " \
+           f"{t['transport']:>6} P={t['nranks']} v={t['victim']}"
+    if "skipped" in record:
+        return f"{head}  skipped"
+    detections = [s["detection_s"] for s in record["survivors"] if "detection_s" in s]
+    worst = f"{max(detections):6.2f}" if detections else "   n/a"
+    verdict = "ok" if not record["problems"] else "FAIL " + ",".join(problem_kinds(record))
+    return f"{head}  detect<={worst}s  {record['seconds']:5.1f}s  {verdict}"
+
+
+def soak_report(summary) -> str:
+    out = [f"trials {summary['trials']} (ran {summary['ran']}), hangs {summary['hangs']}, failed {summary['failed']}"]
+    for reason, n in summary["skipped"].items():
+        out.append(f"skipped {n}: {reason}")
+    for kind, p in summary["problems"].items():
+        out.append(f"problem {kind}: {p['trials']} trials, e.g. {' '.join(p['ids'][:8])}")
+    k = summary["killed_peer_detection"]
+    out.append(f"SIGKILLed peer after rendezvous: median {k['median_s']} s, worst {k['worst_s']} s "
+               f"over {k['survivors']} survivors")
+    out.append(f"{'fault kind':>12} {'trials':>6} {'failed':>6} {'survivors':>9} {'median s':>8} {'worst s':>8}")
+    for kind, p in summary["per_kind"].items():
+        out.append(f"{kind:>12} {p['trials']:>6} {p['failed']:>6} {p['survivors']:>9} {p['median_s']!s:>8} "
+                   f"{p['worst_s']!s:>8}")
+    out.append(f"{'moment':>12} {'trials':>6} {'failed':>6} {'median s':>8} {'worst s':>8}  landed in")
+    for moment, p in summary["per_moment"].items():
+        landed = ", ".join(f"{where} {n}" for where, n in p["landed"].items())
+        out.append(f"{moment:>12} {p['trials']:>6} {p['failed']:>6} {p['median_s']!s:>8} {p['worst_s']!s:>8}  {landed}")
+    s = summary["trial_seconds"]
+    out.append(f"trial wall time: median {s['median']} s, worst {s['worst']} s, total {s['total']} s")
+    return "\n".join(out)
+
+
+def soak(trials: list, namespaces=None, out_dir=None, minutes=None, in_full=False, echo=print) -> dict:
+    """Runs `trials` one after the other (none started after `minutes`), echoing a line each (and,
+    in_full, every trial's description and records), and returns the summary. With out_dir,
+    writes summary.json, records.jsonl (every trial) and failures/ID.txt (a failing trial's
+    parameters, problems and every rank's output) there."""
+    state = machine_state()
+    if out_dir:
+        os.makedirs(os.path.join(out_dir, "failures"), exist_ok=True)
+    records, started = [], time.monotonic()
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(os.path.join(out_dir, "records.jsonl"), "w")) if out_dir else None
+        for trial in trials:
+            if minutes is not None and time.monotonic() - started > minutes * 60:
+                echo(f"stopping: {minutes} minutes are up after {len(records)} trials")
+                break
+            record = run_trial(trial, namespaces)
+            records.append(record)
+            echo(trial_line(record))
+            if in_full or record["problems"]:
+                text = describe(record)
+                if in_full:
+                    echo(text)
+                    echo(json.dumps({k: record.get(k) for k in ("fault", "survivors", "victim")}, indent=1))
+                if out_dir and record["problems"]:
+                    with open(os.path.join(out_dir, "failures", f"{trial.id}.txt"), "w") as f:
+                        f.write(text + "\n")
+            if log:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+    summary = summarize(records)
+    summary.update(wall_seconds=round(time.monotonic() - started, 1), machine=state, load_average_after=os.getloadavg())
+    if out_dir:
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    return summary

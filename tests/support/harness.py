@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 import ringtree as rt
 from ringtree.launch import rank_environment
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "rank_worker.py")
+# What a test imports by name, as pyproject.toml's pytest pythonpath lists it: rank processes get
+# the same roots, so a rank body imports what its test does.
+ROOT = os.path.dirname(os.path.dirname(HERE))
+IMPORT_ROOTS = [os.path.join(ROOT, "tests", "support"), os.path.join(ROOT, "bench"), os.path.join(ROOT, "examples")]
 
 
 def rank_target(func):
@@ -45,6 +50,13 @@ def rank_command(func, args=None, outdir=None):
     """The command line of one rank running func(**args); with outdir its result is written there."""
     path, qualname = rank_target(func)
     return [sys.executable, WORKER, path, qualname, json.dumps(args or {})] + ([outdir] if outdir else [])
+
+
+def rank_pythonpath(func, base=None) -> str:
+    """PYTHONPATH of a rank running func: its module's folder (as pytest puts a test's folder
+    first), then the suite's import roots, then `base`."""
+    folder = os.path.dirname(rank_target(func)[0])
+    return os.pathsep.join([folder] + IMPORT_ROOTS + [p for p in [base] if p])
 
 
 @dataclass
@@ -112,6 +124,7 @@ def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None
     try:
         for r in range(nranks):
             e = rank_environment(r, nranks, str(uid), hosts)
+            e["PYTHONPATH"] = rank_pythonpath(func, e.get("PYTHONPATH"))
             e.setdefault("RINGTREE_TIMEOUT", "60")
             e.update(env or {})
             if per_rank_env:

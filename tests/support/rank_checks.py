@@ -108,8 +108,8 @@ def outcome(work, start):
 
 
 def report_wait_policy(timeout=30.0):
-    """A rank body: this rank's comm.wait_policy and how many CPUs it may run on."""
+    """A rank body: this rank's comm.status().wait_policy and how many CPUs it may run on."""
     comm = rt.init(timeout=timeout)
-    out = {"policy": comm.wait_policy, "cpus": len(os.sched_getaffinity(0))}
+    out = {"policy": comm.status().wait_policy, "cpus": len(os.sched_getaffinity(0))}
     comm.close()
     return out

@@ -1,7 +1,7 @@
 """Entry point of one rank in a test world: rank_worker.py FILE QUALNAME JSON_ARGS [OUTDIR].
 
-Loads the module at FILE under its file name (its folder first on sys.path, so it finds its
-sibling modules as the test did), calls QUALNAME in it with JSON_ARGS as keyword arguments and,
+Loads the module at FILE under its file name (the harness puts its folder first on the import
+path, so it finds its sibling modules as the test did), calls QUALNAME in it with JSON_ARGS as keyword arguments and,
 given OUTDIR, writes the JSON result to OUTDIR/<slot>.json. With RINGTREE_TEST_STANDIN=1 the rank
 runs ringtree over the CUDA stand-in (standin.py). Without OUTDIR (a launcher such as
 mpiexec or torchrun started the rank) the exit status and output are all that count.
@@ -14,7 +14,6 @@ import sys
 
 def load(path):
     name = os.path.splitext(os.path.basename(path))[0]
-    sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # a sibling that imports it by name gets this very module

@@ -1,6 +1,6 @@
 """Hierarchical schedules (csrc/algorithms/hier.cc), without a transport.
 
-The simulator proves, for hosts x local ranks up to 8 x 8, uneven hosts and ranks of a host
+The verifier proves, for hosts x local ranks up to 8 x 8, uneven hosts and ranks of a host
 spread through the rank order, that every rank ends with the right data (every element reduced
 from every rank exactly once, all_reduce in one order on every rank), inputs untouched, no
 deadlock under rendezvous semantics. The step walker (the GPU executors' walk, on host threads)
@@ -80,7 +80,7 @@ def test_layouts_cover_the_promised_shapes():
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("coll,algo", CASES)
-def test_hier_schedules_simulate(coll, algo):
+def test_hier_schedules_verify(coll, algo):
     checked = 0
     for name, labels in LAYOUTS:
         P = len(labels)
@@ -89,7 +89,7 @@ def test_hier_schedules_simulate(coll, algo):
         for count in counts_for(P, large=P > 24):
             for root in roots:
                 for segment in ([0, 2] if pipelined else [0]):
-                    summary = _core.simulate(COLL[coll], ALGO[algo], P, count, root, segment, hosts=labels)
+                    summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment, hosts=labels)
                     assert ": ok," in summary, (name, summary)
                     checked += 1
     assert checked > len(LAYOUTS)
@@ -97,20 +97,20 @@ def test_hier_schedules_simulate(coll, algo):
 
 def test_hier_needs_a_topology_and_a_collective_it_has():
     with pytest.raises(rt.InvalidArgument, match="topology"):
-        _core.simulate(COLL["all_reduce"], ALGO["hier"], 4, 8)
+        _core.verify_schedules(COLL["all_reduce"], ALGO["hier"], 4, 8)
     with pytest.raises(rt.InvalidArgument, match="no schedule for gather"):
-        _core.simulate(COLL["gather"], ALGO["hier"], 4, 8, hosts=[0, 0, 1, 1])
+        _core.verify_schedules(COLL["gather"], ALGO["hier"], 4, 8, hosts=[0, 0, 1, 1])
     with pytest.raises(rt.InvalidArgument, match="no schedule for all_gather"):
-        _core.simulate(COLL["all_gather"], ALGO["hier_tree"], 4, 8, hosts=[0, 0, 1, 1])
+        _core.verify_schedules(COLL["all_gather"], ALGO["hier_tree"], 4, 8, hosts=[0, 0, 1, 1])
 
 
-def test_simulator_detects_faults_in_hier_schedules():
+def test_the_verifier_detects_faults_in_hier_schedules():
     labels = interleaved([3, 1, 2])
     for coll, algo in CASES:
         ops = sum(len(step) for step in _core.schedule(COLL[coll], ALGO[algo], 6, 0, 7, hosts=labels))
         for drop in range(ops):
             with pytest.raises(rt.Error, match="schedule check failed"):
-                _core.simulate(COLL[coll], ALGO[algo], 6, 7, 0, 0, drop_op=drop, hosts=labels)
+                _core.verify_schedules(COLL[coll], ALGO[algo], 6, 7, 0, 0, drop_op=drop, hosts=labels)
 
 
 def ops_of(coll, algo, labels, count, root=0):

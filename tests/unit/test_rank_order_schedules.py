@@ -1,6 +1,6 @@
 """Rank-order schedules (csrc/algorithms/rank_order.cc, deterministic mode), without a transport.
 
-The simulator proves, for P = 1..16, counts and segments that cut blocks unevenly, and every root
+The verifier proves, for P = 1..16, counts and segments that cut blocks unevenly, and every root
 of reduce, that every element ends as the rank-order left fold ((x_0 op x_1) op x_2) ... (each op's
 two operands in either order), inputs untouched, no deadlock; the same check rejects the ring,
 tree and hierarchical schedules, so it can fail. The schedules do not depend on the hosts, so
@@ -34,7 +34,7 @@ def test_rank_order_schedules_are_the_rank_order_fold(coll):
         for count in (0, 1, 2, P - 1, 2 * P + 3):
             for segment in (0, 1, 4):
                 for root in roots:
-                    summary = _core.simulate(COLL[coll], RO, P, count, root, segment)
+                    summary = _core.verify_schedules(COLL[coll], RO, P, count, root, segment)
                     assert ": ok," in summary, summary
                     checked += 1
     assert checked >= 16 * 5 * 3
@@ -47,18 +47,18 @@ def test_the_fold_check_rejects_other_orders(coll):
     others = [a for a in ("ring", "tree") if ALGO[a] in _core.supported_algos(COLL[coll])]
     others += [_core.ALGOS[a] for a in _core.hier_algos(COLL[coll])]
     for algo in others:
-        assert ": ok," in _core.simulate(COLL[coll], ALGO[algo], 5, 11, 0, 2, hosts=labels)
+        assert ": ok," in _core.verify_schedules(COLL[coll], ALGO[algo], 5, 11, 0, 2, hosts=labels)
         with pytest.raises(rt.Error, match="rank-order left fold"):
-            _core.simulate(COLL[coll], ALGO[algo], 5, 11, 0, 2, hosts=labels, claim_rank_fold=True)
+            _core.verify_schedules(COLL[coll], ALGO[algo], 5, 11, 0, 2, hosts=labels, claim_rank_fold=True)
 
 
-def test_simulator_detects_every_dropped_op():
+def test_the_verifier_detects_every_dropped_op():
     for coll in REDUCTIONS:
         ops = sum(len(step) for step in _core.schedule(COLL[coll], RO, 4, 0, 7, 3, 2))
         assert ops > 0
         for drop in range(ops):
             with pytest.raises(rt.Error, match="schedule check failed"):
-                _core.simulate(COLL[coll], RO, 4, 7, 3, 2, drop_op=drop)
+                _core.verify_schedules(COLL[coll], RO, 4, 7, 3, 2, drop_op=drop)
 
 
 def test_rank_order_schedules_ignore_the_hosts():

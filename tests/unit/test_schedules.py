@@ -1,9 +1,9 @@
-"""Transport-free checks: every schedule simulated for P = 1..64 against every other rank's
+"""Transport-free checks: every schedule verified for P = 1..64 against every other rank's
 schedule (rendezvous semantics, so no buffering assumption), proving each rank ends with the
 right data, every element reduced from every rank exactly once, all_reduce results in one
-reduction order on every rank, inputs untouched, and no deadlock. One-shot board schedules also:
+reduction order on every rank, inputs untouched, and no deadlock. One-shot one-shot schedules also:
 reductions in rank order 0..P-1, a read only after its peer published, and twice as many calls in
-a row as there are board slots per rank (common/board.h: a rank may run ahead of its peers, its
+a row as there are one-shot slots per rank (common/oneshot.h: a rank may run ahead of its peers, its
 deferred steps running calls later) without a slot reused while some rank may still read it."""
 import pytest
 
@@ -16,8 +16,8 @@ ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
          ("all_to_all", "direct"), ("broadcast", "tree"), ("broadcast", "ring"), ("reduce", "tree"),
          ("reduce", "ring"), ("gather", "direct"), ("scatter", "direct"), ("barrier", "direct")]
-BOARD = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
-CASES += [(coll, "oneshot") for coll in BOARD]
+ONESHOT = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
+CASES += [(coll, "oneshot") for coll in ONESHOT]
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
 
@@ -26,7 +26,7 @@ def counts_for(P):
 
 
 @pytest.mark.parametrize("coll,algo", CASES)
-def test_schedules_simulate_for_1_to_64_ranks(coll, algo):
+def test_schedules_verify_for_1_to_64_ranks(coll, algo):
     checked = 0
     for P in range(1, 65):
         roots = sorted({0, P // 2, P - 1}) if coll in ROOTED else [0]
@@ -36,9 +36,9 @@ def test_schedules_simulate_for_1_to_64_ranks(coll, algo):
                 pipelined = algo != "oneshot" and (coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree"))
                 segments = [0, 1, 2] if pipelined else [0]
                 for segment in segments:
-                    summary = _core.simulate(COLL[coll], ALGO[algo], P, count, root, segment)
+                    summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment)
                     assert ": ok," in summary
-                    assert summary.endswith("board slots per rank" if algo == "oneshot" else "messages")
+                    assert summary.endswith("one-shot slots per rank" if algo == "oneshot" else "messages")
                     checked += 1
     assert checked >= 64
 
@@ -63,7 +63,7 @@ def test_ring_all_gather_sends_its_own_block_from_the_input():
             assert [op for s in steps for op in s if op[0] == "copy"] == [("copy", -1, 10, ("output", 10 * r), ("input", 0), -1)]
 
 
-def test_one_shot_board_schedule_reduces_in_rank_order():
+def test_oneshot_schedule_reduces_in_rank_order():
     # P=4, rank 1: publish, then published(0) (op) published(1), then (op) 2, then (op) 3.
     steps = _core.schedule(COLL["all_reduce"], ALGO["oneshot"], 4, 1, 10)
     assert steps[0] == [("publish", -1, 10, ("published", 0), ("input", 0), -1)]
@@ -83,13 +83,13 @@ def test_one_shot_broadcast_root_publishes_then_only_waits():
     assert sorted(op[1] for op in other[2]) == [1, 3]
 
 
-def test_step_walker_refuses_board_schedules():
+def test_step_walker_refuses_oneshot_schedules():
     buf = [0] * 2
-    with pytest.raises(testing.InvalidArgument, match="board"):
+    with pytest.raises(testing.InvalidArgument, match="one-shot"):
         testing.walk_on_threads(COLL["all_reduce"], ALGO["oneshot"], 2, 0, 0, 0, 0, 0, 1.0, buf, buf, 1 << 12, 2)
 
 
-def test_simulator_detects_faults():
+def test_the_verifier_detects_faults():
     # The fault hook drops one op of rank 0's schedule; every such fault must be reported.
     for coll, algo in CASES:
         if (coll, algo) == ("barrier", "direct"):
@@ -98,7 +98,7 @@ def test_simulator_detects_faults():
         n_ops = sum(len(s) for s in steps)
         for k in range(n_ops):
             with pytest.raises(rt.Error, match="schedule check failed"):
-                _core.simulate(COLL[coll], ALGO[algo], 5, 11, 0, 2, drop_op=k)
+                _core.verify_schedules(COLL[coll], ALGO[algo], 5, 11, 0, 2, drop_op=k)
 
 
 def test_unsupported_algorithm_is_rejected_by_name():
@@ -111,15 +111,15 @@ def test_unsupported_algorithm_is_rejected_by_name():
         world.close()
 
 
-@pytest.mark.parametrize("coll", BOARD)
+@pytest.mark.parametrize("coll", ONESHOT)
 @pytest.mark.parametrize("P,root", [(2, 0), (3, 2), (5, 0), (5, 3)])
-def test_board_faults_are_found_without_the_board_rules(coll, P, root):
-    # A dropped op that moves data is found by the walk alone (board_rules=False). A dropped wait
+def test_oneshot_faults_are_found_without_the_oneshot_rules(coll, P, root):
+    # A dropped op that moves data is found by the walk alone (oneshot_rules=False). A dropped wait
     # (a read of 0 elements) moves nothing; with many slots the walk may still see that peer's
-    # publications through the other ranks, so the board rules must report it: it breaks that
+    # publications through the other ranks, so the one-shot rules must report it: it breaks that
     # peer's fingerprint check.
     ops = [op for step in _core.schedule(COLL[coll], ALGO["oneshot"], P, 0, 3, root) for op in step]
     for k, (kind, _peer, count, *_rest) in enumerate(ops):
         wait = kind != "publish" and count == 0
         with pytest.raises(rt.Error, match="schedule check failed"):
-            _core.simulate(COLL[coll], ALGO["oneshot"], P, 3, root, 0, drop_op=k, board_rules=wait)
+            _core.verify_schedules(COLL[coll], ALGO["oneshot"], P, 3, root, 0, drop_op=k, oneshot_rules=wait)

@@ -3,17 +3,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "common/check.h"
 
 namespace ringtree {
 
 void RendezvousVisitor::publish(int rank, const Op&, uint64_t) {
-  RT_THROW(Error, "internal error: rank ", rank, "'s schedule publishes on the board, which this executor has not");
+  RT_THROW(Error, "internal error: rank ", rank, "'s schedule publishes in a one-shot slot, which this executor has not");
 }
 
 void RendezvousVisitor::read_published(int rank, const Op&, uint64_t) {
-  RT_THROW(Error, "internal error: rank ", rank, "'s schedule reads the board, which this executor has not");
+  RT_THROW(Error, "internal error: rank ", rank, "'s schedule reads one-shot slots, which this executor has not");
 }
 
 namespace {
@@ -22,29 +22,29 @@ struct Cursor {
   size_t step = 0;
   bool entered = false;       // the current step's entry work is done
   std::vector<uint8_t> done;  // per op of the current step
-  uint64_t call = 0;          // board publications made: the rank's current board call
+  uint64_t call = 0;          // one-shot publications made: the rank's current one-shot call
   size_t publish_step = SIZE_MAX;  // the step that made the latest one
 };
 
 bool is_receive(const Op& op) { return op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce; }
 
-// Happens-before over the board's events (see the header). clock(r)[q] counts the events of
+// Happens-before over one-shot events (see the header). clock(r)[q] counts the events of
 // rank q that rank r's next event follows; a rank's publication carries its clock to every
 // rank that reads it.
-class BoardClocks {
+class OneShotClocks {
  public:
-  explicit BoardClocks(int P) : P_(P), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
+  explicit OneShotClocks(int P) : P_(P), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
 
-  // Rank r publishes call g into slot g % kBoardSlots: "" or why that slot may still be read.
+  // Rank r publishes call g into slot g % kOneShotSlots: "" or why that slot may still be read.
   std::string publish(int r, uint64_t g) {
     tick(r);
-    const uint64_t D = kBoardSlots;
+    const uint64_t D = kOneShotSlots;
     if (g > D) {
       const uint64_t* reads = &last_read_[r][(g - D - 1) * static_cast<uint64_t>(P_)];
       for (int q = 0; q < P_; ++q)
         if (reads[q] > clock(r)[q])
           return str_cat("rank ", r, " can publish call ", g, " over its call ", g - D, " before rank ", q,
-                         " has finished reading that call: ", D, " board slots are not enough for these schedules");
+                         " has finished reading that call: ", D, " one-shot slots are not enough for these schedules");
     }
     at_publish_[r].insert(at_publish_[r].end(), clock(r), clock(r) + P_);
     last_read_[r].resize(g * static_cast<uint64_t>(P_), 0);
@@ -75,7 +75,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
                             const std::vector<std::vector<uint64_t>>* read_calls) {
   const int P = static_cast<int>(schedules.size());
   std::vector<Cursor> cursors(P);
-  std::unique_ptr<BoardClocks> clocks;  // made at the first publication
+  std::unique_ptr<OneShotClocks> clocks;  // made at the first publication
   std::string problem;
   // The call whose publications rank r's current step reads.
   auto reading_call = [&](int r) {
@@ -83,7 +83,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
     return call ? call : cursors[r].call;
   };
   // Enters the current step, and any following steps that hold only local work (copies and
-  // publications); false when a publication breaks the board's slot rule (`problem`).
+  // publications); false when a publication breaks the slot rule (`problem`).
   auto enter = [&](int r) {
     Cursor& c = cursors[r];
     const Schedule& s = *schedules[r];
@@ -97,7 +97,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
         if (op.kind == OpKind::Publish) {
           c.call++;
           c.publish_step = c.step;
-          if (!clocks) clocks = std::make_unique<BoardClocks>(P);
+          if (!clocks) clocks = std::make_unique<OneShotClocks>(P);
           problem = clocks->publish(r, c.call);
           if (!problem.empty()) return false;
           visitor.publish(r, op, c.call);
@@ -119,7 +119,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
     else if (c.call == 0) problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
     else if (q == a && c.publish_step == c.step)
       problem = str_cat("rank ", a, " reads its own publication in the step that makes it");
-    else if (cursors[q].call >= call + kBoardSlots)
+    else if (cursors[q].call >= call + kOneShotSlots)
       problem = str_cat("rank ", q, " overwrote its publication of call ", call, " with call ", cursors[q].call,
                         " before rank ", a, " read it");
     return problem.empty() && (q == a || cursors[q].call >= call);
@@ -157,7 +157,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       }
       for (size_t i = b; i < e; ++i) {
         const Op& op = sa.ops[i];
-        if (ca.done[i - b] || !is_board_read(op.kind)) continue;
+        if (ca.done[i - b] || !is_oneshot_read(op.kind)) continue;
         const bool lhs = op.kind == OpKind::ReducePublished && op.lhs_peer >= 0;
         const bool ready = published(a, op.peer) && (!lhs || published(a, op.lhs_peer));
         if (!problem.empty()) return problem;
@@ -186,7 +186,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       for (int r = 0; r < P; ++r)
         if (cursors[r].step < schedules[r]->num_steps())
           blocked += str_cat(" rank ", r, " at step ", cursors[r].step,
-                             cursors[r].call ? str_cat(" of board call ", cursors[r].call) : std::string(), ";");
+                             cursors[r].call ? str_cat(" of one-shot call ", cursors[r].call) : std::string(), ";");
       return blocked;
     }
   }

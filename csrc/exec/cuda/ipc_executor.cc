@@ -184,8 +184,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
   if (!IpcEnabled()) return "RINGTREE_CUDA_IPC=0";
   if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
+  const std::vector<std::string> transports = host_->status().transports;
   for (int q = 0; q < P_; ++q)
-    if (q != rank_ && host_->transport_to(q) != "shm") return str_cat("rank ", q, " is on another host");
+    if (q != rank_ && transports[q] != "shm") return str_cat("rank ", q, " is on another host");
   slot_bytes_ = static_cast<uint64_t>(IpcSlotBytes()) / 16 * 16;
   slots_ = static_cast<uint32_t>(IpcSlots());
   if (slot_bytes_ < 16 || slots_ < 1) return "RINGTREE_CUDA_IPC_SLOT_BYTES / RINGTREE_CUDA_IPC_SLOTS are too small";
@@ -274,7 +275,7 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
            " but this communicator's CUDA IPC mailboxes live on device ", device_);
   check_device_buffers(a, device);
   // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
-  // Deterministic mode walks the rank-order schedule (the board, the host's other choice, is host memory).
+  // Deterministic mode walks the rank-order schedule (one-shot, the host's other choice, runs in host memory).
   const uint64_t bytes = v.count * dtype_size(a.dtype);
   const Algo algo = needs_rank_order(a) ? Algo::RankOrder
                     : a.algo == Algo::Auto ? supported_algos(a.coll).front()

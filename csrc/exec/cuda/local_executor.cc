@@ -18,13 +18,13 @@
 //   done event    recorded on b's stream after a transfer. Rank a waits on the done events of
 //                 all its sends before it enters its next step.
 //
-// The two waits give rendezvous semantics, the model simulate.cc verifies the schedules under:
+// The two waits give rendezvous semantics, the model verify/dataflow.cc verifies the schedules under:
 // a transfer reads a's data only once a has finished every earlier step (read-after-write), and
 // a does not go on to overwrite what it sent, nor does anything later write into it, until the
 // receiver has consumed it (write-after-read). Ops within a step touch disjoint memory, so
 // running a step's ops in any order, on any of the streams, is allowed.
 //
-// Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the simulator's
+// Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the verifier's
 // too) enters every rank's first step, then repeatedly matches pending sends with the receives
 // the peers' current steps hold; each transfer is enqueued as it is matched, and a rank
 // advances once every op of its step is matched. Enqueueing in this order guarantees every event is recorded before any stream is
@@ -90,7 +90,7 @@ std::vector<RankCall> lower_ranks(const CudaLocalArgs& a) {
   RT_CHECK(a.dtype < DataType::Count, InvalidArgument, name, ": unsupported dtype code ", static_cast<int>(a.dtype));
   RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
   RT_CHECK(a.algo != Algo::OneShot, InvalidArgument, name,
-           ": algo 'oneshot' runs on the host's shared-memory board; the local GPU executor runs message schedules");
+           ": algo 'oneshot' runs in the host's shared-memory one-shot slots; the local GPU executor runs message schedules");
   const std::vector<Algo> supported = supported_algos(a.coll);
   const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
   if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
@@ -204,8 +204,8 @@ class Executor {
 
  private:
   // The host-side walk described at the top of this file: the shared rendezvous walk, with
-  // entering a step and matching a send to a receive turned into stream work. Board ops never
-  // get here (validation refuses OneShot); the visitor's inherited board hooks would throw.
+  // entering a step and matching a send to a receive turned into stream work. One-shot ops never
+  // get here (validation refuses OneShot); the visitor's inherited one-shot hooks would throw.
   void walk(std::vector<RankRun>& ranks, const CudaLocalArgs& a, ReduceOp combine, size_t esz) {
     struct Enqueue : RendezvousVisitor {
       Executor& ex;
@@ -222,7 +222,7 @@ class Executor {
     } enqueue(*this, ranks, a.dtype, combine, esz);
     std::vector<const Schedule*> schedules;
     for (const RankRun& st : ranks) schedules.push_back(&st.sched);
-    // The schedules are proven by simulate_schedules; this guards the executor.
+    // The schedules are proven by verify_schedules; this guards the executor.
     const std::string problem = walk_rendezvous(schedules, enqueue);
     RT_CHECK(problem.empty(), Error, "internal error: the local GPU executor could not run the schedules of ",
              collective_name(a.coll), " (P=", ranks.size(), ", count=", a.count, "): ", problem);

@@ -87,7 +87,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     st.plan.key.topo = a.key.topo;
     st.schedule = build_schedule(st.plan.key);
     RT_CHECK(walker_can_run(st.schedule), InvalidArgument, "walk_on_threads: algo '", algo_name(a.key.algo),
-             "' runs on the shared-memory board, not on the step walker");
+             "' runs in the shared-memory one-shot slots, not on the step walker");
     st.lanes.resize(static_cast<size_t>(P) * C);
     st.counters.resize(static_cast<size_t>(P) * C);
     st.result.assign(C, WalkResult::Done);

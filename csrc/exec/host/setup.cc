@@ -1,0 +1,228 @@
+// Set-up of the host executor: its TCP connections from the mesh, the shared-memory segments and
+// rings of the ranks on this host, the single-copy probe, and what set-up found (transports,
+// NUMA placement, stores), which the communicator reports.
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <algorithm>
+#include <random>
+#include "bootstrap/socket.h"
+#include "common/check.h"
+#include "common/env.h"
+#include "exec/host/executor.h"
+#include "transport/shm/cma.h"
+#include "transport/tcp/tcp.h"
+
+namespace ringtree {
+
+namespace {
+RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
+// Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
+// this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
+RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 1 << 20)
+// A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
+const std::string& NodeDir() {
+  static const std::string dir = env_str("RINGTREE_TEST_NUMA_NODE_DIR", "/sys/devices/system/node");
+  return dir;
+}
+// A test hook: the rank named here reports its single-copy probe as failed.
+RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
+}  // namespace
+
+// Every rank owns a segment with one ring per shared-memory sender. Segments are created,
+// then opened by the peers, then unlinked: nothing is left in /dev/shm even if a rank dies.
+void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes) {
+  conns_.resize(size_);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    if (mesh.pair_uses_tcp(rank_, q)) {
+      conns_[q] = std::make_unique<TcpConnection>(q, mesh.data_fd[q]);
+      mesh.data_fd[q] = -1;  // owned by the connection now
+    } else {
+      have_shm_ = true;
+    }
+  }
+  // One-shot needs every rank on this host; every rank derives the same answer from the mesh.
+  const bool all_local = size_ > 1 && mesh.no_pair_uses_tcp();
+  oneshot_usable_ = all_local && oneshot_bytes > 0;
+  oneshot_bytes_ = all_local ? (oneshot_bytes + 63) & ~uint64_t{63} : 0;
+  oneshot_arrived_.assign(size_, 0);
+  setup_shared_memory(boot, mesh, uid, ring_bytes);
+}
+
+void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes) {
+  const std::string prefix = segment_prefix(mesh.public_id);
+  // senders_of[r]: the ranks that write into r's segment, in rank order; slot = position.
+  auto senders_of = [&](int r) {
+    std::vector<int> v;
+    for (int q = 0; q < size_; ++q)
+      if (q != r && !mesh.pair_uses_tcp(r, q)) v.push_back(q);
+    return v;
+  };
+  const std::vector<int> my_senders = senders_of(rank_);
+  // Unlinked once every peer has mapped it, and also when set-up fails on the way there (a peer
+  // died between the barriers): a failed job must not leave its segments in /dev/shm.
+  struct UnlinkAtExit {
+    std::string name;
+    ~UnlinkAtExit() {
+      if (!name.empty()) ShmSegment::unlink(name);
+    }
+  } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
+  numa_ = numa_placement(NodeDir());
+  if (have_shm_) {
+    bell_.bind(mesh, rank_);
+    own_segment_ = std::make_unique<ShmSegment>();
+    // The rings in it are read here: on this rank's node, first touched (allocated) by it.
+    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, oneshot_bytes_, numa_.node,
+                         &numa_refused_);
+    own_segment_->populate_all();  // its rings are read here, its one-shot slots written
+    own_segment_->header()->numa_node = numa_.node;
+  }
+  if (have_shm_) {  // read by the peers' probes (probe_single_copy), after the barrier below
+    std::random_device random;
+    single_copy_probe_word_ = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(getpid());
+    ShmSegmentHeader* h = own_segment_->header();
+    h->cma_pid = static_cast<int32_t>(getpid());
+    h->cma_verdict = kCmaVerdictPending;
+    h->cma_failed_peer = -1;
+    h->cma_probe_addr = reinterpret_cast<uint64_t>(&single_copy_probe_word_);
+    h->cma_probe_value = single_copy_probe_word_;
+  }
+  boot.barrier();  // every segment exists
+  if (have_shm_) bell_.connect(mesh, rank_);
+  peer_segments_.resize(size_);
+  for (int q : my_senders) {
+    peer_segments_[q] = std::make_unique<ShmSegment>();
+    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, oneshot_bytes_);
+  }
+  boot.barrier();  // every segment is mapped by everyone who needs it
+  bell_.forget_name();
+  for (size_t i = 0; i < my_senders.size(); ++i) {
+    const int q = my_senders[i];
+    const std::vector<int> theirs = senders_of(q);
+    const int out_slot = static_cast<int>(std::find(theirs.begin(), theirs.end(), rank_) - theirs.begin());
+    ShmSegment& peer = *peer_segments_[q];
+    peer.populate(peer.header(), peer.oneshot_region_bytes());  // read: its one-shot slots and sleeping flag
+    peer.populate(peer.ring(out_slot), sizeof(ShmRing) + peer.ring_bytes());  // written: our ring there
+    conns_[q] = std::make_unique<ShmConnection>(q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
+                                                own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
+                                                &peer.header()->sleeping, &bell_);
+  }
+  probe_single_copy(boot, my_senders);
+}
+
+void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers) {
+  // Every rank takes part in the barrier, with or without peers on its host.
+  int32_t verdict = 0, failed_peer = -1;
+  if (SingleCopy() == 0) verdict = kCmaVerdictOff;
+  else if (TestSingleCopyProbeFail() == rank_) verdict = kCmaVerdictSimulated;
+  for (size_t i = 0; verdict == 0 && i < local_peers.size(); ++i) {
+    const ShmSegmentHeader* h = peer_segments_[local_peers[i]]->header();
+    verdict = cma_probe(h->cma_pid, h->cma_probe_addr, h->cma_probe_value);
+    if (verdict != 0) failed_peer = local_peers[i];
+  }
+  if (have_shm_) {
+    own_segment_->header()->cma_failed_peer = failed_peer;
+    own_segment_->header()->cma_verdict = verdict;
+  }
+  boot.barrier();  // every verdict is written
+  if (!have_shm_) return;
+  // The first rank on this host (in rank order) that could not, and why.
+  std::vector<int> here = local_peers;
+  here.push_back(rank_);
+  std::sort(here.begin(), here.end());
+  for (int q : here) {
+    const ShmSegmentHeader* h = q == rank_ ? own_segment_->header() : peer_segments_[q]->header();
+    if (h->cma_verdict == 0) continue;
+    single_copy_status_ = str_cat("off: rank ", q, h->cma_failed_peer >= 0 ? str_cat(" could not read rank ", h->cma_failed_peer, "'s memory") : std::string(),
+                                  ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
+    return;
+  }
+  const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
+  for (int q : local_peers) {
+    auto* conn = static_cast<ShmConnection*>(conns_[q].get());
+    conn->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+    single_copy_conns_.emplace_back(q, conn);
+  }
+  single_copy_on_ = true;
+  single_copy_min_bytes_ = min_bytes;
+  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
+                                here.size(), " ranks on this host");
+}
+
+// Every receiver of a broadcast over a flat tree (P = 2 on the chain, up to 3 on the binary
+// tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
+// costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
+// single-copy size ran 1.2-1.7x faster than the default's in two interleaved runs here and even
+// in two others, never slower (bench/RESULTS.md). Only where every other rank is a single-copy
+// peer: single copy is then on for every rank or none, so every rank lowers the same schedule.
+uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
+  const bool every_peer_single_copy = single_copy_conns_.size() + 1 == static_cast<size_t>(size_);
+  if (coll != Collective::Broadcast || !every_peer_single_copy || bytes < single_copy_min_bytes_ ||
+      (algo != Algo::Tree && algo != Algo::Ring))
+    return 0;
+  return rooted_tree_is_flat(algo, size_) ? single_copy_min_bytes_ : 0;
+}
+
+std::string HostExecutor::numa_status() const {
+  if (!own_segment_) return str_cat(describe(numa_), "; no shared memory");
+  return str_cat(describe(numa_), "; rings this rank reads and its one-shot slots ",
+                 numa_refused_.empty() ? str_cat("on node ", numa_.node, " (preferred), allocated by this rank")
+                                       : str_cat("allocated by this rank, first touch only (", numa_refused_, ")"));
+}
+
+std::vector<int> HostExecutor::numa_nodes() const {
+  std::vector<int> nodes(size_, -1);
+  nodes[rank_] = numa_.node;
+  for (int q = 0; q < size_ && q < static_cast<int>(peer_segments_.size()); ++q)
+    if (peer_segments_[q]) nodes[q] = peer_segments_[q]->header()->numa_node;
+  return nodes;
+}
+
+uint64_t HostExecutor::single_copy_messages() const {
+  uint64_t n = 0;
+  for (const auto& [peer, conn] : single_copy_conns_) n += conn->single_copy_received();
+  return n;
+}
+
+const ShmConnection* HostExecutor::shm_connection(int q) const {
+  // A peer whose segment this rank mapped is one it talks to over shared memory.
+  const bool shm = q < static_cast<int>(peer_segments_.size()) && peer_segments_[q] && conns_[q];
+  return shm ? static_cast<const ShmConnection*>(conns_[q].get()) : nullptr;
+}
+
+uint64_t HostExecutor::streamed_pieces() const {
+  uint64_t n = oneshot_stores_.streamed();
+  for (int q = 0; q < size_; ++q)
+    if (const ShmConnection* conn = shm_connection(q)) n += conn->streamed_pieces();
+  return n;
+}
+
+std::string HostExecutor::shm_stores() const {
+  std::string out;
+  if (oneshot_usable_) out = str_cat("one-shot slots: ", oneshot_stores_.describe());
+  for (int q = 0; q < size_; ++q)
+    if (const ShmConnection* conn = shm_connection(q))
+      out += str_cat(out.empty() ? "" : "; ", "ring to rank ", q, ": ", conn->describe_stores());
+  return out.empty() ? "no shared-memory peers" : out;
+}
+
+void HostExecutor::open_wake_fd() {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  RT_SYSCHECK(wake_fd_, "eventfd");
+}
+
+HostExecutor::~HostExecutor() { close_fd(wake_fd_); }
+
+std::string HostExecutor::transport_to(int peer) const {
+  if (peer == rank_) return "self";
+  return conns_.size() > static_cast<size_t>(peer) && conns_[peer] ? conns_[peer]->kind() : "closed";
+}
+
+void HostExecutor::close() {
+  single_copy_conns_.clear();  // they point into conns_
+  conns_.clear();
+  peer_segments_.clear();
+  own_segment_.reset();
+}
+
+}  // namespace ringtree

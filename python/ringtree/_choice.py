@@ -1,0 +1,56 @@
+"""The replaceable step of algo="auto": a hook that sees the candidates with their predicted
+costs and returns the algorithm to run (Communicator.set_algo_hook; docs: choosing.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _core
+from ._args import ALGO_CODES
+
+
+@dataclass(frozen=True)
+class ChoiceRequest:
+    """One call as an algorithm hook sees it.
+
+    collective, nbytes (one rank's block: the whole buffer for all_reduce, broadcast and reduce),
+    dtype; nranks and nhosts of the communicator; candidates: (algo, predicted seconds, formula)
+    for every algorithm the cost model weighed, in its order; model_choice: the algorithm the
+    cost model would run."""
+
+    collective: str
+    nbytes: int
+    dtype: str
+    nranks: int
+    nhosts: int
+    candidates: tuple
+    model_choice: str
+
+    @classmethod
+    def from_core(cls, raw) -> "ChoiceRequest":
+        coll, nbytes, dtype, nranks, nhosts, candidates, model = raw
+        return cls(collective=_core.COLLECTIVES[coll], nbytes=int(nbytes), dtype=_core.DTYPES[dtype],
+                   nranks=int(nranks), nhosts=int(nhosts),
+                   candidates=tuple((_core.ALGOS[a], float(s), formula) for a, s, formula in candidates),
+                   model_choice=_core.ALGOS[model])
+
+
+def core_hook(hook):
+    """The callable the core calls: hook(ChoiceRequest) answers an algorithm's name, or None for
+    the cost model's choice; the core checks that the answer is a candidate."""
+    if hook is None:
+        return None
+    if not callable(hook):
+        raise _core.InvalidArgument(f"set_algo_hook: the hook must be callable (or None), got {hook!r}")
+
+    def call(raw):
+        request = ChoiceRequest.from_core(raw)
+        answer = hook(request)
+        if answer is None:
+            return ALGO_CODES[request.model_choice]
+        if not isinstance(answer, str) or answer.lower() not in ALGO_CODES:
+            raise _core.InvalidArgument(f"the algorithm hook returned {answer!r} for {request.collective} of "
+                                        f"{request.nbytes} bytes; it must return an algorithm's name (one of "
+                                        f"{', '.join(a for a, _, _ in request.candidates)}) or None")
+        return ALGO_CODES[answer.lower()]
+
+    return call

@@ -1,0 +1,75 @@
+"""What a call in flight returns: Work for a collective, MessageWork for a tagged message."""
+from __future__ import annotations
+
+from . import _core
+
+
+class Work:
+    """A collective in flight. wait() returns the output buffer or raises the collective's error."""
+
+    __slots__ = ("_work", "_keepalive", "_result")
+
+    def __init__(self, work, keepalive, result):
+        self._work, self._keepalive, self._result = work, keepalive, result
+
+    def wait(self, timeout: float | None = None):
+        if not self._work.wait(-1.0 if timeout is None else float(timeout)):
+            raise _core.Timeout(f"Work.wait: not completed within {timeout} s (the collective is still running)")
+        self._keepalive = None
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def result(self):
+        return self._result
+
+
+class MessageWork:
+    """One isend or irecv in flight (see Communicator.isend / irecv).
+
+    wait(timeout=None) waits up to `timeout` seconds (None: the communicator's timeout) and
+    returns the message's buffer, or raises its error (PeerFailure, Aborted, InvalidArgument
+    for a message larger than the receive buffer); past the timeout it cancels the message
+    and raises Timeout, after which the buffer is never touched again. After completion,
+    source, tag and nbytes say what a receive got (a send reports its own)."""
+
+    __slots__ = ("_work", "_buffer")
+
+    def __init__(self, work, buffer):
+        self._work, self._buffer = work, buffer
+
+    def wait(self, timeout: float | None = None):
+        if timeout is None:
+            seconds = 0.0
+        else:
+            seconds = float(timeout)
+            if seconds <= 0:
+                raise _core.InvalidArgument(f"MessageWork.wait: timeout must be positive, got {timeout}")
+        self._work.wait(seconds)
+        return self._buffer
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def cancel(self) -> bool:
+        """Stop the message unless it completed already; True when it was cancelled (wait()
+        then raises Aborted). A send partly written finishes from a copy."""
+        return self._work.cancel()
+
+    @property
+    def source(self) -> int:
+        return self._work.status()[0]
+
+    @property
+    def tag(self) -> int:
+        return self._work.status()[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self._work.status()[2]
+
+    def __repr__(self):
+        source, tag, nbytes = self._work.status()
+        state = "done" if self.is_completed() else "pending"
+        return f"<ringtree.MessageWork {state} source={source} tag={tag} nbytes={nbytes}>"

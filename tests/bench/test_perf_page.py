@@ -1,0 +1,110 @@
+"""bench/perf_page.py: the summary keeps what the performance page needs of a sweep, the page's
+ratios are the best peer's median over ringtree's, and the committed page is what the committed
+summary renders to (so nobody edits it by hand)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import perf_page  # noqa: E402
+
+SUMMARY = os.path.join(ROOT, "bench", "results", "summary.json")
+
+
+def stats(median_us, lo=None, hi=None):
+    m = median_us * 1e-6
+    return {"launches": 3, "min": (lo or median_us) * 1e-6, "median": m, "max": (hi or median_us) * 1e-6}
+
+
+def sweep(thp="madvise"):
+    """A two-size, two-collective sweep at P=2 and P=4 with made-up times (microseconds)."""
+    times = {  # (P, collective, size): {lib: median}
+        (2, "all_reduce", 8): {"ringtree": 1.0, "mpich": 4.0, "openmpi": 2.0, "gloo": 30.0},
+        (2, "all_reduce", 1 << 20): {"ringtree": 200.0, "mpich": 300.0, "openmpi": 500.0, "gloo": 900.0},
+        (2, "broadcast", 8): {"ringtree": 2.0, "mpich": 5.0, "openmpi": 1.0},  # gloo absent at this cell
+        (2, "broadcast", 1 << 20): {"ringtree": 100.0, "mpich": 80.0, "openmpi": 120.0, "gloo": 400.0},
+        (4, "all_reduce", 8): {"ringtree": 3.0, "mpich": 6.0, "openmpi": 9.0, "gloo": 40.0},
+        (4, "all_reduce", 1 << 20): {"ringtree": 400.0, "mpich": 1200.0, "openmpi": 800.0, "gloo": 2000.0},
+    }
+    summary = {}
+    for (p, coll, size), libs in times.items():
+        summary.setdefault(f"P{p}", {}).setdefault(coll, {})[str(size)] = {lib: stats(t) for lib, t in libs.items()}
+    launches = [{"lib": lib, "ok": True, "description": f"{lib} 1.0"} for lib in ("ringtree", "mpich", "openmpi", "gloo")]
+    return {"options": {"sweep": True, "launches": 3, "collectives": ["all_reduce", "broadcast"]},
+            "context": {"thp": {"enabled": thp}, "background_load": "none", "commit": "abc1234",
+                        "machine": {"cpu": "Test CPU", "cpus": 2, "memory_gib": 24, "numa_nodes": 1, "kernel": "6.1"},
+                        "date": "2026-12-01", "command": "python bench/launch_spread.py --sweep"},
+            "interrupted": None, "absent": {}, "summary": summary, "launches": launches}
+
+
+def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
+    paths = []
+    for thp in ("madvise", "never"):
+        path = tmp_path / f"{thp}.json"
+        path.write_text(json.dumps(sweep(thp)))
+        paths.append(f"THP {thp}={path}")
+    doc = perf_page.summarize(paths)
+    run = doc["runs"][0]
+    assert run["collectives"] == ["all_reduce", "broadcast"] and run["commit"] == "abc1234"
+    assert run["cells"]["P2"]["all_reduce"][0] == [8, {"ringtree": [1.0, 1.0, 1.0], "mpich": [4.0, 4.0, 4.0],
+                                                       "openmpi": [2.0, 2.0, 2.0], "gloo": [30.0, 30.0, 30.0]}]
+    page = perf_page.render_page(doc, ["ratio-P2.png", "ratio-P4.png"])
+    lines = page.splitlines()
+    # P=2 all_reduce 8 B: best peer Open MPI at 2.0 us over ringtree's 1.0 -> 2.00, bold; 1 MiB: MPICH 300 / 200.
+    row_8 = next(line for line in lines[lines.index("## all_reduce"):] if line.startswith("| 8 B |"))
+    assert row_8 == "| 8 B | 1.00 | 2.00 (Open MPI) | **2.00** | 3.00 | 6.00 (MPICH) | **2.00** |"
+    row_1m = next(line for line in lines[lines.index("## all_reduce"):] if line.startswith("| 1 MiB |"))
+    assert row_1m == "| 1 MiB | 200 | 300 (MPICH) | **1.50** | 400 | 800 (Open MPI) | **2.00** |"
+    # broadcast has no P=4 cells; at 1 MiB MPICH is faster: 80 / 100 = 0.80, not bold.
+    row_b = next(line for line in lines[lines.index("## broadcast"):] if line.startswith("| 1 MiB |"))
+    assert row_b == "| 1 MiB | 100 | 80.0 (MPICH) | 0.80 |"
+    # Overview: broadcast at P=2, small sizes 1.0/2.0 = 0.50 (0 of 1 at or above 1), large 0.80.
+    assert "| 2 | broadcast | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) |" in lines
+    assert "- Machine: Test CPU, 2 logical CPUs, 24 GiB, 1 NUMA node(s), Linux 6.1." in lines
+    assert "![ringtree over the best peer, P4](_static/performance/ratio-P4.png)" in lines
+
+
+def test_plots_are_drawn_per_rank_count(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(sweep()))
+    summary = tmp_path / "summary.json"
+    assert perf_page.main(["summarize", f"THP madvise={path}", "-o", str(summary)]) == 0
+    page, plots = tmp_path / "performance.md", tmp_path / "plots"
+    assert perf_page.main(["render", str(summary), "--page", str(page), "--plots", str(plots)]) == 0
+    for name in ("ratio-P2.png", "ratio-P4.png"):
+        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(_static/performance/{name})" in page.read_text()
+
+
+def test_an_interrupted_or_non_sweep_result_is_refused(tmp_path):
+    bad = sweep()
+    bad["interrupted"] = "interrupted (KeyboardInterrupt)"
+    (tmp_path / "a.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="interrupted"):
+        perf_page.summarize([f"x={tmp_path / 'a.json'}"])
+    bad = sweep()
+    bad["options"]["sweep"] = False
+    (tmp_path / "b.json").write_text(json.dumps(bad))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "perf_page.py"), "summarize",
+                           f"x={tmp_path / 'b.json'}", "-o", str(tmp_path / "out.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not a launch_spread.py --sweep result" in done.stderr
+
+
+def test_the_committed_page_is_what_the_committed_summary_renders_to():
+    with open(SUMMARY) as f:
+        summary = json.load(f)
+    names = [f"ratio-{p}.png" for p in perf_page.ranks_of(summary["runs"][0])]
+    with open(perf_page.PAGE) as f:
+        committed = f.read()
+    assert committed == perf_page.render_page(summary, names), (
+        "docs/performance.md differs from what bench/results/summary.json renders to: "
+        "run python bench/perf_page.py render bench/results/summary.json")
+    for name in names:
+        assert os.path.isfile(os.path.join(perf_page.PLOTS, name)), name

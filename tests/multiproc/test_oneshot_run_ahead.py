@@ -1,0 +1,103 @@
+"""One-shot lets a broadcast root, and every rank of a count-0 call, return without
+waiting for its peers, up to ONESHOT_RUN_AHEAD calls ahead (common/oneshot.h). Data stays exact
+while the slots turn over, the bound holds (a rank that far ahead waits), a peer that never comes
+gives a Timeout naming it, and a dead one a PeerFailure."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ringtree as rt
+from ringtree import _core
+from harness import run_world
+
+AHEAD = _core.ONESHOT_RUN_AHEAD
+CALLS = 6 * AHEAD  # every slot reused several times
+
+
+def broadcasts_ahead(kind, late_s=0.3):
+    """Rank 0 calls first; the others start `late_s` later. kind 'broadcast': rank 0 is the root
+    of every call; 'count0': count-0 all_gathers. Returns when each call ended (rank 0) or began
+    (the others), on the machine-wide monotonic clock, and every value received."""
+    comm = rt.init(timeout=30)
+    r = comm.rank
+    comm.barrier()
+    if r != 0:
+        time.sleep(late_s)
+    stamps, wrong = [], 0
+    empty = np.empty(0, np.float32)
+    for k in range(CALLS):
+        if r != 0:
+            stamps.append(time.monotonic())
+        if kind == "broadcast":
+            x = np.full(5, 1000 * k + r, np.int64)
+            comm.broadcast(x, root=0)
+            wrong += int((x != 1000 * k).sum())
+        else:
+            comm.all_gather(empty, empty)
+        if r == 0:
+            stamps.append(time.monotonic())
+        if r != 0 and k % 7 == 0:
+            time.sleep(0.002)  # stay behind, so the root keeps running ahead
+    # Data still lines up after the run-ahead: a normal call and its exact result.
+    total = comm.all_reduce(np.array([r + 1], np.int64))
+    comm.close()
+    return {"stamps": stamps, "wrong": wrong, "total": int(total[0])}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["broadcast", "count0"])
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_a_rank_runs_ahead_by_the_bound_and_no_further(kind, nranks):
+    ranks = run_world(nranks, broadcasts_ahead, dict(kind=kind), timeout=100).check_ok()
+    for rank, res in enumerate(ranks):
+        assert res["wrong"] == 0, (rank, res["wrong"])
+        assert res["total"] == nranks * (nranks + 1) // 2
+    first_late_call = min(res["stamps"][0] for res in ranks[1:])
+    done = ranks[0]["stamps"]
+    # Rank 0 finished its first AHEAD calls before any other rank began one ...
+    assert done[AHEAD - 1] < first_late_call, (done[:AHEAD + 1], first_late_call)
+    # ... and the next one only after every other rank had begun its first.
+    last_first_call = max(res["stamps"][0] for res in ranks[1:])
+    assert done[AHEAD] > last_first_call, (done[:AHEAD + 1], last_first_call)
+
+
+def root_alone(fate):
+    """Rank 0 broadcasts on its own; rank 1 never calls: it sleeps (fate 'stalls') or dies
+    ('dies', after rank 0 has run ahead)."""
+    comm = rt.init(timeout=1.5)
+    r = comm.rank
+    comm.barrier()
+    if r == 1:
+        if fate == "dies":
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(6)
+        return {"skipped": True}
+    start = time.monotonic()
+    calls = 0
+    try:
+        for _ in range(4 * AHEAD):
+            comm.broadcast(np.ones(3, np.float32), root=0)
+            calls += 1
+        return {"raised": None, "calls": calls}
+    except rt.Error as exc:
+        return {"raised": type(exc).__name__, "message": str(exc), "calls": calls, "seconds": time.monotonic() - start}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fate,error", [("stalls", "Timeout"), ("dies", "PeerFailure")])
+def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error):
+    world = run_world(2, root_alone, dict(fate=fate), timeout=40)
+    res = world.results[0]
+    assert res is not None and world.returncodes[0] == 0, world.failure_report()
+    assert res["raised"] == error, res
+    assert res["calls"] == AHEAD, res  # it ran exactly the bound ahead, then waited
+    assert "rank 1" in res["message"], res
+    if error == "Timeout":
+        assert f"at most {AHEAD} one-shot calls ahead" in res["message"], res
+    assert res["seconds"] < 10, res
