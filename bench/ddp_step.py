@@ -12,6 +12,7 @@ DDP or any communication, on one rank's share of the batch, measured in the same
 backends interleaved, and the best repeat counts: on a shared machine the others' load only
 ever adds time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-
 
 
 def _step_times(step, steps, warmup):
@@ -42,6 +42,7 @@ def worker(args):
 
     import ringtree.torch as rtt
     from rtbench.examples import load
+
     train_ddp = load("train_ddp")
 
     torch.set_num_threads(1)
@@ -57,6 +58,7 @@ def worker(args):
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(module(x), y).backward()
             optimizer.step()
+
         return step
 
     local = _step_times(make_step(train_ddp.make_model(args.hidden)), args.steps, args.warmup)
@@ -68,29 +70,65 @@ def worker(args):
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
     if rank == 0:
         params = sum(p.numel() for p in ddp_model.parameters())
-        print("RESULT " + json.dumps({"backend": args.backend, "ranks": world, "hidden": args.hidden,
-                                      "params": params, "ddp_ms": medians[0].item() * 1e3,
-                                      "local_ms": medians[1].item() * 1e3}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "backend": args.backend,
+                    "ranks": world,
+                    "hidden": args.hidden,
+                    "params": params,
+                    "ddp_ms": medians[0].item() * 1e3,
+                    "local_ms": medians[1].item() * 1e3,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
 def launched_result(script, ranks, job_timeout, worker_args, what):
     """Runs `script --worker ...` on `ranks` fresh local ranks (one thread of math each) and
     returns the JSON its rank 0 printed after "RESULT " (the bench workers' convention)."""
-    command = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", str(job_timeout),
-               os.path.abspath(script), "--worker"] + [str(a) for a in worker_args]
+    command = [
+        sys.executable,
+        "-m",
+        "ringtree.launch",
+        "-n",
+        str(ranks),
+        "--timeout",
+        str(job_timeout),
+        os.path.abspath(script),
+        "--worker",
+    ] + [str(a) for a in worker_args]
     proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{what} at P={ranks} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                       f"{proc.stderr[-2000:]}")
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(
+        f"{what} at P={ranks} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    )
 
 
 def run_one(backend, ranks, hidden, args):
-    return launched_result(__file__, ranks, args.job_timeout,
-                           ["--backend", backend, "--hidden", hidden, "--steps", args.steps, "--warmup", args.warmup,
-                            "--batch", args.batch], backend)
+    return launched_result(
+        __file__,
+        ranks,
+        args.job_timeout,
+        [
+            "--backend",
+            backend,
+            "--hidden",
+            hidden,
+            "--steps",
+            args.steps,
+            "--warmup",
+            args.warmup,
+            "--batch",
+            args.batch,
+        ],
+        backend,
+    )
 
 
 def main(argv=None):
@@ -112,10 +150,15 @@ def main(argv=None):
 
     backends = args.backends.split(",")
     rows = []
-    print(f"DDP step time, examples/train_ddp.py MLP, global batch {args.batch}, median of {args.steps} steps "
-          f"(slowest rank), best of {args.repeats} jobs, {os.cpu_count()} cores")
-    header = f"{'P':>3} {'hidden':>6} {'params':>9} {'MB':>6} {'local ms':>9} " + " ".join(
-        f"{b + ' ms':>12}" for b in backends) + (f" {'ringtree/gloo':>14}" if set(backends) >= {"ringtree", "gloo"} else "")
+    print(
+        f"DDP step time, examples/train_ddp.py MLP, global batch {args.batch}, median of {args.steps} steps "
+        f"(slowest rank), best of {args.repeats} jobs, {os.cpu_count()} cores"
+    )
+    header = (
+        f"{'P':>3} {'hidden':>6} {'params':>9} {'MB':>6} {'local ms':>9} "
+        + " ".join(f"{b + ' ms':>12}" for b in backends)
+        + (f" {'ringtree/gloo':>14}" if set(backends) >= {"ringtree", "gloo"} else "")
+    )
     print(header)
     for ranks in (int(r) for r in args.ranks.split(",")):
         for hidden in (int(h) for h in args.hidden.split(",")):
@@ -127,8 +170,10 @@ def main(argv=None):
                     if b not in results or result["ddp_ms"] < results[b]["ddp_ms"]:
                         results[b] = result
             first = results[backends[0]]
-            line = (f"{ranks:>3} {hidden:>6} {first['params']:>9} {first['params'] * 4 / 1e6:>6.2f} "
-                    f"{local_ms:>9.2f} " + " ".join(f"{results[b]['ddp_ms']:>12.2f}" for b in backends))
+            line = (
+                f"{ranks:>3} {hidden:>6} {first['params']:>9} {first['params'] * 4 / 1e6:>6.2f} "
+                f"{local_ms:>9.2f} " + " ".join(f"{results[b]['ddp_ms']:>12.2f}" for b in backends)
+            )
             if "ringtree" in results and "gloo" in results:
                 line += f" {results['ringtree']['ddp_ms'] / results['gloo']['ddp_ms']:>14.2f}"
             print(line, flush=True)

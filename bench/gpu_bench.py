@@ -18,6 +18,7 @@ Reading the all_reduce table. All P ranks share one GPU, so the "bus" is that GP
 Usage: gpu_bench.py [-b 1M] [-e 1G] [-f 4] [-n 20] [-w 3] [--ranks 2,4,8] [--algos ring,tree]
                     [--segment-bytes auto|N] [--no-nccl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,14 +61,18 @@ def main() -> int:
     ap.add_argument("-w", "--warmup", type=int, default=3)
     ap.add_argument("--ranks", default="2,4,8")
     ap.add_argument("--algos", default="ring,tree")
-    ap.add_argument("--segment-bytes", default="auto",
-                    help="tree segment: 'auto' = max(128K, size/16) (fewer, larger steps for one host thread "
-                         "to enqueue), 'host' = the host executor's default (RINGTREE_TREE_SEGMENT_BYTES), or bytes")
+    ap.add_argument(
+        "--segment-bytes",
+        default="auto",
+        help="tree segment: 'auto' = max(128K, size/16) (fewer, larger steps for one host thread "
+        "to enqueue), 'host' = the host executor's default (RINGTREE_TREE_SEGMENT_BYTES), or bytes",
+    )
     ap.add_argument("--row-seconds", type=float, default=0.3, help="time budget per timed row")
     ap.add_argument("--no-nccl", action="store_true", help="skip the NCCL comparisons")
     args = ap.parse_args()
 
     import torch
+
     from ringtree import _core
 
     if not torch.cuda.is_available():
@@ -79,8 +84,10 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     props = torch.cuda.get_device_properties(dev)
-    print(f"# device: {props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs; "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(
+        f"# device: {props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs; "
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    )
     coll_code = list(_core.COLLECTIVES).index("all_reduce")
     algo_code = {name: i for i, name in enumerate(_core.ALGOS)}
     f32 = list(_core.DTYPES).index("float32")
@@ -113,8 +120,10 @@ def main() -> int:
 
     # ---- 1. the D2D copy and the reduce kernel alone ----------------------------------------------
     print(f"\n# reduce kernel (float32 sum, dst = a + b) vs D2D copy; {COPY_NOTE}")
-    print(f"# {'size':>12} {'copy us':>10} {'copy GB/s':>10} {'copy HBM':>10} {'kern us':>10} {'kern HBM':>10} "
-          f"{'kern/copy':>9}")
+    print(
+        f"# {'size':>12} {'copy us':>10} {'copy GB/s':>10} {'copy HBM':>10} {'kern us':>10} {'kern HBM':>10} "
+        f"{'kern/copy':>9}"
+    )
     copy_bw = {}
 
     def copy_and_kernel(size):
@@ -123,25 +132,34 @@ def main() -> int:
         b = torch.ones_like(a)
         d = torch.empty_like(a)
         t_copy, _ = timed(lambda: d.copy_(a), args.iters, args.warmup)
-        t_kern, _ = timed(lambda: _core.cuda_kernel_reduce(d.data_ptr(), a.data_ptr(), b.data_ptr(), n, f32, sum_code,
-                                                           stream.cuda_stream), args.iters, args.warmup)
+        t_kern, _ = timed(
+            lambda: _core.cuda_kernel_reduce(
+                d.data_ptr(), a.data_ptr(), b.data_ptr(), n, f32, sum_code, stream.cuda_stream
+            ),
+            args.iters,
+            args.warmup,
+        )
         return t_copy, t_kern, int((d != 2).sum().item())
 
     for size in sizes:
         t_copy, t_kern, wrong = copy_and_kernel(size)
         copy_bw[size] = size / t_copy
         hbm_copy, hbm_kern = 2 * size / t_copy, 3 * size / t_kern
-        print(f"  {size:>12} {t_copy * 1e6:>10.1f} {size / t_copy / 1e9:>10.1f} {hbm_copy / 1e9:>10.1f} "
-              f"{t_kern * 1e6:>10.1f} {hbm_kern / 1e9:>10.1f} {hbm_kern / hbm_copy:>9.2f}"
-              + (f"  #wrong {wrong}" if wrong else ""))
+        print(
+            f"  {size:>12} {t_copy * 1e6:>10.1f} {size / t_copy / 1e9:>10.1f} {hbm_copy / 1e9:>10.1f} "
+            f"{t_kern * 1e6:>10.1f} {hbm_kern / 1e9:>10.1f} {hbm_kern / hbm_copy:>9.2f}"
+            + (f"  #wrong {wrong}" if wrong else "")
+        )
     torch.cuda.empty_cache()
 
     # ---- 2. all_reduce on P thread ranks ----------------------------------------------------------
     ranks = [int(p) for p in args.ranks.split(",") if p]
     algos = [a for a in args.algos.split(",") if a]
     print(f"\n# all_reduce, float32 sum, out-of-place, P thread ranks on one GPU; {COPY_NOTE}")
-    print(f"# {'P':>2} {'algo':>4} {'size':>12} {'count':>10} {'seg':>6} {'time us':>10} {'algbw':>8} {'busbw':>8} "
-          f"{'#wrong':>6} {'copybw':>8} {'bus/copy':>8} {'hbm':>6} {'enq us':>8}")
+    print(
+        f"# {'P':>2} {'algo':>4} {'size':>12} {'count':>10} {'seg':>6} {'time us':>10} {'algbw':>8} {'busbw':>8} "
+        f"{'#wrong':>6} {'copybw':>8} {'bus/copy':>8} {'hbm':>6} {'enq us':>8}"
+    )
     summary = []
     for P in ranks:
         for size in sizes:
@@ -164,8 +182,21 @@ def main() -> int:
                 last = {}
 
                 def call():
-                    last.update(_core.cuda_local_run(coll_code, algo_code[algo], f32, sum_code, 1.0, 0, n, in_ptrs,
-                                                     out_ptrs, stream.cuda_stream, seg))
+                    last.update(
+                        _core.cuda_local_run(
+                            coll_code,
+                            algo_code[algo],
+                            f32,
+                            sum_code,
+                            1.0,
+                            0,
+                            n,
+                            in_ptrs,
+                            out_ptrs,
+                            stream.cuda_stream,
+                            seg,
+                        )
+                    )
 
                 t, enq = timed(call, args.iters, args.warmup)
                 torch.cuda.synchronize()
@@ -174,9 +205,11 @@ def main() -> int:
                 busbw = algbw * 2 * (P - 1) / P
                 hbm = (last["hbm_bytes"] / t) / (2 * copy_bw[size])
                 seg_txt = human(seg) if seg else ("host" if algo == "tree" else "-")
-                print(f"  {P:>2} {algo:>4} {size:>12} {n:>10} {seg_txt:>6} {t * 1e6:>10.1f} {algbw / 1e9:>8.2f} "
-                      f"{busbw / 1e9:>8.2f} {wrong:>6} {copy_bw[size] / 1e9:>8.1f} {busbw / copy_bw[size]:>8.3f} "
-                      f"{hbm:>6.2f} {enq * 1e6:>8.0f}")
+                print(
+                    f"  {P:>2} {algo:>4} {size:>12} {n:>10} {seg_txt:>6} {t * 1e6:>10.1f} {algbw / 1e9:>8.2f} "
+                    f"{busbw / 1e9:>8.2f} {wrong:>6} {copy_bw[size] / 1e9:>8.1f} {busbw / copy_bw[size]:>8.3f} "
+                    f"{hbm:>6.2f} {enq * 1e6:>8.0f}"
+                )
                 summary.append((P, algo, size, busbw / copy_bw[size], hbm, wrong))
             del ins, outs
             torch.cuda.empty_cache()
@@ -193,8 +226,13 @@ def main() -> int:
                 ins = [torch.ones(n, dtype=torch.float32, device=dev) for _ in range(P)]
                 outs = [torch.zeros_like(x) for x in ins]
                 ip, op = [x.data_ptr() for x in ins], [o.data_ptr() for o in outs]
-                t, enq = timed(lambda: _core.cuda_local_run(coll_code, algo_code[algo], f32, sum_code, 1.0, 0, n, ip, op,
-                                                            stream.cuda_stream, 0), 200, 5)
+                t, enq = timed(
+                    lambda: _core.cuda_local_run(
+                        coll_code, algo_code[algo], f32, sum_code, 1.0, 0, n, ip, op, stream.cuda_stream, 0
+                    ),
+                    200,
+                    5,
+                )
                 cells.append(f"{t * 1e6:>6.1f}/{enq * 1e6:<7.1f}")
             print(f"  {P:>2} {algo:>4} " + " ".join(f"{c:>14}" for c in cells))
 
@@ -204,8 +242,10 @@ def main() -> int:
 
     # ---- summary ---------------------------------------------------------------------------------
     if summary:
-        print("\n# summary: largest size per (P, algo): busbw/copybw and HBM efficiency (target in issue 6: >= 0.90 "
-              "of the copy; see the docstring for why busbw/copybw is bounded far below 1 on one shared GPU)")
+        print(
+            "\n# summary: largest size per (P, algo): busbw/copybw and HBM efficiency (target in issue 6: >= 0.90 "
+            "of the copy; see the docstring for why busbw/copybw is bounded far below 1 on one shared GPU)"
+        )
         big = max(s for _, _, s, _, _, _ in summary)
         for P, algo, size, ratio, hbm, wrong in summary:
             if size == big:
@@ -220,6 +260,7 @@ def nccl_section(torch, small):
     """NCCL through torch.distributed: one rank per GPU only. Time a 1-rank all_reduce for
     reference, and show what NCCL says when two ranks share this GPU."""
     import torch.distributed as dist
+
     print("\n# NCCL (torch.distributed) on this GPU")
     try:
         store = dist.HashStore()
@@ -238,8 +279,10 @@ def nccl_section(torch, small):
             e.record()
             e.synchronize()
             cells.append(f"{human(size)}: {s.elapsed_time(e) / iters * 1e3:.1f} us")
-        print("#   NCCL all_reduce, world size 1 (a single rank: no communication, for latency reference): "
-              + ", ".join(cells))
+        print(
+            "#   NCCL all_reduce, world size 1 (a single rank: no communication, for latency reference): "
+            + ", ".join(cells)
+        )
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - report, don't fail the bench
         print(f"#   NCCL world size 1 did not run: {type(exc).__name__}: {exc}")
@@ -255,10 +298,23 @@ def nccl_section(torch, small):
         torch.cuda.synchronize()
         print(f"rank {rank}: NCCL all_reduce on a shared GPU returned {x[0].item()}")
     """)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), WORLD_SIZE="2",
-               NCCL_DEBUG="WARN")
-    procs = [subprocess.Popen([sys.executable, "-c", child], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(29500 + os.getpid() % 1000),
+        WORLD_SIZE="2",
+        NCCL_DEBUG="WARN",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", child],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outputs = []
     for p in procs:
         try:
@@ -268,12 +324,12 @@ def nccl_section(torch, small):
             out = (p.communicate()[0] or "") + "\n<timed out after 60 s>"
         outputs.append((p.returncode, out))
     for r, (rc, out) in enumerate(outputs):
-        lines = [l for l in out.splitlines() if l.strip()]
-        key = [l for l in lines if "Duplicate GPU" in l or "invalid usage" in l.lower() or "Error" in l]
+        lines = [line for line in out.splitlines() if line.strip()]
+        key = [line for line in lines if "Duplicate GPU" in line or "invalid usage" in line.lower() or "Error" in line]
         shown = (key or lines)[-3:]
         print(f"#   NCCL, 2 processes sharing GPU 0, rank {r}: exit {rc}")
-        for l in shown:
-            print(f"#     {l[:200]}")
+        for line in shown:
+            print(f"#     {line[:200]}")
 
 
 if __name__ == "__main__":

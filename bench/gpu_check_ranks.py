@@ -12,6 +12,7 @@
 Run with `python -m ringtree.launch -n P bench/gpu_check_ranks.py PROGRAM [ARGS]`. Exit status 0
 when every check held.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ def _device(torch) -> int:
 
 def allreduce(n: int, iters: int) -> int:
     import torch
+
     torch.cuda.set_device(_device(torch))
     comm = rt.init()
     r, P = comm.rank, comm.size
@@ -36,13 +38,17 @@ def allreduce(n: int, iters: int) -> int:
         comm.all_reduce(x)
         want = sum(q + 1 + k for q in range(P))
         wrong += int((x != want).sum().item())
-    print(f"rank {r}: {iters} all_reduce of {n} float32, executor {comm.status().cuda_executor}, {wrong} wrong", flush=True)
+    print(
+        f"rank {r}: {iters} all_reduce of {n} float32, executor {comm.status().cuda_executor}, {wrong} wrong",
+        flush=True,
+    )
     comm.close()
     return 0 if wrong == 0 else 1
 
 
 def contexts() -> int:
     import torch
+
     device = _device(torch)
     torch.cuda.set_device(device)
     comm = rt.init()
@@ -57,11 +63,19 @@ def contexts() -> int:
     comm.all_gather(mine, table)
     status = 0
     if r == 0:
-        uuids = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=30).stdout
+        uuids = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         uuid_of = {int(line.split(",")[0]): line.split(",")[1].strip() for line in uuids.strip().splitlines()}
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout
+        apps = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         held = {}
         for line in apps.strip().splitlines():
             pid, uuid = (part.strip() for part in line.split(","))
@@ -73,8 +87,10 @@ def contexts() -> int:
             print(f"rank {q} (pid {pid}) on GPU {dev}: contexts {sorted(held.get(pid, set()))}: {verdict}", flush=True)
             status |= bool(extra)
     comm.all_reduce(torch.zeros(1, device="cuda"))
-    print(f"rank {r}: all_reduce {'right' if ok else 'WRONG'} on GPU {device}, executor {comm.status().cuda_executor}",
-          flush=True)
+    print(
+        f"rank {r}: all_reduce {'right' if ok else 'WRONG'} on GPU {device}, executor {comm.status().cuda_executor}",
+        flush=True,
+    )
     comm.close()
     return 0 if ok and status == 0 else 1
 

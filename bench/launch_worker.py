@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """One rank of one library in its own launch; bench/launch_spread.py starts it (see rtbench/solo.py)."""
+
 import sys
 
 from rtbench.solo import main

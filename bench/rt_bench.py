@@ -8,6 +8,7 @@
 Flags: python bench/rt_bench.py --help. Exit status: 0 all results right, 1 some
 ringtree result wrong, 2 bad usage, 3 a ringtree error.
 """
+
 import sys
 
 from rtbench.driver import main

@@ -11,6 +11,7 @@ every repetition's time and their median, in milliseconds. Launch it several tim
 the median of the launches' medians: process start-up is not in these figures, the machine's
 noise is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def main(argv=None):
         token[:] = 0
         if world.rank == 0:
             raw = str(rt.UniqueId.create()).encode()
-            token[:len(raw)] = np.frombuffer(raw, np.uint8)
+            token[: len(raw)] = np.frombuffer(raw, np.uint8)
         world.broadcast(token, root=0)
         world.barrier()
         start = time.perf_counter()

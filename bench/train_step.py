@@ -21,6 +21,7 @@ torch wrapper on Gloo in the same launch (median of ratios; ringtree's own hooks
 DDP on Gloo). "comm" columns: step time minus the local step's, the time communication and the
 wrapper add.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,27 @@ import statistics
 from ddp_step import _step_times, launched_result
 from zero_bench import deep_mlp
 
-VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
-            "zero3 ringtree", "fsdp2 gloo", "fsdp2 ringtree")
+VARIANTS = (
+    "local",
+    "ddp gloo",
+    "ddp ringtree",
+    "hook ringtree",
+    "zero1 ringtree",
+    "zero2 ringtree",
+    "zero3 ringtree",
+    "fsdp2 gloo",
+    "fsdp2 ringtree",
+)
 # What each ringtree variant is compared with.
-BASELINE = {"ddp ringtree": "ddp gloo", "hook ringtree": "ddp gloo", "zero1 ringtree": "ddp gloo",
-            "zero2 ringtree": "ddp gloo", "zero3 ringtree": "ddp gloo", "fsdp2 ringtree": "fsdp2 gloo",
-            "fsdp2 ringtree-noalloc": "fsdp2 gloo"}
+BASELINE = {
+    "ddp ringtree": "ddp gloo",
+    "hook ringtree": "ddp gloo",
+    "zero1 ringtree": "ddp gloo",
+    "zero2 ringtree": "ddp gloo",
+    "zero3 ringtree": "ddp gloo",
+    "fsdp2 ringtree": "fsdp2 gloo",
+    "fsdp2 ringtree-noalloc": "fsdp2 gloo",
+}
 # Not in the default set: FSDP2 on ringtree without the allocation hook, to measure what it gives.
 EXTRA_VARIANTS = ("fsdp2 ringtree-noalloc",)
 
@@ -59,8 +75,8 @@ class Setup:
         per_rank = batch // self.world
         x = torch.randn(batch, width, generator=generator)
         y = torch.randn(batch, width, generator=generator)
-        self.x = x[self.rank * per_rank:(self.rank + 1) * per_rank].contiguous()
-        self.y = y[self.rank * per_rank:(self.rank + 1) * per_rank].contiguous()
+        self.x = x[self.rank * per_rank : (self.rank + 1) * per_rank].contiguous()
+        self.y = y[self.rank * per_rank : (self.rank + 1) * per_rank].contiguous()
 
     def build(self, variant: str):
         """(step, cleanup) for `variant` (one of VARIANTS)."""
@@ -82,6 +98,7 @@ class Setup:
                 optimizer.zero_grad()
                 loss_fn(module(x), y).backward()
                 optimizer.step()
+
             return step
 
         if name == "local":
@@ -104,6 +121,7 @@ class Setup:
         elif name == "fsdp2":
             from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.fsdp import fully_shard
+
             mesh = DeviceMesh.from_group(group, "cpu")
             for layer in model:
                 if isinstance(layer, torch.nn.Linear):
@@ -118,10 +136,12 @@ class Setup:
         def close():
             for fn in cleanup:
                 fn()
+
         return step, close
 
     def close(self):
         import torch.distributed as dist
+
         dist.barrier(group=self.gloo)
         dist.destroy_process_group()
 
@@ -138,8 +158,7 @@ def worker(args):
         for variant in variants:
             step, cleanup = setup.build(variant)
             dist.barrier(group=setup.gloo)
-            median = torch.tensor([statistics.median(_step_times(step, args.steps, args.warmup))],
-                                  dtype=torch.float64)
+            median = torch.tensor([statistics.median(_step_times(step, args.steps, args.warmup))], dtype=torch.float64)
             cleanup()
             dist.all_reduce(median, op=dist.ReduceOp.MAX, group=setup.gloo)  # the slowest rank sets the pace
             best[variant] = min(best[variant], median.item())
@@ -150,20 +169,40 @@ def worker(args):
 
 
 def run_launch(ranks: int, width: int, args) -> dict:
-    return launched_result(__file__, ranks, args.job_timeout,
-                           ["--width", width, "--depth", args.depth, "--batch", args.batch, "--steps", args.steps,
-                            "--warmup", args.warmup, "--rounds", args.rounds, "--variants", args.variants],
-                           f"width {width}")
+    return launched_result(
+        __file__,
+        ranks,
+        args.job_timeout,
+        [
+            "--width",
+            width,
+            "--depth",
+            args.depth,
+            "--batch",
+            args.batch,
+            "--steps",
+            args.steps,
+            "--warmup",
+            args.warmup,
+            "--rounds",
+            args.rounds,
+            "--variants",
+            args.variants,
+        ],
+        f"width {width}",
+    )
 
 
 def table(args):
     variants = args.variants.split(",")
     raw = []
-    print(f"Step time (ms), deep MLP of {args.depth} Linear layers + Adam, global batch {args.batch}; per launch "
-          f"the best of {args.rounds} interleaved rounds of the slowest rank's median of {args.steps} steps; median "
-          f"of {args.launches} launches; (x) = time / the same wrapper on Gloo (DDP on Gloo for ringtree's own "
-          f"hooks), lower is better; comm = time - local; {os.cpu_count()} cores; load at start: "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"Step time (ms), deep MLP of {args.depth} Linear layers + Adam, global batch {args.batch}; per launch "
+        f"the best of {args.rounds} interleaved rounds of the slowest rank's median of {args.steps} steps; median "
+        f"of {args.launches} launches; (x) = time / the same wrapper on Gloo (DDP on Gloo for ringtree's own "
+        f"hooks), lower is better; comm = time - local; {os.cpu_count()} cores; load at start: "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     print("| P | params | " + " | ".join(variants) + " |")
     print("|" + "---|" * (len(variants) + 2))
     for ranks in (int(r) for r in args.ranks.split(",")):
@@ -199,8 +238,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds per launch; the best counts")
     p.add_argument("--launches", type=int, default=3)
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated, of {', '.join(VARIANTS + EXTRA_VARIANTS)}")
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS + EXTRA_VARIANTS)}"
+    )
     p.add_argument("--json", default="", help="also write every launch's figures to this file")
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -21,6 +21,7 @@ interleaved over --rounds rounds; a variant's time is the slowest rank's median 
 best round counting (outside load only ever adds time). The table gives, per variant, the
 median over launches, and its ratio to DDP on Gloo of the same launch (median of ratios).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,16 +30,15 @@ import os
 import statistics
 import time
 
-
 from ddp_step import launched_result  # bench/ is the script's directory
 
-VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree",
-            "zero3 ringtree")
+VARIANTS = ("local", "ddp gloo", "ddp ringtree", "hook ringtree", "zero1 ringtree", "zero2 ringtree", "zero3 ringtree")
 MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "zero3")
 
 
 def deep_mlp(width: int, depth: int, seed: int = 0):
     import torch
+
     torch.manual_seed(seed)
     layers = []
     for _ in range(depth):
@@ -73,13 +73,24 @@ def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: i
             # The state's values only: its keys are the parameters themselves.
             return [list(optimizer.state.values()), [p.grad for p in ddp.parameters()]]
     else:
-        zero = rtt.ShardedDataParallel(model, torch.optim.Adam, dist.group.WORLD.comm, stage=int(variant[-1]),
-                                       bucket_cap_mb=cap_bytes / 2**20, lr=1e-3)
+        zero = rtt.ShardedDataParallel(
+            model,
+            torch.optim.Adam,
+            dist.group.WORLD.comm,
+            stage=int(variant[-1]),
+            bucket_cap_mb=cap_bytes / 2**20,
+            lr=1e-3,
+        )
         roots, step, zero_grad, module = [zero], zero.step, zero.zero_grad, model
 
         def grads_and_state():  # the shards' state and gradients, the model's full gradients (stage 1)
-            return [list(zero.optimizer.state.values()), [b.master.grad for b in zero.buckets],
-                    [b.flat_grads for b in zero.buckets], [p.grad for p in zero.params]]
+            return [
+                list(zero.optimizer.state.values()),
+                [b.master.grad for b in zero.buckets],
+                [b.flat_grads for b in zero.buckets],
+                [p.grad for p in zero.params],
+            ]
+
     meter = StorageMeter(roots, model)
     rest = grads_state = 0
     for _ in range(steps):
@@ -91,8 +102,15 @@ def memory_per_rank(variant: str, width: int, depth: int, buckets: int, batch: i
         zero_grad()
     meter.remove()
     largest = max(b.flat_params.numel() * 4 for b in zero.buckets) if variant != "ddp" else None
-    return {"rest": rest, "peak": meter.peak, "peak_at": meter.peak_at, "params": numel, "cap_bytes": cap_bytes,
-            "largest_bucket_bytes": largest, "grads_state": grads_state}
+    return {
+        "rest": rest,
+        "peak": meter.peak,
+        "peak_at": meter.peak_at,
+        "params": numel,
+        "cap_bytes": cap_bytes,
+        "largest_bucket_bytes": largest,
+        "grads_state": grads_state,
+    }
 
 
 def memory_worker(args):
@@ -102,10 +120,13 @@ def memory_worker(args):
     import torch.distributed as dist
 
     import ringtree.torch as rtt
+
     torch.set_num_threads(1)
     rtt.init_process_group()
-    result = {variant: memory_per_rank(variant, args.width, args.depth, args.buckets, args.batch)
-              for variant in MEMORY_VARIANTS}
+    result = {
+        variant: memory_per_rank(variant, args.width, args.depth, args.buckets, args.batch)
+        for variant in MEMORY_VARIANTS
+    }
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
     if dist.get_rank() == 0:
@@ -120,6 +141,7 @@ def worker(args):
 
     import ringtree.torch as rtt
     from rtbench.examples import load
+
     train_ddp = load("train_ddp")
 
     torch.set_num_threads(1)
@@ -135,6 +157,7 @@ def worker(args):
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(module(x), y).backward()
             optimizer.step()
+
         return step
 
     def build(variant):
@@ -153,6 +176,7 @@ def worker(args):
             zero.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             zero.step()
+
         return step
 
     steps = {variant: build(variant) for variant in VARIANTS}
@@ -177,41 +201,58 @@ def worker(args):
 
 
 def run_launch(ranks, args, worker_args):
-    return launched_result(__file__, ranks, args.job_timeout,
-                           ["--steps", args.steps, "--warmup", args.warmup, "--batch", args.batch, "--rounds",
-                            args.rounds] + worker_args, str(worker_args))
+    return launched_result(
+        __file__,
+        ranks,
+        args.job_timeout,
+        ["--steps", args.steps, "--warmup", args.warmup, "--batch", args.batch, "--rounds", args.rounds] + worker_args,
+        str(worker_args),
+    )
 
 
 def memory_table(args):
-    print(f"Storage per rank (MiB) of parameters, gradients and Adam state: rest = after the step, peak = "
-          f"largest sample; deep MLP of {args.depth} Linear layers, bucket cap = model bytes / {args.buckets}; "
-          f"(x) = / DDP's; ideal = DDP/P (stage 3 at rest); the largest rank shown")
+    print(
+        f"Storage per rank (MiB) of parameters, gradients and Adam state: rest = after the step, peak = "
+        f"largest sample; deep MLP of {args.depth} Linear layers, bucket cap = model bytes / {args.buckets}; "
+        f"(x) = / DDP's; ideal = DDP/P (stage 3 at rest); the largest rank shown"
+    )
     columns = [f"{v} {kind}" for v in MEMORY_VARIANTS for kind in ("rest", "peak")]
     rows = []
-    print(f"| P | width | params | " + " | ".join(columns) + " | ideal 1/P |")
+    print("| P | width | params | " + " | ".join(columns) + " | ideal 1/P |")
     print("|" + "---|" * (len(columns) + 4))
     for ranks in (int(r) for r in args.ranks.split(",")):
         for width in (int(w) for w in args.width.split(",")):
-            ranks_results = run_launch(ranks, args, ["--memory", "--width", str(width), "--depth", str(args.depth),
-                                                      "--buckets", str(args.buckets)])
+            ranks_results = run_launch(
+                ranks,
+                args,
+                ["--memory", "--width", str(width), "--depth", str(args.depth), "--buckets", str(args.buckets)],
+            )
             worst = {v: {k: max(r[v][k] for r in ranks_results) for k in ("rest", "peak")} for v in MEMORY_VARIANTS}
             ddp = worst["ddp"]
-            cells = [f"{worst[v][k] / 2**20:.2f} ({worst[v][k] / ddp[k]:.2f}x)" for v in MEMORY_VARIANTS
-                     for k in ("rest", "peak")]
+            cells = [
+                f"{worst[v][k] / 2**20:.2f} ({worst[v][k] / ddp[k]:.2f}x)"
+                for v in MEMORY_VARIANTS
+                for k in ("rest", "peak")
+            ]
             params = ranks_results[0]["ddp"]["params"]
-            print(f"| {ranks} | {width} | {params} | " + " | ".join(cells) +
-                  f" | {ddp['rest'] / ranks / 2**20:.2f} |", flush=True)
-            rows.append((ranks, width, params, {v: max(r[v]["grads_state"] for r in ranks_results)
-                                                for v in MEMORY_VARIANTS}))
-    print(f"\nGradients + Adam state per rank after the step (MiB), the largest rank; (x) = / DDP's; "
-          f"ideal = DDP's / P")
+            print(
+                f"| {ranks} | {width} | {params} | " + " | ".join(cells) + f" | {ddp['rest'] / ranks / 2**20:.2f} |",
+                flush=True,
+            )
+            rows.append(
+                (ranks, width, params, {v: max(r[v]["grads_state"] for r in ranks_results) for v in MEMORY_VARIANTS})
+            )
+    print("\nGradients + Adam state per rank after the step (MiB), the largest rank; (x) = / DDP's; ideal = DDP's / P")
     print("| P | width | params | " + " | ".join(MEMORY_VARIANTS) + " | ideal 1/P |")
     print("|" + "---|" * (len(MEMORY_VARIANTS) + 4))
     for ranks, width, params, sizes in rows:
         ddp = sizes["ddp"]
-        print(f"| {ranks} | {width} | {params} | " +
-              " | ".join(f"{sizes[v] / 2**20:.2f} ({sizes[v] / ddp:.3f}x)" for v in MEMORY_VARIANTS) +
-              f" | {ddp / ranks / 2**20:.2f} ({1 / ranks:.3f}x) |", flush=True)
+        print(
+            f"| {ranks} | {width} | {params} | "
+            + " | ".join(f"{sizes[v] / 2**20:.2f} ({sizes[v] / ddp:.3f}x)" for v in MEMORY_VARIANTS)
+            + f" | {ddp / ranks / 2**20:.2f} ({1 / ranks:.3f}x) |",
+            flush=True,
+        )
 
 
 def main(argv=None):
@@ -239,9 +280,11 @@ def main(argv=None):
     if args.memory:
         return memory_table(args)
 
-    print(f"Step time (ms), examples/train_ddp.py MLP + Adam, global batch {args.batch}; per launch the best of "
-          f"{args.rounds} interleaved rounds of the median of {args.steps} steps (slowest rank); median of "
-          f"{args.launches} launches; (x) = time / DDP-on-Gloo time of the same launch; {os.cpu_count()} cores")
+    print(
+        f"Step time (ms), examples/train_ddp.py MLP + Adam, global batch {args.batch}; per launch the best of "
+        f"{args.rounds} interleaved rounds of the median of {args.steps} steps (slowest rank); median of "
+        f"{args.launches} launches; (x) = time / DDP-on-Gloo time of the same launch; {os.cpu_count()} cores"
+    )
     print(f"{'P':>2} {'hidden':>6} {'params':>8} " + " ".join(f"{v:>20}" for v in VARIANTS))
     for ranks in (int(r) for r in args.ranks.split(",")):
         for hidden in (int(h) for h in args.hidden.split(",")):
@@ -251,8 +294,9 @@ def main(argv=None):
                 ms = statistics.median(launch["ms"][variant] for launch in launches)
                 ratio = statistics.median(launch["ms"][variant] / launch["ms"]["ddp gloo"] for launch in launches)
                 cells.append(f"{ms:>12.3f} ({ratio:>4.2f}x)")
-            print(f"{ranks:>2} {hidden:>6} {launches[0]['params']:>8} " + " ".join(f"{c:>20}" for c in cells),
-                  flush=True)
+            print(
+                f"{ranks:>2} {hidden:>6} {launches[0]['params']:>8} " + " ".join(f"{c:>20}" for c in cells), flush=True
+            )
 
 
 if __name__ == "__main__":

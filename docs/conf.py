@@ -3,6 +3,7 @@
 Built in the tests (tests/docs/test_docs_build.py) with warnings as errors and nitpicky
 cross-references: python -m sphinx -W --keep-going -n -b html docs docs/_build/html
 """
+
 from __future__ import annotations
 
 import ringtree

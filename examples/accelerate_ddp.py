@@ -11,6 +11,7 @@ is already there. Its prepared data loader gives rank r the batches r, r + 2, ..
 and DDP averages the gradients over ringtree, so the 2 ranks follow exactly the trajectory of one
 process that trains on the same samples in order, in batches of 16.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,7 @@ def main():
     p.add_argument("--save", metavar="PREFIX", help="each rank writes its final weights to PREFIX-rank<r>.pt")
     args = p.parse_args()
 
-    dist.init_process_group("ringtree")       # before the Accelerator, which would start Gloo
+    dist.init_process_group("ringtree")  # before the Accelerator, which would start Gloo
     accelerator = Accelerator(cpu=True)
     net = make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
@@ -60,8 +61,10 @@ def main():
     x, y = dataset().tensors
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(net(x), y).item()
-    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: backend {dist.get_backend()}, "
-          f"loss on the whole data set {loss:.4f}")
+    print(
+        f"rank {accelerator.process_index} of {accelerator.num_processes}: backend {dist.get_backend()}, "
+        f"loss on the whole data set {loss:.4f}"
+    )
     if args.save:
         torch.save(net.state_dict(), f"{args.save}-rank{accelerator.process_index}.pt")
     accelerator.end_training()

@@ -16,6 +16,7 @@ in a file, this launcher starts the replacement with it, the replacement loads t
 checkpoint and the 4 ranks continue. At the end every rank checks that its parameters equal
 rank 0's bit for bit and that the loss fell; the launcher exits non-zero if any rank failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,11 @@ def rank_main(args):
         hook = rtt.DataParallelHook(model, group)  # broadcasts rank 0's parameters
         for g in optimizer.param_groups:
             g["lr"] = args.lr * comm.size / FULL_WORLD
-        log(comm, f"step {step}: world {comm.size}, global batch {comm.size * args.batch}, "
-                  f"lr {optimizer.param_groups[0]['lr']:.4f}")
+        log(
+            comm,
+            f"step {step}: world {comm.size}, global batch {comm.size * args.batch}, "
+            f"lr {optimizer.param_groups[0]['lr']:.4f}",
+        )
         return group, hook
 
     model = make_model()
@@ -144,8 +148,11 @@ def rank_main(args):
             state = torch.load(checkpoint)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            log(comm, f"shrank from {old_size} to {comm.size} ranks; back to the checkpoint of step "
-                      f"{state['step']} (lost {step - state['step']} steps)")
+            log(
+                comm,
+                f"shrank from {old_size} to {comm.size} ranks; back to the checkpoint of step "
+                f"{state['step']} (lost {step - state['step']} steps)",
+            )
             step = state["step"]
             group, hook = attach(comm, model, optimizer, step)
     hook.remove()
@@ -159,8 +166,11 @@ def rank_main(args):
     fell = first is None or last < 0.8 * first  # a joiner did not see the first steps
     verdict = torch.tensor([int(same and fell)], dtype=torch.int64)
     comm.all_reduce(verdict, op="min")
-    log(comm, f"final: parameters equal to rank 0's: {same}; loss {first if first is None else round(first, 4)} "
-              f"-> {last:.4f}; all ranks agree: {bool(verdict.item())}")
+    log(
+        comm,
+        f"final: parameters equal to rank 0's: {same}; loss {first if first is None else round(first, 4)} "
+        f"-> {last:.4f}; all ranks agree: {bool(verdict.item())}",
+    )
     comm.close()
     return 0 if verdict.item() else 1
 
@@ -173,9 +183,24 @@ def launch(args):
 
     workdir = tempfile.mkdtemp(prefix="elastic-train-")
     uid = rt.UniqueId.create()
-    common = [sys.executable, os.path.abspath(__file__), "--workdir", workdir, "--steps", str(args.steps),
-              "--kill-step", str(args.kill_step), "--grow-step", str(args.grow_step), "--batch", str(args.batch),
-              "--lr", str(args.lr), "--timeout", str(args.timeout)]
+    common = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--workdir",
+        workdir,
+        "--steps",
+        str(args.steps),
+        "--kill-step",
+        str(args.kill_step),
+        "--grow-step",
+        str(args.grow_step),
+        "--batch",
+        str(args.batch),
+        "--lr",
+        str(args.lr),
+        "--timeout",
+        str(args.timeout),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
     env["OMP_NUM_THREADS"] = "1"  # 4 ranks on a few cores
     procs = [subprocess.Popen(common + ["--rank", str(r), "--token", str(uid)], env=env) for r in range(FULL_WORLD)]

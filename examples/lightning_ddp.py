@@ -9,6 +9,7 @@ Lightning gives each rank half of every epoch's shuffled order (a DistributedSam
 batches of 8, and DDP averages the gradients over ringtree, so the 2 ranks follow exactly the
 trajectory of one process that trains on the same order in batches of 16.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,17 +58,25 @@ def main():
 
     model = Regression()
     loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)  # Lightning shards and shuffles it
-    trainer = pl.Trainer(accelerator="cpu", devices=PROCESSES,
-                         strategy=DDPStrategy(process_group_backend="ringtree"),
-                         max_epochs=args.epochs, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=PROCESSES,
+        strategy=DDPStrategy(process_group_backend="ringtree"),
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, loader)
 
     x, y = dataset().tensors
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(model.net(x), y).item()
-    print(f"rank {trainer.global_rank} of {trainer.world_size}: backend {dist.get_backend()}, "
-          f"loss on the whole data set {loss:.4f}")
+    print(
+        f"rank {trainer.global_rank} of {trainer.world_size}: backend {dist.get_backend()}, "
+        f"loss on the whole data set {loss:.4f}"
+    )
     if args.save:
         torch.save(model.net.state_dict(), f"{args.save}-rank{trainer.global_rank}.pt")
 

@@ -11,6 +11,7 @@ in reverse, so each expert's gradient is complete on its rank and only the route
 needs an all_reduce. Rank 0 prints the mean loss and the tokens each expert dropped for lack of
 capacity.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ def batch(generator, tokens):
     """Tokens and targets: a token's target is a fixed map of it chosen by its region."""
     task = torch.Generator().manual_seed(1234)  # the same task on every rank
     centers = torch.randn(REGIONS, H, generator=task)
-    maps = torch.randn(REGIONS, H, H, generator=task) / H ** 0.5
+    maps = torch.randn(REGIONS, H, H, generator=task) / H**0.5
     x = torch.randn(tokens, H, generator=generator)
     region = (x @ centers.t()).argmax(1)
     return x, torch.tanh(torch.einsum("th,thd->td", x, maps[region]))
@@ -74,9 +75,11 @@ def main():
         comm.all_reduce(loss_sum, op="avg")
         if comm.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             s = handle.stats
-            print(f"step {step:3d}  loss {loss_sum.item():.4f}  dropped per expert {s.global_dropped.tolist()} "
-                  f"(kept {int(s.global_kept.sum())} of {int(s.global_kept.sum() + s.global_dropped.sum())})",
-                  flush=True)
+            print(
+                f"step {step:3d}  loss {loss_sum.item():.4f}  dropped per expert {s.global_dropped.tolist()} "
+                f"(kept {int(s.global_kept.sum())} of {int(s.global_kept.sum() + s.global_dropped.sum())})",
+                flush=True,
+            )
     comm.close()
 
 

@@ -6,6 +6,7 @@ Each worker draws samples with 8 of 2^18 sparse binary features, pulls only the 
 features in its batch, and pushes their gradients; the server applies them with Adam. Prints
 the held-out loss before and after, which must fall.
 """
+
 import argparse
 
 import numpy as np
@@ -40,20 +41,20 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()
     comm = rt.init()
-    node = ps.start(comm, [ps.Table("w", dim=1, optimizer=ps.Adam(lr=0.05))], num_servers=1,
-                    mode=args.mode, staleness=2)
+    node = ps.start(
+        comm, [ps.Table("w", dim=1, optimizer=ps.Adam(lr=0.05))], num_servers=1, mode=args.mode, staleness=2
+    )
     if node.is_server:
         report = node.serve()
         print(f"server: {report.pushes} pushes, {report.rows_pushed} rows in {report.seconds:.2f} s")
     else:
-        held_out = batch(10 ** 6, 2000)
+        held_out = batch(10**6, 2000)
         before, *_ = loss_and_grad(node, *held_out)
         for step in range(args.steps):
             _, keys, grad = loss_and_grad(node, *batch([node.worker_index, step], 128))
             node.push("w", keys, grad)
         after, *_ = loss_and_grad(node, *held_out)
-        print(f"worker {node.worker_index}: held-out loss {before:.4f} -> {after:.4f} "
-              f"(version {node.version('w')})")
+        print(f"worker {node.worker_index}: held-out loss {before:.4f} -> {after:.4f} (version {node.version('w')})")
         node.finish()
         if not after < before:
             raise SystemExit("the loss did not fall")

@@ -12,6 +12,7 @@ each rank trains on its own contiguous slice of it, so P ranks follow exactly th
 trajectory of one process training on the whole batch. Rank 0 prints the loss per step,
 averaged over ranks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,12 @@ INPUTS, CLASSES = 64, 10
 def make_model(hidden: int = 256, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(INPUTS, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, CLASSES))
+        torch.nn.Linear(INPUTS, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, CLASSES),
+    )
 
 
 def global_batch(step: int, batch: int):
@@ -45,7 +49,7 @@ def global_batch(step: int, batch: int):
 
 def local_slice(tensor, rank: int, world: int):
     per_rank = tensor.shape[0] // world
-    return tensor[rank * per_rank:(rank + 1) * per_rank]
+    return tensor[rank * per_rank : (rank + 1) * per_rank]
 
 
 HOOKS = {

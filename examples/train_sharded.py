@@ -23,6 +23,7 @@ continues exactly as if it had never stopped; --keep-per-rank-batch keeps the pe
 instead, so the global batch follows P, and scales the learning rate linearly with it. Both
 are recorded in the checkpoint's history (metadata.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,9 @@ class Stream:
 
     def order(self, epoch: int) -> torch.Tensor:
         if epoch not in self._orders:  # keeps one epoch's order: a batch spans at most two
-            self._orders = {epoch: torch.randperm(self.size, generator=torch.Generator().manual_seed(
-                self.seed * 1_000_003 + epoch))}
+            self._orders = {
+                epoch: torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+            }
         return self._orders[epoch]
 
     def batch(self, samples: int, count: int):
@@ -82,9 +84,13 @@ def make_model(hidden: int = 64, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
         Standardize(1.0, 2.0),
-        torch.nn.Linear(INPUTS, hidden), torch.nn.GELU(), torch.nn.LayerNorm(hidden),
-        torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
-        torch.nn.Linear(hidden, CLASSES))
+        torch.nn.Linear(INPUTS, hidden),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(hidden),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.GELU(),
+        torch.nn.Linear(hidden, CLASSES),
+    )
 
 
 def schedule(warmup: int = 4, halve_every: int = 20):
@@ -94,7 +100,7 @@ def schedule(warmup: int = 4, halve_every: int = 20):
 
 def rank_slice(tensor, rank: int, world: int):
     per_rank = tensor.shape[0] // world
-    return tensor[rank * per_rank:(rank + 1) * per_rank]
+    return tensor[rank * per_rank : (rank + 1) * per_rank]
 
 
 class Trainer:
@@ -102,10 +108,24 @@ class Trainer:
     the default torch.distributed group (fsdp2=True). `step()` trains on the next global batch;
     `save(dir)` and `resume(dir)` write and read sharded checkpoints."""
 
-    def __init__(self, comm=None, *, stage: int = 2, fsdp2: bool = False, dtype: str = "fp32", hidden: int = 64,
-                 lr: float = 3e-3, global_batch: int = 48, accum: int = 1, clip: float | None = None,
-                 scaler: bool | None = None, growth_interval: int = 2000, bucket_cap_mb: float = 25.0,
-                 keep_per_rank_batch: bool = False, data: Stream | None = None):
+    def __init__(
+        self,
+        comm=None,
+        *,
+        stage: int = 2,
+        fsdp2: bool = False,
+        dtype: str = "fp32",
+        hidden: int = 64,
+        lr: float = 3e-3,
+        global_batch: int = 48,
+        accum: int = 1,
+        clip: float | None = None,
+        scaler: bool | None = None,
+        growth_interval: int = 2000,
+        bucket_cap_mb: float = 25.0,
+        keep_per_rank_batch: bool = False,
+        data: Stream | None = None,
+    ):
         self.fsdp2, self.dtype, self.accum, self.clip = fsdp2, DTYPES[dtype], accum, clip
         self.keep_per_rank_batch = keep_per_rank_batch
         self.data = data or Stream()
@@ -116,9 +136,12 @@ class Trainer:
         if fsdp2:
             import torch.distributed as dist
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
             if dtype == "fp16":
-                raise ValueError("--fsdp2 takes --dtype fp32 or bf16 here: a GradScaler would decide on "
-                                 "overflow per rank (torch has no sharded scaler for fully_shard)")
+                raise ValueError(
+                    "--fsdp2 takes --dtype fp32 or bf16 here: a GradScaler would decide on "
+                    "overflow per rank (torch has no sharded scaler for fully_shard)"
+                )
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
             for layer in model:
@@ -130,9 +153,16 @@ class Trainer:
         else:
             comm = rt.init() if comm is None else comm
             self.rank, self.world = comm.rank, comm.size
-            self.zero = rtt.ShardedDataParallel(model, torch.optim.AdamW, comm, stage=stage,
-                                                bucket_cap_mb=bucket_cap_mb, accumulation_steps=accum,
-                                                param_dtype=None if dtype == "fp32" else self.dtype, lr=lr)
+            self.zero = rtt.ShardedDataParallel(
+                model,
+                torch.optim.AdamW,
+                comm,
+                stage=stage,
+                bucket_cap_mb=bucket_cap_mb,
+                accumulation_steps=accum,
+                param_dtype=None if dtype == "fp32" else self.dtype,
+                lr=lr,
+            )
             self.model, self.optimizer = model, self.zero.optimizer
             self.scaler = torch.amp.GradScaler("cpu", growth_interval=growth_interval) if scaler else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule())
@@ -142,8 +172,10 @@ class Trainer:
 
     def set_global_batch(self, global_batch: int):
         if global_batch % (self.world * self.accum):
-            raise ValueError(f"the global batch {global_batch} must be divisible by ranks x accumulation "
-                             f"({self.world} x {self.accum})")
+            raise ValueError(
+                f"the global batch {global_batch} must be divisible by ranks x accumulation "
+                f"({self.world} x {self.accum})"
+            )
         self.global_batch = global_batch
 
     def step(self) -> float:
@@ -181,8 +213,13 @@ class Trainer:
     # --- checkpoints ------------------------------------------------------------------------
 
     def position(self) -> dict:
-        return {"samples": self.samples, "steps": self.steps, "global_batch": self.global_batch,
-                "per_rank_batch": self.global_batch // self.world, "accumulation": self.accum}
+        return {
+            "samples": self.samples,
+            "steps": self.steps,
+            "global_batch": self.global_batch,
+            "per_rank_batch": self.global_batch // self.world,
+            "accumulation": self.accum,
+        }
 
     def save(self, path: str):
         batch = {k: v for k, v in self.position().items() if k not in ("samples", "steps")}
@@ -193,13 +230,23 @@ class Trainer:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
-        self.history.append(dict(batch, event="save", world_size=self.world, samples=self.samples,
-                                 lr=self.optimizer.param_groups[0]["lr"]))
+        self.history.append(
+            dict(
+                batch,
+                event="save",
+                world_size=self.world,
+                samples=self.samples,
+                lr=self.optimizer.param_groups[0]["lr"],
+            )
+        )
         if self.rank == 0:  # what DCP does not hold, the same on every rank
-            torch.save({"scheduler": self.scheduler.state_dict(), "data": self.position(), "history": self.history},
-                       os.path.join(path, "trainer.pt"))
+            torch.save(
+                {"scheduler": self.scheduler.state_dict(), "data": self.position(), "history": self.history},
+                os.path.join(path, "trainer.pt"),
+            )
         dist.barrier()
 
     def resume(self, path: str) -> dict:
@@ -207,11 +254,13 @@ class Trainer:
         if self.fsdp2:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
             model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
             state = {"model": model_state, "optimizer": optimizer_state}
             dcp.load(state, checkpoint_id=path)
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
             extra = torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
             self.scheduler.load_state_dict(extra["scheduler"])
             data, self.history = extra["data"], extra["history"]
@@ -226,9 +275,15 @@ class Trainer:
         else:
             global_batch = data["global_batch"]
         self.set_global_batch(global_batch)
-        record = {"event": "resume", "world_size": self.world, "saved_world_size": saved_world,
-                  "samples": self.samples, "global_batch": global_batch, "per_rank_batch": global_batch // self.world,
-                  "lr": self.optimizer.param_groups[0]["lr"]}
+        record = {
+            "event": "resume",
+            "world_size": self.world,
+            "saved_world_size": saved_world,
+            "samples": self.samples,
+            "global_batch": global_batch,
+            "per_rank_batch": global_batch // self.world,
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
         history = self.history if self.fsdp2 else self.checkpoint.history
         if self.fsdp2:
             history.append(record)
@@ -256,9 +311,15 @@ def latest_checkpoint(root: str) -> str | None:
     """The newest complete checkpoint directory (step-NNNNNNNN) under root."""
     if not os.path.isdir(root):
         return None
-    done = [name for name in os.listdir(root) if name.startswith("step-") and (
-        os.path.exists(os.path.join(root, name, "metadata.pt")) or
-        os.path.exists(os.path.join(root, name, "trainer.pt")))]
+    done = [
+        name
+        for name in os.listdir(root)
+        if name.startswith("step-")
+        and (
+            os.path.exists(os.path.join(root, name, "metadata.pt"))
+            or os.path.exists(os.path.join(root, name, "trainer.pt"))
+        )
+    ]
     return os.path.join(root, max(done)) if done else None
 
 
@@ -277,13 +338,17 @@ def main(argv=None):
     p.add_argument("--ckpt", default=None, help="directory of the checkpoints (step-NNNNNNNN/ below it)")
     p.add_argument("--every", type=int, default=0, help="checkpoint every this many steps (and at the end)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint under --ckpt")
-    p.add_argument("--keep-per-rank-batch", action="store_true",
-                   help="on resume keep the per-rank batch (global batch follows P, lr scaled linearly)")
+    p.add_argument(
+        "--keep-per-rank-batch",
+        action="store_true",
+        help="on resume keep the per-rank batch (global batch follows P, lr scaled linearly)",
+    )
     args = p.parse_args(argv)
 
     comm = None
     if args.fsdp2:
         import torch.distributed as dist
+
         rtt.init_process_group()
         world = dist.get_world_size()
     else:
@@ -293,9 +358,19 @@ def main(argv=None):
         # torch's default (a thread per core in every rank) oversubscribes the cores when the
         # ranks share a host, and its spinning threads then slow each step 10-30x (torchrun sets 1).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    trainer = Trainer(comm, stage=args.stage, fsdp2=args.fsdp2, dtype=args.dtype, hidden=args.hidden, lr=args.lr,
-                      global_batch=args.batch, accum=args.accum, clip=args.clip, scaler=args.scaler or None,
-                      keep_per_rank_batch=args.keep_per_rank_batch)
+    trainer = Trainer(
+        comm,
+        stage=args.stage,
+        fsdp2=args.fsdp2,
+        dtype=args.dtype,
+        hidden=args.hidden,
+        lr=args.lr,
+        global_batch=args.batch,
+        accum=args.accum,
+        clip=args.clip,
+        scaler=args.scaler or None,
+        keep_per_rank_batch=args.keep_per_rank_batch,
+    )
     say = print if trainer.rank == 0 else (lambda *a, **k: None)
     how = "FSDP2" if args.fsdp2 else f"ZeRO stage {args.stage}"
     say(f"{how} on {trainer.world} ranks, {args.dtype}, accumulation {args.accum}, clip {args.clip}")
@@ -304,9 +379,11 @@ def main(argv=None):
         if path is None:
             raise SystemExit(f"--resume: no complete checkpoint under {args.ckpt!r}")
         trainer.resume(path)
-        say(f"resumed {path} (saved on {trainer_history(trainer)[-1]['saved_world_size']} ranks) at step "
+        say(
+            f"resumed {path} (saved on {trainer_history(trainer)[-1]['saved_world_size']} ranks) at step "
             f"{trainer.steps}, {trainer.samples} samples: global batch {trainer.global_batch}, per rank "
-            f"{trainer.global_batch // trainer.world}, lr {trainer.optimizer.param_groups[0]['lr']:.3g}")
+            f"{trainer.global_batch // trainer.world}, lr {trainer.optimizer.param_groups[0]['lr']:.3g}"
+        )
     started, first = time.perf_counter(), None
     while trainer.steps < args.steps:
         loss = torch.tensor([trainer.step()])
@@ -317,8 +394,10 @@ def main(argv=None):
             dist.all_reduce(mean)
             mean /= trainer.world
         first = mean.item() if first is None else first
-        say(f"step {trainer.steps:4d}  samples {trainer.samples:6d}  loss {mean.item():.4f}  "
-            f"lr {trainer.scheduler.get_last_lr()[0]:.3g}")
+        say(
+            f"step {trainer.steps:4d}  samples {trainer.samples:6d}  loss {mean.item():.4f}  "
+            f"lr {trainer.scheduler.get_last_lr()[0]:.3g}"
+        )
         if args.ckpt and args.every and (trainer.steps % args.every == 0 or trainer.steps == args.steps):
             path = os.path.join(args.ckpt, f"step-{trainer.steps:08d}")
             trainer.save(path)

@@ -15,5 +15,10 @@ def pytest_addoption(parser):
     group.addoption("--fault-seed", type=int, default=0, help="campaign seed: trial i of seed S is always the same")
     group.addoption("--fault-minutes", type=float, default=None, help="start no trial after this many minutes")
     group.addoption("--fault-out", default=None, help="directory for summary.json, records.jsonl and failures/")
-    group.addoption("--fault-only", nargs="+", default=None, metavar="ID",
-                    help="run these trials (SEED-INDEX) alone, printing each in full")
+    group.addoption(
+        "--fault-only",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="run these trials (SEED-INDEX) alone, printing each in full",
+    )

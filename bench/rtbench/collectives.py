@@ -9,6 +9,7 @@ Terms used throughout the bench:
   placement  "oop" (separate send and receive buffers) or "ip" (in place, with
          NCCL's aliasing: the rank's own block of the larger buffer is the smaller one)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ PLACEMENTS = (OOP, IP)
 class Collective:
     """A collective as the bench drives it, built from ringtree's own description of it
     (rt.collective_info), so buffer shapes and busbw factors are never re-derived here."""
+
     name: str
     info: rt.CollectiveInfo
 
@@ -78,16 +80,28 @@ class Collective:
         """(input, output) for a placement; send_buf must hold max(send, recv) counts."""
         if placement == IP:
             return self.inplace_views(send_buf, n, nranks, rank)
-        return send_buf[:self.send_count(n, nranks)], recv_buf[:self.recv_count(n, nranks)]
+        return send_buf[: self.send_count(n, nranks)], recv_buf[: self.recv_count(n, nranks)]
 
     def output_checked_on(self, rank: int, root: int) -> bool:
         """Rooted collectives without an output off the root define it on the root only (reduce, gather)."""
-        return rank == root if self.rooted and self.info.output_elsewhere == "none" and \
-            self.info.output_on_root != "none" else True
+        return (
+            rank == root
+            if self.rooted and self.info.output_elsewhere == "none" and self.info.output_on_root != "none"
+            else True
+        )
 
 
-BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather",
-                     "scatter", "sendrecv")
+BENCH_COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "sendrecv",
+)
 COLLECTIVE_SPECS = {name: Collective(name, rt.collective_info(name)) for name in BENCH_COLLECTIVES}
 
 

@@ -2,6 +2,7 @@
 the place where results are checked; torch CUDA tensors of the same sizes are what the
 collectives run on. Uploads and downloads happen outside the timed loop, and the timed loop
 ends with a device synchronize, so a time covers the device work, not just its enqueueing."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,6 +24,7 @@ def why_no_cuda(rt) -> str | None:
 class DeviceBuffers:
     def __init__(self, rank: int):
         import torch
+
         self.torch = torch
         torch.cuda.set_device(rank % torch.cuda.device_count())
 

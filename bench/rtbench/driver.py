@@ -8,6 +8,7 @@ Timing of one cell (implementation x placement x size), all ranks together:
   w warm-up runs, barrier, n timed runs    (no allocation, no Python work but the call)
   time = elapsed / n on each rank, then combined over ranks by -a (default: slowest)
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,7 @@ from . import device as device_mod
 from . import impls as impls_mod
 from . import load as load_mod
 from . import options as options_mod
-from . import report
-from . import verify
+from . import report, verify
 from .collectives import IP, OOP
 from .impls import eprint
 from .report import Cell, Row
@@ -84,8 +84,8 @@ class Progress:
         if self.enabled:
             try:
                 from tqdm import tqdm
-                self.bar = tqdm(total=total, file=sys.stderr, unit="size", leave=False,
-                                dynamic_ncols=True)
+
+                self.bar = tqdm(total=total, file=sys.stderr, unit="size", leave=False, dynamic_ncols=True)
             except ImportError:
                 self.bar = None
 
@@ -116,7 +116,7 @@ class Sweep:
         self.p2p_impl = impls_mod.RingtreeImpl(rt, comm, None, opts.timeout)
         self.peers, self.peer_info, self.peer_absent = [], {}, {}
         self.rows: list[Row] = []
-        self.notes: dict[tuple, str] = {}     # (collective, impl, dtype, op) -> n/a reason
+        self.notes: dict[tuple, str] = {}  # (collective, impl, dtype, op) -> n/a reason
         self.total_wrong = 0
         self.busbw_all: list[float] = []
         # --device cuda: device twins of the host buffers (see rtbench/device.py).
@@ -126,8 +126,14 @@ class Sweep:
     def open_peers(self):
         timeout = self.opts.timeout or 300.0
         self.peers, self.peer_info, self.peer_absent = impls_mod.open_peers(
-            self.opts.peers, self.rank, self.nranks, self.ranks.share_from_rank0,
-            self.opts.device, timeout, self.ranks.gather_ints)
+            self.opts.peers,
+            self.rank,
+            self.nranks,
+            self.ranks.share_from_rank0,
+            self.opts.device,
+            timeout,
+            self.ranks.gather_ints,
+        )
 
     def subjects_for(self, coll):
         return [self.p2p_impl] if coll.name == "sendrecv" else self.algo_impls
@@ -164,8 +170,10 @@ class Sweep:
                     lines.append(f"#   {name:7s} {self.peer_info[name]}")
                 else:
                     lines.append(f"#   {name:7s} absent: {self.peer_absent[name]}")
-            lines.append("# ratio = ringtree busbw / peer busbw (same size; ringtree in the peer's "
-                         "placement); > 1 means ringtree is faster")
+            lines.append(
+                "# ratio = ringtree busbw / peer busbw (same size; ringtree in the peer's "
+                "placement); > 1 means ringtree is faster"
+            )
         lines.append("#")
         return lines
 
@@ -174,7 +182,7 @@ class Sweep:
         # Sentinel first, so an output element the collective never writes is caught;
         # in place, the input is then written over its part of the output.
         out[...] = verify.sentinel(dtype_name)
-        np.copyto(inp, input_vals[:inp.size].reshape(inp.shape))
+        np.copyto(inp, input_vals[: inp.size].reshape(inp.shape))
 
     def run_cell(self, impl, coll, placement, bufs, n, op, dtype_name, input_vals, expected, tol):
         """(local seconds, local #wrong or None) or (None, reason) when the call was rejected."""
@@ -184,8 +192,9 @@ class Sweep:
         dinp = dout = None
         if self.dev is not None:  # the call runs on the device twins of the same views
             dinp, dout = coll.views(placement, bufs[2], bufs[3], n, self.nranks, self.rank)
-        call = impl.make_call(coll, placement, inp if dinp is None else dinp, out if dout is None else dout, n, op,
-                              o.root)
+        call = impl.make_call(
+            coll, placement, inp if dinp is None else dinp, out if dout is None else dout, n, op, o.root
+        )
         self.fill(coll, placement, inp, out, input_vals, dtype_name)
         if self.dev is not None:
             self.dev.upload(bufs[2], send_buf)
@@ -248,8 +257,11 @@ class Sweep:
         dt = verify.np_dtype(dtype_name)
         n = coll.count_for_bytes(size_req, dt.itemsize, self.nranks)
         input_vals = verify.make_input(coll, self.rank, n, self.nranks, op, dtype_name)
-        expected = (verify.make_expected(coll, self.rank, n, self.nranks, self.opts.root, op, dtype_name)
-                    if self.opts.check else None)
+        expected = (
+            verify.make_expected(coll, self.rank, n, self.nranks, self.opts.root, op, dtype_name)
+            if self.opts.check
+            else None
+        )
         tol = verify.tolerance(op, dtype_name, self.nranks)
         cells: dict = {}
         ran = []  # (impl name, placement, local seconds, local wrong) in the same order on every rank
@@ -261,8 +273,9 @@ class Sweep:
                     continue
                 reason = impl.unsupported(coll, dtype_name, op)
                 if reason is None:
-                    seconds, wrong = self.run_cell(impl, coll, placement, bufs, n, op, dtype_name,
-                                                   input_vals, expected, tol)
+                    seconds, wrong = self.run_cell(
+                        impl, coll, placement, bufs, n, op, dtype_name, input_vals, expected, tol
+                    )
                     if seconds is None:
                         reason = wrong
                     else:
@@ -277,11 +290,20 @@ class Sweep:
         for impl, placement in memcpy_cells:
             seconds = self.run_memcpy(impl, coll, bufs, n)
             cells.setdefault(impl.name, {})[placement] = (
-                Cell(seconds=seconds, factor=1.0) if self.rank == 0 else Cell(na="measured on rank 0"))
+                Cell(seconds=seconds, factor=1.0) if self.rank == 0 else Cell(na="measured on rank 0")
+            )
         size = coll.size_bytes(n, dt.itemsize, self.nranks)
-        return Row(collective=coll.name, dtype=dtype_name, op=op or "none",
-                   root=self.opts.root if coll.rooted else -1, size=size, count=n,
-                   nranks=self.nranks, factor=coll.busbw_factor(self.nranks), cells=cells)
+        return Row(
+            collective=coll.name,
+            dtype=dtype_name,
+            op=op or "none",
+            root=self.opts.root if coll.rooted else -1,
+            size=size,
+            count=n,
+            nranks=self.nranks,
+            factor=coll.busbw_factor(self.nranks),
+            cells=cells,
+        )
 
     # ------------------------------------------------------------------ sweep
     def allocate(self, coll, dtype_name):
@@ -315,7 +337,7 @@ class Sweep:
                 rows = []
                 for dtype_name in o.dtypes:
                     bufs = self.allocate(coll, dtype_name)
-                    for op in (o.ops if coll.reduction else [None]):
+                    for op in o.ops if coll.reduction else [None]:
                         for size in o.sizes:
                             rows.append(self.measure_size(coll, dtype_name, op, size, bufs))
                             progress.step(f"{name} {dtype_name} {op or ''} {size}B")
@@ -331,16 +353,16 @@ class Sweep:
         o = self.opts
         peer_cols = [(p.name, p.placements(coll)[0]) for p in self.peers]
         for subject in self.subjects_for(coll):
-            if not any(c is not None and c.ran for row in rows for c in (row.cell(subject.name, OOP),
-                                                                           row.cell(subject.name, IP))):
+            if not any(
+                c is not None and c.ran
+                for row in rows
+                for c in (row.cell(subject.name, OOP), row.cell(subject.name, IP))
+            ):
                 # e.g. --algo all on a collective without that algorithm: one line, no empty table.
-                reasons = sorted({c.na for row in rows for c in row.cells.get(subject.name, {}).values()
-                                  if c.na})
-                print(f"# {subject.name} {coll.name}: not measured: {'; '.join(reasons) or 'no sizes'}\n#",
-                      flush=True)
+                reasons = sorted({c.na for row in rows for c in row.cells.get(subject.name, {}).values() if c.na})
+                print(f"# {subject.name} {coll.name}: not measured: {'; '.join(reasons) or 'no sizes'}\n#", flush=True)
                 continue
-            lines, avg_busbw, wrong = report.format_table(rows, subject.name, peer_cols, o.check,
-                                                          self.nranks)
+            lines, avg_busbw, wrong = report.format_table(rows, subject.name, peer_cols, o.check, self.nranks)
             self.total_wrong += wrong
             for row in rows:
                 for placement in (OOP, IP):
@@ -387,9 +409,11 @@ class Sweep:
             return []
         placement = IP if coll.name == "broadcast" else OOP
         head = "".join(f" {i.algo + ' meas':>13s} {'pred':>9s}" for i in explicit)
-        lines = [f"# Cost model vs measured ({coll.name}, {placement}, slowest rank, us): "
-                 f"auto/best = measured time of auto's choice / best measured",
-                 f"#{'size':>12s} {'dtype':>9s}{head} {'best':>8s} {'auto':>8s} {'auto/best':>9s}"]
+        lines = [
+            f"# Cost model vs measured ({coll.name}, {placement}, slowest rank, us): "
+            f"auto/best = measured time of auto's choice / best measured",
+            f"#{'size':>12s} {'dtype':>9s}{head} {'best':>8s} {'auto':>8s} {'auto/best':>9s}",
+        ]
         within = total = 0
         for row in rows:
             nbytes = row.count * verify.np_dtype(row.dtype).itemsize
@@ -407,7 +431,8 @@ class Sweep:
                     measured[impl.algo] = t
                 pred = predicted.get(impl.algo)
                 text += (f" {t * 1e6:13.1f}" if t is not None else f" {'n/a':>13s}") + (
-                    f" {pred * 1e6:9.1f}" if pred is not None else f" {'n/a':>9s}")
+                    f" {pred * 1e6:9.1f}" if pred is not None else f" {'n/a':>9s}"
+                )
             if not measured:
                 continue
             best = min(measured, key=measured.get)
@@ -424,18 +449,23 @@ class Sweep:
         grouped: dict[tuple[str, str], list[str]] = {}  # (impl, reason) -> ["dtype/op", ...]
         for (cname, impl, dtype_name, op), reason in self.notes.items():
             if cname == coll.name and (impl == subject_name or not impl.startswith("ringtree")):
-                grouped.setdefault((impl, reason), []).append(
-                    dtype_name if op == "none" else f"{dtype_name}/{op}")
+                grouped.setdefault((impl, reason), []).append(dtype_name if op == "none" else f"{dtype_name}/{op}")
         for (impl, reason), where in grouped.items():
             lines.append(f"# n/a: {impl}: {reason} ({' '.join(where)})")
         for peer in self.peers:
             if peer.rank0_only:
                 continue
-            wrong = sum((row.cell(peer.name, pl).wrong or 0) for row in rows
-                        for pl in peer.placements(coll) if row.cell(peer.name, pl) and row.cell(peer.name, pl).ran)
+            wrong = sum(
+                (row.cell(peer.name, pl).wrong or 0)
+                for row in rows
+                for pl in peer.placements(coll)
+                if row.cell(peer.name, pl) and row.cell(peer.name, pl).ran
+            )
             if self.opts.check:
-                lines.append(f"# peer check: {peer.name} {wrong} wrong"
-                             + ("" if wrong == 0 else "  (the peer disagrees with the expected values)"))
+                lines.append(
+                    f"# peer check: {peer.name} {wrong} wrong"
+                    + ("" if wrong == 0 else "  (the peer disagrees with the expected values)")
+                )
         return lines + (["#"] if lines else [])
 
     def finish(self) -> int:
@@ -455,16 +485,26 @@ class Sweep:
             if self.dev is not None:
                 print(f"# CUDA executor: {self.comm.status().cuda_executor}", flush=True)
             if o.json_path:
-                header = {"nranks": self.nranks, "launcher": impls_mod.launcher_name(),
-                          "options": {k: v for k, v in vars(o).items() if k != "extra"},
-                          "peers": self.peer_info, "peers_absent": self.peer_absent}
+                header = {
+                    "nranks": self.nranks,
+                    "launcher": impls_mod.launcher_name(),
+                    "options": {k: v for k, v in vars(o).items() if k != "extra"},
+                    "peers": self.peer_info,
+                    "peers_absent": self.peer_absent,
+                }
                 with open(o.json_path, "w") as fh:
                     fh.write(report.rows_to_json(self.rows, header))
             if o.plot_path:
                 from . import plot
+
                 try:
-                    plot.plot_rows(self.rows, [i.name for i in self.algo_impls] + [self.p2p_impl.name],
-                                   [p.name for p in self.peers], o.plot_path, self.nranks)
+                    plot.plot_rows(
+                        self.rows,
+                        [i.name for i in self.algo_impls] + [self.p2p_impl.name],
+                        [p.name for p in self.peers],
+                        o.plot_path,
+                        self.nranks,
+                    )
                 except ImportError as exc:
                     eprint(f"rt_bench: --plot needs matplotlib ({exc}); pip install matplotlib")
         for peer in self.peers:
@@ -498,8 +538,10 @@ def _main(opts, quiet) -> int:
         import ringtree as rt
     except ImportError as exc:
         if not quiet:
-            eprint(f"rt_bench: cannot import ringtree ({exc}); install it with "
-                   "`pip install -e . --no-build-isolation` from the repository root")
+            eprint(
+                f"rt_bench: cannot import ringtree ({exc}); install it with "
+                "`pip install -e . --no-build-isolation` from the repository root"
+            )
         return EXIT_ERROR
     if opts.device == "cuda":
         why = device_mod.why_no_cuda(rt)

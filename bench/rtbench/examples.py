@@ -1,6 +1,7 @@
 """The repository's examples as modules, for the benches that time the examples' own training
 step (ddp_step.py, zero_bench.py): examples/NAME.py is loaded from its file,
 once per process, without putting examples/ on the import path."""
+
 from __future__ import annotations
 
 import importlib.util

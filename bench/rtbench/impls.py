@@ -19,6 +19,7 @@ Peers run in the same processes on the same numpy buffers as ringtree:
 With --device cuda, mpi and gloo are absent (they take host buffers).
 A peer that cannot run is reported absent with the reason, never silently dropped.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,8 +32,15 @@ import numpy as np
 from .collectives import IP, OOP, Collective
 
 # Environment variables that mark a process started by an MPI launcher.
-_MPI_LAUNCH_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
-                   "HYDI_CONTROL_FD", "MV2_COMM_WORLD_SIZE")
+_MPI_LAUNCH_ENV = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "MPI_LOCALRANKID",
+    "HYDI_CONTROL_FD",
+    "MV2_COMM_WORLD_SIZE",
+)
 
 
 def launcher_name(env=os.environ) -> str:
@@ -47,10 +55,11 @@ def launcher_name(env=os.environ) -> str:
 
 class Impl:
     """Base: a named implementation measured in given placements."""
+
     name = "?"
-    is_subject = False      # ringtree itself: its #wrong decides the exit code
-    rank0_only = False      # memcpy: runs in one process, others wait
-    checked = True          # False: moves bytes without computing the collective (raw sockets)
+    is_subject = False  # ringtree itself: its #wrong decides the exit code
+    rank0_only = False  # memcpy: runs in one process, others wait
+    checked = True  # False: moves bytes without computing the collective (raw sockets)
 
     def placements(self, coll: Collective) -> tuple[str, ...]:
         raise NotImplementedError
@@ -79,14 +88,13 @@ class RingtreeImpl(Impl):
         self.rt, self.comm, self.algo = rt, comm, algo
         self.name = f"ringtree:{algo}" if algo else "ringtree:p2p"
         self.timeout = timeout
-        self.skippable = tuple(getattr(rt, n) for n in ("InvalidArgument",) if hasattr(rt, n)) + (
-            NotImplementedError,)
+        self.skippable = tuple(getattr(rt, n) for n in ("InvalidArgument",) if hasattr(rt, n)) + (NotImplementedError,)
 
     def placements(self, coll):
         if coll.name == "broadcast":
-            return (IP,)          # ringtree's broadcast is in place only
+            return (IP,)  # ringtree's broadcast is in place only
         if coll.name == "sendrecv":
-            return (OOP,)         # one buffer cannot be sent and received at once
+            return (OOP,)  # one buffer cannot be sent and received at once
         return (OOP, IP)
 
     def barrier(self):
@@ -131,6 +139,7 @@ class RingtreeImpl(Impl):
 
 # ---------------------------------------------------------------------------- MPI
 
+
 class MpiImpl(Impl):
     name = "mpi"
 
@@ -141,10 +150,17 @@ class MpiImpl(Impl):
 
         def real(t):
             return None if t is None or t == null else t
-        self.types = {"int8": MPI.INT8_T, "uint8": MPI.UINT8_T, "int32": MPI.INT32_T,
-                      "int64": MPI.INT64_T, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
-                      "float16": real(getattr(MPI, "FLOAT16_T", None)),
-                      "bfloat16": real(getattr(MPI, "BFLOAT16_T", None))}
+
+        self.types = {
+            "int8": MPI.INT8_T,
+            "uint8": MPI.UINT8_T,
+            "int32": MPI.INT32_T,
+            "int64": MPI.INT64_T,
+            "float32": MPI.FLOAT,
+            "float64": MPI.DOUBLE,
+            "float16": real(getattr(MPI, "FLOAT16_T", None)),
+            "bfloat16": real(getattr(MPI, "BFLOAT16_T", None)),
+        }
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
     def placements(self, coll):
@@ -168,6 +184,7 @@ class MpiImpl(Impl):
             # 16-bit floats travel as raw bits: mpi4py cannot read their buffer format.
             raw = arr.view(np.uint16) if arr.dtype.itemsize == 2 and arr.dtype.kind not in "iu" else arr
             return [raw, arr.size, mpi_type]
+
         s, r = spec(inp), spec(out)
         mop = self.ops.get(op)
         if name == "all_reduce":
@@ -198,8 +215,7 @@ class MpiImpl(Impl):
 def open_mpi(rank, nranks):
     """(MpiImpl, None) or (None, reason)."""
     if launcher_name() != "mpiexec":
-        return None, ("not started by mpiexec; run `mpiexec -n P python bench/rt_bench.py ...` "
-                      "to compare with MPI")
+        return None, ("not started by mpiexec; run `mpiexec -n P python bench/rt_bench.py ...` to compare with MPI")
     try:
         from mpi4py import MPI
     except ImportError as exc:
@@ -210,10 +226,12 @@ def open_mpi(rank, nranks):
     comm = world.Split(0, rank)  # number MPI ranks as ringtree's, whatever the launcher did
     lib = " ".join(MPI.Get_library_version().split()[:3]).strip()
     import mpi4py
+
     return MpiImpl(MPI, comm, f"{lib} via mpi4py {mpi4py.__version__}"), None
 
 
 # ---------------------------------------------------------------------------- torch
+
 
 def _torch_view(torch, arr):
     """A tensor sharing arr's memory (bfloat16 goes through its 16-bit pattern); device
@@ -268,10 +286,10 @@ class TorchImpl(Impl):
         if name == "reduce":
             return lambda: dist.reduce(tin, dst=root, op=rop)
         if name == "gather":
-            blocks = [tout[b * n:(b + 1) * n] for b in range(size)] if rank == root else None
+            blocks = [tout[b * n : (b + 1) * n] for b in range(size)] if rank == root else None
             return lambda: dist.gather(tin, gather_list=blocks, dst=root)
         if name == "scatter":
-            blocks = [tin[b * n:(b + 1) * n] for b in range(size)] if rank == root else None
+            blocks = [tin[b * n : (b + 1) * n] for b in range(size)] if rank == root else None
             return lambda: dist.scatter(tout, scatter_list=blocks, src=root)
         if name == "sendrecv":
             nxt, prv = (rank + 1) % size, (rank - 1) % size
@@ -280,6 +298,7 @@ class TorchImpl(Impl):
                 work = dist.isend(tin, nxt)
                 dist.recv(tout, prv)
                 work.wait()
+
             return sendrecv
         raise ValueError(name)
 
@@ -316,8 +335,9 @@ def _open_torch_backend(backend, torch, dist, reason, rank, nranks, share_port, 
     store = None
     if rank == 0 and reason is None:
         try:
-            store = dist.TCPStore(_store_host(), 0, nranks, True, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=timeout_s))
+            store = dist.TCPStore(
+                _store_host(), 0, nranks, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+            )
             port = store.port
         except Exception as exc:  # any failure to listen makes this peer absent on all ranks
             reason = f"cannot start a TCP store: {exc}"
@@ -327,10 +347,10 @@ def _open_torch_backend(backend, torch, dist, reason, rank, nranks, share_port, 
     if _store_host().startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may not resolve to loopback
     if store is None:
-        store = dist.TCPStore(_store_host(), port, nranks, False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=nranks,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+        store = dist.TCPStore(_store_host(), port, nranks, False, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=nranks, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     if backend == "nccl":
         version = ".".join(str(v) for v in torch.cuda.nccl.version())
         return TorchImpl("nccl", torch, dist, f"torch {torch.__version__} NCCL {version}"), None
@@ -356,8 +376,10 @@ def open_nccl(rank, nranks, share_port, device, timeout_s):
 
 # ---------------------------------------------------------------------------- memcpy
 
+
 class MemcpyImpl(Impl):
     """One process copying size bytes: the machine's copy bandwidth, busbw = algbw."""
+
     name = "memcpy"
     rank0_only = True
     description = "numpy.copyto of the same number of bytes, rank 0 alone"
@@ -385,10 +407,12 @@ class MemcpyImpl(Impl):
 
 class DeviceCopyImpl(MemcpyImpl):
     """--device cuda: one device-to-device copy of size bytes (torch copy_), rank 0 alone."""
+
     description = "torch device-to-device copy_ of the same number of bytes, rank 0 alone"
 
     def __init__(self):
         import torch
+
         self.torch = torch
         self.src = self.dst = torch.zeros(0, dtype=torch.uint8, device="cuda")
 
@@ -406,9 +430,11 @@ class DeviceCopyImpl(MemcpyImpl):
 
 # ---------------------------------------------------------------------------- raw sockets
 
+
 class RawSocketImpl(Impl):
     """The bytes a ring moves, over plain TCP: send busbw_factor x size bytes to rank+1 while
     receiving as many from rank-1, from the cell's own buffers (not checked: no reduction)."""
+
     name = "raw"
     checked = False
     description = "plain TCP sockets in a ring, busbw-factor x size bytes each way, no reduction"
@@ -442,7 +468,9 @@ def open_raw(rank, nranks, gather_ints, timeout_s, own_buffers=True):
     store (MASTER_ADDR) from; addresses and ports travel through ringtree (gather_ints)."""
     import ipaddress
     import socket
+
     import raw_socket
+
     if nranks < 2:
         return None, "needs two ranks or more"
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -458,8 +486,9 @@ def open_raw(rank, nranks, gather_ints, timeout_s, own_buffers=True):
         ips = gather_ints(int(ipaddress.IPv4Address(my_ip)))
         ports = gather_ints(server.getsockname()[1])
         nxt = (rank + 1) % nranks
-        out, inc = raw_socket.ring_sockets(server, (str(ipaddress.IPv4Address(int(ips[nxt]))), int(ports[nxt])),
-                                           streams, sockbuf, zerocopy, timeout_s)
+        out, inc = raw_socket.ring_sockets(
+            server, (str(ipaddress.IPv4Address(int(ips[nxt]))), int(ports[nxt])), streams, sockbuf, zerocopy, timeout_s
+        )
     finally:
         server.close()
     impl = RawSocketImpl(raw_socket.Exchange(out, inc, zerocopy, 1 << 20), nranks, own_buffers)
@@ -482,8 +511,11 @@ def open_peers(names, rank, nranks, share_port, device, timeout_s, gather_ints=N
         elif name == "memcpy":
             impl, reason = (DeviceCopyImpl() if device == "cuda" else MemcpyImpl()), None
         elif name in ("raw", "rawbuf"):
-            impl, reason = open_raw(rank, nranks, gather_ints, timeout_s, name == "raw") if device != "cuda" else (
-                None, "host sockets only (this run is --device cuda)")
+            impl, reason = (
+                open_raw(rank, nranks, gather_ints, timeout_s, name == "raw")
+                if device != "cuda"
+                else (None, "host sockets only (this run is --device cuda)")
+            )
         else:
             raise ValueError(name)
         if impl is None:

@@ -9,6 +9,7 @@ covers a parent killed by SIGKILL or a crash.
 page_state(buffers) reports the transparent-huge-page settings and how much of each buffer's
 mappings the kernel backs with huge pages (AnonHugePages in /proc/self/smaps).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,6 +29,7 @@ def _die_with_parent():
     # Runs in the child between fork and exec: SIGKILL it when the parent thread exits.
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -62,8 +64,12 @@ class BackgroundLoad:
     def start(self):
         try:
             for _ in range(self.n):
-                proc = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _BURNER],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    preexec_fn=_die_with_parent,
+                )
                 self.procs.append(proc)
             for proc in self.procs:  # each is spinning before the timed work starts
                 if proc.stdout.read(1) != b"r":
@@ -97,6 +103,7 @@ def describe(load: BackgroundLoad) -> str:
 
 
 # ------------------------------------------------------------------ page state
+
 
 def read_thp(name: str = "enabled", thp_dir: str = THP_DIR) -> str | None:
     """The selected value of a THP setting ('always [madvise] never' -> 'madvise'), or None."""
@@ -158,8 +165,12 @@ def buffer_pages(address: int, nbytes: int, maps: list[dict]) -> dict:
     per mapping, and the kernel may merge neighbouring anonymous mappings, so the figures are of
     the whole mapping(s): mapping_bytes says how much that is."""
     hit = [m for m in maps if m["start"] < address + nbytes and address < m["end"]]
-    return {"bytes": int(nbytes), "mapping_bytes": sum(m["end"] - m["start"] for m in hit),
-            "anon_huge_kb": sum(m["anon_huge_kb"] for m in hit), "rss_kb": sum(m["rss_kb"] for m in hit)}
+    return {
+        "bytes": int(nbytes),
+        "mapping_bytes": sum(m["end"] - m["start"] for m in hit),
+        "anon_huge_kb": sum(m["anon_huge_kb"] for m in hit),
+        "rss_kb": sum(m["rss_kb"] for m in hit),
+    }
 
 
 def page_state(buffers: dict, smaps_path: str = "/proc/self/smaps") -> dict:
@@ -167,5 +178,4 @@ def page_state(buffers: dict, smaps_path: str = "/proc/self/smaps") -> dict:
     for numpy arrays (or anything with .ctypes.data and .nbytes)."""
     maps = smaps_mappings(smaps_path)
     bufs = {name: buffer_pages(arr.ctypes.data, arr.nbytes, maps) for name, arr in buffers.items()}
-    return {"thp": thp_settings(), "buffers": bufs,
-            "huge": any(b["anon_huge_kb"] > 0 for b in bufs.values())}
+    return {"thp": thp_settings(), "buffers": bufs, "huge": any(b["anon_huge_kb"] > 0 for b in bufs.values())}

@@ -6,6 +6,7 @@ be capped with `tc tbf` (netem is not in this machine's kernel). Every namespace
 address is made here, inside namespaces made here, and all are removed on exit, failure included;
 namespaces left by a process that was killed before it could clean up are removed by the next
 run. Needs root and iproute2's `ip` and `tc`; without them NetnsUnavailable says why."""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +46,7 @@ def rate_bytes_per_second(rate: str) -> float:
 class Hosts:
     """Namespaces made by emulated_hosts(); host h's namespace is names[h], its address addrs[h]
     on its link `device` (the same name in every host namespace)."""
+
     names: list
     addrs: list
     switch: str
@@ -61,8 +63,10 @@ class Hosts:
 
     def describe(self) -> str:
         cap = f", links capped at {self.rate} (tc tbf)" if self.rate else ", links uncapped"
-        return (f"{len(self.names)} namespace hosts ({', '.join(f'{n}={a}' for n, a in zip(self.names, self.addrs))})"
-                f" on bridge {self.switch}{cap}")
+        return (
+            f"{len(self.names)} namespace hosts ({', '.join(f'{n}={a}' for n, a in zip(self.names, self.addrs))})"
+            f" on bridge {self.switch}{cap}"
+        )
 
 
 def _alive(pid: int) -> bool:
@@ -87,8 +91,22 @@ def _cap(namespace: str, device: str, rate: str):
     # The bucket must hold at least one GSO burst (veth offloads up to 64 KiB a packet), else tbf
     # drops it outright; 2 ms of the rate beyond that keeps short bursts near the rate.
     burst = max(128 << 10, int(rate_bytes_per_second(rate) * 0.002))
-    tc("-n", namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate, "burst", str(burst),
-       "latency", "50ms")
+    tc(
+        "-n",
+        namespace,
+        "qdisc",
+        "add",
+        "dev",
+        device,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(burst),
+        "latency",
+        "50ms",
+    )
 
 
 @contextlib.contextmanager
@@ -103,8 +121,12 @@ def emulated_hosts(hosts: int, rate: str = None):
         raise NetnsUnavailable("network namespaces need root and iproute2's `ip` (and `tc` for a rate cap)")
     remove_leftovers()
     tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    made = Hosts(names=[f"{tag}-h{h}" for h in range(hosts)], addrs=[NET.format(h + 1) for h in range(hosts)],
-                 switch=f"{tag}-sw", rate=rate)
+    made = Hosts(
+        names=[f"{tag}-h{h}" for h in range(hosts)],
+        addrs=[NET.format(h + 1) for h in range(hosts)],
+        switch=f"{tag}-sw",
+        rate=rate,
+    )
     try:
         ip("netns", "add", made.switch)
         ip("-n", made.switch, "link", "add", "br0", "type", "bridge")

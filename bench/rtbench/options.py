@@ -3,6 +3,7 @@
 nccl-tests meanings are kept where a flag exists there (-b -e -f -i -n -w -c -o -d
 -r -a -J -T), so a user can paste an nccl-tests command line and get the same sweep.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,16 +12,32 @@ from dataclasses import dataclass, field
 
 from . import load
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-               "reduce", "gather", "scatter", "sendrecv")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "sendrecv",
+)
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 ALGOS = ("ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order", "auto")
 PEERS = ("mpi", "gloo", "nccl", "memcpy", "raw", "rawbuf")
 
 # Canonical dtype names are numpy's; nccl-tests spellings are accepted on input.
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32",
-                 "fp32": "float32", "double": "float64", "fp64": "float64"}
+DTYPE_ALIASES = {
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "float": "float32",
+    "fp32": "float32",
+    "double": "float64",
+    "fp64": "float64",
+}
 
 # -a as in nccl-tests: how the per-rank average iteration times become one number.
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
@@ -57,8 +74,9 @@ def size_list(min_bytes: int, max_bytes: int, factor: float = 1, step: int = 0) 
     return sizes
 
 
-def _split_names(text: str, known: tuple[str, ...], what: str, aliases: dict | None = None,
-                 normalize=lambda s: s) -> list[str]:
+def _split_names(
+    text: str, known: tuple[str, ...], what: str, aliases: dict | None = None, normalize=lambda s: s
+) -> list[str]:
     """'a,b' -> ['a','b'] checked against known; 'all' -> every known name, order kept."""
     names = []
     for raw in str(text).split(","):
@@ -119,46 +137,85 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rt_bench.py",
         description="ringtree collectives benchmark, nccl-tests compatible. Start it with "
-                    "`python -m ringtree.launch -n P`, `mpiexec -n P` or `torchrun --nproc-per-node P`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "`python -m ringtree.launch -n P`, `mpiexec -n P` or `torchrun --nproc-per-node P`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     # nccl-tests defaults: one 32 MiB size, 20 timed iterations after 5 warm-up ones.
     p.add_argument("-b", "--minbytes", default="32M", help="smallest size (K/M/G suffixes)")
     p.add_argument("-e", "--maxbytes", default="32M", help="largest size (K/M/G suffixes)")
-    p.add_argument("-f", "--stepfactor", type=float, default=None,
-                   help="multiply the size by this factor at each step")
-    p.add_argument("-i", "--stepbytes", default=None,
-                   help="add this many bytes at each step (default 1M when -f is not given)")
+    p.add_argument("-f", "--stepfactor", type=float, default=None, help="multiply the size by this factor at each step")
+    p.add_argument(
+        "-i", "--stepbytes", default=None, help="add this many bytes at each step (default 1M when -f is not given)"
+    )
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations per size")
-    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
-                   help="check every result against the exactly predictable expected values")
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="check every result against the exactly predictable expected values",
+    )
     p.add_argument("-o", "--op", default="sum", help="reduction: sum, prod, min, max, avg or all")
-    p.add_argument("-d", "--datatype", default="float32",
-                   help="int8, uint8, int32, int64, float16, bfloat16, float32, float64 "
-                        "(nccl-tests names half/float/double too), comma list, or all")
+    p.add_argument(
+        "-d",
+        "--datatype",
+        default="float32",
+        help="int8, uint8, int32, int64, float16, bfloat16, float32, float64 "
+        "(nccl-tests names half/float/double too), comma list, or all",
+    )
     p.add_argument("-r", "--root", type=int, default=0, help="root of rooted collectives")
-    p.add_argument("-a", "--average", type=int, default=3, choices=sorted(AVERAGE_MODES),
-                   help="combine the ranks' times: 0 rank 0's, 1 average, 2 minimum, "
-                        "3 maximum (the slowest rank; nccl-tests' default is 1)")
+    p.add_argument(
+        "-a",
+        "--average",
+        type=int,
+        default=3,
+        choices=sorted(AVERAGE_MODES),
+        help="combine the ranks' times: 0 rank 0's, 1 average, 2 minimum, "
+        "3 maximum (the slowest rank; nccl-tests' default is 1)",
+    )
     p.add_argument("-J", "--json", default=None, metavar="FILE", help="also write results as JSON")
-    p.add_argument("-T", "--timeout", type=float, default=None,
-                   help="seconds before a ringtree collective raises Timeout (default: RINGTREE_TIMEOUT)")
-    p.add_argument("--algo", default="auto",
-                   help="ringtree algorithm: ring, tree, direct, oneshot, hier, hier_tree, rank_order, auto, comma list, or all "
-                        "(hier needs ranks on several hosts to differ from flat: launch with --hosts H)")
-    p.add_argument("--collective", default="all_reduce",
-                   help="collective(s): " + ", ".join(COLLECTIVES) + ", comma list, or all")
-    p.add_argument("--vs", default="", help="peers measured side by side: mpi, gloo, nccl, memcpy, raw, rawbuf (comma list)")
+    p.add_argument(
+        "-T",
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before a ringtree collective raises Timeout (default: RINGTREE_TIMEOUT)",
+    )
+    p.add_argument(
+        "--algo",
+        default="auto",
+        help="ringtree algorithm: ring, tree, direct, oneshot, hier, hier_tree, rank_order, auto, comma list, or all "
+        "(hier needs ranks on several hosts to differ from flat: launch with --hosts H)",
+    )
+    p.add_argument(
+        "--collective", default="all_reduce", help="collective(s): " + ", ".join(COLLECTIVES) + ", comma list, or all"
+    )
+    p.add_argument(
+        "--vs", default="", help="peers measured side by side: mpi, gloo, nccl, memcpy, raw, rawbuf (comma list)"
+    )
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write busbw vs size plots")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where buffers live")
-    p.add_argument("--if-gpu", action="store_true",
-                   help="with --device cuda: where no GPU is usable, say why and exit 0 instead of 2")
+    p.add_argument(
+        "--if-gpu",
+        action="store_true",
+        help="with --device cuda: where no GPU is usable, say why and exit 0 instead of 2",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress on rank 0's stderr")
-    p.add_argument("--trace", default=None, metavar="DIR",
-                   help="each rank writes its timeline of ringtree's calls (the last RINGTREE_FLIGHT_RECORDER) "
-                        "to DIR at the end; merge: python -m ringtree.analyze DIR --trace all.json")
-    p.add_argument("--background-load", default="0", metavar="N",
-                   help="start N CPU-burning processes beside the job (from rank 0) for its duration")
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="each rank writes its timeline of ringtree's calls (the last RINGTREE_FLIGHT_RECORDER) "
+        "to DIR at the end; merge: python -m ringtree.analyze DIR --trace all.json",
+    )
+    p.add_argument(
+        "--background-load",
+        default="0",
+        metavar="N",
+        help="start N CPU-burning processes beside the job (from rank 0) for its duration",
+    )
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -186,15 +243,34 @@ def parse_args(argv=None) -> Options:
         ops = _split_names(a.op, REDUCE_OPS, "op")
         dtypes = _split_names(a.datatype, DTYPES, "datatype", DTYPE_ALIASES)
         algos = _split_names(a.algo, ALGOS, "algorithm")
-        collectives = _split_names(a.collective, COLLECTIVES, "collective",
-                                   normalize=_normalize_collective)
+        collectives = _split_names(a.collective, COLLECTIVES, "collective", normalize=_normalize_collective)
         peers = _split_names(a.vs, PEERS, "peer") if a.vs.strip() else []
         background_load = load.check_count(a.background_load)
     except ValueError as exc:
         parser.error(str(exc))
-    return Options(sizes=sizes, min_bytes=min_bytes, max_bytes=max_bytes, step_factor=factor,
-                   step_bytes=step, iters=a.iters, warmup=a.warmup_iters, check=bool(a.check),
-                   ops=ops, dtypes=dtypes, root=a.root, average=a.average, json_path=a.json,
-                   timeout=a.timeout, algos=algos, collectives=collectives, peers=peers,
-                   plot_path=a.plot, device=a.device, if_gpu=a.if_gpu, progress=not a.no_progress,
-                   inject_error=a.inject_error, trace_dir=a.trace, background_load=background_load)
+    return Options(
+        sizes=sizes,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        step_factor=factor,
+        step_bytes=step,
+        iters=a.iters,
+        warmup=a.warmup_iters,
+        check=bool(a.check),
+        ops=ops,
+        dtypes=dtypes,
+        root=a.root,
+        average=a.average,
+        json_path=a.json,
+        timeout=a.timeout,
+        algos=algos,
+        collectives=collectives,
+        peers=peers,
+        plot_path=a.plot,
+        device=a.device,
+        if_gpu=a.if_gpu,
+        progress=not a.no_progress,
+        inject_error=a.inject_error,
+        trace_dir=a.trace,
+        background_load=background_load,
+    )

@@ -1,5 +1,6 @@
 """busbw against size, one panel per collective, one line per ringtree algorithm and
 per peer (out-of-place where measured, else in place), log-log axes."""
+
 from __future__ import annotations
 
 import math
@@ -23,6 +24,7 @@ def series(rows, impl: str, collective: str, dtype: str, op: str):
 
 def plot_rows(rows, subjects, peers, path, nranks):
     import matplotlib
+
     matplotlib.use("Agg")  # no display on benchmark hosts
     import matplotlib.pyplot as plt
 
@@ -44,8 +46,7 @@ def plot_rows(rows, subjects, peers, path, nranks):
                 continue
             sizes, bw = zip(*pts)
             style = "-o" if impl.startswith("ringtree") else "--s"
-            ax.plot(sizes, [max(b, 1e-6) for b in bw], style, markersize=3, label=impl,
-                    color=colours[impl])
+            ax.plot(sizes, [max(b, 1e-6) for b in bw], style, markersize=3, label=impl, color=colours[impl])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{collective} ({first.dtype} {first.op}, P={nranks})", fontsize=10)
@@ -53,7 +54,7 @@ def plot_rows(rows, subjects, peers, path, nranks):
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -7,6 +7,7 @@ dtype x op x size. Columns are nccl-tests' own, then three per peer:
 Every table starts with a machine-readable line `# Table: key=value ...` so
 parse_tables() (tests, RESULTS.md tooling) can find the columns.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,10 @@ PLACEMENT_TITLES = {OOP: "out-of-place", IP: "in-place"}
 @dataclass
 class Cell:
     """One implementation, one placement, one size: time over ranks, #wrong summed over ranks."""
+
     seconds: float | None = None
-    wrong: int | None = None     # None when not checked (-c 0, or memcpy)
-    na: str | None = None        # why it did not run
+    wrong: int | None = None  # None when not checked (-c 0, or memcpy)
+    na: str | None = None  # why it did not run
     factor: float | None = None  # busbw factor when not the collective's (memcpy: 1)
 
     @property
@@ -36,13 +38,13 @@ class Cell:
 class Row:
     collective: str
     dtype: str
-    op: str          # "none" for non-reductions
-    root: int        # -1 for collectives without a root
+    op: str  # "none" for non-reductions
+    root: int  # -1 for collectives without a root
     size: int
     count: int
     nranks: int
     factor: float
-    cells: dict      # impl name -> {placement: Cell}
+    cells: dict  # impl name -> {placement: Cell}
 
     def cell(self, impl: str, placement: str) -> Cell | None:
         return self.cells.get(impl, {}).get(placement)
@@ -65,8 +67,8 @@ def format_time_us(seconds: float) -> str:
 
 
 _BASE_WIDTHS = (12, 12, 8, 6, 6)
-_GROUP_WIDTHS = (8, 7, 7, 6)        # time algbw busbw #wrong
-_PEER_WIDTHS = (8, 7, 6)            # time busbw ratio
+_GROUP_WIDTHS = (8, 7, 7, 6)  # time algbw busbw #wrong
+_PEER_WIDTHS = (8, 7, 6)  # time busbw ratio
 
 
 def _join(fields, widths):
@@ -106,8 +108,9 @@ def _peer_fields(row: Row, subject: str, peer: str, placement: str):
     return [format_time_us(cell.seconds), f"{busbw:.2f}", "n/a" if ratio is None else f"{ratio:.2f}"]
 
 
-def format_table(rows: list[Row], subject: str, peers: list[tuple[str, str]], check: bool,
-                 nranks: int) -> tuple[list[str], float, int]:
+def format_table(
+    rows: list[Row], subject: str, peers: list[tuple[str, str]], check: bool, nranks: int
+) -> tuple[list[str], float, int]:
     """Lines of one table, its average busbw and its #wrong total.
 
     peers: [(name, placement)] in column order.
@@ -119,8 +122,7 @@ def format_table(rows: list[Row], subject: str, peers: list[tuple[str, str]], ch
     group_w = sum(w + 2 for w in _GROUP_WIDTHS)
     peer_w = sum(w + 2 for w in _PEER_WIDTHS)
     title = " " * (base_w - 1) + "".join(f"{PLACEMENT_TITLES[p]:^{group_w}}" for p in (OOP, IP))
-    title += "".join(f"{name + ' (' + ('oop' if pl == OOP else 'in-place') + ')':^{peer_w}}"
-                     for name, pl in peers)
+    title += "".join(f"{name + ' (' + ('oop' if pl == OOP else 'in-place') + ')':^{peer_w}}" for name, pl in peers)
     lines.append("#" + title.rstrip())
     head = _join(("size", "count", "type", "redop", "root"), _BASE_WIDTHS)
     units = _join(("(B)", "(elements)", "", "", ""), _BASE_WIDTHS)
@@ -163,7 +165,7 @@ def parse_tables(text: str) -> list[dict]:
     tables, current = [], None
     for line in text.splitlines():
         if line.startswith("# Table:"):
-            meta = dict(item.split("=", 1) for item in line[len("# Table:"):].split())
+            meta = dict(item.split("=", 1) for item in line[len("# Table:") :].split())
             meta["peers"] = [] if meta.get("peers", "-") == "-" else meta["peers"].split(",")
             current = {"meta": meta, "rows": []}
             tables.append(current)
@@ -205,11 +207,11 @@ def rows_to_json(rows: list[Row], header: dict) -> str:
             algbw, busbw = row.bw(cell)
             d.update(time_us=cell.seconds * 1e6, algbw_GBps=algbw, busbw_GBps=busbw)
         return d
+
     out = []
     for row in rows:
         d = {k: v for k, v in asdict(row).items() if k != "cells"}
-        d["cells"] = {impl: {pl: cell_json(row, c) for pl, c in by_pl.items()}
-                      for impl, by_pl in row.cells.items()}
+        d["cells"] = {impl: {pl: cell_json(row, c) for pl, c in by_pl.items()} for impl, by_pl in row.cells.items()}
         out.append(d)
     return json.dumps({"header": header, "results": out}, indent=1, default=_json_default)
 

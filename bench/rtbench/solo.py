@@ -12,6 +12,7 @@ library needs a control channel of its own beyond its barrier.
 
 Started by launch_spread.py, never by hand: `python bench/launch_worker.py --help`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,7 @@ import numpy as np
 
 from . import collectives as colls
 from . import impls as impls_mod
-from . import load
-from . import verify
+from . import load, verify
 
 LIBS = ("ringtree", "mpi", "gloo")
 _LAUNCH_VARS = ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_UNIQUE_ID", "RINGTREE_LISTEN_FD")
@@ -56,12 +56,14 @@ def open_library(args):
     """(impl, rank, nranks, close) for the one library of this launch."""
     if args.lib == "ringtree":
         import ringtree as rt
+
         comm = rt.init()
         impl = impls_mod.RingtreeImpl(rt, comm, "auto", args.timeout)
         impl.description = f"ringtree {getattr(rt, '__version__', '?')} (algo auto)"
         return impl, comm.rank, comm.size, comm.close
     if args.lib == "mpi":
         from mpi4py import MPI
+
         world = MPI.COMM_WORLD
         impl, reason = impls_mod.open_mpi(world.Get_rank(), world.Get_size())
         if impl is None:
@@ -70,13 +72,19 @@ def open_library(args):
     # gloo: ranks come from ringtree.launch's environment; rendezvous through a file, so this
     # launch needs no ringtree communicator and no port of its own.
     import datetime
+
     torch, dist, reason = impls_mod._import_torch()
     if reason is not None:
         raise RuntimeError(reason)
     rank, nranks = _env_int("RINGTREE_RANK", "RANK"), _env_int("RINGTREE_WORLD_SIZE", "WORLD_SIZE")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank, world_size=nranks,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{args.rendezvous}",
+        rank=rank,
+        world_size=nranks,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
     impl = impls_mod.TorchImpl("gloo", torch, dist, f"torch {torch.__version__} Gloo")
     return impl, rank, nranks, impl.close
 
@@ -94,8 +102,13 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
     placement = impl.placements(coll)[0]
     cells = []
     for size, n in zip(sizes, counts):
-        cell = {"collective": coll.name, "size": coll.size_bytes(n, dt.itemsize, nranks), "requested": size,
-                "count": n, "placement": placement}
+        cell = {
+            "collective": coll.name,
+            "size": coll.size_bytes(n, dt.itemsize, nranks),
+            "requested": size,
+            "count": n,
+            "placement": placement,
+        }
         reason = impl.unsupported(coll, dtype_name, op)
         if reason is not None:
             cells.append(dict(cell, na=reason))
@@ -103,7 +116,7 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
         inp, out = coll.views(placement, send, recv, n, nranks, rank)
         call = impl.make_call(coll, placement, inp, out, n, op, root)
         out[...] = verify.sentinel(dtype_name)
-        np.copyto(inp, verify.make_input(coll, rank, n, nranks, op, dtype_name)[:inp.size].reshape(inp.shape))
+        np.copyto(inp, verify.make_input(coll, rank, n, nranks, op, dtype_name)[: inp.size].reshape(inp.shape))
         try:
             call()
         except impl.skippable as exc:
@@ -127,14 +140,23 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
 def main(argv=None) -> int:
     args = _parse(argv)
     impl, rank, nranks, close = open_library(args)
-    result = {"lib": args.lib, "description": impl.description, "rank": rank, "nranks": nranks,
-              "pid": os.getpid(), "dtype": args.dtype, "cells": [], "pages": {},
-              # ringtree's settings as this rank saw them (the launcher's own variables left out)
-              "settings": {k: v for k, v in os.environ.items() if k.startswith("RINGTREE_") and k not in _LAUNCH_VARS}}
+    result = {
+        "lib": args.lib,
+        "description": impl.description,
+        "rank": rank,
+        "nranks": nranks,
+        "pid": os.getpid(),
+        "dtype": args.dtype,
+        "cells": [],
+        "pages": {},
+        # ringtree's settings as this rank saw them (the launcher's own variables left out)
+        "settings": {k: v for k, v in os.environ.items() if k.startswith("RINGTREE_") and k not in _LAUNCH_VARS},
+    }
     try:
         for name in args.collectives.split(","):
-            cells, pages = measure(impl, rank, nranks, colls.get(name), [int(s) for s in args.sizes.split(",")],
-                                   args.dtype, args)
+            cells, pages = measure(
+                impl, rank, nranks, colls.get(name), [int(s) for s in args.sizes.split(",")], args.dtype, args
+            )
             result["cells"] += cells
             result["pages"][name] = pages
     finally:

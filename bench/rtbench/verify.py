@@ -15,6 +15,7 @@ gives the same bits, and a result is either exactly right or wrong. The bounds:
 Values are generated in int64 and cast once, so the expected result is computed in
 exact integer arithmetic.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,13 +30,29 @@ except ImportError:  # pragma: no cover - depends on the environment
     ml_dtypes = None
 
 REDUCTION_KINDS = ("sum", "prod", "min", "max", "avg")
-EXACT_CAP = {"int8": 127, "uint8": 255, "int32": 2**31 - 1, "int64": 2**63 - 1,
-             "float16": 2048, "bfloat16": 256, "float32": 2**24, "float64": 2**53}
+EXACT_CAP = {
+    "int8": 127,
+    "uint8": 255,
+    "int32": 2**31 - 1,
+    "int64": 2**63 - 1,
+    "float16": 2048,
+    "bfloat16": 256,
+    "float32": 2**24,
+    "float64": 2**53,
+}
 # Spacing of floats at 1.0, for the avg tolerance.
 FLOAT_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 # nccl-tests' names for the type column.
-NCCL_TYPE_NAMES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64",
-                   "float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double"}
+NCCL_TYPE_NAMES = {
+    "int8": "int8",
+    "uint8": "uint8",
+    "int32": "int32",
+    "int64": "int64",
+    "float16": "half",
+    "bfloat16": "bfloat16",
+    "float32": "float",
+    "float64": "double",
+}
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -96,16 +113,16 @@ def value_kind(coll: colls.Collective, op: str | None) -> str:
     return op if coll.reduction else "copy"
 
 
-def make_input(coll: colls.Collective, rank: int, n: int, nranks: int, op: str | None,
-               dtype_name: str) -> np.ndarray:
+def make_input(coll: colls.Collective, rank: int, n: int, nranks: int, op: str | None, dtype_name: str) -> np.ndarray:
     """This rank's whole input buffer (send count elements), in the dtype."""
     count = coll.send_count(n, nranks)
     vals = input_values(value_kind(coll, op), rank, np.arange(count), nranks, dtype_name)
     return vals.astype(np_dtype(dtype_name))
 
 
-def make_expected(coll: colls.Collective, rank: int, n: int, nranks: int, root: int,
-                  op: str | None, dtype_name: str) -> np.ndarray | None:
+def make_expected(
+    coll: colls.Collective, rank: int, n: int, nranks: int, root: int, op: str | None, dtype_name: str
+) -> np.ndarray | None:
     """What this rank's output must hold, or None where the output is undefined."""
     if not coll.output_checked_on(rank, root):
         return None

@@ -89,9 +89,16 @@ std::string Topology::describe() const {
 
 std::vector<Algo> hier_algos(Collective coll) {
   switch (coll) {
-    case Collective::AllReduce: case Collective::Broadcast: case Collective::Reduce: return {Algo::Hier, Algo::HierTree};
-    case Collective::ReduceScatter: case Collective::AllGather: case Collective::AllToAll: return {Algo::Hier};
-    default: return {};
+    case Collective::AllReduce:
+    case Collective::Broadcast:
+    case Collective::Reduce:
+      return {Algo::Hier, Algo::HierTree};
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+    case Collective::AllToAll:
+      return {Algo::Hier};
+    default:
+      return {};
   }
 }
 
@@ -114,8 +121,13 @@ struct Place {
   const std::vector<int>& members;  // this host's ranks
   int L() const { return static_cast<int>(members.size()); }
   Place(const Topology& topo, int r)
-      : t(topo), rank(r), host(topo.host_of[r]), local(topo.local_index[r]), G(topo.num_hosts()),
-        S(topo.min_local()), members(topo.hosts[topo.host_of[r]]) {}
+      : t(topo),
+        rank(r),
+        host(topo.host_of[r]),
+        local(topo.local_index[r]),
+        G(topo.num_hosts()),
+        S(topo.min_local()),
+        members(topo.hosts[topo.host_of[r]]) {}
   // The owners of column c, one per host, in host order.
   std::vector<int> owners(int c) const {
     std::vector<int> out;
@@ -171,7 +183,8 @@ void ring_reduce_scatter_among(Schedule& s, const std::vector<int>& group, int m
 
 // Ring all-gather among `group` of blocks[i], in `area`, where member i holds block i: step s
 // forwards block me-s and receives block me-s-1.
-void ring_all_gather_among(Schedule& s, const std::vector<int>& group, int me, const std::vector<Range>& blocks, Area area) {
+void ring_all_gather_among(Schedule& s, const std::vector<int>& group, int me, const std::vector<Range>& blocks,
+                           Area area) {
   const int n = static_cast<int>(group.size());
   const int next = group[ring_mod(me + 1, n)], prev = group[ring_mod(me - 1, n)];
   for (int step = 0; step < n - 1; ++step) {
@@ -232,9 +245,9 @@ void hier_all_reduce(Schedule& s, const Place& p, const ScheduleKey& k) {
 // reduce_scatter's and all_gather's packed order: ranks by (column, host, local index); block q
 // sits at packed slot slot[q]. columns and shares (host g's part of column c) as ranges of N.
 struct Packing {
-  std::vector<uint64_t> slot;                // per rank
-  Layout lay;                                // columns in elements
-  std::vector<std::vector<Range>> shares;    // [column][host]
+  std::vector<uint64_t> slot;              // per rank
+  Layout lay;                              // columns in elements
+  std::vector<std::vector<Range>> shares;  // [column][host]
 };
 
 Packing pack_order(const Place& p, uint64_t N) {
@@ -270,8 +283,10 @@ void hier_reduce_scatter(Schedule& s, const Place& p, const ScheduleKey& k) {
   if (owner == p.rank) {
     for (size_t j = p.local; j < p.members.size(); j += p.S) {
       const int q = p.members[j];
-      if (q == p.rank) s.add(make_copy(BufId::Output, 0, BufId::Scratch, pk.slot[q] * N, N));
-      else s.add(make_send(q, BufId::Scratch, pk.slot[q] * N, N));
+      if (q == p.rank)
+        s.add(make_copy(BufId::Output, 0, BufId::Scratch, pk.slot[q] * N, N));
+      else
+        s.add(make_send(q, BufId::Scratch, pk.slot[q] * N, N));
     }
   } else {
     s.add(make_recv(owner, BufId::Output, 0, N));
@@ -289,8 +304,10 @@ void hier_all_gather(Schedule& s, const Place& p, const ScheduleKey& k) {
   if (owner == p.rank) {
     for (size_t j = p.local; j < p.members.size(); j += p.S) {
       const int q = p.members[j];
-      if (q == p.rank) s.add(make_copy(BufId::Scratch, pk.slot[q] * N, BufId::Input, 0, N));
-      else s.add(make_recv(q, BufId::Scratch, pk.slot[q] * N, N));
+      if (q == p.rank)
+        s.add(make_copy(BufId::Scratch, pk.slot[q] * N, BufId::Input, 0, N));
+      else
+        s.add(make_recv(q, BufId::Scratch, pk.slot[q] * N, N));
     }
   } else {
     s.add(make_send(owner, BufId::Input, 0, N));
@@ -354,7 +371,8 @@ void agent_exchange(Schedule& s, const Place& p, int rounds, const std::function
           s.add(gather ? make_copy(BufId::Scratch, slot, BufId::Scratch, own[r], n)
                        : make_copy(BufId::Scratch, own[r], BufId::Scratch, slot, n));
         else
-          s.add(gather ? make_recv(p.members[i], BufId::Scratch, slot, n) : make_send(p.members[i], BufId::Scratch, slot, n));
+          s.add(gather ? make_recv(p.members[i], BufId::Scratch, slot, n)
+                       : make_send(p.members[i], BufId::Scratch, slot, n));
       }
     }
     s.end_step();
@@ -366,7 +384,8 @@ void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
   const int L = p.L(), G = p.G, j = p.local;
   const Topology& t = p.t;
   // Blocks between the ranks of this host: pairwise exchange, straight from input to output.
-  s.add(make_copy(BufId::Output, static_cast<uint64_t>(p.rank) * N, BufId::Input, static_cast<uint64_t>(p.rank) * N, N));
+  s.add(
+      make_copy(BufId::Output, static_cast<uint64_t>(p.rank) * N, BufId::Input, static_cast<uint64_t>(p.rank) * N, N));
   s.end_step();
   for (int d = 1; d < L; ++d) {
     const int to = p.members[ring_mod(j + d, L)], from = p.members[ring_mod(j - d, L)];
@@ -408,7 +427,8 @@ void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
     const uint64_t D = size_of(dest_host(r));
     for (uint64_t src = 0; src < static_cast<uint64_t>(L); ++src)
       for (uint64_t dst = 0; dst < D; ++dst)
-        s.add(make_copy(BufId::Scratch, lay.send[r] + (dst * L + src) * N, BufId::Scratch, lay.gather[r] + (src * D + dst) * N, N));
+        s.add(make_copy(BufId::Scratch, lay.send[r] + (dst * L + src) * N, BufId::Scratch,
+                        lay.gather[r] + (src * D + dst) * N, N));
   }
   s.end_step();
   // one message per host pair and round
@@ -420,7 +440,8 @@ void hier_all_to_all(Schedule& s, const Place& p, const ScheduleKey& k) {
     s.end_step();
   }
   // each round's receiver hands every local rank its part
-  agent_exchange(s, p, rounds, [&](int r) { return size_of(source_host(r)) * N; }, lay.mine, lay.inbox, /*gather=*/false);
+  agent_exchange(
+      s, p, rounds, [&](int r) { return size_of(source_host(r)) * N; }, lay.mine, lay.inbox, /*gather=*/false);
   // unpack into the output
   for (int r = 0; r < rounds; ++r) {
     const std::vector<int>& source = t.hosts[source_host(r)];
@@ -442,10 +463,18 @@ void hier_schedule(Schedule& s, const ScheduleKey& k) {
            "' has no schedule for ", collective_name(k.coll));
   const Place p(t, k.rank);
   switch (k.coll) {
-    case Collective::AllReduce: hier_all_reduce(s, p, k); break;
-    case Collective::ReduceScatter: hier_reduce_scatter(s, p, k); break;
-    case Collective::AllGather: hier_all_gather(s, p, k); break;
-    case Collective::AllToAll: hier_all_to_all(s, p, k); break;
+    case Collective::AllReduce:
+      hier_all_reduce(s, p, k);
+      break;
+    case Collective::ReduceScatter:
+      hier_reduce_scatter(s, p, k);
+      break;
+    case Collective::AllGather:
+      hier_all_gather(s, p, k);
+      break;
+    case Collective::AllToAll:
+      hier_all_to_all(s, p, k);
+      break;
     case Collective::Broadcast:
       tree_broadcast_over(s, hier_tree_node(p, k.root, k.algo == Algo::HierTree ? 2 : 1), 0, k.count, k.segment,
                           BufId::Output);
@@ -457,7 +486,8 @@ void hier_schedule(Schedule& s, const ScheduleKey& k) {
       tree_reduce_over(s, node, 0, k.count, k.segment, BufId::Input, root ? BufId::Output : BufId::Scratch);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 

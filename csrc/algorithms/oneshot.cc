@@ -52,11 +52,18 @@ void await_others(Schedule& s, int P, int r, int skip) {
 
 uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
   switch (coll) {
-    case Collective::AllReduce: case Collective::Reduce: case Collective::AllGather: case Collective::Broadcast:
+    case Collective::AllReduce:
+    case Collective::Reduce:
+    case Collective::AllGather:
+    case Collective::Broadcast:
       return block_bytes;
-    case Collective::ReduceScatter: case Collective::AllToAll: return block_bytes * static_cast<uint64_t>(nranks);
-    case Collective::Barrier: return 0;
-    default: return UINT64_MAX;
+    case Collective::ReduceScatter:
+    case Collective::AllToAll:
+      return block_bytes * static_cast<uint64_t>(nranks);
+    case Collective::Barrier:
+      return 0;
+    default:
+      return UINT64_MAX;
   }
 }
 
@@ -75,15 +82,23 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
     return;
   }
   switch (coll) {
-    case Collective::AllReduce: reduce_in_rank_order(s, P, 0, N); break;
-    case Collective::ReduceScatter: reduce_in_rank_order(s, P, ur * N, N); break;
-    case Collective::Reduce:
-      if (r == root) reduce_in_rank_order(s, P, 0, N);
-      else await_others(s, P, r, r);
+    case Collective::AllReduce:
+      reduce_in_rank_order(s, P, 0, N);
       break;
-    case Collective::AllGather: case Collective::AllToAll: {
+    case Collective::ReduceScatter:
+      reduce_in_rank_order(s, P, ur * N, N);
+      break;
+    case Collective::Reduce:
+      if (r == root)
+        reduce_in_rank_order(s, P, 0, N);
+      else
+        await_others(s, P, r, r);
+      break;
+    case Collective::AllGather:
+    case Collective::AllToAll: {
       const uint64_t pub_off = coll == Collective::AllToAll ? ur * N : 0;
-      for (int q = 0; q < P; ++q) s.add(make_copy_published(q, BufId::Output, static_cast<uint64_t>(q) * N, pub_off, N));
+      for (int q = 0; q < P; ++q)
+        s.add(make_copy_published(q, BufId::Output, static_cast<uint64_t>(q) * N, pub_off, N));
       s.end_step();
       break;
     }
@@ -97,8 +112,11 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       s.deferred_steps = static_cast<uint32_t>(s.num_steps() - before);
       break;
     }
-    case Collective::Barrier: await_others(s, P, r, r); break;
-    default: RT_THROW(InvalidArgument, "no one-shot schedule for ", collective_name(coll));
+    case Collective::Barrier:
+      await_others(s, P, r, r);
+      break;
+    default:
+      RT_THROW(InvalidArgument, "no one-shot schedule for ", collective_name(coll));
   }
 }
 

@@ -54,8 +54,13 @@ bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
 // The collectives one-shot runs (algorithms/oneshot.cc).
 bool has_oneshot_schedule(Collective c) {
   switch (c) {
-    case Collective::AllReduce: case Collective::ReduceScatter: case Collective::AllGather: case Collective::AllToAll:
-    case Collective::Broadcast: case Collective::Reduce: case Collective::Barrier:
+    case Collective::AllReduce:
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+    case Collective::AllToAll:
+    case Collective::Broadcast:
+    case Collective::Reduce:
+    case Collective::Barrier:
       return true;
     default:
       return false;
@@ -117,8 +122,10 @@ PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo,
           if (is_oneshot_read(op.kind)) {
             for (int q : {op.peer, op.lhs_peer}) {
               if (q < 0 || q == r) continue;
-              if (!has_published[q]) ready = false;
-              else oneshot_from = reads_oneshot ? later(oneshot_from, published[q]) : published[q], reads_oneshot = true;
+              if (!has_published[q])
+                ready = false;
+              else
+                oneshot_from = reads_oneshot ? later(oneshot_from, published[q]) : published[q], reads_oneshot = true;
             }
             continue;
           }
@@ -126,8 +133,10 @@ PathLength critical_path(const std::vector<Schedule>& all, const Topology* topo,
           talks_across |= across(r, op.peer);
           if (op.kind == OpKind::Send) continue;
           Link& l = link(op.peer, r);
-          if (l.taken < l.departed.size()) last = later(last, l.departed[l.taken].plus(across(op.peer, r)));
-          else ready = false;
+          if (l.taken < l.departed.size())
+            last = later(last, l.departed[l.taken].plus(across(op.peer, r)));
+          else
+            ready = false;
           ++l.taken;
         }
         if (!ready) {  // some message is not sent yet: give back what this step took, try later
@@ -168,7 +177,10 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
   // reduces more (a reduction costs more than a copy), then the lower rank.
   double most = -1, most_reduced = -1, published = 0;
   // Per host label (rank 0's host alone without a topology): ranks, then the work of each kind.
-  struct HostWork { int ranks = 0; double net = 0, reduced = 0, copied = 0; };
+  struct HostWork {
+    int ranks = 0;
+    double net = 0, reduced = 0, copied = 0;
+  };
   std::vector<HostWork> hosts(topo ? topo->hosts.size() : 1);
   for (int r = 0; r < P; ++r) {
     k.rank = r;
@@ -184,11 +196,23 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
         const double n = static_cast<double>(op.count);
         const bool remote = topo && op.peer >= 0 && !topo->same_host(r, op.peer) && !is_oneshot_op(op.kind);
         switch (op.kind) {
-          case OpKind::Send: mine.sent += n, mine.remote_sent += remote ? n : 0, step_out += remote ? n : 0; break;
-          case OpKind::Recv: mine.received += n, mine.remote_received += remote ? n : 0, step_in += remote ? n : 0; break;
-          case OpKind::RecvReduce: mine.reduced += n, mine.remote_reduced += remote ? n : 0, step_in += remote ? n : 0; break;
-          case OpKind::ReducePublished: mine.reduced += n; break;
-          case OpKind::Copy: case OpKind::Publish: case OpKind::CopyPublished: mine.copied += n; break;
+          case OpKind::Send:
+            mine.sent += n, mine.remote_sent += remote ? n : 0, step_out += remote ? n : 0;
+            break;
+          case OpKind::Recv:
+            mine.received += n, mine.remote_received += remote ? n : 0, step_in += remote ? n : 0;
+            break;
+          case OpKind::RecvReduce:
+            mine.reduced += n, mine.remote_reduced += remote ? n : 0, step_in += remote ? n : 0;
+            break;
+          case OpKind::ReducePublished:
+            mine.reduced += n;
+            break;
+          case OpKind::Copy:
+          case OpKind::Publish:
+          case OpKind::CopyPublished:
+            mine.copied += n;
+            break;
         }
         if (op.kind == OpKind::Publish) published = std::max(published, n);
       }
@@ -200,8 +224,8 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
     ++hw.ranks, hw.net += mine.sent + mine.received - mine.remote_sent - mine.remote_received;
     hw.reduced += mine.reduced - mine.remote_reduced, hw.copied += mine.copied;
     const double remote = mine.remote_sent + mine.remote_received + mine.remote_reduced;
-    const double total = mine.sent + mine.received + mine.reduced + mine.copied - remote +
-                         std::max(remote, w.byte * mine.remote_link);
+    const double total =
+        mine.sent + mine.received + mine.reduced + mine.copied - remote + std::max(remote, w.byte * mine.remote_link);
     if (total > most || (total == most && mine.reduced > most_reduced)) {
       most = total, most_reduced = mine.reduced;
       const double steps = out.steps;
@@ -224,12 +248,21 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
 
 ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) {
   auto mix = [f](double x, double y) { return x + (y - x) * f; };
-  return {mix(a.steps, b.steps), mix(a.hops, b.hops), mix(a.sent, b.sent),
-          mix(a.received, b.received), mix(a.reduced, b.reduced), mix(a.copied, b.copied),
-          mix(a.remote_hops, b.remote_hops), mix(a.remote_sent, b.remote_sent),
-          mix(a.remote_received, b.remote_received), mix(a.remote_reduced, b.remote_reduced),
-          mix(a.remote_link, b.remote_link), mix(a.published, b.published), mix(a.host_net, b.host_net),
-          mix(a.host_reduced, b.host_reduced), mix(a.host_copied, b.host_copied)};
+  return {mix(a.steps, b.steps),
+          mix(a.hops, b.hops),
+          mix(a.sent, b.sent),
+          mix(a.received, b.received),
+          mix(a.reduced, b.reduced),
+          mix(a.copied, b.copied),
+          mix(a.remote_hops, b.remote_hops),
+          mix(a.remote_sent, b.remote_sent),
+          mix(a.remote_received, b.remote_received),
+          mix(a.remote_reduced, b.remote_reduced),
+          mix(a.remote_link, b.remote_link),
+          mix(a.published, b.published),
+          mix(a.host_net, b.host_net),
+          mix(a.host_reduced, b.host_reduced),
+          mix(a.host_copied, b.host_copied)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -244,8 +277,8 @@ double buffer_bytes(Collective c, int P, uint64_t bytes) {
 // hosts (TCP).
 struct Rates {
   double call, hop, net, reduce, copy;  // net: a byte sent or received
-  double remote_hop, link;                // link: a byte one way over the link between hosts
-  double share;                           // ranks per core on this host (1 when they have a core each)
+  double remote_hop, link;              // link: a byte one way over the link between hosts
+  double share;                         // ranks per core on this host (1 when they have a core each)
   int cores;
 };
 
@@ -256,8 +289,9 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_r
   // share fewer cores; half types reduce at float32's element rate (twice its cost per byte).
   const double working_set = 2 * buffer;
   const double cold = working_set <= m.l2_bytes ? 0.0
-                      : working_set >= m.l3_bytes ? 1.0
-                      : std::log(working_set / m.l2_bytes) / std::log(m.l3_bytes / m.l2_bytes);
+                      : working_set >= m.l3_bytes
+                          ? 1.0
+                          : std::log(working_set / m.l2_bytes) / std::log(m.l3_bytes / m.l2_bytes);
   auto per_byte = [cold](double hot_Bps, double cold_Bps) { return (1 - cold) / hot_Bps + cold / cold_Bps; };
   const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
   const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
@@ -398,8 +432,8 @@ ScheduleCounts PriceTable::counts(Collective c, Algo a, uint64_t bytes, uint64_t
   return lerp(t.at[lo], t.at[lo + 1], (static_cast<double>(bytes) - x0) / (x1 - x0));
 }
 
-double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes,
-               DataType dtype, std::string* formula) {
+double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes, DataType dtype,
+               std::string* formula) {
   const int P = table.nranks();
   const double buffer = buffer_bytes(c, P, bytes);
   const bool oneshot = a == Algo::OneShot;
@@ -415,21 +449,24 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const double publish = k.published * r.copy;  // the one-shot publication, before any read
   const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + publish + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
-    std::string hop_terms = hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
+    std::string hop_terms =
+        hops - remote_hops > 0 || remote_hops == 0 ? str_cat(count_text(hops - remote_hops), " x ", us(r.hop)) : "";
     if (remote_hops > 0)
       hop_terms += str_cat(hop_terms.empty() ? "" : " + ", count_text(remote_hops), " x ", us(r.remote_hop));
-    const std::string sum = str_cat(" = ", us(r.call), " + ", hop_terms, " + ",
-                                    publish > 0 ? str_cat(us(publish), " (publication) + ") : std::string(), us(data), " us");
+    const std::string sum =
+        str_cat(" = ", us(r.call), " + ", hop_terms, " + ",
+                publish > 0 ? str_cat(us(publish), " (publication) + ") : std::string(), us(data), " us");
     const std::string where =
-        lo == bytes || hi == bytes ? std::string()
-                    : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
-                              size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
-    *formula = str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
-                       count_text(k.hops), oneshot ? " hop (one-shot publications)" : " hops", " on the critical path",
-                       remote_hops > 0 ? str_cat(" (", count_text(remote_hops), " of ", count_text(hops), " across hosts)")
-                                       : std::string(),
-                       "; busiest rank ",
-                       data_text(k), where, sum);
+        lo == bytes || hi == bytes
+            ? std::string()
+            : str_cat(bytes > hi ? " (linear past the counts at " : " (interpolated between the counts at ",
+                      size_text(static_cast<double>(lo)), " and ", size_text(static_cast<double>(hi)), ")");
+    *formula =
+        str_cat("counted: ", count_text(k.steps), " steps, ", count_text(handshake), " handshake + ",
+                count_text(k.hops), oneshot ? " hop (one-shot publications)" : " hops", " on the critical path",
+                remote_hops > 0 ? str_cat(" (", count_text(remote_hops), " of ", count_text(hops), " across hosts)")
+                                : std::string(),
+                "; busiest rank ", data_text(k), where, sum);
   }
   return t;
 }

@@ -34,21 +34,21 @@ namespace ringtree {
 // The figures pricing uses. The machine probe fills them on rank 0, and the communicator sends
 // them to every rank as bytes, so this stays a plain struct.
 struct MachineCosts {
-  double call_s = 2.5e-6;       // per call: Python, validation, schedule lookup (fitted, P=1 from Python)
-  double hop_s = 0.6e-6;        // one message handoff between two running ranks on one host
-  double switch_s = 8e-6;       // a handoff when ranks outnumber cores: the peer must be scheduled
-  double tcp_hop_s = 40e-6;     // one message over TCP (default, not measured)
-  double tcp_Bps = 2e9;         // TCP stream bandwidth (default, not measured)
-  double copy_hot_Bps = 20e9;   // memcpy, working set in cache
-  double copy_cold_Bps = 8e9;   // memcpy, from memory
-  double reduce_hot_Bps = 12e9; // float32 sum, output bytes per second, in cache
+  double call_s = 2.5e-6;        // per call: Python, validation, schedule lookup (fitted, P=1 from Python)
+  double hop_s = 0.6e-6;         // one message handoff between two running ranks on one host
+  double switch_s = 8e-6;        // a handoff when ranks outnumber cores: the peer must be scheduled
+  double tcp_hop_s = 40e-6;      // one message over TCP (default, not measured)
+  double tcp_Bps = 2e9;          // TCP stream bandwidth (default, not measured)
+  double copy_hot_Bps = 20e9;    // memcpy, working set in cache
+  double copy_cold_Bps = 8e9;    // memcpy, from memory
+  double reduce_hot_Bps = 12e9;  // float32 sum, output bytes per second, in cache
   double reduce_cold_Bps = 6e9;
-  double l2_bytes = 1 << 20;    // working sets up to this use the in-cache figures ...
-  double l3_bytes = 32 << 20;   // ... from this size the from-memory ones, and in between a log blend
-  int32_t cores = 1;            // cores available to this host's ranks
-  int32_t local_ranks = 1;      // ranks on this host
-  int32_t any_tcp = 0;          // some pair talks over TCP
-  int32_t measured = 0;         // 0: defaults, 1: measured now, 2: read from the cache file
+  double l2_bytes = 1 << 20;   // working sets up to this use the in-cache figures ...
+  double l3_bytes = 32 << 20;  // ... from this size the from-memory ones, and in between a log blend
+  int32_t cores = 1;           // cores available to this host's ranks
+  int32_t local_ranks = 1;     // ranks on this host
+  int32_t any_tcp = 0;         // some pair talks over TCP
+  int32_t measured = 0;        // 0: defaults, 1: measured now, 2: read from the cache file
 };
 
 // What a collective's schedules do, counted over every rank's schedule. Amounts are in
@@ -71,10 +71,10 @@ struct ScheduleCounts {
   // pieces the receiver takes while the sender still writes, that copy is on the critical path.
   double published = 0;
   // The busiest host (most ranks; the most bytes among those): what all its ranks together send
-  // or receive, reduce and copy inside the host (bytes across hosts go by the link term). When a host's ranks outnumber its cores they share the cores,
-  // so a call takes at least this work over the cores, as well as the busiest rank's own work
-  // (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound
-  // either way; a tree's leaves and a chain's ends, which do less, leave cores to the others.
+  // or receive, reduce and copy inside the host (bytes across hosts go by the link term). When a host's ranks outnumber
+  // its cores they share the cores, so a call takes at least this work over the cores, as well as the busiest rank's
+  // own work (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound either way; a
+  // tree's leaves and a chain's ends, which do less, leave cores to the others.
   double host_net = 0, host_reduced = 0, host_copied = 0;
 };
 
@@ -133,8 +133,8 @@ struct Candidate {
 // The predicted seconds of algorithm `a` for a call of `bytes` per rank (ScheduleKey::count
 // times the element size) on the table's P ranks; allocates nothing unless `formula` is asked
 // for (explain() asks; choose_algo(), on every call, does not).
-double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes,
-               DataType dtype, std::string* formula);
+double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes, DataType dtype,
+               std::string* formula);
 
 // predict() for each of `algos`, with the formulas.
 std::vector<Candidate> price(const MachineCosts& m, const PriceTable& table, Collective c,

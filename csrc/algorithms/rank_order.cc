@@ -44,7 +44,8 @@ struct Piece {
 };
 
 // Segments of [base, base + count), in order, delivered to `owner` at out_base onwards.
-void add_pieces(std::vector<Piece>& out, uint64_t base, uint64_t count, uint64_t segment, int owner, uint64_t out_base) {
+void add_pieces(std::vector<Piece>& out, uint64_t base, uint64_t count, uint64_t segment, int owner,
+                uint64_t out_base) {
   const uint64_t seg = segment == 0 || segment > count ? count : segment;
   for (uint64_t at = 0; at < count; at += seg)
     out.push_back({base + at, out_base + at, std::min(seg, count - at), owner});
@@ -54,8 +55,12 @@ void add_pieces(std::vector<Piece>& out, uint64_t base, uint64_t count, uint64_t
 
 std::vector<Algo> rank_order_algos(Collective coll) {
   switch (coll) {
-    case Collective::AllReduce: case Collective::ReduceScatter: case Collective::Reduce: return {Algo::RankOrder};
-    default: return {};
+    case Collective::AllReduce:
+    case Collective::ReduceScatter:
+    case Collective::Reduce:
+      return {Algo::RankOrder};
+    default:
+      return {};
   }
 }
 
@@ -64,12 +69,17 @@ void rank_order_schedule(Schedule& s, const ScheduleKey& k) {
   const bool all_reduce = k.coll == Collective::AllReduce;
   std::vector<Piece> pieces;
   switch (k.coll) {
-    case Collective::AllReduce: add_pieces(pieces, 0, k.count, k.segment, -1, 0); break;
-    case Collective::Reduce: add_pieces(pieces, 0, k.count, k.segment, k.root, 0); break;
+    case Collective::AllReduce:
+      add_pieces(pieces, 0, k.count, k.segment, -1, 0);
+      break;
+    case Collective::Reduce:
+      add_pieces(pieces, 0, k.count, k.segment, k.root, 0);
+      break;
     case Collective::ReduceScatter:
       for (int b = 0; b < P; ++b) add_pieces(pieces, static_cast<uint64_t>(b) * k.count, k.count, k.segment, b, 0);
       break;
-    default: RT_THROW(InvalidArgument, "rank_order has no schedule for ", collective_name(k.coll));
+    default:
+      RT_THROW(InvalidArgument, "rank_order has no schedule for ", collective_name(k.coll));
   }
   uint64_t longest = 0;
   for (const Piece& p : pieces) longest = std::max(longest, p.length);

@@ -20,7 +20,9 @@ namespace {
 inline int mod(int a, int p) { return ring_mod(a, p); }
 
 // Block b of a count-element buffer split over P ranks: [offset, offset+length).
-struct BlockRange { uint64_t offset, length; };
+struct BlockRange {
+  uint64_t offset, length;
+};
 inline BlockRange block_range(uint64_t count, int nranks, int b) {
   const uint64_t base = count / nranks, extra = count % nranks;
   const uint64_t ub = static_cast<uint64_t>(b);
@@ -67,11 +69,13 @@ void ring_reduce_scatter(Schedule& s, int P, int r, uint64_t N) {
   for (int step = 0; step < P - 1; ++step) {
     const uint64_t send_block = static_cast<uint64_t>(mod(r - step - 1, P));
     const uint64_t recv_block = static_cast<uint64_t>(mod(r - step - 2, P));
-    if (step == 0) s.add(send(next, BufId::Input, send_block * N, N));
-    else s.add(send(next, BufId::Scratch, scratch(step - 1), N));
+    if (step == 0)
+      s.add(send(next, BufId::Input, send_block * N, N));
+    else
+      s.add(send(next, BufId::Scratch, scratch(step - 1), N));
     const bool last = step == P - 2;
-    s.add(recv_reduce(prev, last ? BufId::Output : BufId::Scratch, last ? 0 : scratch(step),
-                      BufId::Input, recv_block * N, N));
+    s.add(recv_reduce(prev, last ? BufId::Output : BufId::Scratch, last ? 0 : scratch(step), BufId::Input,
+                      recv_block * N, N));
     s.end_step();
   }
 }
@@ -86,8 +90,10 @@ void ring_all_gather(Schedule& s, int P, int r, uint64_t N) {
   s.add(make_copy(BufId::Output, static_cast<uint64_t>(r) * N, BufId::Input, 0, N));
   s.end_step();
   for (int step = 0; step < P - 1; ++step) {
-    if (step == 0) s.add(send(next, BufId::Input, 0, N));
-    else s.add(send(next, BufId::Output, static_cast<uint64_t>(mod(r - step, P)) * N, N));
+    if (step == 0)
+      s.add(send(next, BufId::Input, 0, N));
+    else
+      s.add(send(next, BufId::Output, static_cast<uint64_t>(mod(r - step, P)) * N, N));
     s.add(recv(prev, BufId::Output, static_cast<uint64_t>(mod(r - step - 1, P)) * N, N));
     s.end_step();
   }

@@ -116,20 +116,20 @@ struct Topology {
 
 struct ScheduleKey {
   Collective coll;
-  Algo algo;        // concrete (never Auto)
+  Algo algo;  // concrete (never Auto)
   int nranks;
   int rank;
-  uint64_t count;   // all_reduce/broadcast/reduce: whole buffer; others: per-rank block N
+  uint64_t count;  // all_reduce/broadcast/reduce: whole buffer; others: per-rank block N
   int root;
-  uint64_t segment; // elements per pipelined segment (tree, chain); 0 = whole buffer
-  int peer = -1;    // send/recv
+  uint64_t segment;  // elements per pipelined segment (tree, chain); 0 = whole buffer
+  int peer = -1;     // send/recv
   // Hier and HierTree only: the communicator's hosts, owned by the caller and unchanged while
   // the key is in use (a communicator's topology lives as long as it does).
   const Topology* topo = nullptr;
 
   bool operator==(const ScheduleKey& o) const {
-    return coll == o.coll && algo == o.algo && nranks == o.nranks && rank == o.rank &&
-           count == o.count && root == o.root && segment == o.segment && peer == o.peer && topo == o.topo;
+    return coll == o.coll && algo == o.algo && nranks == o.nranks && rank == o.rank && count == o.count &&
+           root == o.root && segment == o.segment && peer == o.peer && topo == o.topo;
   }
 };
 
@@ -210,6 +210,7 @@ uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks
 // drop_op >= 0 removes that op from rank 0's schedule first: a fault the check must report.
 // oneshot_rules false skips the per-call one-shot rules, to show that the data check and the walk
 // of three calls find a fault without them (a check of the checker).
-std::string verify_schedules(ScheduleKey key, int drop_op = -1, bool oneshot_rules = true, bool claim_rank_fold = false);
+std::string verify_schedules(ScheduleKey key, int drop_op = -1, bool oneshot_rules = true,
+                             bool claim_rank_fold = false);
 
 }  // namespace ringtree

@@ -43,8 +43,8 @@ Segments make_segments(uint64_t base, uint64_t count, uint64_t segment) {
 
 }  // namespace
 
-void tree_reduce_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64_t count, uint64_t segment,
-                      BufId src, BufId acc) {
+void tree_reduce_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64_t count, uint64_t segment, BufId src,
+                      BufId acc) {
   const Segments seg = make_segments(offset, count, segment);
   const uint64_t S = seg.num();
   if (node.children.empty()) {  // leaf: stream the input up
@@ -57,8 +57,7 @@ void tree_reduce_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64
   for (uint64_t t = 0; t < S; ++t) {
     // first child, and forward the previous segment to the parent
     s.add(make_recv_reduce(node.children[0], acc, seg.offset(t), src, seg.offset(t), seg.length(t)));
-    if (node.parent >= 0 && t > 0)
-      s.add(make_send(node.parent, acc, seg.offset(t - 1), seg.length(t - 1)));
+    if (node.parent >= 0 && t > 0) s.add(make_send(node.parent, acc, seg.offset(t - 1), seg.length(t - 1)));
     s.end_step();
     // remaining children, one step each
     for (size_t c = 1; c < node.children.size(); ++c) {
@@ -82,7 +81,10 @@ void tree_broadcast_over(Schedule& s, const TreeNode& node, uint64_t offset, uin
     for (int child : node.children) s.add(make_send(child, buf, seg.offset(t), seg.length(t)));
   };
   if (node.parent < 0) {
-    for (uint64_t t = 0; t < S; ++t) { send_to_children(t); s.end_step(); }
+    for (uint64_t t = 0; t < S; ++t) {
+      send_to_children(t);
+      s.end_step();
+    }
     return;
   }
   for (uint64_t t = 0; t < S; ++t) {
@@ -90,7 +92,10 @@ void tree_broadcast_over(Schedule& s, const TreeNode& node, uint64_t offset, uin
     if (t > 0) send_to_children(t - 1);
     s.end_step();
   }
-  if (!node.children.empty() && S > 0) { send_to_children(S - 1); s.end_step(); }
+  if (!node.children.empty() && S > 0) {
+    send_to_children(S - 1);
+    s.end_step();
+  }
 }
 
 void tree_reduce(Schedule& s, int P, int r, int root, uint64_t count, uint64_t segment, int arity) {

@@ -16,8 +16,8 @@ TreeNode tree_node(int nranks, int rank, int root, int arity);
 
 // Elements [offset, offset + count) of the buffers reduced toward the root, segment by segment:
 // leaves send `src`, interior nodes accumulate src (op) children into `acc` (the root's result).
-void tree_reduce_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64_t count, uint64_t segment,
-                      BufId src, BufId acc);
+void tree_reduce_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64_t count, uint64_t segment, BufId src,
+                      BufId acc);
 // Elements [offset, offset + count) of `buf` broadcast from the root, segment by segment.
 void tree_broadcast_over(Schedule& s, const TreeNode& node, uint64_t offset, uint64_t count, uint64_t segment,
                          BufId buf);

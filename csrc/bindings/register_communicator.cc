@@ -40,15 +40,22 @@ bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   const npy_intp itemsize = PyArray_ITEMSIZE(arr);
   switch (PyArray_DESCR(arr)->kind) {
     case 'i':
-      dtype = itemsize == 1 ? static_cast<int>(DataType::Int8) : itemsize == 4 ? static_cast<int>(DataType::Int32)
-              : itemsize == 8 ? static_cast<int>(DataType::Int64) : -1;
+      dtype = itemsize == 1   ? static_cast<int>(DataType::Int8)
+              : itemsize == 4 ? static_cast<int>(DataType::Int32)
+              : itemsize == 8 ? static_cast<int>(DataType::Int64)
+                              : -1;
       break;
-    case 'u': dtype = itemsize == 1 ? static_cast<int>(DataType::Uint8) : -1; break;
+    case 'u':
+      dtype = itemsize == 1 ? static_cast<int>(DataType::Uint8) : -1;
+      break;
     case 'f':
-      dtype = itemsize == 2 ? static_cast<int>(DataType::Float16) : itemsize == 4 ? static_cast<int>(DataType::Float32)
-              : itemsize == 8 ? static_cast<int>(DataType::Float64) : -1;
+      dtype = itemsize == 2   ? static_cast<int>(DataType::Float16)
+              : itemsize == 4 ? static_cast<int>(DataType::Float32)
+              : itemsize == 8 ? static_cast<int>(DataType::Float64)
+                              : -1;
       break;
-    default: dtype = -1;
+    default:
+      dtype = -1;
   }
   if (dtype < 0 || PyArray_TYPE(arr) >= NPY_USERDEF) return false;
   b.present = true;
@@ -113,7 +120,8 @@ bool open_raw(PyObject* obj, Buffer& b, int& dtype) {
     PyErr_Clear();
     return false;
   }
-  if (!small_int(PyTuple_GET_ITEM(obj, 2), dtype) || dtype < 0 || dtype >= static_cast<int>(DataType::Count)) return false;
+  if (!small_int(PyTuple_GET_ITEM(obj, 2), dtype) || dtype < 0 || dtype >= static_cast<int>(DataType::Count))
+    return false;
   b.present = true;
   b.ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
   b.count = count;
@@ -121,7 +129,9 @@ bool open_raw(PyObject* obj, Buffer& b, int& dtype) {
   return true;
 }
 
-bool open_buffer(PyObject* obj, Buffer& b, int& dtype) { return open_ndarray(obj, b, dtype) || open_raw(obj, b, dtype); }
+bool open_buffer(PyObject* obj, Buffer& b, int& dtype) {
+  return open_ndarray(obj, b, dtype) || open_raw(obj, b, dtype);
+}
 
 // None: the communicator's default (-1); a positive int or float: seconds; else false.
 bool timeout_of(PyObject* t, double& seconds) {
@@ -129,9 +139,12 @@ bool timeout_of(PyObject* t, double& seconds) {
     seconds = -1.0;
     return true;
   }
-  if (PyFloat_CheckExact(t)) seconds = PyFloat_AS_DOUBLE(t);
-  else if (PyLong_CheckExact(t)) seconds = PyLong_AsDouble(t);
-  else return false;
+  if (PyFloat_CheckExact(t))
+    seconds = PyFloat_AS_DOUBLE(t);
+  else if (PyLong_CheckExact(t))
+    seconds = PyLong_AsDouble(t);
+  else
+    return false;
   if (PyErr_Occurred()) {  // an int too large for a double: the Python route explains
     PyErr_Clear();
     return false;
@@ -183,7 +196,8 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyMethodDef g_fast_call_def = {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_call)),
-                               METH_FASTCALL, "A collective on plain ndarrays or read torch tensors (see Communicator._fast)."};
+                               METH_FASTCALL,
+                               "A collective on plain ndarrays or read torch tensors (see Communicator._fast)."};
 
 py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
   py::dict d;
@@ -210,16 +224,20 @@ void register_communicator(py::module_& m) {
 
   py::class_<MessageWork, std::shared_ptr<MessageWork>>(m, "MessageWork", "One isend or irecv in flight.")
       .def("wait", &MessageWork::wait, py::arg("timeout") = 0.0, py::call_guard<py::gil_scoped_release>(),
-           "Waits up to timeout s (<= 0: the communicator's); raises the message's error, or Timeout after cancelling it.")
+           "Waits up to timeout s (<= 0: the communicator's); raises the message's error, or Timeout after cancelling "
+           "it.")
       .def("is_completed", &MessageWork::is_completed)
       .def("cancel", &MessageWork::cancel, py::call_guard<py::gil_scoped_release>())
-      .def("status", [](const MessageWork& w) {
-        const MessageStatus s = w.status();
-        return py::make_tuple(s.source, s.tag, s.bytes);
-      }, "(source, tag, bytes)");
+      .def(
+          "status",
+          [](const MessageWork& w) {
+            const MessageStatus s = w.status();
+            return py::make_tuple(s.source, s.tag, s.bytes);
+          },
+          "(source, tag, bytes)");
 
   py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate",
-                                         "Holds back a call's traffic until open(): see Communicator.run(gate=).")
+                                          "Holds back a call's traffic until open(): see Communicator.run(gate=).")
       .def(py::init([](std::function<void()> on_done) { return std::make_shared<Gate>(std::move(on_done)); }),
            py::arg("on_done") = nullptr)
       .def("open", &Gate::open)
@@ -251,103 +269,112 @@ void register_communicator(py::module_& m) {
             a.ready = std::move(gate);
             return c.run(a, async_op);
           },
-          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
-          py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
-          py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"), py::arg("async_op"),
-          py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
-          py::arg("recv_peer") = -1, py::arg("gate") = std::shared_ptr<Gate>(), py::arg("deterministic") = false,
+          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
+          py::arg("in_ro"), py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"),
+          py::arg("op"), py::arg("factor"), py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"),
+          py::arg("async_op"), py::arg("send_counts") = std::vector<uint64_t>{},
+          py::arg("recv_counts") = std::vector<uint64_t>{}, py::arg("recv_peer") = -1,
+          py::arg("gate") = std::shared_ptr<Gate>(), py::arg("deterministic") = false,
           py::call_guard<py::gil_scoped_release>())
-      .def("fast_call_function",
-           [](std::shared_ptr<Communicator> c) {
-             auto* held = new std::shared_ptr<Communicator>(std::move(c));
-             PyObject* capsule = PyCapsule_New(held, kFastCapsule, [](PyObject* cap) {
-               delete static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(cap, kFastCapsule));
-             });
-             if (!capsule) {
-               delete held;
-               throw py::error_already_set();
-             }
-             PyObject* fn = PyCFunction_NewEx(&g_fast_call_def, capsule, nullptr);
-             Py_DECREF(capsule);
-             if (!fn) throw py::error_already_set();
-             return py::reinterpret_steal<py::object>(fn);
-           },
-           "This communicator's fast entry for collectives (Communicator._fast).")
-      .def("choose_algo",
-           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
-             return static_cast<int>(c.choose_algo(checked_enum(coll, Collective::Count, "collective"),
-                                                   checked_enum(algo, Algo::Count, "algo"), bytes,
-                                                   checked_enum(dtype, DataType::Count, "dtype"),
-                                                   checked_enum(op, ReduceOp::Count, "reduce op"),
-                                                   deterministic || deterministic_setting()));
-           },
-           py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
-           py::arg("op") = 0, py::arg("deterministic") = false)
-      .def("estimate",
-           [](Communicator& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
-             return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
-                                               checked_enum(dtype, DataType::Count, "dtype"), deterministic));
-           },
-           py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
-           py::arg("deterministic") = false)
-      .def("isend",
-           [](Communicator& c, uintptr_t ptr, uint64_t bytes, int dst, int64_t tag) {
-             return c.isend(reinterpret_cast<const void*>(ptr), bytes, dst, tag);
-           },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dst"), py::arg("tag"), py::call_guard<py::gil_scoped_release>())
-      .def("irecv",
-           [](Communicator& c, uintptr_t ptr, uint64_t capacity, bool readonly, int src, int64_t tag) {
-             return c.irecv(reinterpret_cast<void*>(ptr), capacity, readonly, src, tag);
-           },
-           py::arg("ptr"), py::arg("capacity"), py::arg("readonly"), py::arg("src"), py::arg("tag"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("probe",
-           [](Communicator& c, int src, int64_t tag, double timeout) {
-             MessageStatus s;
-             {
-               py::gil_scoped_release release;
-               s = c.probe(src, tag, timeout);
-             }
-             return py::make_tuple(s.source, s.tag, s.bytes);
-           },
-           py::arg("src"), py::arg("tag"), py::arg("timeout") = 0.0)
-      .def("iprobe",
-           [](Communicator& c, int src, int64_t tag) -> py::object {
-             MessageStatus s;
-             if (!c.iprobe(src, tag, s)) return py::none();
-             return py::make_tuple(s.source, s.tag, s.bytes);
-           },
-           py::arg("src"), py::arg("tag"))
-      .def("status",
-           [](const Communicator& c) {
-             CommStatus s;
-             {
-               py::gil_scoped_release release;
-               s = c.status();
-             }
-             py::dict machine;
-             machine["source"] = s.cost_source;
-             for (const auto& [name, value] : s.machine) machine[py::str(name)] = value;
-             machine["hosts"] = s.hosts;
-             py::dict d;
-             d["transports"] = s.transports;
-             d["hosts"] = s.hosts;
-             d["wait_policy"] = s.wait_policy;
-             d["single_copy"] = s.single_copy;
-             d["numa"] = s.numa;
-             d["numa_nodes"] = s.numa_nodes;
-             d["shm_stores"] = s.shm_stores;
-             d["machine"] = machine;
-             d["algo_hook"] = s.algo_hook;
-             d["shared_cpu_waits"] = s.shared_cpu_waits;
-             d["single_copy_messages"] = s.single_copy_messages;
-             d["streamed_pieces"] = s.streamed_pieces;
-             return d;
-           },
-           "What set-up found and the counters since, as a dict (CommStatus).")
-      .def("set_choice_hook",
-           [](Communicator& c, py::object fn) { c.set_choice_hook(choice_hook_of(fn)); }, py::arg("hook"),
-           "fn(request tuple) -> algo code replaces auto's last decision; None restores the cost model's.")
+      .def(
+          "fast_call_function",
+          [](std::shared_ptr<Communicator> c) {
+            auto* held = new std::shared_ptr<Communicator>(std::move(c));
+            PyObject* capsule = PyCapsule_New(held, kFastCapsule, [](PyObject* cap) {
+              delete static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(cap, kFastCapsule));
+            });
+            if (!capsule) {
+              delete held;
+              throw py::error_already_set();
+            }
+            PyObject* fn = PyCFunction_NewEx(&g_fast_call_def, capsule, nullptr);
+            Py_DECREF(capsule);
+            if (!fn) throw py::error_already_set();
+            return py::reinterpret_steal<py::object>(fn);
+          },
+          "This communicator's fast entry for collectives (Communicator._fast).")
+      .def(
+          "choose_algo",
+          [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
+            return static_cast<int>(c.choose_algo(
+                checked_enum(coll, Collective::Count, "collective"), checked_enum(algo, Algo::Count, "algo"), bytes,
+                checked_enum(dtype, DataType::Count, "dtype"), checked_enum(op, ReduceOp::Count, "reduce op"),
+                deterministic || deterministic_setting()));
+          },
+          py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+          py::arg("op") = 0, py::arg("deterministic") = false)
+      .def(
+          "estimate",
+          [](Communicator& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
+            return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                              checked_enum(dtype, DataType::Count, "dtype"), deterministic));
+          },
+          py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+          py::arg("deterministic") = false)
+      .def(
+          "isend",
+          [](Communicator& c, uintptr_t ptr, uint64_t bytes, int dst, int64_t tag) {
+            return c.isend(reinterpret_cast<const void*>(ptr), bytes, dst, tag);
+          },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("dst"), py::arg("tag"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "irecv",
+          [](Communicator& c, uintptr_t ptr, uint64_t capacity, bool readonly, int src, int64_t tag) {
+            return c.irecv(reinterpret_cast<void*>(ptr), capacity, readonly, src, tag);
+          },
+          py::arg("ptr"), py::arg("capacity"), py::arg("readonly"), py::arg("src"), py::arg("tag"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "probe",
+          [](Communicator& c, int src, int64_t tag, double timeout) {
+            MessageStatus s;
+            {
+              py::gil_scoped_release release;
+              s = c.probe(src, tag, timeout);
+            }
+            return py::make_tuple(s.source, s.tag, s.bytes);
+          },
+          py::arg("src"), py::arg("tag"), py::arg("timeout") = 0.0)
+      .def(
+          "iprobe",
+          [](Communicator& c, int src, int64_t tag) -> py::object {
+            MessageStatus s;
+            if (!c.iprobe(src, tag, s)) return py::none();
+            return py::make_tuple(s.source, s.tag, s.bytes);
+          },
+          py::arg("src"), py::arg("tag"))
+      .def(
+          "status",
+          [](const Communicator& c) {
+            CommStatus s;
+            {
+              py::gil_scoped_release release;
+              s = c.status();
+            }
+            py::dict machine;
+            machine["source"] = s.cost_source;
+            for (const auto& [name, value] : s.machine) machine[py::str(name)] = value;
+            machine["hosts"] = s.hosts;
+            py::dict d;
+            d["transports"] = s.transports;
+            d["hosts"] = s.hosts;
+            d["wait_policy"] = s.wait_policy;
+            d["single_copy"] = s.single_copy;
+            d["numa"] = s.numa;
+            d["numa_nodes"] = s.numa_nodes;
+            d["shm_stores"] = s.shm_stores;
+            d["machine"] = machine;
+            d["algo_hook"] = s.algo_hook;
+            d["shared_cpu_waits"] = s.shared_cpu_waits;
+            d["single_copy_messages"] = s.single_copy_messages;
+            d["streamed_pieces"] = s.streamed_pieces;
+            return d;
+          },
+          "What set-up found and the counters since, as a dict (CommStatus).")
+      .def(
+          "set_choice_hook", [](Communicator& c, py::object fn) { c.set_choice_hook(choice_hook_of(fn)); },
+          py::arg("hook"),
+          "fn(request tuple) -> algo code replaces auto's last decision; None restores the cost model's.")
       .def("address", &Communicator::address)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("is_aborted", &Communicator::is_aborted)
@@ -360,13 +387,15 @@ void register_communicator(py::module_& m) {
           "child_unique_id",
           [](const Communicator& c, const std::string& ip, uint16_t port, py::bytes nonce) {
             const std::string raw = nonce;
-            RT_CHECK(raw.size() == 16, InvalidArgument, "child_unique_id: the nonce must be 16 bytes, got ", raw.size());
+            RT_CHECK(raw.size() == 16, InvalidArgument, "child_unique_id: the nonce must be 16 bytes, got ",
+                     raw.size());
             std::array<uint8_t, 16> n;
             std::copy(raw.begin(), raw.end(), n.begin());
             return c.child_unique_id(ip, port, n);
           },
           py::arg("ip"), py::arg("port"), py::arg("nonce"),
-          "The unique id of a communicator of these ranks at ip:port: its secret derives from this one's and the nonce.")
+          "The unique id of a communicator of these ranks at ip:port: its secret derives from this one's and the "
+          "nonce.")
       .def("set_label", &Communicator::set_label, py::arg("label"))
       .def("set_clock_offset", &Communicator::set_clock_offset, py::arg("offset_ns"), py::arg("error_ns"));
   m.def("now_ns", &FlightRecorder::now_ns, "The steady clock the flight recorder stamps calls with, in ns.");

@@ -76,9 +76,9 @@ void register_device_comm(py::module_& m) {
       .def(
           "run",
           [](CudaComm& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
-             bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root, int peer, int recv_peer, int algo,
-             double timeout, uintptr_t stream, bool use_nccl, bool async_op, std::vector<uint64_t> send_counts,
-             std::vector<uint64_t> recv_counts, bool deterministic) {
+             bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
+             int peer, int recv_peer, int algo, double timeout, uintptr_t stream, bool use_nccl, bool async_op,
+             std::vector<uint64_t> send_counts, std::vector<uint64_t> recv_counts, bool deterministic) {
             CollectiveArgs a;
             a.coll = checked_code(coll, Collective::Count, "collective");
             a.dtype = checked_code(dtype, DataType::Count, "dtype");
@@ -96,16 +96,17 @@ void register_device_comm(py::module_& m) {
             a.deterministic = deterministic;
             return c.run(a, stream, use_nccl, async_op);
           },
-          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"), py::arg("in_ro"),
-          py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"), py::arg("op"), py::arg("factor"),
-          py::arg("root"), py::arg("peer"), py::arg("recv_peer"), py::arg("algo"), py::arg("timeout"),
-          py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
+          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
+          py::arg("in_ro"), py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"),
+          py::arg("op"), py::arg("factor"), py::arg("root"), py::arg("peer"), py::arg("recv_peer"), py::arg("algo"),
+          py::arg("timeout"), py::arg("stream"), py::arg("use_nccl"), py::arg("async_op"),
           py::arg("send_counts") = std::vector<uint64_t>{}, py::arg("recv_counts") = std::vector<uint64_t>{},
           py::arg("deterministic") = false, py::call_guard<py::gil_scoped_release>())
       .def("executor", &CudaComm::executor)
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_available", []() { return cuda_runtime_available(); },
-        "True when the CUDA path is built and the CUDA runtime finds a device.");
+  m.def(
+      "cuda_available", []() { return cuda_runtime_available(); },
+      "True when the CUDA path is built and the CUDA runtime finds a device.");
   m.def("cuda_unavailable_reason", []() {
     std::string reason;
     return cuda_runtime_available(&reason) ? std::string() : reason;
@@ -116,7 +117,8 @@ void register_device_comm(py::module_& m) {
 #else
 
 [[noreturn]] void no_cuda(const char* what) {
-  RT_THROW(Error, what, ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
+  RT_THROW(Error, what,
+           ": this ringtree was built without CUDA (RINGTREE_CUDA=OFF, or no CUDA compiler was found "
            "at build time); rebuild with RINGTREE_CUDA=ON and CMAKE_CUDA_ARCHITECTURES set for your GPU");
 }
 
@@ -125,10 +127,11 @@ struct NoCudaComm {};
 void register_device_comm(py::module_& m) {
   m.def("cuda_built", []() { return false; }, "True when this build contains the CUDA path.");
   py::class_<NoCudaComm>(m, "CudaComm", kCudaCommDoc)
-      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }),
-           py::arg("host"), py::arg("nccl_hint") = "");
-  m.def("cuda_available", []() { return false; },
-        "True when the CUDA path is built and the CUDA runtime finds a device.");
+      .def(py::init([](py::object, std::string) -> NoCudaComm* { no_cuda("CUDA device buffers"); }), py::arg("host"),
+           py::arg("nccl_hint") = "");
+  m.def(
+      "cuda_available", []() { return false; },
+      "True when the CUDA path is built and the CUDA runtime finds a device.");
   m.def("cuda_unavailable_reason", []() { return std::string("ringtree was built without CUDA"); });
   m.def("cuda_device_count", []() { return 0; });
 }
@@ -212,8 +215,10 @@ void register_thread_ranks(py::module_& m) {
       py::arg("segment_bytes") = 0, kRunDoc);
   m.def("cuda_synchronize", []() { no_cuda("cuda_synchronize"); });
   m.def(
-      "cuda_kernel_reduce", [](uintptr_t, uintptr_t, uintptr_t, uint64_t, int, int, uintptr_t) { no_cuda("cuda_kernel_reduce"); },
-      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0);
+      "cuda_kernel_reduce",
+      [](uintptr_t, uintptr_t, uintptr_t, uint64_t, int, int, uintptr_t) { no_cuda("cuda_kernel_reduce"); },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("stream") = 0);
   m.def(
       "cuda_kernel_scale", [](uintptr_t, uintptr_t, uint64_t, int, double, uintptr_t) { no_cuda("cuda_kernel_scale"); },
       py::arg("dst"), py::arg("src"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0);

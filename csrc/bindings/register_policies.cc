@@ -49,27 +49,30 @@ void register_policies(py::module_& m) {
            py::arg("oneshot_bytes") = 0, py::arg("forced") = 0,
            "hosts: a host label per rank (empty: one host); oneshot_bytes: the one-shot capacity (0: none); "
            "forced: RINGTREE_ALGO's algo code (0: auto).")
-      .def("choose",
-           [](const AlgoChoice& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
-             return static_cast<int>(c.choose(checked_enum(coll, Collective::Count, "collective"),
-                                              checked_enum(algo, Algo::Count, "algo"), bytes,
-                                              checked_enum(dtype, DataType::Count, "dtype"),
-                                              checked_enum(op, ReduceOp::Count, "reduce op"), deterministic));
-           },
-           py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
-           py::arg("op") = 0, py::arg("deterministic") = false)
-      .def("estimate",
-           [](const AlgoChoice& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
-             return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
-                                               checked_enum(dtype, DataType::Count, "dtype"), deterministic));
-           },
-           py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
-           py::arg("deterministic") = false)
-      .def("oneshot_fits",
-           [](const AlgoChoice& c, int coll, uint64_t bytes) {
-             return c.oneshot_fits(checked_enum(coll, Collective::Count, "collective"), bytes);
-           },
-           py::arg("coll"), py::arg("bytes"))
+      .def(
+          "choose",
+          [](const AlgoChoice& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {
+            return static_cast<int>(c.choose(checked_enum(coll, Collective::Count, "collective"),
+                                             checked_enum(algo, Algo::Count, "algo"), bytes,
+                                             checked_enum(dtype, DataType::Count, "dtype"),
+                                             checked_enum(op, ReduceOp::Count, "reduce op"), deterministic));
+          },
+          py::arg("coll"), py::arg("algo"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+          py::arg("op") = 0, py::arg("deterministic") = false)
+      .def(
+          "estimate",
+          [](const AlgoChoice& c, int coll, uint64_t bytes, int dtype, bool deterministic) {
+            return estimate_tuples(c.estimate(checked_enum(coll, Collective::Count, "collective"), bytes,
+                                              checked_enum(dtype, DataType::Count, "dtype"), deterministic));
+          },
+          py::arg("coll"), py::arg("bytes"), py::arg("dtype") = static_cast<int>(DataType::Float32),
+          py::arg("deterministic") = false)
+      .def(
+          "oneshot_fits",
+          [](const AlgoChoice& c, int coll, uint64_t bytes) {
+            return c.oneshot_fits(checked_enum(coll, Collective::Count, "collective"), bytes);
+          },
+          py::arg("coll"), py::arg("bytes"))
       .def("set_choice_hook", [](AlgoChoice& c, py::object fn) { c.set_hook(choice_hook_of(fn)); }, py::arg("hook"));
 
   m.def(

@@ -35,7 +35,8 @@ void register_schedules(py::module_& m) {
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool oneshot_rules,
          std::vector<int64_t> hosts, bool claim_rank_fold) {
         const auto topo = topology_of(hosts);
-        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
+        ScheduleKey k{
+            static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
         return verify_schedules(k, drop_op, oneshot_rules, claim_rank_fold);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
@@ -90,10 +91,24 @@ void register_schedules(py::module_& m) {
       [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer,
          std::vector<int64_t> hosts) {
         const auto topo = topology_of(hosts);
-        ScheduleKey k{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, rank, count, root, segment, peer, topo.get()};
+        ScheduleKey k{static_cast<Collective>(coll),
+                      static_cast<Algo>(algo),
+                      nranks,
+                      rank,
+                      count,
+                      root,
+                      segment,
+                      peer,
+                      topo.get()};
         Schedule s = build_schedule(k);
-        static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "publish", "copy_published", "reduce_published"};
-        auto buf = [](BufId b) { return b == BufId::Published ? "published" : b == BufId::Output ? "output" : b == BufId::Scratch ? "scratch" : "input"; };
+        static const char* kinds[] = {"send",    "recv",           "recv_reduce",     "copy",
+                                      "publish", "copy_published", "reduce_published"};
+        auto buf = [](BufId b) {
+          return b == BufId::Published ? "published"
+                 : b == BufId::Output  ? "output"
+                 : b == BufId::Scratch ? "scratch"
+                                       : "input";
+        };
         py::list steps;
         for (size_t i = 0; i < s.num_steps(); ++i) {
           py::list ops;
@@ -109,7 +124,8 @@ void register_schedules(py::module_& m) {
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("rank"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("peer") = -1, py::arg("hosts") = std::vector<int64_t>{},
-      "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, offset),\n"
+      "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, "
+      "offset),\n"
       "lhs_peer). One-shot ops read buffer 'published' of rank peer; reduce_published with lhs_peer >= 0 reduces\n"
       "lhs_peer's publication with peer's, else dst with peer's.");
 }

@@ -16,7 +16,8 @@ void register_types(py::module_& m) {
   std::vector<std::string> dtypes, ops, colls, algos;
   for (int i = 0; i < static_cast<int>(DataType::Count); ++i) dtypes.push_back(dtype_name(static_cast<DataType>(i)));
   for (int i = 0; i < static_cast<int>(ReduceOp::Count); ++i) ops.push_back(op_name(static_cast<ReduceOp>(i)));
-  for (int i = 0; i < static_cast<int>(Collective::Count); ++i) colls.push_back(collective_name(static_cast<Collective>(i)));
+  for (int i = 0; i < static_cast<int>(Collective::Count); ++i)
+    colls.push_back(collective_name(static_cast<Collective>(i)));
   for (int i = 0; i < static_cast<int>(Algo::Count); ++i) algos.push_back(algo_name(static_cast<Algo>(i)));
   m.attr("DTYPES") = dtypes;
   m.attr("OPS") = ops;
@@ -31,8 +32,8 @@ void register_types(py::module_& m) {
   // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,
   // output_on_root, input_elsewhere, output_elsewhere}}; multiples are "none", "one" (count
   // elements), "world" (count x P) or "free" (sizes given per call).
-  static const char* in_place_names[] = {"none", "same_buffer", "staged_same_buffer", "one_buffer",
-                                         "input_is_output_block", "output_is_input_block"};
+  static const char* in_place_names[] = {"none",       "same_buffer",           "staged_same_buffer",
+                                         "one_buffer", "input_is_output_block", "output_is_input_block"};
   static const char* multiple_names[] = {"none", "one", "world", "free"};
   py::dict traits;
   for (int i = 0; i < static_cast<int>(Collective::Count); ++i) {
@@ -63,8 +64,10 @@ void register_types(py::module_& m) {
   }
   m.attr("SETTINGS") = settings;
   m.def(
-      "busbw_factor", [](int coll, int nranks) { return collective_traits(static_cast<Collective>(coll)).busbw_factor(nranks); },
-      py::arg("coll"), py::arg("nranks"), "Bus bandwidth / algorithm bandwidth for a collective over nranks (nccl-tests).");
+      "busbw_factor",
+      [](int coll, int nranks) { return collective_traits(static_cast<Collective>(coll)).busbw_factor(nranks); },
+      py::arg("coll"), py::arg("nranks"),
+      "Bus bandwidth / algorithm bandwidth for a collective over nranks (nccl-tests).");
   m.def(
       "buffer_sizes",
       [](int coll, uint64_t count, int nranks, bool is_root) {
@@ -83,8 +86,9 @@ void register_types(py::module_& m) {
       .def_readonly("port", &UniqueId::port)
       .def("__str__", &UniqueId::str)
       .def("__repr__", [](const UniqueId& u) { return "UniqueId('" + u.ip + ":" + std::to_string(u.port) + "')"; })
-      .def("take_listener", [](const UniqueId& u) { return take_reserved_listener(u.port); },
-           "Hand over the listening socket create() reserved (-1 if none), e.g. to pass to rank 0's process.")
+      .def(
+          "take_listener", [](const UniqueId& u) { return take_reserved_listener(u.port); },
+          "Hand over the listening socket create() reserved (-1 if none), e.g. to pass to rank 0's process.")
       .def("__eq__", [](const UniqueId& a, const UniqueId& b) { return a.str() == b.str(); });
 }
 

@@ -72,8 +72,14 @@ PeerWire to_wire(const PeerInfo& p) {
 }
 
 PeerInfo from_wire(const PeerWire& w) {
-  return {read_str(w.host, sizeof(w.host)), w.pid, read_str(w.ip, sizeof(w.ip)), w.mesh_port, w.force_tcp != 0,
-          w.shm_domain, w.cpu_domain, w.cpu_count};
+  return {read_str(w.host, sizeof(w.host)),
+          w.pid,
+          read_str(w.ip, sizeof(w.ip)),
+          w.mesh_port,
+          w.force_tcp != 0,
+          w.shm_domain,
+          w.cpu_domain,
+          w.cpu_count};
 }
 
 // A launcher that reserved the port hands its listening socket to rank 0 as RINGTREE_LISTEN_FD.
@@ -140,8 +146,8 @@ void Bootstrap::recv_sealed(int r, void* data, size_t bytes) {
   read_full(link.fd, in.data(), in.size(), deadline_);
   std::memcpy(data, in.data(), bytes);
   const crypto::Digest mac = seal(link.key, rank_ == 0 ? kToRoot : kFromRoot, link.received++, data, bytes);
-  RT_CHECK(crypto::equal_constant_time(mac.data(), in.data() + bytes, kSealBytes), BootstrapError, "a set-up message from ",
-           rank_ == 0 ? str_cat("rank ", r) : str_cat("rank 0 at ", where(uid_)),
+  RT_CHECK(crypto::equal_constant_time(mac.data(), in.data() + bytes, kSealBytes), BootstrapError,
+           "a set-up message from ", rank_ == 0 ? str_cat("rank ", r) : str_cat("rank 0 at ", where(uid_)),
            " failed its authentication check: the connection was tampered with");
 }
 
@@ -176,8 +182,10 @@ Mesh Bootstrap::connect(const std::string& host_key, bool force_tcp, uint64_t sh
 void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh, std::array<uint8_t, 16>& setup) {
   int listener = take_reserved_listener(uid_.port);
   if (listener < 0) listener = inherited_listener(uid_.port);
-  if (listener >= 0) start_listening(listener, 512);
-  else listener = tcp_listen(uid_.ip, uid_.port, 512);
+  if (listener >= 0)
+    start_listening(listener, 512);
+  else
+    listener = tcp_listen(uid_.ip, uid_.port, 512);
   struct ListenerCloser {
     int& fd;
     ~ListenerCloser() { close_fd(fd); }
@@ -215,10 +223,10 @@ void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh, std::array<uint8_t
   rules.accept = [&](Authenticated&& a) {
     const int r = a.t.client_rank;
     const std::string why =
-        a.t.size != size_ ? str_cat("world size mismatch: a rank claiming rank ", r, " was started with size ", a.t.size,
-                                    " but rank 0 has size ", size_)
-        : (r <= 0 || r >= size_) ? str_cat("rank out of range: a process claims rank ", r, " in a world of size ", size_,
-                                            " (valid ranks are 0..", size_ - 1, ")")
+        a.t.size != size_        ? str_cat("world size mismatch: a rank claiming rank ", r, " was started with size ",
+                                           a.t.size, " but rank 0 has size ", size_)
+        : (r <= 0 || r >= size_) ? str_cat("rank out of range: a process claims rank ", r, " in a world of size ",
+                                           size_, " (valid ranks are 0..", size_ - 1, ")")
         : star_[r].fd >= 0       ? str_cat("duplicate rank: two processes claim rank ", r)
                                  : std::string();
     if (!why.empty()) {
@@ -238,14 +246,15 @@ void Bootstrap::rendezvous_as_root(PeerInfo self, Mesh& mesh, std::array<uint8_t
     send_accept(secret_key_, a, 0, "", deadline_);
   };
   loop.serve(listener, std::move(rules));
-  loop.run([&] { return registered == size_; }, [&] {
-    std::string missing;
-    for (int r = 1; r < size_; ++r)
-      if (star_[r].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    const std::string refused = loop.refusals();
-    fail_all(str_cat("bootstrap timed out: rank 0 at ", where(uid_), " heard from ", registered, " of ", size_,
-                     " ranks; missing rank(s) ", missing, refused.empty() ? "" : "; refused: " + refused));
-  });
+  loop.run([&] { return registered == size_; },
+           [&] {
+             std::string missing;
+             for (int r = 1; r < size_; ++r)
+               if (star_[r].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+             const std::string refused = loop.refusals();
+             fail_all(str_cat("bootstrap timed out: rank 0 at ", where(uid_), " heard from ", registered, " of ", size_,
+                              " ranks; missing rank(s) ", missing, refused.empty() ? "" : "; refused: " + refused));
+           });
   close_fd(listener);
   crypto::random_bytes(setup.data(), setup.size());
   std::vector<uint8_t> body(size_ * sizeof(PeerWire) + setup.size());
@@ -284,14 +293,17 @@ void Bootstrap::rendezvous_as_peer(PeerInfo& self, Mesh& mesh, int& mesh_listene
     return std::vector<uint8_t>(p, p + sizeof(w));
   };
   const size_t root = loop.dial(std::move(spec));
-  loop.run([] { return true; }, [&] {
-    const HandshakeLoop::ClientStatus s = loop.client_status(root);
-    if (!s.connected)
-      RT_THROW(Timeout, "bootstrap timed out: rank ", rank_, " found nobody accepting connections at ", where(uid_),
-               " (", s.failure, "); is rank 0 running with the same unique id?");
-    RT_THROW(BootstrapError, "rank 0 at ", where(uid_), " ", s.failure, " (rank ", rank_, " tried ", s.attempts,
-             " time(s) before the deadline); whatever listens there is not this job's rank 0, or runs another ringtree");
-  });
+  loop.run(
+      [] { return true; },
+      [&] {
+        const HandshakeLoop::ClientStatus s = loop.client_status(root);
+        if (!s.connected)
+          RT_THROW(Timeout, "bootstrap timed out: rank ", rank_, " found nobody accepting connections at ", where(uid_),
+                   " (", s.failure, "); is rank 0 running with the same unique id?");
+        RT_THROW(
+            BootstrapError, "rank 0 at ", where(uid_), " ", s.failure, " (rank ", rank_, " tried ", s.attempts,
+            " time(s) before the deadline); whatever listens there is not this job's rank 0, or runs another ringtree");
+      });
   star_.assign(1, StarLink{});
   star_[0].fd = loop.take_client_fd(root);
   star_[0].key = session_key(secret_key_, loop.client_transcript(root));
@@ -369,28 +381,32 @@ void Bootstrap::connect_mesh(Mesh& mesh, int mesh_listener, const std::array<uin
   rules.accept = [&](Authenticated&& a) {
     int& slot = channel_fds(mesh, a.t.kind)[a.t.client_rank];
     // A second proven connection for one slot is the client's retry (it never saw our accept).
-    if (slot >= 0) close_fd(slot);
-    else ++answered;
+    if (slot >= 0)
+      close_fd(slot);
+    else
+      ++answered;
     slot = a.fd;
     send_accept(secret_key_, a, 0, "", deadline_);
   };
   if (expected > 0) loop.serve(mesh_listener, std::move(rules));
-  loop.run([&] { return answered == expected; }, [&] {
-    std::string missing;
-    for (const Dialled& d : dialled) {
-      const HandshakeLoop::ClientStatus s = loop.client_status(d.index);
-      if (!s.done)
-        missing += str_cat(missing.empty() ? "" : "; ", channel_name(d.channel), " connection to rank ", d.peer, ": ",
-                           s.failure.empty() ? "no answer" : s.failure);
-    }
-    for (int q = rank_ + 1; q < size_; ++q)
-      for (int32_t channel : pair_channels(mesh, rank_, q))
-        if (channel_fds(mesh, channel)[q] < 0)
-          missing += str_cat(missing.empty() ? "" : "; ", channel_name(channel), " connection from rank ", q, " never came");
-    const std::string refused = loop.refusals();
-    RT_THROW(Timeout, "rank ", rank_, " timed out forming the connection mesh: ", missing,
-             refused.empty() ? "" : "; refused: " + refused);
-  });
+  loop.run([&] { return answered == expected; },
+           [&] {
+             std::string missing;
+             for (const Dialled& d : dialled) {
+               const HandshakeLoop::ClientStatus s = loop.client_status(d.index);
+               if (!s.done)
+                 missing += str_cat(missing.empty() ? "" : "; ", channel_name(d.channel), " connection to rank ",
+                                    d.peer, ": ", s.failure.empty() ? "no answer" : s.failure);
+             }
+             for (int q = rank_ + 1; q < size_; ++q)
+               for (int32_t channel : pair_channels(mesh, rank_, q))
+                 if (channel_fds(mesh, channel)[q] < 0)
+                   missing += str_cat(missing.empty() ? "" : "; ", channel_name(channel), " connection from rank ", q,
+                                      " never came");
+             const std::string refused = loop.refusals();
+             RT_THROW(Timeout, "rank ", rank_, " timed out forming the connection mesh: ", missing,
+                      refused.empty() ? "" : "; refused: " + refused);
+           });
   for (const Dialled& d : dialled) channel_fds(mesh, d.channel)[d.peer] = loop.take_client_fd(d.index);
 }
 

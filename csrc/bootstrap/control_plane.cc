@@ -102,7 +102,8 @@ void ControlPlane::handle(int q) {
   const bool eof = n <= 0;
   if (!eof && static_cast<size_t>(n) < sizeof(w)) {
     try {
-      read_full(fd, reinterpret_cast<uint8_t*>(&w) + n, sizeof(w) - static_cast<size_t>(n), Deadline::after_seconds(1.0));
+      read_full(fd, reinterpret_cast<uint8_t*>(&w) + n, sizeof(w) - static_cast<size_t>(n),
+                Deadline::after_seconds(1.0));
     } catch (const Error&) {
       n = 0;
     }

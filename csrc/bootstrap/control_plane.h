@@ -49,7 +49,7 @@ class ControlPlane {
  private:
   int rank_ = 0;
   mutable std::mutex fd_mu_;  // abort() sends from another thread while the executor reads and closes
-  std::vector<int> fd_;                 // per peer, -1 for self or closed
+  std::vector<int> fd_;       // per peer, -1 for self or closed
   std::vector<PeerInfo> peers_;
   std::vector<PeerState> state_;
   std::exception_ptr notice_;

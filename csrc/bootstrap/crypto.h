@@ -17,15 +17,17 @@ class Sha256 {
   Sha256();
   void update(const void* data, size_t bytes);
   template <typename T>
-  void update_value(const T& v) { update(&v, sizeof(v)); }  // fixed-size fields, as laid out on the wire
+  void update_value(const T& v) {
+    update(&v, sizeof(v));
+  }  // fixed-size fields, as laid out on the wire
   Digest finish();
 
  private:
   void compress(const uint8_t* block);
   uint32_t state_[8];
   uint8_t block_[64];
-  size_t used_ = 0;      // bytes in block_
-  uint64_t total_ = 0;   // bytes hashed so far
+  size_t used_ = 0;     // bytes in block_
+  uint64_t total_ = 0;  // bytes hashed so far
 };
 
 Digest sha256(const void* data, size_t bytes);

@@ -254,7 +254,9 @@ void HandshakeLoop::on_client_event(Client& c, short revents) {
   }
   for (;;) {
     const int r = read_toward(c.fd, c.in, c.got, c.want);
-    if (r < 0) return client_failed(c, "closed the connection during the handshake (is it this job's rank, and this version of ringtree?)");
+    if (r < 0)
+      return client_failed(
+          c, "closed the connection during the handshake (is it this job's rank, and this version of ringtree?)");
     if (r == 0) return;
     if (c.step == Client::Step::Reply) {
       uint32_t magic;
@@ -282,14 +284,16 @@ void HandshakeLoop::on_client_event(Client& c, short revents) {
       const crypto::Digest proof = c.t.mac(key_, "ringtree client", c.payload.data(), c.payload.size());
       std::vector<uint8_t> out(proof.begin(), proof.end());
       out.insert(out.end(), c.payload.begin(), c.payload.end());
-      if (!send_now(c.fd, out.data(), out.size())) return client_failed(c, "closed the connection during the handshake");
+      if (!send_now(c.fd, out.data(), out.size()))
+        return client_failed(c, "closed the connection during the handshake");
       c.step = Client::Step::Accept;
       c.got = 0;
       c.want = sizeof(AcceptWire);
       continue;
     }
     if (c.step == Client::Step::Refusal) {
-      const std::string text(reinterpret_cast<const char*>(c.in.data()) + sizeof(RefusalWire), c.want - sizeof(RefusalWire));
+      const std::string text(reinterpret_cast<const char*>(c.in.data()) + sizeof(RefusalWire),
+                             c.want - sizeof(RefusalWire));
       return client_failed(c, str_cat("refused this rank, unauthenticated: ", text));
     }
     // Step::Accept: the header, then its text.
@@ -350,16 +354,17 @@ void HandshakeLoop::on_server_event(Conn& c) {
     std::memcpy(&h, c.in.data(), sizeof(h));
     if (h.magic != kHelloMagic) return refuse(c, "sent something other than a ringtree hello");
     if (h.version != kProtocolVersion) {
-      const std::string text = str_cat("protocol version mismatch: a rank speaks ringtree protocol ", h.version,
-                                        ", the rank it reached speaks ", kProtocolVersion,
-                                        " (every rank must run the same ringtree)");
+      const std::string text =
+          str_cat("protocol version mismatch: a rank speaks ringtree protocol ", h.version,
+                  ", the rank it reached speaks ", kProtocolVersion, " (every rank must run the same ringtree)");
       RefusalWire w{kRefusalMagic, 1, 0, static_cast<uint32_t>(text.size())};
       send_now(c.fd, &w, sizeof(w));
       send_now(c.fd, text.data(), text.size());
       return refuse(c, str_cat("spoke protocol version ", h.version));
     }
     Transcript t;
-    if (!rules_.admit(HelloClaims{h.kind, h.rank, h.size, h.peer}, t)) return refuse(c, "asked for a connection this rank does not expect");
+    if (!rules_.admit(HelloClaims{h.kind, h.rank, h.size, h.peer}, t))
+      return refuse(c, "asked for a connection this rank does not expect");
     std::memcpy(t.client_nonce.data(), h.nonce, sizeof(h.nonce));
     crypto::random_bytes(t.server_nonce.data(), t.server_nonce.size());
     ChallengeWire w{kChallengeMagic, kProtocolVersion, {}, {}};
@@ -391,7 +396,8 @@ void HandshakeLoop::run(const std::function<bool()>& served_enough, const std::f
   std::vector<pollfd> fds;
   std::vector<Client*> polled_clients;
   for (;;) {
-    const bool clients_done = std::all_of(clients_.begin(), clients_.end(), [](const auto& c) { return c->status.done; });
+    const bool clients_done =
+        std::all_of(clients_.begin(), clients_.end(), [](const auto& c) { return c->status.done; });
     if (clients_done && served_enough()) return;
     if (deadline_.expired()) {
       on_deadline();
@@ -421,10 +427,12 @@ void HandshakeLoop::run(const std::function<bool()>& served_enough, const std::f
       if (fds[i].revents && p.fd >= 0) on_server_event(p);
       if (p.fd >= 0 && p.stall.expired()) refuse(p, "stalled before finishing the handshake");
     }
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }), pending_.end());
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
+                   pending_.end());
     if (listener_ >= 0 && fds[listener_at].revents) accept_new();
     for (auto& c : clients_)
-      if (c->step == Client::Step::Waiting && !c->status.done && c->retry_at.expired() && !deadline_.expired()) redial(*c);
+      if (c->step == Client::Step::Waiting && !c->status.done && c->retry_at.expired() && !deadline_.expired())
+        redial(*c);
   }
 }
 

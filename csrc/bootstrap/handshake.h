@@ -102,7 +102,7 @@ class HandshakeLoop {
     int attempts = 0;
     bool connected = false;  // some attempt reached a listener
     bool done = false;
-    std::string failure;     // the last attempt's failure, e.g. "did not prove the job's secret"
+    std::string failure;  // the last attempt's failure, e.g. "did not prove the job's secret"
   };
   ClientStatus client_status(size_t index) const;
   // After run(): the accepted connection (blocking again); the caller owns it.

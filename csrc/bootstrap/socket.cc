@@ -102,8 +102,15 @@ void write_full(int fd, const void* data, size_t bytes, const Deadline& deadline
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) { p += n; bytes -= static_cast<size_t>(n); continue; }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) { wait_fd(fd, POLLOUT, deadline, "send"); continue; }
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      wait_fd(fd, POLLOUT, deadline, "send");
+      continue;
+    }
     RT_THROW(PeerFailure, "connection lost while sending (", n < 0 ? std::strerror(errno) : "closed", ")");
   }
 }
@@ -112,9 +119,16 @@ void read_full(int fd, void* data, size_t bytes, const Deadline& deadline) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
     ssize_t n = ::recv(fd, p, bytes, MSG_DONTWAIT);
-    if (n > 0) { p += n; bytes -= static_cast<size_t>(n); continue; }
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
     if (n == 0) RT_THROW(PeerFailure, "connection closed by the peer");
-    if (errno == EAGAIN || errno == EINTR) { wait_fd(fd, POLLIN, deadline, "receive"); continue; }
+    if (errno == EAGAIN || errno == EINTR) {
+      wait_fd(fd, POLLIN, deadline, "receive");
+      continue;
+    }
     RT_THROW(PeerFailure, "connection lost while receiving (", std::strerror(errno), ")");
   }
 }

@@ -16,7 +16,9 @@ inline void str_append(std::string& out, const char* s) { out += s ? s : "(null)
 inline void str_append(std::string& out, char c) { out += c; }
 inline void str_append(std::string& out, bool b) { out += b ? "true" : "false"; }
 template <typename T>
-std::enable_if_t<std::is_integral_v<T>> str_append(std::string& out, T v) { out += std::to_string(v); }
+std::enable_if_t<std::is_integral_v<T>> str_append(std::string& out, T v) {
+  out += std::to_string(v);
+}
 template <typename T>
 std::enable_if_t<std::is_floating_point_v<T>> str_append(std::string& out, T v) {
   char buf[32];
@@ -41,13 +43,17 @@ inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t 
 }  // namespace ringtree
 
 #define RT_THROW(Kind, ...) throw ::ringtree::Kind(::ringtree::str_cat(__VA_ARGS__))
-#define RT_CHECK(cond, Kind, ...) \
-  do { if (!(cond)) RT_THROW(Kind, __VA_ARGS__); } while (0)
-#define RT_CHECK_EQ(a, b, what)                                                          \
-  do {                                                                                   \
-    auto rt_a_ = (a); auto rt_b_ = (b);                                                  \
-    if (!(rt_a_ == rt_b_))                                                               \
-      RT_THROW(InvalidArgument, what, ": expected ", rt_b_, ", got ", rt_a_);            \
+#define RT_CHECK(cond, Kind, ...)             \
+  do {                                        \
+    if (!(cond)) RT_THROW(Kind, __VA_ARGS__); \
   } while (0)
-#define RT_SYSCHECK(expr, what)                                                          \
-  do { if ((expr) < 0) ::ringtree::throw_system_error(what, errno); } while (0)
+#define RT_CHECK_EQ(a, b, what)                                                                    \
+  do {                                                                                             \
+    auto rt_a_ = (a);                                                                              \
+    auto rt_b_ = (b);                                                                              \
+    if (!(rt_a_ == rt_b_)) RT_THROW(InvalidArgument, what, ": expected ", rt_b_, ", got ", rt_a_); \
+  } while (0)
+#define RT_SYSCHECK(expr, what)                                  \
+  do {                                                           \
+    if ((expr) < 0) ::ringtree::throw_system_error(what, errno); \
+  } while (0)

@@ -16,12 +16,12 @@ namespace ringtree {
 
 // How a collective may run in place (input and output sharing memory).
 enum class InPlace : uint8_t {
-  None,               // barrier, send, recv, sendrecv: the buffers must not overlap
-  SameBuffer,         // all_reduce, reduce: element-wise, output == input
-  StagedSameBuffer,   // all_to_all(_v): output == input; the input is copied aside first
-  OneBuffer,          // broadcast: there is only one buffer, read on the root, written elsewhere
-  InputIsOutputBlock, // all_gather, gather (root): input == output + rank * block
-  OutputIsInputBlock, // reduce_scatter, scatter (root): output == input + rank * block
+  None,                // barrier, send, recv, sendrecv: the buffers must not overlap
+  SameBuffer,          // all_reduce, reduce: element-wise, output == input
+  StagedSameBuffer,    // all_to_all(_v): output == input; the input is copied aside first
+  OneBuffer,           // broadcast: there is only one buffer, read on the root, written elsewhere
+  InputIsOutputBlock,  // all_gather, gather (root): input == output + rank * block
+  OutputIsInputBlock,  // reduce_scatter, scatter (root): output == input + rank * block
 };
 
 // Which of a call's buffers hold a multiple of the count, and on which ranks.

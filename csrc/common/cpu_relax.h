@@ -3,9 +3,15 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-namespace ringtree { inline void cpu_relax() { _mm_pause(); } }
+namespace ringtree {
+inline void cpu_relax() { _mm_pause(); }
+}  // namespace ringtree
 #elif defined(__aarch64__)
-namespace ringtree { inline void cpu_relax() { asm volatile("yield" ::: "memory"); } }
+namespace ringtree {
+inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
+}  // namespace ringtree
 #else
-namespace ringtree { inline void cpu_relax() {} }
+namespace ringtree {
+inline void cpu_relax() {}
+}  // namespace ringtree
 #endif

@@ -13,8 +13,8 @@ std::string env_str(const char* name, const std::string& fallback);
 }  // namespace ringtree
 
 // Declares a cached integer setting as a function: RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
-#define RT_PARAM(fn, env_name, fallback)                            \
-  static int64_t fn() {                                             \
+#define RT_PARAM(fn, env_name, fallback)                                  \
+  static int64_t fn() {                                                   \
     static const int64_t value = ::ringtree::env_int(env_name, fallback); \
-    return value;                                                   \
+    return value;                                                         \
   }

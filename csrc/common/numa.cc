@@ -22,7 +22,9 @@ std::vector<int> parse_cpu_list(const std::string& text) {
   std::stringstream ranges(text);
   std::string range;
   while (std::getline(ranges, range, ',')) {
-    range.erase(std::remove_if(range.begin(), range.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }), range.end());
+    range.erase(
+        std::remove_if(range.begin(), range.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
+        range.end());
     if (range.empty()) continue;
     char* end = nullptr;
     const long first = std::strtol(range.c_str(), &end, 10);
@@ -91,7 +93,9 @@ std::string prefer_node(void* addr, size_t bytes, int node) {
 
 std::string describe(const NumaPlacement& p) {
   if (p.node < 0) return "unknown (the kernel reports no NUMA nodes)";
-  if (p.pinned) return str_cat("node ", p.node, " (every CPU this rank may run on is on it; ", p.nodes_on_host, " node(s) on this host)");
+  if (p.pinned)
+    return str_cat("node ", p.node, " (every CPU this rank may run on is on it; ", p.nodes_on_host,
+                   " node(s) on this host)");
   std::string nodes;
   for (int n : p.allowed) nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
   return str_cat("node ", p.node, " (where it runs now; it may run on node(s) ", nodes, " of ", p.nodes_on_host, ")");

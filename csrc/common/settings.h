@@ -15,20 +15,20 @@
 namespace ringtree {
 
 // Groups, in the order the manual lists them.
-#define RINGTREE_SETTING_GROUPS(G)                      \
-  G(Launch, "Set-up and launching")                     \
-  G(Choice, "Algorithms and the cost model")            \
-  G(Host, "Shared memory, single copy and waiting")     \
-  G(Tcp, "TCP")                                         \
-  G(Gpu, "GPU")                                         \
-  G(Diagnostics, "Diagnostics")                         \
+#define RINGTREE_SETTING_GROUPS(G)                  \
+  G(Launch, "Set-up and launching")                 \
+  G(Choice, "Algorithms and the cost model")        \
+  G(Host, "Shared memory, single copy and waiting") \
+  G(Tcp, "TCP")                                     \
+  G(Gpu, "GPU")                                     \
+  G(Diagnostics, "Diagnostics")                     \
   G(Testing, "Test hooks (for the project's own tests)")
 
 enum class SettingGroup : int {
 #define RT_SETTING_GROUP_ID(id, title) id,
   RINGTREE_SETTING_GROUPS(RT_SETTING_GROUP_ID)
 #undef RT_SETTING_GROUP_ID
-  Count
+      Count
 };
 
 enum class Setting : int {
@@ -60,8 +60,8 @@ std::optional<int64_t> setting_auto_int(Setting s);
 
 // A cached reader of an integer setting, next to its user: RT_SETTING(ShmRingBytes) declares
 // ShmRingBytes(), read from the environment the first time it is called.
-#define RT_SETTING(id)                                                                     \
-  static int64_t id() {                                                                    \
-    static const int64_t value = ::ringtree::setting_int(::ringtree::Setting::id);         \
-    return value;                                                                          \
+#define RT_SETTING(id)                                                             \
+  static int64_t id() {                                                            \
+    static const int64_t value = ::ringtree::setting_int(::ringtree::Setting::id); \
+    return value;                                                                  \
   }

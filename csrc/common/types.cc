@@ -8,11 +8,20 @@ namespace ringtree {
 
 size_t dtype_size(DataType t) {
   switch (t) {
-    case DataType::Int8: case DataType::Uint8: return 1;
-    case DataType::Float16: case DataType::BFloat16: return 2;
-    case DataType::Int32: case DataType::Float32: return 4;
-    case DataType::Int64: case DataType::Float64: return 8;
-    default: return 0;
+    case DataType::Int8:
+    case DataType::Uint8:
+      return 1;
+    case DataType::Float16:
+    case DataType::BFloat16:
+      return 2;
+    case DataType::Int32:
+    case DataType::Float32:
+      return 4;
+    case DataType::Int64:
+    case DataType::Float64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -39,7 +48,8 @@ const char* op_name(ReduceOp op) {
 
 const char* collective_name(Collective c) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-                                "reduce", "gather", "scatter", "barrier", "send", "recv", "all_to_all_v", "sendrecv"};
+                                "reduce",     "gather",         "scatter",    "barrier",    "send",
+                                "recv",       "all_to_all_v",   "sendrecv"};
   return c < Collective::Count ? names[static_cast<int>(c)] : "invalid-collective";
 }
 
@@ -50,28 +60,33 @@ const char* algo_name(Algo a) {
 }
 
 const char* error_kind_name(ErrorKind k) {
-  static const char* names[] = {"error", "invalid_argument", "timeout", "peer_failure", "collective_mismatch", "aborted",
-                                "bootstrap"};
+  static const char* names[] = {"error",   "invalid_argument", "timeout", "peer_failure", "collective_mismatch",
+                                "aborted", "bootstrap"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(ErrorKind::Count), "one name per kind");
   return k < ErrorKind::Count ? names[static_cast<int>(k)] : "error";
 }
 
 std::exception_ptr make_error(ErrorKind kind, const std::string& what) {
   switch (kind) {
-    case ErrorKind::InvalidArgument: return std::make_exception_ptr(InvalidArgument(what));
-    case ErrorKind::Timeout: return std::make_exception_ptr(Timeout(what));
-    case ErrorKind::PeerFailure: return std::make_exception_ptr(PeerFailure(what));
-    case ErrorKind::CollectiveMismatch: return std::make_exception_ptr(CollectiveMismatch(what));
-    case ErrorKind::Aborted: return std::make_exception_ptr(Aborted(what));
-    case ErrorKind::Bootstrap: return std::make_exception_ptr(BootstrapError(what));
-    default: return std::make_exception_ptr(Error(what));
+    case ErrorKind::InvalidArgument:
+      return std::make_exception_ptr(InvalidArgument(what));
+    case ErrorKind::Timeout:
+      return std::make_exception_ptr(Timeout(what));
+    case ErrorKind::PeerFailure:
+      return std::make_exception_ptr(PeerFailure(what));
+    case ErrorKind::CollectiveMismatch:
+      return std::make_exception_ptr(CollectiveMismatch(what));
+    case ErrorKind::Aborted:
+      return std::make_exception_ptr(Aborted(what));
+    case ErrorKind::Bootstrap:
+      return std::make_exception_ptr(BootstrapError(what));
+    default:
+      return std::make_exception_ptr(Error(what));
   }
 }
 
 void throw_error(ErrorKind kind, const std::string& what) { std::rethrow_exception(make_error(kind, what)); }
 
-void throw_system_error(const std::string& what, int err) {
-  throw Error(what + ": " + std::strerror(err));
-}
+void throw_system_error(const std::string& what, int err) { throw Error(what + ": " + std::strerror(err)); }
 
 }  // namespace ringtree

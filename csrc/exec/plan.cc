@@ -19,25 +19,37 @@ void check_sizes(const CollectiveTraits& t, const Buffer& in, const Buffer& out,
       RT_CHECK_EQ(out.count, in.count, "all_reduce: output element count must equal the input's");
       break;
     case Collective::ReduceScatter:
-      RT_CHECK_EQ(in.count, out.count * P, str_cat("reduce_scatter: input element count must be output count x world size (", out.count, " x ", P, ")"));
+      RT_CHECK_EQ(
+          in.count, out.count * P,
+          str_cat("reduce_scatter: input element count must be output count x world size (", out.count, " x ", P, ")"));
       break;
     case Collective::AllGather:
-      RT_CHECK_EQ(out.count, in.count * P, str_cat("all_gather: output element count must be input count x world size (", in.count, " x ", P, ")"));
+      RT_CHECK_EQ(
+          out.count, in.count * P,
+          str_cat("all_gather: output element count must be input count x world size (", in.count, " x ", P, ")"));
       break;
     case Collective::AllToAll:
       RT_CHECK_EQ(out.count, in.count, "all_to_all: output element count must equal the input's");
-      RT_CHECK(in.count % P == 0, InvalidArgument, "all_to_all: element count ", in.count, " is not divisible by the world size ", P);
+      RT_CHECK(in.count % P == 0, InvalidArgument, "all_to_all: element count ", in.count,
+               " is not divisible by the world size ", P);
       break;
     case Collective::Reduce:
       if (is_root) RT_CHECK_EQ(out.count, in.count, "reduce: output element count on the root must equal the input's");
       break;
     case Collective::Gather:
-      if (is_root) RT_CHECK_EQ(out.count, in.count * P, str_cat("gather: output element count on the root must be input count x world size (", in.count, " x ", P, ")"));
+      if (is_root)
+        RT_CHECK_EQ(out.count, in.count * P,
+                    str_cat("gather: output element count on the root must be input count x world size (", in.count,
+                            " x ", P, ")"));
       break;
     case Collective::Scatter:
-      if (is_root) RT_CHECK_EQ(in.count, out.count * P, str_cat("scatter: input element count on the root must be output count x world size (", out.count, " x ", P, ")"));
+      if (is_root)
+        RT_CHECK_EQ(in.count, out.count * P,
+                    str_cat("scatter: input element count on the root must be output count x world size (", out.count,
+                            " x ", P, ")"));
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -49,13 +61,14 @@ void check_all_to_all_v(const CollectiveArgs& a, const Buffer& in, const Buffer&
   for (uint64_t n : a.recv_counts) received += n;
   RT_CHECK_EQ(in.count, sent, "all_to_all_v: input element count must equal sum(send_counts)");
   RT_CHECK_EQ(out.count, received, "all_to_all_v: output element count must equal sum(recv_counts)");
-  RT_CHECK_EQ(a.recv_counts[rank], a.send_counts[rank],
-              str_cat("all_to_all_v: recv_counts[", rank, "] must equal send_counts[", rank, "] (this rank's own block)"));
+  RT_CHECK_EQ(
+      a.recv_counts[rank], a.send_counts[rank],
+      str_cat("all_to_all_v: recv_counts[", rank, "] must equal send_counts[", rank, "] (this rank's own block)"));
 }
 
 // Buffers may overlap only in the in-place layouts the collective's traits allow.
-void check_overlap(const CollectiveTraits& t, const Buffer& in, const Buffer& out, size_t esz, uint64_t count,
-                   int rank, bool is_root) {
+void check_overlap(const CollectiveTraits& t, const Buffer& in, const Buffer& out, size_t esz, uint64_t count, int rank,
+                   bool is_root) {
   if (!in.present || !out.present || t.in_place == InPlace::OneBuffer) return;
   const size_t in_bytes = in.count * esz, out_bytes = out.count * esz;
   const auto* ip = static_cast<const uint8_t*>(in.ptr);
@@ -65,11 +78,20 @@ void check_overlap(const CollectiveTraits& t, const Buffer& in, const Buffer& ou
   const char* name = collective_name(t.coll);
   bool allowed = false;
   switch (t.in_place) {
-    case InPlace::SameBuffer: allowed = in.ptr == out.ptr; break;
-    case InPlace::StagedSameBuffer: allowed = true; break;
-    case InPlace::InputIsOutputBlock: allowed = root_side && ip == op + static_cast<size_t>(rank) * block; break;
-    case InPlace::OutputIsInputBlock: allowed = root_side && op == ip + static_cast<size_t>(rank) * block; break;
-    default: break;
+    case InPlace::SameBuffer:
+      allowed = in.ptr == out.ptr;
+      break;
+    case InPlace::StagedSameBuffer:
+      allowed = true;
+      break;
+    case InPlace::InputIsOutputBlock:
+      allowed = root_side && ip == op + static_cast<size_t>(rank) * block;
+      break;
+    case InPlace::OutputIsInputBlock:
+      allowed = root_side && op == ip + static_cast<size_t>(rank) * block;
+      break;
+    default:
+      break;
   }
   if (t.point_to_point)
     RT_CHECK(!ranges_overlap(in.ptr, in_bytes, out.ptr, out_bytes), InvalidArgument, name,
@@ -94,7 +116,8 @@ uint64_t Fingerprint::tag() const {
 
 std::string describe(const Fingerprint& fp) {
   const char* dtype = dtype_name(fp.dtype);
-  if (fp.coll == Collective::Send) return str_cat("send/recv (p2p #", fp.seq, ", count=", fp.count, ", dtype=", dtype, ")");
+  if (fp.coll == Collective::Send)
+    return str_cat("send/recv (p2p #", fp.seq, ", count=", fp.count, ", dtype=", dtype, ")");
   std::string d = str_cat(collective_name(fp.coll), " #", fp.seq, " (count=", fp.count, ", dtype=", dtype);
   if (fp.op != Fingerprint::kNoOp) d += str_cat(", op=", op_name(static_cast<ReduceOp>(fp.op)));
   if (fp.root >= 0) d += str_cat(", root=", fp.root);
@@ -140,9 +163,11 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
              " needs an integer dtype, got ", dtype_name(a.dtype));
   }
   if (t.rooted)
-    RT_CHECK(a.root >= 0 && a.root < nranks, InvalidArgument, name, ": root must be in [0, ", nranks, "), got ", a.root);
+    RT_CHECK(a.root >= 0 && a.root < nranks, InvalidArgument, name, ": root must be in [0, ", nranks, "), got ",
+             a.root);
   if (t.point_to_point) {
-    RT_CHECK(a.peer >= 0 && a.peer < nranks, InvalidArgument, name, ": peer must be in [0, ", nranks, "), got ", a.peer);
+    RT_CHECK(a.peer >= 0 && a.peer < nranks, InvalidArgument, name, ": peer must be in [0, ", nranks, "), got ",
+             a.peer);
     RT_CHECK(a.peer != rank, InvalidArgument, name, ": peer must differ from this rank (", rank, ")");
   }
   if (c == Collective::SendRecv) {
@@ -152,15 +177,14 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
   }
   const bool is_root = t.rooted && a.root == rank;
   Buffer in = a.input, out = a.output;
-  if (t.needs_input(is_root))
-    RT_CHECK(in.present, InvalidArgument, name, ": rank ", rank, " needs an input buffer");
+  if (t.needs_input(is_root)) RT_CHECK(in.present, InvalidArgument, name, ": rank ", rank, " needs an input buffer");
   // A reduce root without an output reduces in place; broadcast has one buffer.
   if (c == Collective::Reduce && is_root && !out.present) out = in;
   if (t.in_place == InPlace::OneBuffer) out = in;
-  if (t.needs_output(is_root))
-    RT_CHECK(out.present, InvalidArgument, name, ": rank ", rank, " needs an output buffer");
+  if (t.needs_output(is_root)) RT_CHECK(out.present, InvalidArgument, name, ": rank ", rank, " needs an output buffer");
   for (const Buffer* b : {&in, &out})
-    RT_CHECK(!b->present || b->ptr || b->count == 0, InvalidArgument, name, ": null buffer with ", b->count, " elements");
+    RT_CHECK(!b->present || b->ptr || b->count == 0, InvalidArgument, name, ": null buffer with ", b->count,
+             " elements");
   if (t.in_place == InPlace::OneBuffer) {
     if (!is_root)
       RT_CHECK(!in.readonly, InvalidArgument, name, ": the buffer is read-only but rank ", rank, " receives into it");
@@ -168,8 +192,10 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
     RT_CHECK(!out.readonly, InvalidArgument, name, ": the output buffer is read-only");
   }
 
-  if (c == Collective::AllToAllV) check_all_to_all_v(a, in, out, P, rank);
-  else check_sizes(t, in, out, P, is_root);
+  if (c == Collective::AllToAllV)
+    check_all_to_all_v(a, in, out, P, rank);
+  else
+    check_sizes(t, in, out, P, is_root);
   ValidatedCall v;
   v.count = t.count_from(in.count, out.count, nranks);
   check_overlap(t, in, out, esz, v.count, rank, is_root);

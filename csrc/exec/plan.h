@@ -41,9 +41,9 @@ struct Fingerprint {
   DataType dtype = DataType::Int8;
   uint8_t op = kNoOp;  // a ReduceOp for reductions
   Algo algo = Algo::Auto;
-  int32_t root = -1;   // rooted collectives only
+  int32_t root = -1;  // rooted collectives only
   uint64_t seq = 0;
-  uint64_t count = 0;  // ScheduleKey::count
+  uint64_t count = 0;          // ScheduleKey::count
   bool deterministic = false;  // reductions: deterministic mode, which every rank must share
   bool operator==(const Fingerprint& o) const {
     return coll == o.coll && dtype == o.dtype && op == o.op && algo == o.algo && root == o.root && seq == o.seq &&
@@ -63,7 +63,7 @@ struct CallPlan {
   ReduceOp combine = ReduceOp::Sum;  // what the schedule reduces with (avg, premul_sum: sum)
   double premul_factor = 1.0;
   bool deterministic = false;  // deterministic_mode() of the call (fingerprinted)
-  Buffer input, output;  // as the schedule sees them: broadcast's one buffer is both
+  Buffer input, output;        // as the schedule sees them: broadcast's one buffer is both
   PreStep pre = PreStep::None;
   uint64_t pre_elems = 0;  // elements the pre-step writes into temp (the whole input)
   PostStep post = PostStep::None;
@@ -113,14 +113,14 @@ uint8_t* run_pre_step(const CallPlan& p, Device& dev) {
       dev.copy(copy, in, p.temp_bytes());
       return copy;
     }
-    default: return in;
+    default:
+      return in;
   }
 }
 
 template <typename Device>
 void run_post_step(const CallPlan& p, Device& dev) {
-  if (p.post == PostStep::DivideOutput && p.post_elems)
-    dev.divide(p.output.ptr, p.post_elems, p.dtype, p.divisor);
+  if (p.post == PostStep::DivideOutput && p.post_elems) dev.divide(p.output.ptr, p.post_elems, p.dtype, p.divisor);
 }
 
 // Pre-step, walk, post-step: a whole call on one device.

@@ -260,8 +260,8 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
       if (all_done) break;
       if (!moved) {
         bool mismatch = false;
-        if (mem.agree(mem.leader() && (mem.load(plan.stop_word) != 0 || mem.stop() ||
-                                       (mismatch = peer_in_another_call())))) {
+        if (mem.agree(mem.leader() &&
+                      (mem.load(plan.stop_word) != 0 || mem.stop() || (mismatch = peer_in_another_call())))) {
           if (!mem.agree(mismatch)) return WalkResult::Stopped;
           stop_everyone();
           return WalkResult::Mismatch;

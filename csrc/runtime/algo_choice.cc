@@ -65,8 +65,9 @@ void AlgoChoice::refuse(Collective coll, Algo requested, uint64_t bytes) const {
   for (Algo a : rank_order_algos(coll)) names += std::string(algo_name(a)) + ", ";
   const uint64_t payload = oneshot_payload_bytes(coll, bytes, nranks_);
   if (requested == Algo::OneShot && payload != UINT64_MAX)
-    RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll), ": it needs every rank",
-             " on one host and at most ", oneshot_bytes_, " bytes per rank in the one-shot slots (RINGTREE_ONESHOT_BYTES); this call",
+    RT_THROW(InvalidArgument, "algo 'oneshot' is not available for this ", collective_name(coll),
+             ": it needs every rank", " on one host and at most ", oneshot_bytes_,
+             " bytes per rank in the one-shot slots (RINGTREE_ONESHOT_BYTES); this call",
              oneshot_bytes_ > 0 ? str_cat(" puts ", payload, " there") : std::string(" spans hosts or uses TCP"),
              "; choose from ", names, "auto");
   RT_THROW(InvalidArgument, "algo '", algo_name(requested), "' is not available for ", collective_name(coll),
@@ -138,9 +139,11 @@ Algo AlgoChoice::choose(Collective coll, Algo requested, uint64_t bytes, DataTyp
     if (!offered) {
       std::string names;
       for (const AlgoEstimate& e : request.candidates) names += str_cat(names.empty() ? "" : ", ", algo_name(e.algo));
-      RT_THROW(InvalidArgument, "the algorithm hook chose '", picked < Algo::Count ? algo_name(picked) : "?",
-               "' for ", collective_name(coll), " of ", bytes, " bytes, which is not a candidate; it must return "
-               "one of ", names);
+      RT_THROW(InvalidArgument, "the algorithm hook chose '", picked < Algo::Count ? algo_name(picked) : "?", "' for ",
+               collective_name(coll), " of ", bytes,
+               " bytes, which is not a candidate; it must return "
+               "one of ",
+               names);
     }
     best = picked;
   }

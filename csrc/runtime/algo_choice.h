@@ -31,10 +31,10 @@ namespace ringtree {
 // What a choice is made from.
 struct ChoiceSetup {
   int nranks = 1;
-  Topology topology;             // which ranks share a host (empty: every rank on one host)
-  MachineCosts costs;            // the cost model's figures
-  uint64_t oneshot_bytes = 0;    // bytes a rank may publish in a one-shot call; 0: no one-shot
-  Algo forced = Algo::Auto;      // RINGTREE_ALGO
+  Topology topology;           // which ranks share a host (empty: every rank on one host)
+  MachineCosts costs;          // the cost model's figures
+  uint64_t oneshot_bytes = 0;  // bytes a rank may publish in a one-shot call; 0: no one-shot
+  Algo forced = Algo::Auto;    // RINGTREE_ALGO
 };
 
 // Bits that hold the values 0 .. n-1.

@@ -41,7 +41,10 @@ Topology topology_of(const Mesh& mesh, int size) {
   for (int r = 0; r < size; ++r) {
     labels[r] = r;
     for (int q = 0; q < r; ++q)
-      if (!mesh.pair_uses_tcp(r, q)) { labels[r] = labels[q]; break; }
+      if (!mesh.pair_uses_tcp(r, q)) {
+        labels[r] = labels[q];
+        break;
+      }
   }
   return Topology::from_labels(labels);
 }
@@ -69,7 +72,8 @@ Algo parse_algo_setting() {
   if (v == "hier") return Algo::Hier;
   if (v == "hier_tree") return Algo::HierTree;
   if (v == "rank_order") return Algo::RankOrder;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier, hier_tree or rank_order, got '", v, "'");
+  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier, hier_tree or rank_order, got '", v,
+           "'");
 }
 
 }  // namespace
@@ -79,17 +83,21 @@ std::shared_ptr<Communicator> Communicator::create(int rank, int size, const Uni
 }
 
 CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, double timeout_s)
-    : rank_(rank), size_(size), uid_(uid), default_timeout_(timeout_s), exec_(rank, size, ctrl_),
+    : rank_(rank),
+      size_(size),
+      uid_(uid),
+      default_timeout_(timeout_s),
+      exec_(rank, size, ctrl_),
       recorder_(static_cast<size_t>(std::max<int64_t>(0, FlightRecorderCalls()))) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   parse_algo_setting();  // a bad RINGTREE_ALGO fails here, before bootstrap
   exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, StreamBytes())));
-  kernel_isa_name();  // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
-  tcp_settings();     // and a bad TCP setting, before bootstrap
+  kernel_isa_name();           // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
+  tcp_settings();              // and a bad TCP setting, before bootstrap
   shm_stream_store_setting();  // and a bad RINGTREE_SHM_STREAM_STORES
   const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
-  RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument,
-           "RINGTREE_TRANSPORT must be auto or tcp, got '", transport, "'");
+  RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument, "RINGTREE_TRANSPORT must be auto or tcp, got '",
+           transport, "'");
 
   Bootstrap boot(rank, size, uid, timeout_s);
   uint32_t cpu_count = 0;
@@ -110,9 +118,8 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   // A shrink retried after a failed set-up needs every member to have failed it, not some.
   boot.confirm_setup();
   boot.close_star();
-  dump_source_ = register_dump_source([this](const std::string& reason) {
-    return std::make_pair(dump_file_name(), dump_json(reason));
-  });
+  dump_source_ = register_dump_source(
+      [this](const std::string& reason) { return std::make_pair(dump_file_name(), dump_json(reason)); });
 
   // Local means what the probes found (topo_), not what the hostnames say. Ranks in other
   // namespaces or containers on this kernel may run on the same CPUs: count every rank allowed
@@ -154,13 +161,13 @@ std::string CommunicatorImpl::dump_json(const std::string& reason) const {
     abort_reason = abort_reason_;
   }
   return str_cat("{\"format\": \"ringtree-flight-recorder/1\", \"comm_id\": ", json_string(id()), ", \"rank\": ", rank_,
-                 ", \"size\": ", size_, ", \"pid\": ", static_cast<int>(getpid()), ", \"host\": ",
-                 json_string(mesh_.peers[rank_].host), ", \"reason\": ", json_string(reason),
-                 ", \"dumped_ns\": ", FlightRecorder::now_ns(), ", \"clock\": {\"offset_ns\": ", clock_offset_ns_.load(),
-                 ", \"error_ns\": ", clock_error_ns_.load(), "}, \"capacity\": ", recorder_.capacity(),
-                 ", \"recorded\": ", recorder_.recorded(), ", \"aborted\": ", aborted,
-                 ", \"abort_reason\": ", json_string(abort_reason), ", \"calls\": ", recorder_.calls_json(sends, recvs),
-                 "}\n");
+                 ", \"size\": ", size_, ", \"pid\": ", static_cast<int>(getpid()),
+                 ", \"host\": ", json_string(mesh_.peers[rank_].host), ", \"reason\": ", json_string(reason),
+                 ", \"dumped_ns\": ", FlightRecorder::now_ns(),
+                 ", \"clock\": {\"offset_ns\": ", clock_offset_ns_.load(), ", \"error_ns\": ", clock_error_ns_.load(),
+                 "}, \"capacity\": ", recorder_.capacity(), ", \"recorded\": ", recorder_.recorded(),
+                 ", \"aborted\": ", aborted, ", \"abort_reason\": ", json_string(abort_reason),
+                 ", \"calls\": ", recorder_.calls_json(sends, recvs), "}\n");
 }
 
 std::string CommunicatorImpl::dump_file_name() const { return str_cat("ringtree-", id(), "-rank", rank_, ".json"); }
@@ -219,11 +226,19 @@ CommStatus CommunicatorImpl::status() const {
   s.shm_stores = exec_.shm_stores();
   const MachineCosts& m = choice_.costs();
   s.cost_source = m.measured == 1 ? "measured" : m.measured == 2 ? "cached" : "defaults";
-  s.machine = {{"call_us", m.call_s * 1e6}, {"hop_us", m.hop_s * 1e6}, {"switch_us", m.switch_s * 1e6},
-               {"copy_hot_GBps", m.copy_hot_Bps / 1e9}, {"copy_cold_GBps", m.copy_cold_Bps / 1e9},
-               {"reduce_hot_GBps", m.reduce_hot_Bps / 1e9}, {"reduce_cold_GBps", m.reduce_cold_Bps / 1e9},
-               {"l2_KiB", m.l2_bytes / 1024}, {"l3_KiB", m.l3_bytes / 1024}, {"cores", m.cores},
-               {"local_ranks", m.local_ranks}, {"any_tcp", m.any_tcp}, {"tcp_hop_us", m.tcp_hop_s * 1e6},
+  s.machine = {{"call_us", m.call_s * 1e6},
+               {"hop_us", m.hop_s * 1e6},
+               {"switch_us", m.switch_s * 1e6},
+               {"copy_hot_GBps", m.copy_hot_Bps / 1e9},
+               {"copy_cold_GBps", m.copy_cold_Bps / 1e9},
+               {"reduce_hot_GBps", m.reduce_hot_Bps / 1e9},
+               {"reduce_cold_GBps", m.reduce_cold_Bps / 1e9},
+               {"l2_KiB", m.l2_bytes / 1024},
+               {"l3_KiB", m.l3_bytes / 1024},
+               {"cores", m.cores},
+               {"local_ranks", m.local_ranks},
+               {"any_tcp", m.any_tcp},
+               {"tcp_hop_us", m.tcp_hop_s * 1e6},
                {"tcp_GBps", m.tcp_Bps / 1e9}};
   s.algo_hook = choice_.has_hook();
   s.shared_cpu_waits = exec_.shared_cpu_waits();
@@ -249,13 +264,19 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   if (closed_) RT_THROW(Aborted, "the communicator is closed");
   if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
   switch (p.args.coll) {
-    case Collective::Send: p.seq = p2p_send_seq_[p.args.peer]++; break;
-    case Collective::Recv: p.seq = p2p_recv_seq_[p.args.peer]++; break;
+    case Collective::Send:
+      p.seq = p2p_send_seq_[p.args.peer]++;
+      break;
+    case Collective::Recv:
+      p.seq = p2p_recv_seq_[p.args.peer]++;
+      break;
     case Collective::SendRecv:
       p.seq = p2p_send_seq_[p.args.peer]++;
       p.recv_seq = p2p_recv_seq_[p.args.recv_peer]++;
       break;
-    default: p.seq = next_seq_++; break;
+    default:
+      p.seq = next_seq_++;
+      break;
   }
   p.record = recorder_.open(p.args.coll, p.args.dtype, p.args.op, p.algo, is_rooted(p.args.coll) ? p.args.root : -1,
                             p.args.peer, p.args.recv_peer, p.validated.count, label_.load(std::memory_order_relaxed),
@@ -279,7 +300,8 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
 
 void CommunicatorImpl::execute(Prepared& p) {
   const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
-  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_), &p.args, p.seq, p.recv_seq};
+  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_), &p.args, p.seq,
+                      p.recv_seq};
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);
   try {

@@ -26,8 +26,8 @@ struct Prepared {
   Algo algo = Algo::Auto;
   double timeout_s = 0;
   uint64_t seq = 0;
-  uint64_t recv_seq = 0;  // sendrecv: the receive's p2p sequence number (seq is the send's)
-  uint64_t record = 0;    // its flight-recorder id
+  uint64_t recv_seq = 0;        // sendrecv: the receive's p2p sequence number (seq is the send's)
+  uint64_t record = 0;          // its flight-recorder id
   bool starts_at_once = false;  // a blocking call with nothing queued before it
 };
 
@@ -93,8 +93,8 @@ class CommunicatorImpl : public Communicator {
   ControlPlane ctrl_;
   HostExecutor exec_;
   Messenger messenger_;  // tagged messages, beside the call order
-  Topology topo_;       // which ranks share a host (shared-memory pairs), from the mesh
-  AlgoChoice choice_;   // from rank 0's figures, so every rank chooses alike
+  Topology topo_;        // which ranks share a host (shared-memory pairs), from the mesh
+  AlgoChoice choice_;    // from rank 0's figures, so every rank chooses alike
 
   // Call order state (guarded by queue_mu_).
   uint64_t next_seq_ = 0;

@@ -48,7 +48,6 @@ std::string time_or_null(int64_t t) { return t ? std::to_string(t) : "null"; }
 
 }  // namespace
 
-
 // A (tick, ns) pair read together. A thread preempted between the two reads would shift every
 // stamp mapped through the pair by the time it was away (microseconds to milliseconds on a busy
 // machine, enough to put a rank's call on the wrong side of its peers'); so the pair is read
@@ -159,19 +158,21 @@ std::string FlightRecorder::calls_json(const std::vector<int>& waiting_sends,
     any = true;
     out += str_cat("{\"id\": ", id, ", \"seq\": ", r.seq, ", \"recv_seq\": ", r.recv_seq,
                    ", \"coll\": ", json_string(collective_name(r.coll)), ", \"count\": ", r.count,
-                   ", \"dtype\": ", json_string(dtype_name(r.dtype)), ", \"op\": ",
-                   is_reduction(r.coll) ? json_string(op_name(r.op)) : std::string("null"),
+                   ", \"dtype\": ", json_string(dtype_name(r.dtype)),
+                   ", \"op\": ", is_reduction(r.coll) ? json_string(op_name(r.op)) : std::string("null"),
                    ", \"algo\": ", json_string(algo_name(r.algo)), ", \"root\": ", r.root, ", \"peer\": ", r.peer,
-                   ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.count * dtype_size(r.dtype), ", \"label\": ", r.label,
-                   ", \"state\": ", json_string(state_name(state)), ", \"enqueued_ns\": ", stamp(r.enqueued),
-                   ", \"started_ns\": ", stamp(r.started), ", \"ended_ns\": ", stamp(r.ended));
+                   ", \"recv_peer\": ", r.recv_peer, ", \"bytes\": ", r.count * dtype_size(r.dtype),
+                   ", \"label\": ", r.label, ", \"state\": ", json_string(state_name(state)),
+                   ", \"enqueued_ns\": ", stamp(r.enqueued), ", \"started_ns\": ", stamp(r.started),
+                   ", \"ended_ns\": ", stamp(r.ended));
     if (state == static_cast<uint8_t>(CallState::Failed))
-      out += str_cat(", \"error_kind\": ", json_string(error_kind_name(r.error_kind)), ", \"error\": ",
-                     json_string(errors_[(id - 1) % slots_.size()].data()));
+      out += str_cat(", \"error_kind\": ", json_string(error_kind_name(r.error_kind)),
+                     ", \"error\": ", json_string(errors_[(id - 1) % slots_.size()].data()));
     else
       out += ", \"error_kind\": null, \"error\": null";
     if (id == running && state == static_cast<uint8_t>(CallState::Running))
-      out += str_cat(", \"waiting_on\": {\"send\": ", int_list(waiting_sends), ", \"recv\": ", int_list(waiting_recvs), "}");
+      out += str_cat(", \"waiting_on\": {\"send\": ", int_list(waiting_sends), ", \"recv\": ", int_list(waiting_recvs),
+                     "}");
     out += "}";
   }
   return out + (any ? "\n]" : "]");

@@ -31,7 +31,7 @@ struct alignas(64) CallRecord {
   uint64_t seq = 0;             // the collective's sequence number (p2p: the per-peer one)
   uint64_t count = 0;
   int64_t enqueued = 0, started = 0, ended = 0;  // ticks (see FlightRecorder::ticks)
-  int64_t label = -1;  // set by the caller (a bucket id, a step), -1 for none
+  int64_t label = -1;                            // set by the caller (a bucket id, a step), -1 for none
   Collective coll = Collective::Barrier;
   DataType dtype = DataType::Int8;
   ReduceOp op = ReduceOp::Sum;

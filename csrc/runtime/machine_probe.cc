@@ -29,9 +29,7 @@ constexpr int kCacheVersion = 2;
 // cache-line round trip that the thread ping-pong measures; fitted from P=2 bench runs.
 constexpr double kHandoffOverhead_s = 0.3e-6;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -87,8 +85,10 @@ double ping_pong_s(bool same_core, int round_trips) {
   };
   auto wait_for = [&](int want) {
     while (turn.load(std::memory_order_acquire) != want) {
-      if (same_core) sched_yield();
-      else cpu_relax();
+      if (same_core)
+        sched_yield();
+      else
+        cpu_relax();
     }
   };
   double best = 1e30;
@@ -143,9 +143,14 @@ std::string cache_path(const std::string& host) {
 }
 
 // The measured fields, in file order.
-struct Field { const char* name; double MachineCosts::*value; };
-const Field kFields[] = {{"hop_s", &MachineCosts::hop_s}, {"switch_s", &MachineCosts::switch_s},
-                         {"copy_hot_Bps", &MachineCosts::copy_hot_Bps}, {"copy_cold_Bps", &MachineCosts::copy_cold_Bps},
+struct Field {
+  const char* name;
+  double MachineCosts::* value;
+};
+const Field kFields[] = {{"hop_s", &MachineCosts::hop_s},
+                         {"switch_s", &MachineCosts::switch_s},
+                         {"copy_hot_Bps", &MachineCosts::copy_hot_Bps},
+                         {"copy_cold_Bps", &MachineCosts::copy_cold_Bps},
                          {"reduce_hot_Bps", &MachineCosts::reduce_hot_Bps},
                          {"reduce_cold_Bps", &MachineCosts::reduce_cold_Bps}};
 
@@ -159,7 +164,10 @@ bool read_cache(const std::string& path, MachineCosts& m) {
   int used = 0;
   for (const char* p = text.c_str(); std::sscanf(p, "%63s %lf%n", name, &value, &used) == 2; p += used)
     for (const Field& fld : kFields)
-      if (std::strcmp(name, fld.name) == 0 && std::isfinite(value) && value > 0) { m.*fld.value = value; ++found; }
+      if (std::strcmp(name, fld.name) == 0 && std::isfinite(value) && value > 0) {
+        m.*fld.value = value;
+        ++found;
+      }
   return found == static_cast<int>(sizeof(kFields) / sizeof(kFields[0]));
 }
 

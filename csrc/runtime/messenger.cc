@@ -123,8 +123,8 @@ struct Messenger::State {
              any_allowed ? "-1" : "0", ", ", size, ")", any_allowed ? " (-1: any source)" : "", ", got ", peer);
   }
   void check_tag(int64_t tag, bool any_allowed) const {
-    RT_CHECK(tag >= (any_allowed ? -1 : 0), InvalidArgument, "tag must be ", any_allowed ? ">= -1 (-1: any tag)" : ">= 0",
-             ", got ", tag);
+    RT_CHECK(tag >= (any_allowed ? -1 : 0), InvalidArgument, "tag must be ",
+             any_allowed ? ">= -1 (-1: any tag)" : ">= 0", ", got ", tag);
   }
 
   void complete(MessageOp& op, std::exception_ptr error);
@@ -170,8 +170,8 @@ class MessageOp final : public MessageWork {
     const double t = timeout_s > 0 ? timeout_s : state->default_timeout;
     if (!state->cv.wait_for(lock, std::chrono::duration<double>(t), [this] { return done; })) {
       state->cancel(lock, *this, ErrorKind::Timeout,
-                    str_cat(describe(), " timed out after ", t, " s: ",
-                            is_send ? "the peer did not take the data" : "no matching message arrived",
+                    str_cat(describe(), " timed out after ", t,
+                            " s: ", is_send ? "the peer did not take the data" : "no matching message arrived",
                             "; the ", is_send ? "send" : "receive", " is cancelled"));
     }
     if (error) std::rethrow_exception(error);
@@ -292,10 +292,12 @@ void Messenger::State::deliver_local(MessageOp& send) {
   } else {
     Unexpected u{rank, send.tag, send.bytes};
     if (!hold_unexpected(u)) {
-      return complete(send, make_error(ErrorKind::Error,
-                                       str_cat(send.describe(), ": no receive is posted for it and the messages waiting for "
-                                               "theirs already hold ", unexpected_bytes, " bytes (RINGTREE_MAX_UNEXPECTED_BYTES=",
-                                               max_unexpected, ")")));
+      return complete(
+          send, make_error(ErrorKind::Error,
+                           str_cat(send.describe(),
+                                   ": no receive is posted for it and the messages waiting for "
+                                   "theirs already hold ",
+                                   unexpected_bytes, " bytes (RINGTREE_MAX_UNEXPECTED_BYTES=", max_unexpected, ")")));
     }
     if (send.bytes) std::memcpy(u.data.get(), send.ptr, send.bytes);
     u.complete = true;
@@ -304,7 +306,8 @@ void Messenger::State::deliver_local(MessageOp& send) {
   complete(send, nullptr);
 }
 
-bool Messenger::State::cancel(std::unique_lock<std::mutex>& lock, MessageOp& op, ErrorKind kind, const std::string& text) {
+bool Messenger::State::cancel(std::unique_lock<std::mutex>& lock, MessageOp& op, ErrorKind kind,
+                              const std::string& text) {
   using Where = MessageOp::Where;
   if (op.done) return false;
   std::string note;
@@ -406,9 +409,15 @@ void Messenger::State::pump_recv(int q) {
           dst = reinterpret_cast<char*>(&link.in) + link.got;
           len = sizeof(MsgWire) - link.got;
           break;
-        case Sink::Op: dst = link.op->ptr + link.got, len = left; break;
-        case Sink::Unexpected: dst = link.ux->data.get() + link.got, len = left; break;
-        case Sink::Discard: dst = discard.data(), len = std::min<uint64_t>(left, discard.size()); break;
+        case Sink::Op:
+          dst = link.op->ptr + link.got, len = left;
+          break;
+        case Sink::Unexpected:
+          dst = link.ux->data.get() + link.got, len = left;
+          break;
+        case Sink::Discard:
+          dst = discard.data(), len = std::min<uint64_t>(left, discard.size());
+          break;
       }
       link.recv_busy = true;
       fd = link.fd;
@@ -424,7 +433,9 @@ void Messenger::State::pump_recv(int q) {
     }
     if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return;
     if (n < 0 && err == EINTR) continue;
-    lose_peer(q, false, n == 0 ? "its message connection closed" : str_cat("its message connection failed: ", std::strerror(err)));
+    lose_peer(
+        q, false,
+        n == 0 ? "its message connection closed" : str_cat("its message connection failed: ", std::strerror(err)));
     return;
   }
 }
@@ -443,7 +454,8 @@ void Messenger::State::pump_send(int q) {
       const uint64_t header_left = link.sent < sizeof(MsgWire) ? sizeof(MsgWire) - link.sent : 0;
       const uint64_t payload_from = link.sent - (sizeof(MsgWire) - header_left);
       if (header_left) iov[parts++] = {reinterpret_cast<char*>(&link.out) + link.sent, header_left};
-      if (op.bytes > payload_from) iov[parts++] = {const_cast<char*>(op.payload(payload_from)), op.bytes - payload_from};
+      if (op.bytes > payload_from)
+        iov[parts++] = {const_cast<char*>(op.payload(payload_from)), op.bytes - payload_from};
       link.send_busy = true;
       fd = link.fd;
     }
@@ -489,7 +501,8 @@ void Messenger::State::received(int q, uint64_t n) {
   }
   if (link.got < sizeof(MsgWire)) return;
   if (link.in.magic == kMsgMagic && link.in.kind == kGoodbye) return lose_peer(q, true, "");
-  if (link.in.magic != kMsgMagic || link.in.kind != kMessage) return protocol_error(q, "it sent a corrupt message header");
+  if (link.in.magic != kMsgMagic || link.in.kind != kMessage)
+    return protocol_error(q, "it sent a corrupt message header");
   if (link.in.bytes > max_message)
     return protocol_error(q, str_cat("it sent a message header claiming ", link.in.bytes,
                                      " bytes, over RINGTREE_MAX_MESSAGE_BYTES=", max_message, ": a protocol error"));
@@ -568,7 +581,9 @@ void Messenger::State::lose_peer(int q, bool departed, const std::string& detail
                       : str_cat(names[q], " died or lost its connection (", detail, ")");
   // The socket stays open (out of the poll set) until close(): descriptors change only when
   // this rank makes or closes a communicator.
-  auto failure = [&](const MessageOp& op) { return make_error(ErrorKind::PeerFailure, str_cat(op.describe(), ": ", link.why)); };
+  auto failure = [&](const MessageOp& op) {
+    return make_error(ErrorKind::PeerFailure, str_cat(op.describe(), ": ", link.why));
+  };
   for (const std::shared_ptr<MessageOp>& op : link.sendq) complete(*op, failure(*op));
   link.sendq.clear();
   link.sent = 0;
@@ -656,8 +671,9 @@ std::shared_ptr<MessageWork> Messenger::isend(const void* ptr, uint64_t bytes, i
   s.check_peer(dst, false, "isend: dst");
   s.check_tag(tag, false);
   RT_CHECK(ptr || bytes == 0, InvalidArgument, "isend: a null buffer of ", bytes, " bytes");
-  RT_CHECK(bytes <= s.max_message, InvalidArgument, "isend: ", bytes, " bytes is over RINGTREE_MAX_MESSAGE_BYTES=",
-           s.max_message, " (the receiver would drop this rank); raise it on every rank, or send in pieces");
+  RT_CHECK(bytes <= s.max_message, InvalidArgument, "isend: ", bytes,
+           " bytes is over RINGTREE_MAX_MESSAGE_BYTES=", s.max_message,
+           " (the receiver would drop this rank); raise it on every rank, or send in pieces");
   auto op = std::make_shared<MessageOp>(state_, true, static_cast<char*>(const_cast<void*>(ptr)), bytes, dst, tag);
   std::lock_guard<std::mutex> lock(s.mu);
   s.check_open();
@@ -688,8 +704,10 @@ std::shared_ptr<MessageWork> Messenger::irecv(void* ptr, uint64_t capacity, bool
   if (it != s.unexpected.end()) {
     if (it->bytes > capacity && it->failure.empty()) {
       s.complete(*op, truncation(*op, it->source, it->tag, it->bytes));
-      if (it->complete) s.forget(it);
-      else it->discard = true;
+      if (it->complete)
+        s.forget(it);
+      else
+        it->discard = true;
     } else if (it->complete) {
       s.take(it, *op);
     } else {
@@ -719,7 +737,8 @@ bool Messenger::iprobe(int src, int64_t tag, MessageStatus& found) {
     found = {it->source, it->tag, it->bytes};
     return true;
   }
-  if (std::exception_ptr failure = s.unreachable(src, str_cat("iprobe(src=", rank_text(src), ", tag=", tag_text(tag), ") on rank ", s.rank)))
+  if (std::exception_ptr failure =
+          s.unreachable(src, str_cat("iprobe(src=", rank_text(src), ", tag=", tag_text(tag), ") on rank ", s.rank)))
     std::rethrow_exception(failure);
   return false;
 }
@@ -729,8 +748,9 @@ MessageStatus Messenger::probe(int src, int64_t tag, double timeout_s) {
   s.check_peer(src, true, "probe: src");
   s.check_tag(tag, true);
   const double t = timeout_s > 0 ? timeout_s : s.default_timeout;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                std::chrono::duration<double>(t));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(t));
   const std::string what = str_cat("probe(src=", rank_text(src), ", tag=", tag_text(tag), ") on rank ", s.rank);
   std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
@@ -789,7 +809,8 @@ void Messenger::close(double timeout_s) {
   for (Link& link : s.links) {
     if (link.fd < 0) continue;
     // A goodbye only where no message is half written (else the peer sees a broken message).
-    if (link.peer == Link::Peer::Alive && link.sent == 0) (void)::send(link.fd, &goodbye, sizeof(goodbye), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (link.peer == Link::Peer::Alive && link.sent == 0)
+      (void)::send(link.fd, &goodbye, sizeof(goodbye), MSG_DONTWAIT | MSG_NOSIGNAL);
     shutdown(link.fd, SHUT_WR);
     // Unread bytes would make close() reset the connection, which can overtake the goodbye.
     while (::recv(link.fd, s.discard.data(), s.discard.size(), MSG_DONTWAIT) > 0) {

@@ -86,10 +86,14 @@ bool read_private_file(const std::string& path, size_t max_bytes, std::string& t
   if (fd < 0) return refuse(str_cat("cannot open ", path, ": ", std::strerror(errno)));
   struct stat st{};
   std::string reason;
-  if (fstat(fd, &st) != 0) reason = str_cat("cannot stat ", path, ": ", std::strerror(errno));
-  else if (!S_ISREG(st.st_mode)) reason = str_cat(path, " is not a regular file");
-  else if (st.st_uid != geteuid()) reason = str_cat(path, " belongs to uid ", st.st_uid, ", not to this user");
-  else if (st.st_mode & 022) reason = str_cat(path, " (mode ", mode_text(st.st_mode), ") is writable by other users");
+  if (fstat(fd, &st) != 0)
+    reason = str_cat("cannot stat ", path, ": ", std::strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    reason = str_cat(path, " is not a regular file");
+  else if (st.st_uid != geteuid())
+    reason = str_cat(path, " belongs to uid ", st.st_uid, ", not to this user");
+  else if (st.st_mode & 022)
+    reason = str_cat(path, " (mode ", mode_text(st.st_mode), ") is writable by other users");
   if (!reason.empty()) {
     ::close(fd);
     return refuse(reason);

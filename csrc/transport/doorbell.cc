@@ -16,7 +16,9 @@ namespace {
 // Where the names live for the moment of set-up: the shared-memory transport needs its peers
 // to share /dev/shm anyway (transport/shm/shm.h, shared_memory_domain), and the segments are
 // named after the same public id there.
-std::string bell_dir(const Mesh& mesh, int rank) { return str_cat("/dev/shm/ringtree-bell-", mesh.public_id, "-", rank); }
+std::string bell_dir(const Mesh& mesh, int rank) {
+  return str_cat("/dev/shm/ringtree-bell-", mesh.public_id, "-", rank);
+}
 
 sockaddr_un unix_address(const std::string& path) {
   sockaddr_un a{};

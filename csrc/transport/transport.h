@@ -40,15 +40,15 @@ struct SendCursor {
 };
 
 struct RecvCursor {
-  MsgHeader header;            // filled in when it arrives
-  bool header_ready = false;   // arrived, waiting for the executor's check
-  bool header_checked = false; // payload may flow
+  MsgHeader header;             // filled in when it arrives
+  bool header_ready = false;    // arrived, waiting for the executor's check
+  bool header_checked = false;  // payload may flow
   uint8_t* dst = nullptr;
   const uint8_t* local = nullptr;  // second operand of a reduction (may alias dst)
   ReduceFn reduce = nullptr;       // null: plain copy
   bool stream = false;             // copy with streaming stores (a large output; see kernels/copy.h)
   uint32_t elem_size = 1;
-  uint64_t payload_bytes = 0;      // expected
+  uint64_t payload_bytes = 0;  // expected
   uint64_t done = 0;
 };
 

@@ -1,6 +1,7 @@
 """Checks and conversions of the arguments every part of the package takes: ranks and tags,
 element counts, timeouts, and the names of collectives, dtypes and algorithms as the core's codes.
 Each raises InvalidArgument, naming what was wrong, before anything is sent."""
+
 from __future__ import annotations
 
 import os
@@ -77,5 +78,7 @@ def dtype_code(dtype) -> int:
 def algo_code(algo) -> int:
     if isinstance(algo, str) and algo.lower() in ALGO_CODES:
         return ALGO_CODES[algo.lower()]
-    raise _core.InvalidArgument(f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
-                                f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'")
+    raise _core.InvalidArgument(
+        f"unknown algo {algo!r}; expected 'auto', 'ring', 'tree', 'direct', 'oneshot', "
+        f"'hier', 'hier_tree', 'rank_order' or (CUDA buffers) 'nccl'"
+    )

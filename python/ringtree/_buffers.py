@@ -7,6 +7,7 @@ on: the stream the array's interface names (version 3's "stream" key), else the 
 current stream (torch's or cupy's), else the legacy default stream. Shapes are ignored; buffers
 must be contiguous. The returned keepalive object must outlive any async collective using it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,8 +19,13 @@ from . import _core
 DTYPES = tuple(_core.DTYPES)
 DTYPE_CODES = {name: code for code, name in enumerate(_core.DTYPES)}
 TORCH_DTYPES = {
-    "torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32", "torch.int64": "int64",
-    "torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.int32": "int32",
+    "torch.int64": "int64",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32",
     "torch.float64": "float64",
 }
 
@@ -27,8 +33,15 @@ TORCH_DTYPES = {
 HOST, CUDA = 0, 1
 DEVICE_NAMES = ("host", "CUDA")
 # __cuda_array_interface__ typestr kinds and sizes -> ringtree dtype names.
-_CAI_DTYPES = {("i", 1): "int8", ("u", 1): "uint8", ("i", 4): "int32", ("i", 8): "int64", ("f", 2): "float16",
-               ("f", 4): "float32", ("f", 8): "float64"}
+_CAI_DTYPES = {
+    ("i", 1): "int8",
+    ("u", 1): "uint8",
+    ("i", 4): "int32",
+    ("i", 8): "int64",
+    ("f", 2): "float16",
+    ("f", 4): "float32",
+    ("f", 8): "float64",
+}
 _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 
@@ -46,13 +59,16 @@ def _invalid(msg: str) -> Exception:
 
 def _from_torch(x, name: str) -> BufferInfo:
     if x.device.type not in ("cpu", "cuda"):
-        raise _invalid(f"{name}: {x.device.type} tensors are not supported (got a tensor on {x.device}); "
-                       f"use a CPU or CUDA tensor")
+        raise _invalid(
+            f"{name}: {x.device.type} tensors are not supported (got a tensor on {x.device}); use a CPU or CUDA tensor"
+        )
     dtype = TORCH_DTYPES.get(str(x.dtype))
     if dtype is None:
         raise _invalid(f"{name}: unsupported dtype {x.dtype}; supported: {', '.join(_core.DTYPES)}")
     if not x.is_contiguous():
-        raise _invalid(f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})")
+        raise _invalid(
+            f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})"
+        )
     if x.device.type == "cuda":
         stream = sys.modules["torch"].cuda.current_stream(x.device).cuda_stream
         return BufferInfo(x.data_ptr(), x.numel(), DTYPE_CODES[dtype], False, x, CUDA, stream)
@@ -69,8 +85,9 @@ def torch_host_view(x):
         return None
     if not _TORCHDTYPE_CODES:
         torch = sys.modules["torch"]
-        _TORCHDTYPE_CODES.update({getattr(torch, name.split(".")[1]): DTYPE_CODES[code_name]
-                                   for name, code_name in TORCH_DTYPES.items()})
+        _TORCHDTYPE_CODES.update(
+            {getattr(torch, name.split(".")[1]): DTYPE_CODES[code_name] for name, code_name in TORCH_DTYPES.items()}
+        )
     code = _TORCHDTYPE_CODES.get(x.dtype)
     return None if code is None else (x.data_ptr(), x.numel(), code)
 
@@ -97,11 +114,14 @@ def _interface_stream(x, cai, name: str) -> int:
     try:
         stream = int(cai["stream"])
     except (TypeError, ValueError):
-        raise _invalid(f"{name}: __cuda_array_interface__ stream must be an integer or None, "
-                       f"got {cai['stream']!r}") from None
+        raise _invalid(
+            f"{name}: __cuda_array_interface__ stream must be an integer or None, got {cai['stream']!r}"
+        ) from None
     if stream == 0:
-        raise _invalid(f"{name}: __cuda_array_interface__ stream 0 is ambiguous and disallowed by the interface; "
-                       f"the producer must give 1 (legacy default), 2 (per-thread default), a stream or None")
+        raise _invalid(
+            f"{name}: __cuda_array_interface__ stream 0 is ambiguous and disallowed by the interface; "
+            f"the producer must give 1 (legacy default), 2 (per-thread default), a stream or None"
+        )
     if stream == _CAI_LEGACY_STREAM:
         return 0
     if stream == _CAI_PER_THREAD_STREAM:
@@ -121,8 +141,10 @@ def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
         raise _invalid(f"{name}: byte-swapped dtype {typestr} is not supported; use native byte order")
     dtype = _CAI_DTYPES.get((kind, size))
     if dtype is None:
-        raise _invalid(f"{name}: unsupported dtype {typestr}; supported: {', '.join(_core.DTYPES)} "
-                       f"(bfloat16 on CUDA: use a torch tensor)")
+        raise _invalid(
+            f"{name}: unsupported dtype {typestr}; supported: {', '.join(_core.DTYPES)} "
+            f"(bfloat16 on CUDA: use a torch tensor)"
+        )
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     strides = cai.get("strides")
     if strides is not None and count > 1:
@@ -133,8 +155,9 @@ def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
         expected.reverse()
         if any(extent > 1 and int(got) != want for extent, got, want in zip(shape, strides, expected)):
             raise _invalid(f"{name}: array must be C-contiguous (got strides {tuple(strides)} for shape {shape})")
-    return BufferInfo(int(ptr or 0), count, DTYPE_CODES[dtype], bool(readonly), x, CUDA,
-                      _interface_stream(x, cai, name))
+    return BufferInfo(
+        int(ptr or 0), count, DTYPE_CODES[dtype], bool(readonly), x, CUDA, _interface_stream(x, cai, name)
+    )
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -147,8 +170,9 @@ def _to_numpy(x, name: str) -> np.ndarray:
     try:
         return np.asarray(memoryview(x))
     except TypeError:
-        raise _invalid(f"{name}: expected an array (numpy, torch CPU tensor, DLPack or buffer protocol), "
-                       f"got {type(x).__name__}") from None
+        raise _invalid(
+            f"{name}: expected an array (numpy, torch CPU tensor, DLPack or buffer protocol), got {type(x).__name__}"
+        ) from None
 
 
 def buffer_info(x, name: str) -> BufferInfo:
@@ -162,8 +186,10 @@ def buffer_info(x, name: str) -> BufferInfo:
     if hasattr(x, "__dlpack_device__") and not hasattr(x, "__array_interface__"):
         device_type = x.__dlpack_device__()[0]
         if int(device_type) in _DLPACK_CUDA_DEVICES:
-            raise _invalid(f"{name}: a CUDA array must expose __cuda_array_interface__ (cupy, numba and torch "
-                           f"do); got {type(x).__name__}, which offers DLPack only")
+            raise _invalid(
+                f"{name}: a CUDA array must expose __cuda_array_interface__ (cupy, numba and torch "
+                f"do); got {type(x).__name__}, which offers DLPack only"
+            )
     arr = _to_numpy(x, name)
     dtype = arr.dtype.name
     if dtype not in DTYPE_CODES:
@@ -185,7 +211,9 @@ def host_bytes(x, name: str):
         if x.device.type != "cpu":
             raise _invalid(f"{name}: messages take host buffers; got a tensor on {x.device} (copy it to the CPU)")
         if not x.is_contiguous():
-            raise _invalid(f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})")
+            raise _invalid(
+                f"{name}: tensor must be contiguous (got strides {tuple(x.stride())} for shape {tuple(x.shape)})"
+            )
         return x.data_ptr(), x.numel() * x.element_size(), False, x
     if getattr(x, "__cuda_array_interface__", None) is not None:
         raise _invalid(f"{name}: messages take host buffers; got a CUDA array {type(x).__name__}")

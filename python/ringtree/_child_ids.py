@@ -5,6 +5,7 @@ and that nonce travel to the other members, over the parent's connections and in
 "public token"): each member derives the new secret from the parent's secret and the nonce
 (UniqueId.child, an HMAC), so no secret ever crosses the wire.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ PREFIX = "rtc1"
 TOKEN_BYTES = 64  # the longest public token, "rtc1:255.255.255.255:65535:" + 32 hex digits, fits
 
 
-def lead(comm, ip: str = "") -> tuple[str, "_core.UniqueId"]:
+def lead(comm, ip: str = "") -> tuple[str, _core.UniqueId]:
     """The leader's side: reserves a port on `ip` (default RINGTREE_ADDR, else loopback) and
     returns (the public token for the members, the new communicator's unique id)."""
     reserved = _core.UniqueId.create(ip or "")
@@ -24,7 +25,7 @@ def lead(comm, ip: str = "") -> tuple[str, "_core.UniqueId"]:
     return public, comm._core.child_unique_id(reserved.ip, reserved.port, nonce)
 
 
-def follow(comm, public: str) -> "_core.UniqueId":
+def follow(comm, public: str) -> _core.UniqueId:
     """A member's side: the unique id the leader's public token stands for."""
     parts = str(public).split(":")
     if len(parts) != 4 or parts[0] != PREFIX or not parts[2].isdigit() or len(parts[3]) != 32:

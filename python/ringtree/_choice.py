@@ -1,5 +1,6 @@
 """The replaceable step of algo="auto": a hook that sees the candidates with their predicted
 costs and returns the algorithm to run (Communicator.set_algo_hook; docs: choosing.md)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,12 +27,17 @@ class ChoiceRequest:
     model_choice: str
 
     @classmethod
-    def from_core(cls, raw) -> "ChoiceRequest":
+    def from_core(cls, raw) -> ChoiceRequest:
         coll, nbytes, dtype, nranks, nhosts, candidates, model = raw
-        return cls(collective=_core.COLLECTIVES[coll], nbytes=int(nbytes), dtype=_core.DTYPES[dtype],
-                   nranks=int(nranks), nhosts=int(nhosts),
-                   candidates=tuple((_core.ALGOS[a], float(s), formula) for a, s, formula in candidates),
-                   model_choice=_core.ALGOS[model])
+        return cls(
+            collective=_core.COLLECTIVES[coll],
+            nbytes=int(nbytes),
+            dtype=_core.DTYPES[dtype],
+            nranks=int(nranks),
+            nhosts=int(nhosts),
+            candidates=tuple((_core.ALGOS[a], float(s), formula) for a, s, formula in candidates),
+            model_choice=_core.ALGOS[model],
+        )
 
 
 def core_hook(hook):
@@ -48,9 +54,11 @@ def core_hook(hook):
         if answer is None:
             return ALGO_CODES[request.model_choice]
         if not isinstance(answer, str) or answer.lower() not in ALGO_CODES:
-            raise _core.InvalidArgument(f"the algorithm hook returned {answer!r} for {request.collective} of "
-                                        f"{request.nbytes} bytes; it must return an algorithm's name (one of "
-                                        f"{', '.join(a for a, _, _ in request.candidates)}) or None")
+            raise _core.InvalidArgument(
+                f"the algorithm hook returned {answer!r} for {request.collective} of "
+                f"{request.nbytes} bytes; it must return an algorithm's name (one of "
+                f"{', '.join(a for a, _, _ in request.candidates)}) or None"
+            )
         return ALGO_CODES[answer.lower()]
 
     return call

@@ -1,4 +1,5 @@
 """Files the package writes: flight-record dumps and traces, each made atomically and privately."""
+
 from __future__ import annotations
 
 import os

@@ -21,6 +21,7 @@ When the ranks span hosts and RINGTREE_ADDR is not set, rank 0 listens on a rout
 that of RINGTREE_IFNAME (like NCCL_SOCKET_IFNAME), else of the first interface that is up and
 not loopback.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -104,7 +105,8 @@ def from_mpi():
     except ImportError as exc:
         raise _core.InvalidArgument(
             "started by mpiexec but mpi4py is not installed; pip install 'ringtree[mpi]' "
-            "or set RINGTREE_RANK/RINGTREE_WORLD_SIZE/RINGTREE_UNIQUE_ID") from exc
+            "or set RINGTREE_RANK/RINGTREE_WORLD_SIZE/RINGTREE_UNIQUE_ID"
+        ) from exc
     world = MPI.COMM_WORLD
     hosts = world.allgather(socket.gethostname())
     token = str(create_unique_id(len(set(hosts)) > 1)) if world.Get_rank() == 0 else None
@@ -151,6 +153,7 @@ def _timeout_setting():
 
 # --- token files ------------------------------------------------------------------------------
 
+
 def write_token_file(path, token, job):
     """Rank 0's side of RINGTREE_UNIQUE_ID_FILE: the token and the job it belongs to, in a file
     only this user can read, written to a fresh exclusive name (never through a symlink) and
@@ -164,7 +167,8 @@ def write_token_file(path, token, job):
     if owner != os.geteuid():
         raise _core.BootstrapError(
             f"RINGTREE_UNIQUE_ID_FILE {path} exists and belongs to uid {owner}, not to this user "
-            f"(uid {os.geteuid()}): refusing to use it; choose a path in a directory only you can write")
+            f"(uid {os.geteuid()}): refusing to use it; choose a path in a directory only you can write"
+        )
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -191,7 +195,8 @@ def _token_file_state(path, job):
     if owner != os.geteuid():
         raise _core.BootstrapError(
             f"RINGTREE_UNIQUE_ID_FILE {path} belongs to uid {owner}, not to this user (uid {os.geteuid()}): "
-            f"refusing it (planted by someone else?); choose a path in a directory only you can write")
+            f"refusing it (planted by someone else?); choose a path in a directory only you can write"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -221,8 +226,10 @@ def read_token_file(path, job, timeout):
         if token:
             return token
         if time.monotonic() > deadline:
-            raise _core.BootstrapError(f"RINGTREE_UNIQUE_ID_FILE {path}: rank 0 never wrote this job's unique id "
-                                       f"within {timeout} s (last look: {why})")
+            raise _core.BootstrapError(
+                f"RINGTREE_UNIQUE_ID_FILE {path}: rank 0 never wrote this job's unique id "
+                f"within {timeout} s (last look: {why})"
+            )
         time.sleep(0.05)
 
 
@@ -234,7 +241,8 @@ _SLURM_NEEDS = (
     "private token there); RINGTREE_SECRET=<a long random string> in every rank's environment; or "
     "launch with mpiexec, or srun --mpi=pmi2/pmix with mpi4py installed (MPI hands out the id). "
     "RINGTREE_SINGLE_USER_CLUSTER=1 derives the secret from the job id as before, for clusters where "
-    "every user who can reach the nodes is trusted.")
+    "every user who can reach the nodes is trusted."
+)
 
 
 def from_slurm():
@@ -257,8 +265,10 @@ def from_slurm():
         raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
-        raise _core.InvalidArgument("Slurm job without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; set "
-                                    "RINGTREE_UNIQUE_ID_FILE to a path every rank can read")
+        raise _core.InvalidArgument(
+            "Slurm job without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; set "
+            "RINGTREE_UNIQUE_ID_FILE to a path every rank can read"
+        )
     port = _port_setting(29400 + step % 1000)
     seed = secret or f"slurm|{os.environ.get('SLURM_JOB_ID', '')}|{step}|{size}"
     uid = _core.UniqueId.from_seed(first_host(nodelist), port, seed)

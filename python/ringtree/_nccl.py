@@ -1,4 +1,5 @@
 """Where NCCL is: ringtree loads libnccl.so.2 at run time (see csrc/transport/nccl)."""
+
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,6 @@
 """The flight-recorder side of a communicator: its id, records and dumps, call labels, and the
 clock offset to rank 0 that dumps and traces are aligned by."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,7 @@ class Recording:
         """Write this rank's flight record as JSON and return the file's path. path: a file
         (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
         which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
-        return write_json(dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"),
-                           self._core.dump_json(reason))
+        return write_json(dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"), self._core.dump_json(reason))
 
     @contextlib.contextmanager
     def label(self, value: int):

@@ -1,5 +1,6 @@
 """The environment settings, as the core declares them (csrc/common/settings.def): the Python
 layer reads its settings through get(), so a default in force is the default documented."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Communicator.status(): what a communicator found at set-up and has counted since, in one object."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,25 +50,37 @@ class Status:
     streamed_pieces: int
 
     @classmethod
-    def of(cls, core: dict, cuda_executor: str) -> "Status":
+    def of(cls, core: dict, cuda_executor: str) -> Status:
         """From the core's status dict and the CUDA executor's description."""
-        return cls(transports=tuple(core["transports"]), hosts=core["hosts"], wait_policy=core["wait_policy"],
-                   single_copy=core["single_copy"], numa=core["numa"], numa_nodes=tuple(core["numa_nodes"]),
-                   shm_stores=core["shm_stores"], machine=dict(core["machine"]), algo_hook=core["algo_hook"],
-                   cuda_executor=cuda_executor, shared_cpu_waits=core["shared_cpu_waits"],
-                   single_copy_messages=core["single_copy_messages"], streamed_pieces=core["streamed_pieces"])
+        return cls(
+            transports=tuple(core["transports"]),
+            hosts=core["hosts"],
+            wait_policy=core["wait_policy"],
+            single_copy=core["single_copy"],
+            numa=core["numa"],
+            numa_nodes=tuple(core["numa_nodes"]),
+            shm_stores=core["shm_stores"],
+            machine=dict(core["machine"]),
+            algo_hook=core["algo_hook"],
+            cuda_executor=cuda_executor,
+            shared_cpu_waits=core["shared_cpu_waits"],
+            single_copy_messages=core["single_copy_messages"],
+            streamed_pieces=core["streamed_pieces"],
+        )
 
     def __str__(self):
         m = self.machine
-        return "\n".join([
-            f"hosts: {self.hosts}; transports: {', '.join(f'{q}:{t}' for q, t in enumerate(self.transports))}",
-            f"waiting: {self.wait_policy}",
-            f"single copy: {self.single_copy}",
-            f"NUMA: {self.numa}; ranks' nodes {list(self.numa_nodes)}",
-            f"shared-memory stores: {self.shm_stores}",
-            f"cost model ({m['source']}): call {m['call_us']:.2f} us, hop {m['hop_us']:.2f} us, "
-            f"switch {m['switch_us']:.2f} us; algo hook {'set' if self.algo_hook else 'none'}",
-            f"CUDA: {self.cuda_executor}",
-            f"counters: {self.shared_cpu_waits} waits yielded to a peer on this CPU, "
-            f"{self.single_copy_messages} single-copy messages, {self.streamed_pieces} streamed pieces",
-        ])
+        return "\n".join(
+            [
+                f"hosts: {self.hosts}; transports: {', '.join(f'{q}:{t}' for q, t in enumerate(self.transports))}",
+                f"waiting: {self.wait_policy}",
+                f"single copy: {self.single_copy}",
+                f"NUMA: {self.numa}; ranks' nodes {list(self.numa_nodes)}",
+                f"shared-memory stores: {self.shm_stores}",
+                f"cost model ({m['source']}): call {m['call_us']:.2f} us, hop {m['hop_us']:.2f} us, "
+                f"switch {m['switch_us']:.2f} us; algo hook {'set' if self.algo_hook else 'none'}",
+                f"CUDA: {self.cuda_executor}",
+                f"counters: {self.shared_cpu_waits} waits yielded to a peer on this CPU, "
+                f"{self.single_copy_messages} single-copy messages, {self.streamed_pieces} streamed pieces",
+            ]
+        )

@@ -1,4 +1,5 @@
 """What a call in flight returns: Work for a collective, MessageWork for a tagged message."""
+
 from __future__ import annotations
 
 from . import _core

@@ -1,6 +1,7 @@
 """Where a process gets its communicators and what it does with all of them at once: init()
 (the world, from the launcher's environment or explicit arguments), join() (a place in a
 communicator that grow() made), dump() and trace() (every live communicator of the process)."""
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,9 @@ def cuda_available() -> bool:
     return bool(_core.cuda_available())
 
 
-def init(rank: int | None = None, size: int | None = None, unique_id=None, timeout: float | None = None) -> Communicator:
+def init(
+    rank: int | None = None, size: int | None = None, unique_id=None, timeout: float | None = None
+) -> Communicator:
     """The world communicator.
 
     With no arguments, rank/size/unique id come from the launcher's environment (see

@@ -20,6 +20,7 @@ The report says, in words and then in a table:
     python -m ringtree.analyze DIR --trace all.json  # one Perfetto timeline of every rank
     python -m ringtree.analyze DIR --json          # the findings as JSON
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,16 +118,23 @@ def _rank_rows(comm):
         if current is None and calls and calls[-1]["state"] == "failed":
             current = calls[-1]
         since, waited = _waited(comm, q, current) if current else (None, None)
-        row = {"rank": q, "reason": rec["reason"], "recorded": rec["recorded"],
-               "last_done": call_name(done[-1]) if done else None,
-               "last_done_at": comm.rel(q, done[-1]["ended_ns"]) if done else None,
-               "current": call_name(current) if current else None,
-               "state": (current["state"] + (f" ({current['error_kind']})" if current.get("error_kind") else ""))
-               if current else "idle",
-               "since": since, "waited_s": waited,
-               "waiting_on": current.get("waiting_on") if current else None,
-               "dumped_at": comm.rel(q, rec["dumped_ns"]),
-               "clock_error_us": rec["clock"]["error_ns"] / 1e3, "aborted": rec["aborted"]}
+        row = {
+            "rank": q,
+            "reason": rec["reason"],
+            "recorded": rec["recorded"],
+            "last_done": call_name(done[-1]) if done else None,
+            "last_done_at": comm.rel(q, done[-1]["ended_ns"]) if done else None,
+            "current": call_name(current) if current else None,
+            "state": (current["state"] + (f" ({current['error_kind']})" if current.get("error_kind") else ""))
+            if current
+            else "idle",
+            "since": since,
+            "waited_s": waited,
+            "waiting_on": current.get("waiting_on") if current else None,
+            "dumped_at": comm.rel(q, rec["dumped_ns"]),
+            "clock_error_us": rec["clock"]["error_ns"] / 1e3,
+            "aborted": rec["aborted"],
+        }
         rows.append(row)
     return rows
 
@@ -145,25 +153,53 @@ def _never_entered(comm):
         for q in entered:
             c = comm.by_seq[q][seq]
             since, waited = _waited(comm, q, c)
-            waiting.append({"rank": q, "state": c["state"], "since": since, "waited_s": waited,
-                            "error_kind": c.get("error_kind"), "waiting_on": c.get("waiting_on")})
-        last = {q: (call_name(comm.by_seq[q][comm.last_seq(q)]) if comm.last_seq(q) is not None else None)
-                for q in absent}
-        text = (f"{_ranks(absent).capitalize()} never entered {_describe(call)}; "
-                + "; ".join(_waiting_words(w) for w in waiting)
-                + ". " + " ".join(f"Rank {q}'s last collective was {last[q] or 'none recorded'}." for q in absent))
-        findings.append({"kind": "never_entered", "seq": seq, "call": call_name(call), "absent": absent,
-                         "entered": entered, "waiting": waiting, "text": text})
+            waiting.append(
+                {
+                    "rank": q,
+                    "state": c["state"],
+                    "since": since,
+                    "waited_s": waited,
+                    "error_kind": c.get("error_kind"),
+                    "waiting_on": c.get("waiting_on"),
+                }
+            )
+        last = {
+            q: (call_name(comm.by_seq[q][comm.last_seq(q)]) if comm.last_seq(q) is not None else None) for q in absent
+        }
+        text = (
+            f"{_ranks(absent).capitalize()} never entered {_describe(call)}; "
+            + "; ".join(_waiting_words(w) for w in waiting)
+            + ". "
+            + " ".join(f"Rank {q}'s last collective was {last[q] or 'none recorded'}." for q in absent)
+        )
+        findings.append(
+            {
+                "kind": "never_entered",
+                "seq": seq,
+                "call": call_name(call),
+                "absent": absent,
+                "entered": entered,
+                "waiting": waiting,
+                "text": text,
+            }
+        )
     return findings
 
 
 def _waiting_words(w) -> str:
-    what = {"running": "has waited", "queued": "is queued behind earlier calls for",
-            "failed": "waited", "done": "finished after"}[w["state"]]
+    what = {
+        "running": "has waited",
+        "queued": "is queued behind earlier calls for",
+        "failed": "waited",
+        "done": "finished after",
+    }[w["state"]]
     if w["since"] is None:
         return f"rank {w['rank']} queued it"
-    tail = f" until its {w['error_kind']}" if w["state"] == "failed" and w.get("error_kind") else \
-        (" so far" if w["state"] == "running" else "")
+    tail = (
+        f" until its {w['error_kind']}"
+        if w["state"] == "failed" and w.get("error_kind")
+        else (" so far" if w["state"] == "running" else "")
+    )
     return f"rank {w['rank']} entered it at t={w['since']:+.3f} s and {what} {w['waited_s']:.3f} s{tail}"
 
 
@@ -188,22 +224,43 @@ def _missing_records(comm):
             names = {int(r) for r in re.findall(r"\brank (\d+)", c.get("error") or "")}
             names |= set(w.get("send", [])) | set(w.get("recv", []))
             named |= names & set(comm.missing)
-            waiting.append({"rank": q, "state": c["state"], "since": since, "waited_s": waited,
-                            "error_kind": c.get("error_kind"), "waiting_on": c.get("waiting_on"),
-                            "names_missing": sorted(names & set(comm.missing))})
+            waiting.append(
+                {
+                    "rank": q,
+                    "state": c["state"],
+                    "since": since,
+                    "waited_s": waited,
+                    "error_kind": c.get("error_kind"),
+                    "waiting_on": c.get("waiting_on"),
+                    "names_missing": sorted(names & set(comm.missing)),
+                }
+            )
         suspects = sorted(named) or list(comm.missing)
-        evidence = "; ".join(_waiting_words(w) + (f", naming {_ranks(w['names_missing'])}" if w["names_missing"] else "")
-                             for w in waiting)
-        text = (f"{_ranks(suspects).capitalize()} left no record, and the records there point at "
-                f"{'it' if len(suspects) == 1 else 'them'}: every rank that left one entered {_describe(call)} "
-                f"and did not finish it; {evidence}. "
-                + ("The survivors' errors name " + _ranks(suspects) + ", so " if named else "So ")
-                + f"{_ranks(suspects)} most likely never got there (hung, stopped or died before it): "
-                f"dump {'it' if len(suspects) == 1 else 'them'} (rt.dump() or SIGUSR1) or see how "
-                f"{'it' if len(suspects) == 1 else 'they'} ended.")
-        findings.append({"kind": "missing_record", "seq": seq, "call": call_name(call), "suspects": suspects,
-                         "named_by_survivors": sorted(named), "entered": entered, "waiting": waiting,
-                         "text": text})
+        evidence = "; ".join(
+            _waiting_words(w) + (f", naming {_ranks(w['names_missing'])}" if w["names_missing"] else "")
+            for w in waiting
+        )
+        text = (
+            f"{_ranks(suspects).capitalize()} left no record, and the records there point at "
+            f"{'it' if len(suspects) == 1 else 'them'}: every rank that left one entered {_describe(call)} "
+            f"and did not finish it; {evidence}. "
+            + ("The survivors' errors name " + _ranks(suspects) + ", so " if named else "So ")
+            + f"{_ranks(suspects)} most likely never got there (hung, stopped or died before it): "
+            f"dump {'it' if len(suspects) == 1 else 'them'} (rt.dump() or SIGUSR1) or see how "
+            f"{'it' if len(suspects) == 1 else 'they'} ended."
+        )
+        findings.append(
+            {
+                "kind": "missing_record",
+                "seq": seq,
+                "call": call_name(call),
+                "suspects": suspects,
+                "named_by_survivors": sorted(named),
+                "entered": entered,
+                "waiting": waiting,
+                "text": text,
+            }
+        )
     return findings
 
 
@@ -222,11 +279,20 @@ def _mismatches(comm):
         ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
         calls = [(ranks, comm.by_seq[ranks[0]][seq]) for _, ranks in ordered]
         differs = [k for k in _SIGNATURE if len({c.get(k) for _, c in calls}) > 1]
-        text = (f"At seq {seq} the ranks called different collectives: "
-                + " but ".join(f"{_ranks(ranks)} called {_describe(c)}" for ranks, c in calls)
-                + f" (they differ in {', '.join(differs)}).")
-        findings.append({"kind": "mismatch", "seq": seq, "differs": differs,
-                         "calls": [{"ranks": ranks, "call": _describe(c)} for ranks, c in calls], "text": text})
+        text = (
+            f"At seq {seq} the ranks called different collectives: "
+            + " but ".join(f"{_ranks(ranks)} called {_describe(c)}" for ranks, c in calls)
+            + f" (they differ in {', '.join(differs)})."
+        )
+        findings.append(
+            {
+                "kind": "mismatch",
+                "seq": seq,
+                "differs": differs,
+                "calls": [{"ranks": ranks, "call": _describe(c)} for ranks, c in calls],
+                "text": text,
+            }
+        )
     return findings
 
 
@@ -244,10 +310,22 @@ def _stuck(comm):
                 parts.append(f"data from {_ranks(w['recv'])}")
             if w["send"]:
                 parts.append(f"room to send to {_ranks(w['send'])}")
-            text = (f"Rank {q} is in {call_name(c)} since t={since:+.3f} s ({waited:.3f} s), waiting for "
-                    + (" and ".join(parts) if parts else "nothing on the wire (local work or its own input)") + ".")
-            out.append({"kind": "stuck", "rank": q, "call": call_name(c), "since": since, "waited_s": waited,
-                        "waiting_on": w, "text": text})
+            text = (
+                f"Rank {q} is in {call_name(c)} since t={since:+.3f} s ({waited:.3f} s), waiting for "
+                + (" and ".join(parts) if parts else "nothing on the wire (local work or its own input)")
+                + "."
+            )
+            out.append(
+                {
+                    "kind": "stuck",
+                    "rank": q,
+                    "call": call_name(c),
+                    "since": since,
+                    "waited_s": waited,
+                    "waiting_on": w,
+                    "text": text,
+                }
+            )
     return out
 
 
@@ -256,9 +334,16 @@ def _failures(comm):
     for q in comm.ranks:
         for c in comm.records[q]["calls"]:
             if c["state"] == "failed":
-                out.append({"kind": "failure", "rank": q, "call": call_name(c), "error_kind": c["error_kind"],
-                            "error": c["error"],
-                            "text": f"Rank {q}: {call_name(c)} failed with {c['error_kind']}: {c['error']}"})
+                out.append(
+                    {
+                        "kind": "failure",
+                        "rank": q,
+                        "call": call_name(c),
+                        "error_kind": c["error_kind"],
+                        "error": c["error"],
+                        "text": f"Rank {q}: {call_name(c)} failed with {c['error_kind']}: {c['error']}",
+                    }
+                )
     return out
 
 
@@ -281,9 +366,18 @@ def diagnose(records) -> list:
         findings = _never_entered(comm) + _missing_records(comm) + _mismatches(comm) + _stuck(comm)
         common = _completed_by_all(comm)
         any_seq = next((comm.by_seq[q][common] for q in comm.ranks if common in comm.by_seq[q]), None)
-        out.append({"comm_id": comm_id, "size": comm.size, "ranks": comm.ranks, "missing_ranks": comm.missing,
-                    "findings": findings, "failures": _failures(comm), "ranks_table": _rank_rows(comm),
-                    "completed_by_all": call_name(any_seq) if any_seq else None})
+        out.append(
+            {
+                "comm_id": comm_id,
+                "size": comm.size,
+                "ranks": comm.ranks,
+                "missing_ranks": comm.missing,
+                "findings": findings,
+                "failures": _failures(comm),
+                "ranks_table": _rank_rows(comm),
+                "completed_by_all": call_name(any_seq) if any_seq else None,
+            }
+        )
     return out
 
 
@@ -296,23 +390,46 @@ def format_report(diagnosis) -> str:
         for f in d["findings"]:
             lines.append("   * " + f["text"])
         if not d["findings"] and d["missing_ranks"]:
-            lines.append(f"   * Among the records there, no rank is missing from a call, no call differs across "
-                         f"ranks and nothing is stuck; {_ranks(d['missing_ranks'])} left no record, so what "
-                         f"{'it' if len(d['missing_ranks']) == 1 else 'they'} did is unknown.")
+            lines.append(
+                f"   * Among the records there, no rank is missing from a call, no call differs across "
+                f"ranks and nothing is stuck; {_ranks(d['missing_ranks'])} left no record, so what "
+                f"{'it' if len(d['missing_ranks']) == 1 else 'they'} did is unknown."
+            )
         elif not d["findings"]:
             lines.append("   * No rank is missing from a call, no call differs across ranks, nothing is stuck.")
         lines.append(f"   Every rank completed up to: {d['completed_by_all'] or 'nothing recorded on every rank'}.")
         for f in d["failures"]:
             lines.append("   ! " + f["text"][:300])
         lines.append("")
-        header = ["rank", "dump", "last done", "at (s)", "current / last", "state", "since (s)", "waited (s)",
-                  "waiting on", "clock err (us)"]
+        header = [
+            "rank",
+            "dump",
+            "last done",
+            "at (s)",
+            "current / last",
+            "state",
+            "since (s)",
+            "waited (s)",
+            "waiting on",
+            "clock err (us)",
+        ]
         rows = []
         for r in d["ranks_table"]:
             w = r["waiting_on"]
-            rows.append([str(r["rank"]), r["reason"], r["last_done"] or "-", _num(r["last_done_at"]),
-                         r["current"] or "-", r["state"], _num(r["since"]), _num(r["waited_s"], "{:.3f}"),
-                         (f"send {w['send']} recv {w['recv']}" if w else "-"), f"{r['clock_error_us']:.1f}"])
+            rows.append(
+                [
+                    str(r["rank"]),
+                    r["reason"],
+                    r["last_done"] or "-",
+                    _num(r["last_done_at"]),
+                    r["current"] or "-",
+                    r["state"],
+                    _num(r["since"]),
+                    _num(r["waited_s"], "{:.3f}"),
+                    (f"send {w['send']} recv {w['recv']}" if w else "-"),
+                    f"{r['clock_error_us']:.1f}",
+                ]
+            )
         lines += ["   " + line for line in _table(header, rows)]
         lines.append("   (times: seconds since the communicator's first recorded call, on rank 0's clock)")
         lines.append("")
@@ -325,7 +442,7 @@ def _num(x, fmt="{:+.3f}") -> str:
 
 def _table(header, rows) -> list:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*row) for row in rows]
 
 
@@ -350,8 +467,15 @@ def stragglers(records) -> list:
                 continue
             arrive = np.array([comm.t(q, c["started_ns"]) for q, c in zip(comm.ranks, cs)], dtype=np.float64)
             late = (arrive - arrive.min()) / 1e9
-            calls.append({"seq": seq, "call": call_name(cs[0]), "label": cs[0]["label"], "last": int(np.argmax(late)),
-                          "lateness_s": late.tolist()})
+            calls.append(
+                {
+                    "seq": seq,
+                    "call": call_name(cs[0]),
+                    "label": cs[0]["label"],
+                    "last": int(np.argmax(late)),
+                    "lateness_s": late.tolist(),
+                }
+            )
             lateness.append(late)
             in_call += [(c["ended_ns"] - c["started_ns"]) / 1e9 for c in cs]
         if not calls:
@@ -364,14 +488,29 @@ def stragglers(records) -> list:
             # What the others spent waiting for q in the calls q came last to.
             caused = float(sum((late[i, q] - late[i]).sum() for i in mine))
             others_in_calls = float(in_call.sum() - in_call[q])
-            ranks.append({"rank": q, "last_count": len(mine), "mean_late_s": float(late[:, q].mean()),
-                          "p99_late_s": float(np.percentile(late[:, q], 99)), "max_late_s": float(late[:, q].max()),
-                          "others_waited_s": caused,
-                          "others_waited_fraction": caused / others_in_calls if others_in_calls > 0 else 0.0})
+            ranks.append(
+                {
+                    "rank": q,
+                    "last_count": len(mine),
+                    "mean_late_s": float(late[:, q].mean()),
+                    "p99_late_s": float(np.percentile(late[:, q], 99)),
+                    "max_late_s": float(late[:, q].max()),
+                    "others_waited_s": caused,
+                    "others_waited_fraction": caused / others_in_calls if others_in_calls > 0 else 0.0,
+                }
+            )
         worst = max(ranks, key=lambda r: (r["last_count"], r["others_waited_s"]))
         errors = [comm.records[q]["clock"]["error_ns"] / 1e3 for q in comm.ranks]
-        out.append({"comm_id": comm_id, "size": comm.size, "calls": calls, "ranks": ranks,
-                    "straggler": worst["rank"], "clock_error_us": max(errors)})
+        out.append(
+            {
+                "comm_id": comm_id,
+                "size": comm.size,
+                "calls": calls,
+                "ranks": ranks,
+                "straggler": worst["rank"],
+                "clock_error_us": max(errors),
+            }
+        )
     return out
 
 
@@ -384,18 +523,38 @@ def format_stragglers(report) -> str:
             continue
         n = len(s["calls"])
         w = s["ranks"][s["straggler"]]
-        lines.append(f"   Rank {w['rank']} arrives last in {w['last_count']} of {n} collectives, "
-                     f"{w['mean_late_s'] * 1e3:.1f} ms after the first rank on average "
-                     f"(p99 {w['p99_late_s'] * 1e3:.1f} ms); the other ranks spent {w['others_waited_s']:.3f} s "
-                     f"waiting for it, {100 * w['others_waited_fraction']:.0f}% of their time in these calls.")
-        header = ["rank", "last (calls)", "mean late (ms)", "p99 late (ms)", "max late (ms)", "others waited (s)",
-                  "of their call time"]
-        rows = [[str(r["rank"]), f"{r['last_count']}/{n}", f"{r['mean_late_s'] * 1e3:.2f}",
-                 f"{r['p99_late_s'] * 1e3:.2f}", f"{r['max_late_s'] * 1e3:.2f}", f"{r['others_waited_s']:.3f}",
-                 f"{100 * r['others_waited_fraction']:.0f}%"] for r in s["ranks"]]
+        lines.append(
+            f"   Rank {w['rank']} arrives last in {w['last_count']} of {n} collectives, "
+            f"{w['mean_late_s'] * 1e3:.1f} ms after the first rank on average "
+            f"(p99 {w['p99_late_s'] * 1e3:.1f} ms); the other ranks spent {w['others_waited_s']:.3f} s "
+            f"waiting for it, {100 * w['others_waited_fraction']:.0f}% of their time in these calls."
+        )
+        header = [
+            "rank",
+            "last (calls)",
+            "mean late (ms)",
+            "p99 late (ms)",
+            "max late (ms)",
+            "others waited (s)",
+            "of their call time",
+        ]
+        rows = [
+            [
+                str(r["rank"]),
+                f"{r['last_count']}/{n}",
+                f"{r['mean_late_s'] * 1e3:.2f}",
+                f"{r['p99_late_s'] * 1e3:.2f}",
+                f"{r['max_late_s'] * 1e3:.2f}",
+                f"{r['others_waited_s']:.3f}",
+                f"{100 * r['others_waited_fraction']:.0f}%",
+            ]
+            for r in s["ranks"]
+        ]
         lines += ["   " + line for line in _table(header, rows)]
-        lines.append(f"   (arrival: a call's start on rank 0's clock; lateness below the clock error, "
-                     f"{s['clock_error_us']:.1f} us, is noise)")
+        lines.append(
+            f"   (arrival: a call's start on rank 0's clock; lateness below the clock error, "
+            f"{s['clock_error_us']:.1f} us, is noise)"
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -403,6 +562,7 @@ def format_stragglers(report) -> str:
 def plot_stragglers(report, path) -> str:
     """Lateness per rank over the calls, one panel per communicator, as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -426,8 +586,11 @@ def plot_stragglers(report, path) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ringtree.analyze", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m ringtree.analyze",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dir", help="directory of dumps (ringtree-*.json) and/or traces (trace-*.json)")
     p.add_argument("--stragglers", action="store_true", help="who arrives last at collectives, and how late")
     p.add_argument("--plot", metavar="FILE.png", help="plot each rank's lateness over the calls")

@@ -14,6 +14,7 @@ gradients arrive in a different order. Works with numpy arrays and torch tensors
 methods both share (reshape, slicing) plus a small copy helper are used; torch is never
 imported here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -121,11 +122,30 @@ class Bucketer:
     waits for every bucket and copies the reduced values back into the gradients.
     """
 
-    __slots__ = ("sizes", "dtypes", "itemsizes", "bucket_cap_bytes", "buckets", "bucket_of", "op", "device",
-                 "_comm", "_next_launch", "_active", "_timeout")
+    __slots__ = (
+        "sizes",
+        "dtypes",
+        "itemsizes",
+        "bucket_cap_bytes",
+        "buckets",
+        "bucket_of",
+        "op",
+        "device",
+        "_comm",
+        "_next_launch",
+        "_active",
+        "_timeout",
+    )
 
-    def __init__(self, sizes, dtypes=None, bucket_cap_mb: float = 25.0, first_bucket_cap_mb: float | None = None,
-                 op="avg", device=None):
+    def __init__(
+        self,
+        sizes,
+        dtypes=None,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_cap_mb: float | None = None,
+        op="avg",
+        device=None,
+    ):
         self.device = device
         self.sizes = [int(s) for s in sizes]
         if any(s < 0 for s in self.sizes):
@@ -179,12 +199,13 @@ class Bucketer:
         if index not in bucket.pending:
             raise RuntimeError(f"Bucketer.mark_ready: gradient {index} was already marked ready in this step")
         if _numel(grad) != self.sizes[index]:
-            raise ValueError(f"Bucketer.mark_ready: gradient {index} has {_numel(grad)} elements, "
-                             f"expected {self.sizes[index]}")
+            raise ValueError(
+                f"Bucketer.mark_ready: gradient {index} has {_numel(grad)} elements, expected {self.sizes[index]}"
+            )
         if bucket.buffer is None:
             bucket.buffer = _new_flat_like(grad, bucket.count)
         start = bucket.offsets[index]
-        _copy_into(bucket.buffer[start:start + self.sizes[index]], grad.reshape(-1))
+        _copy_into(bucket.buffer[start : start + self.sizes[index]], grad.reshape(-1))
         if copy_back:
             bucket.grads[index] = grad
         bucket.pending.discard(index)
@@ -200,7 +221,7 @@ class Bucketer:
                 bucket.buffer = _zeros(bucket.count, self.dtypes[bucket.indices[0]], self.device)
             for index in bucket.pending:
                 start = bucket.offsets[index]
-                _zero(bucket.buffer[start:start + self.sizes[index]])
+                _zero(bucket.buffer[start : start + self.sizes[index]])
             # The flight recorder (dumps, traces) names each call by its bucket id.
             label = getattr(self._comm, "label", None)
             with label(self._next_launch) if label is not None else contextlib.nullcontext():
@@ -225,7 +246,7 @@ class Bucketer:
                 bucket.work.wait()
                 for index in bucket.indices:
                     start = bucket.offsets[index]
-                    flat = bucket.buffer[start:start + self.sizes[index]]
+                    flat = bucket.buffer[start : start + self.sizes[index]]
                     grad = bucket.grads.get(index)
                     if grad is not None:
                         _copy_back(grad, flat)  # a view in grad's shape: no copy for strided grads

@@ -5,6 +5,7 @@
     info.buffer_sizes(count=4, nranks=3)    # (4, 12): input and output elements on a rank
     info.busbw_factor(4)                     # 0.75
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ class CollectiveInfo:
     """One collective. Buffer multiples: "none" (no such buffer on that side), "one" (count
     elements), "world" (count x P) or "free" (sizes given per call). The count is the schedule's:
     the whole buffer for all_reduce, broadcast, reduce, send and recv, one rank's block otherwise."""
+
     name: str
     code: int
     reduction: bool

@@ -4,6 +4,7 @@ Every collective is validated before any traffic; a rejected call raises Invalid
 leaves the communicator usable. Blocking calls return the output buffer; async_op=True
 returns a Work whose wait() returns it (and re-raises the collective's error).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -14,11 +15,10 @@ import weakref
 import numpy as np
 
 from . import _child_ids, _core, elastic, timeline
-from ._args import (ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg,
-                    user_tag)
+from ._args import ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg, user_tag
 from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
-from ._nccl import wheel_library
 from ._choice import core_hook
+from ._nccl import wheel_library
 from ._recording import Recording
 from ._status import Status
 from ._work import MessageWork, Work
@@ -26,14 +26,23 @@ from .ops import resolve_op
 
 __all__ = ["Communicator", "Work", "MessageWork", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
 
-_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 class Communicator(Recording):
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
-    __slots__ = ("_core", "_fast", "_cuda", "_label", "_closed", "_inflight", "_inflight_cap", "_shrink_attempts",
-                 "__weakref__")
+    __slots__ = (
+        "_core",
+        "_fast",
+        "_cuda",
+        "_label",
+        "_closed",
+        "_inflight",
+        "_inflight_cap",
+        "_shrink_attempts",
+        "__weakref__",
+    )
 
     def __init__(self, rank: int, size: int, unique_id, timeout: float):
         if isinstance(unique_id, str):
@@ -90,23 +99,39 @@ class Communicator(Recording):
         the docs' "How auto chooses"."""
         self._core.set_choice_hook(core_hook(hook))
 
-    def choose_algo(self, collective: str, nbytes: int, algo: str = "auto", dtype: str = "float32",
-                    op="sum", deterministic: bool = False) -> str:
+    def choose_algo(
+        self,
+        collective: str,
+        nbytes: int,
+        algo: str = "auto",
+        dtype: str = "float32",
+        op="sum",
+        deterministic: bool = False,
+    ) -> str:
         """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole
         buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
         all_gather and all_to_all), as in the bench's count column. deterministic: as a call with
         deterministic=True (RINGTREE_DETERMINISTIC=1 counts too)."""
-        code = self._core.choose_algo(coll_code(collective), algo_code(algo), int(nbytes), dtype_code(dtype),
-                                      resolve_op(op)[0], bool(deterministic))
+        code = self._core.choose_algo(
+            coll_code(collective),
+            algo_code(algo),
+            int(nbytes),
+            dtype_code(dtype),
+            resolve_op(op)[0],
+            bool(deterministic),
+        )
         return _core.ALGOS[code]
 
     def estimate(self, collective: str, nbytes: int, dtype: str = "float32", deterministic: bool = False) -> list:
         """[(algo, predicted seconds, formula)] for every algorithm available to such a call;
         deterministic=True: those a deterministic call of a floating-point reduction chooses from
         (rank_order, and oneshot where the call fits its slots), to weigh their cost against auto's."""
-        return [(_core.ALGOS[a], t, formula)
-                for a, t, formula in self._core.estimate(coll_code(collective), int(nbytes), dtype_code(dtype),
-                                                         bool(deterministic))]
+        return [
+            (_core.ALGOS[a], t, formula)
+            for a, t, formula in self._core.estimate(
+                coll_code(collective), int(nbytes), dtype_code(dtype), bool(deterministic)
+            )
+        ]
 
     # --- the collectives -------------------------------------------------------------------
 
@@ -120,15 +145,44 @@ class Communicator(Recording):
             vin = None if x is None else torch_host_view(x)
             vout = None if out is None else torch_host_view(out)
             if (vin or vout) and (x is None or vin) and (out is None or vout):
-                done = self._fast(code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result,
-                                  recv_peer)
+                done = self._fast(
+                    code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
+                )
             if done is NotImplemented:
-                return self._run(coll, x, out, op=op, root=root, peer=peer, algo=algo, timeout=timeout,
-                                 async_op=async_op, result=result, deterministic=deterministic, recv_peer=recv_peer)
+                return self._run(
+                    coll,
+                    x,
+                    out,
+                    op=op,
+                    root=root,
+                    peer=peer,
+                    algo=algo,
+                    timeout=timeout,
+                    async_op=async_op,
+                    result=result,
+                    deterministic=deterministic,
+                    recv_peer=recv_peer,
+                )
         return done if async_op is False else Work(done, (x, out), result)
 
-    def _run(self, coll, x, out, *, op="sum", root=0, peer=-1, algo="auto", timeout=None,
-             async_op=False, result=None, send_counts=(), recv_counts=(), recv_peer=-1, deterministic=False):
+    def _run(
+        self,
+        coll,
+        x,
+        out,
+        *,
+        op="sum",
+        root=0,
+        peer=-1,
+        algo="auto",
+        timeout=None,
+        async_op=False,
+        result=None,
+        send_counts=(),
+        recv_counts=(),
+        recv_peer=-1,
+        deterministic=False,
+    ):
         keep = []
         has_in = x is not None
         has_out = out is not None
@@ -136,10 +190,13 @@ class Communicator(Recording):
         outb = buffer_info(out, f"{coll}: output") if has_out else None
         if inb and outb and inb.dtype != outb.dtype:
             raise _core.InvalidArgument(
-                f"{coll}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}")
+                f"{coll}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}"
+            )
         if inb and outb and inb.device != outb.device:
-            raise _core.InvalidArgument(f"{coll}: the input is in {DEVICE_NAMES[inb.device]} memory but the output "
-                                        f"in {DEVICE_NAMES[outb.device]} memory; give both on one side")
+            raise _core.InvalidArgument(
+                f"{coll}: the input is in {DEVICE_NAMES[inb.device]} memory but the output "
+                f"in {DEVICE_NAMES[outb.device]} memory; give both on one side"
+            )
         dtype = (inb or outb).dtype if (inb or outb) else 0
         op_code, factor = resolve_op(op)
         if inb:
@@ -152,24 +209,60 @@ class Communicator(Recording):
         on_device = bool((inb or outb) and (inb or outb).device)
         use_nccl = isinstance(algo, str) and algo.lower() == "nccl"
         if use_nccl and not on_device:
-            raise _core.InvalidArgument(f"{coll}: algo='nccl' needs CUDA buffers (torch CUDA tensors, cupy arrays); "
-                                        f"host buffers take the ringtree algorithms")
+            raise _core.InvalidArgument(
+                f"{coll}: algo='nccl' needs CUDA buffers (torch CUDA tensors, cupy arrays); "
+                f"host buffers take the ringtree algorithms"
+            )
         if on_device:
             work = self._cuda_comm().run(
-                COLL_CODES[coll], dtype, has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
-                has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
-                op_code, factor, int(root),
-                int(peer), int(recv_peer), 0 if use_nccl else algo_code(algo), t, (inb or outb).stream,
-                use_nccl, bool(async_op), counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"),
-                bool(deterministic))
+                COLL_CODES[coll],
+                dtype,
+                has_in,
+                inb.ptr if inb else 0,
+                inb.count if inb else 0,
+                inb.readonly if inb else False,
+                has_out,
+                outb.ptr if outb else 0,
+                outb.count if outb else 0,
+                outb.readonly if outb else False,
+                op_code,
+                factor,
+                int(root),
+                int(peer),
+                int(recv_peer),
+                0 if use_nccl else algo_code(algo),
+                t,
+                (inb or outb).stream,
+                use_nccl,
+                bool(async_op),
+                counts(send_counts, "send_counts"),
+                counts(recv_counts, "recv_counts"),
+                bool(deterministic),
+            )
             return Work(work, keep, result) if async_op else result
         work = self._core.run(
-            COLL_CODES[coll], dtype,
-            has_in, inb.ptr if inb else 0, inb.count if inb else 0, inb.readonly if inb else False,
-            has_out, outb.ptr if outb else 0, outb.count if outb else 0, outb.readonly if outb else False,
-            op_code, factor, int(root), int(peer), algo_code(algo), t, bool(async_op),
-            counts(send_counts, "send_counts"), counts(recv_counts, "recv_counts"), int(recv_peer),
-            deterministic=bool(deterministic))
+            COLL_CODES[coll],
+            dtype,
+            has_in,
+            inb.ptr if inb else 0,
+            inb.count if inb else 0,
+            inb.readonly if inb else False,
+            has_out,
+            outb.ptr if outb else 0,
+            outb.count if outb else 0,
+            outb.readonly if outb else False,
+            op_code,
+            factor,
+            int(root),
+            int(peer),
+            algo_code(algo),
+            t,
+            bool(async_op),
+            counts(send_counts, "send_counts"),
+            counts(recv_counts, "recv_counts"),
+            int(recv_peer),
+            deterministic=bool(deterministic),
+        )
         if async_op:
             return Work(work, keep, result)
         return result
@@ -196,8 +289,16 @@ class Communicator(Recording):
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
         which receives them as recv_counts[i]. Blocks are contiguous in rank order."""
-        return self._run("all_to_all_v", x, out, timeout=timeout, async_op=async_op, result=out,
-                         send_counts=send_counts, recv_counts=recv_counts)
+        return self._run(
+            "all_to_all_v",
+            x,
+            out,
+            timeout=timeout,
+            async_op=async_op,
+            result=out,
+            send_counts=send_counts,
+            recv_counts=recv_counts,
+        )
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
         """Every rank's x receives root's x."""
@@ -311,11 +412,12 @@ class Communicator(Recording):
         if my_color < 0:
             return None
         leader = members[0][1]
-        public = tokens[n * leader: n * (leader + 1)].tobytes().rstrip(b"\0").decode()
-        return Communicator(new_rank, len(members), _child_ids.follow(self, public),
-                            self.timeout if timeout is None else timeout)
+        public = tokens[n * leader : n * (leader + 1)].tobytes().rstrip(b"\0").decode()
+        return Communicator(
+            new_rank, len(members), _child_ids.follow(self, public), self.timeout if timeout is None else timeout
+        )
 
-    def shrink(self, exclude=(), timeout=None) -> "Communicator":
+    def shrink(self, exclude=(), timeout=None) -> Communicator:
         """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive and
         return a communicator of them, densely renumbered in old-rank order; this one is closed.
         Every survivor calls it; the ranks in `exclude` (never this rank) and the dead do not.
@@ -324,7 +426,7 @@ class Communicator(Recording):
         (Shrink and grow) for the protocol and what it guarantees."""
         return elastic.shrink(self, exclude, timeout)
 
-    def grow(self, joiners: int, publish=None, timeout=None) -> "Communicator":
+    def grow(self, joiners: int, publish=None, timeout=None) -> Communicator:
         """A communicator of this one's ranks (same numbers) and `joiners` new processes (the
         next numbers). Collective over this communicator, which stays usable. Rank 0 makes the
         token and calls publish(token) (a file, a store, an environment variable...); each new

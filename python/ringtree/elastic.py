@@ -26,6 +26,7 @@ The unique ids of shrink's and grow's communicators never cross the old connecti
 only a public token (address, port, nonce) does, and the members derive the secret from the
 old communicator's (_child_ids).
 """
+
 from __future__ import annotations
 
 import os
@@ -66,14 +67,14 @@ def _message(size: int, kind: int, round_: int, members, token: str = "") -> np.
     buf[:16].view(np.int64)[:] = (kind, round_)
     buf[16 + np.fromiter(members, np.int64, len(members))] = 1
     raw = token.encode()
-    buf[16 + size:16 + size + len(raw)] = np.frombuffer(raw, np.uint8)
+    buf[16 + size : 16 + size + len(raw)] = np.frombuffer(raw, np.uint8)
     return buf
 
 
 def _parse(buf: np.ndarray, size: int):
     kind, round_ = (int(v) for v in buf[:16].view(np.int64))
-    members = frozenset(int(q) for q in np.flatnonzero(buf[16:16 + size]))
-    token = buf[16 + size:].tobytes().rstrip(b"\0").decode()
+    members = frozenset(int(q) for q in np.flatnonzero(buf[16 : 16 + size]))
+    token = buf[16 + size :].tobytes().rstrip(b"\0").decode()
     return kind, round_, members, token
 
 
@@ -170,8 +171,9 @@ def _validate_exclude(comm, exclude):
     if bad:
         raise _core.InvalidArgument(f"shrink: exclude names ranks {bad} outside 0..{comm.size - 1}")
     if comm.rank in ranks:
-        raise _core.InvalidArgument(f"shrink: rank {comm.rank} cannot exclude itself; a rank that leaves "
-                                    f"calls close() instead of shrink()")
+        raise _core.InvalidArgument(
+            f"shrink: rank {comm.rank} cannot exclude itself; a rank that leaves calls close() instead of shrink()"
+        )
     return ranks
 
 
@@ -193,13 +195,16 @@ def shrink(comm, exclude=(), timeout=None):
             for q in range(size):
                 if q != me and q not in dead:
                     _send(comm, note, q, view_tag + round_)
-            views, died, silent, commit = _gather_views(comm, sorted(view - {me}), round_,
-                                                        time.monotonic() + timeout, tags)
+            views, died, silent, commit = _gather_views(
+                comm, sorted(view - {me}), round_, time.monotonic() + timeout, tags
+            )
             dead |= died
             for q, theirs in views.items():
                 if me not in theirs:
-                    raise Excluded(f"shrink: rank {me} is excluded: rank {q}'s view of the survivors "
-                                   f"is {sorted(theirs)} (round {round_})")
+                    raise Excluded(
+                        f"shrink: rank {me} is excluded: rank {q}'s view of the survivors "
+                        f"is {sorted(theirs)} (round {round_})"
+                    )
             stable = not died and not silent and all(theirs == view for theirs in views.values())
             for theirs in views.values():
                 view &= theirs
@@ -220,8 +225,10 @@ def shrink(comm, exclude=(), timeout=None):
         raise _core.Error(f"shrink: rank {me} did not converge in {2 * size + 2} rounds (its view: {sorted(view)})")
     members, token = commit
     if me not in members:
-        raise Excluded(f"shrink: rank {me} is excluded: the survivors formed a communicator of old ranks "
-                       f"{sorted(members)} without it")
+        raise Excluded(
+            f"shrink: rank {me} is excluded: the survivors formed a communicator of old ranks "
+            f"{sorted(members)} without it"
+        )
     order = sorted(members)
     new = type(comm)(order.index(me), len(order), _child_ids.follow(comm, token), timeout)
     comm.close()
@@ -234,8 +241,9 @@ def grow(comm, joiners, publish=None, timeout=None):
     if joiners < 1:
         raise _core.InvalidArgument(f"grow: joiners must be at least 1, got {joiners}")
     if comm.rank == 0 and not callable(publish):
-        raise _core.InvalidArgument(f"grow: rank 0 needs publish, a callable that hands the token to the "
-                                    f"new processes; got {publish!r}")
+        raise _core.InvalidArgument(
+            f"grow: rank 0 needs publish, a callable that hands the token to the new processes; got {publish!r}"
+        )
     timeout = timeout_arg(comm.timeout, timeout, "grow")
     new_size = comm.size + joiners
     raw = np.zeros(_TOKEN_BYTES, np.uint8)
@@ -246,7 +254,7 @@ def grow(comm, joiners, publish=None, timeout=None):
         public, uid = _child_ids.lead(comm, _rendezvous_ip(comm))
         try:
             publish(f"{_GROW_PREFIX}:{comm.size}:{new_size}:{uid}")
-            raw[:len(public)] = np.frombuffer(public.encode(), np.uint8)
+            raw[: len(public)] = np.frombuffer(public.encode(), np.uint8)
         except Exception as exc:  # noqa: BLE001 - told to the members (an empty token), then raised
             failure = exc
     comm.broadcast(raw, root=0, timeout=timeout)  # an empty token: rank 0's publish failed

@@ -1,10 +1,10 @@
 """rt.explain: why algo="auto" picks what it picks, in the cost model's own numbers."""
+
 from __future__ import annotations
 
 import sys
 
 from . import _core
-
 
 _FLOAT_REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -28,8 +28,10 @@ def _hier_verdict(chosen: str, hier, flat) -> str:
     hs, fs = _split(hf, ht), _split(ff, ft)
     why = ""
     if hs and fs:
-        why = (f": latency {hs[0] * 1e6:.1f} vs {fs[0] * 1e6:.1f} us, data {hs[1] * 1e6:.1f} vs {fs[1] * 1e6:.1f} us "
-               f"({h} vs {f})")
+        why = (
+            f": latency {hs[0] * 1e6:.1f} vs {fs[0] * 1e6:.1f} us, data {hs[1] * 1e6:.1f} vs {fs[1] * 1e6:.1f} us "
+            f"({h} vs {f})"
+        )
     if chosen.startswith("hier"):
         return f"hierarchical {h} wins by {(ft - ht) / ft:.0%}{why}"
     margin = "within 1% of" if ht >= ft * 0.99 else f"{(ht - ft) / ft:.0%} more than"

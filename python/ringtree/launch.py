@@ -7,6 +7,7 @@ Each rank gets RINGTREE_RANK, RINGTREE_WORLD_SIZE and RINGTREE_UNIQUE_ID. --host
 ranks on H emulated hosts (RINGTREE_HOSTNAME), so TCP carries traffic between the groups on
 one machine. If a rank fails, the others are stopped and its exit code is returned.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,6 +95,7 @@ def supervise(procs, timeout=None, name="ringtree.launch") -> int:
     if exit_code == 0:
         exit_code = next((p.returncode for p in procs if p.returncode != 0), 0)
     return exit_code
+
 
 if __name__ == "__main__":
     sys.exit(main())

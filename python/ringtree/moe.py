@@ -42,6 +42,7 @@ of the output gradient with each kept assignment's expert output (zero for dropp
 router can learn. Both backwards are collectives: every rank must run them, in the same order, as
 it ran the forwards (the usual rule for collectives in a backward pass).
 """
+
 from __future__ import annotations
 
 import math
@@ -80,16 +81,32 @@ class MoEStats:
         self.global_kept = self.global_dropped = None
 
     def __repr__(self):
-        return (f"MoEStats(capacity={self.capacity}, kept={self.kept.tolist()}, dropped={self.dropped.tolist()}, "
-                f"global_dropped={None if self.global_dropped is None else self.global_dropped.tolist()})")
+        return (
+            f"MoEStats(capacity={self.capacity}, kept={self.kept.tolist()}, dropped={self.dropped.tolist()}, "
+            f"global_dropped={None if self.global_dropped is None else self.global_dropped.tolist()})"
+        )
 
 
 class MoEHandle:
     """What combine (and both backwards) need to reverse a dispatch."""
 
-    __slots__ = ("comm", "num_experts", "k", "T", "H", "dtype", "expert_weights", "kept_assignments",
-                 "token_index", "send_counts", "recv_counts", "expert_major", "expert_counts", "local_experts",
-                 "stats")
+    __slots__ = (
+        "comm",
+        "num_experts",
+        "k",
+        "T",
+        "H",
+        "dtype",
+        "expert_weights",
+        "kept_assignments",
+        "token_index",
+        "send_counts",
+        "recv_counts",
+        "expert_major",
+        "expert_counts",
+        "local_experts",
+        "stats",
+    )
 
     @property
     def rows(self) -> int:
@@ -109,8 +126,10 @@ def _default_comm():
         comm = getattr(dist.group.WORLD, "comm", None)
         if comm is not None:
             return comm
-    raise _invalid("moe: pass comm= (a ringtree Communicator); without it the default torch.distributed group "
-                   "must run on the ringtree backend, and none does")
+    raise _invalid(
+        "moe: pass comm= (a ringtree Communicator); without it the default torch.distributed group "
+        "must run on the ringtree backend, and none does"
+    )
 
 
 def _capacity(capacity_factor, T: int, k: int, num_experts: int):
@@ -129,8 +148,10 @@ def _capacity(capacity_factor, T: int, k: int, num_experts: int):
 
 def _check_dispatch(tokens, expert_ids, expert_weights, num_experts, size):
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        raise _invalid(f"dispatch: tokens must be a [T, H] tensor, got "
-                       f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+        raise _invalid(
+            f"dispatch: tokens must be a [T, H] tensor, got "
+            f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}"
+        )
     if tokens.dtype not in _FLOAT_DTYPES:
         raise _invalid(f"dispatch: tokens must be float16, bfloat16, float32 or float64, got {tokens.dtype}")
     if not isinstance(expert_ids, torch.Tensor) or expert_ids.dim() != 2 or expert_ids.shape[0] != tokens.shape[0]:
@@ -146,13 +167,17 @@ def _check_dispatch(tokens, expert_ids, expert_weights, num_experts, size):
     if not expert_weights.dtype.is_floating_point:
         raise _invalid(f"dispatch: expert_weights must be a float tensor, got {expert_weights.dtype}")
     if expert_ids.device != tokens.device or expert_weights.device != tokens.device:
-        raise _invalid(f"dispatch: tokens, expert_ids and expert_weights must be on one device, got "
-                       f"{tokens.device}, {expert_ids.device}, {expert_weights.device}")
+        raise _invalid(
+            f"dispatch: tokens, expert_ids and expert_weights must be on one device, got "
+            f"{tokens.device}, {expert_ids.device}, {expert_weights.device}"
+        )
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise _invalid(f"dispatch: num_experts must be a positive int, got {num_experts!r}")
     if num_experts % size:
-        raise _invalid(f"dispatch: num_experts {num_experts} must be a multiple of the communicator's size {size} "
-                       f"(expert e lives on rank e // (num_experts // size))")
+        raise _invalid(
+            f"dispatch: num_experts {num_experts} must be a multiple of the communicator's size {size} "
+            f"(expert e lives on rank e // (num_experts // size))"
+        )
     if expert_ids.numel():
         low, high = int(expert_ids.min()), int(expert_ids.max())
         if low < 0 or high >= num_experts:
@@ -186,22 +211,24 @@ def _exchange_counts(comm, handle, kept, dropped, per_rank, global_stats):
     P, E = comm.size, handle.num_experts
     send = torch.empty(P, _HEADER + 2 * per_rank, dtype=torch.int64)
     send[:, 0], send[:, 1], send[:, 2] = E, handle.H, DTYPE_CODES[TORCH_DTYPES[str(handle.dtype)]]
-    send[:, _HEADER:_HEADER + per_rank] = kept.view(P, per_rank)
-    send[:, _HEADER + per_rank:] = dropped.view(P, per_rank)
+    send[:, _HEADER : _HEADER + per_rank] = kept.view(P, per_rank)
+    send[:, _HEADER + per_rank :] = dropped.view(P, per_rank)
     recv = torch.empty_like(send)
     try:
         comm.all_to_all(send, recv)
     except _core.CollectiveMismatch as exc:
-        exc.add_note(f"moe.dispatch: the count exchange sends {_HEADER} + 2 * num_experts / P int64 per rank; "
-                     f"ranks that disagree on num_experts (here {E}) disagree on its size")
+        exc.add_note(
+            f"moe.dispatch: the count exchange sends {_HEADER} + 2 * num_experts / P int64 per rank; "
+            f"ranks that disagree on num_experts (here {E}) disagree on its size"
+        )
         raise
     for column, what in ((0, "num_experts"), (1, "H (tokens' width)"), (2, "the tokens' dtype")):
         values = recv[:, column].tolist()
         if any(v != values[0] for v in values):
             shown = values if column != 2 else [_core.DTYPES[v] if 0 <= v < len(_core.DTYPES) else v for v in values]
             raise _invalid(f"dispatch: ranks disagree on {what}: rank r has {shown} (by rank); nothing was sent")
-    received = recv[:, _HEADER:_HEADER + per_rank]
-    expert_dropped = recv[:, _HEADER + per_rank:].sum(0)
+    received = recv[:, _HEADER : _HEADER + per_rank]
+    expert_dropped = recv[:, _HEADER + per_rank :].sum(0)
     if global_stats:
         mine = torch.cat([received.sum(0), expert_dropped])
         everyone = torch.empty(P * 2 * per_rank, dtype=torch.int64)
@@ -270,8 +297,9 @@ class _Combine(torch.autograd.Function):
         return grad_experts, grad_weights, None
 
 
-def dispatch(tokens, expert_ids, expert_weights, num_experts: int, capacity_factor=1.0, comm=None,
-             global_stats: bool = False):
+def dispatch(
+    tokens, expert_ids, expert_weights, num_experts: int, capacity_factor=1.0, comm=None, global_stats: bool = False
+):
     """Send each token to the ranks of its top-k experts; returns (expert_inputs, handle).
 
     tokens [T, H] float; expert_ids [T, k] int (expert e lives on rank e // (num_experts // P));
@@ -298,8 +326,9 @@ def dispatch(tokens, expert_ids, expert_weights, num_experts: int, capacity_fact
     h.comm, h.num_experts, h.k, h.T, h.H, h.dtype = comm, num_experts, k, T, H, tokens.dtype
     h.expert_weights, h.kept_assignments = expert_weights, kept_assignments
     h.token_index = torch.div(kept_assignments, k, rounding_mode="floor")
-    received, expert_dropped, global_kept, global_dropped = _exchange_counts(comm, h, kept, dropped, per_rank,
-                                                                             global_stats)
+    received, expert_dropped, global_kept, global_dropped = _exchange_counts(
+        comm, h, kept, dropped, per_rank, global_stats
+    )
     h.send_counts = (kept.view(P, per_rank).sum(1) * H).tolist()
     h.recv_counts = (received.sum(1) * H).tolist()
     h.expert_counts = received.sum(0).tolist()
@@ -320,6 +349,7 @@ def combine(expert_outputs, handle: MoEHandle):
         got = tuple(expert_outputs.shape) if isinstance(expert_outputs, torch.Tensor) else type(expert_outputs).__name__
         raise _invalid(f"combine: expert_outputs must be [{handle.rows}, {handle.H}] like expert_inputs, got {got}")
     if expert_outputs.dtype != handle.dtype:
-        raise _invalid(f"combine: expert_outputs must be {handle.dtype} like the dispatched tokens, "
-                       f"got {expert_outputs.dtype}")
+        raise _invalid(
+            f"combine: expert_outputs must be {handle.dtype} like the dispatched tokens, got {expert_outputs.dtype}"
+        )
     return _Combine.apply(expert_outputs, handle.expert_weights, handle)

@@ -1,4 +1,5 @@
 """Reduce operations: strings ("sum", ...), the ReduceOp enum, or premul_sum(factor)."""
+
 from __future__ import annotations
 
 import enum
@@ -53,4 +54,5 @@ def resolve_op(op) -> tuple[int, float]:
         return _OP_CODES[op.lower()], 1.0
     raise _core.InvalidArgument(
         f"unsupported reduce op {op!r}; expected one of 'sum', 'prod', 'min', 'max', 'avg', 'band', 'bor', "
-        f"'bxor', a ringtree.ReduceOp, or ringtree.premul_sum(factor)")
+        f"'bxor', a ringtree.ReduceOp, or ringtree.premul_sum(factor)"
+    )

@@ -23,6 +23,7 @@ Flat tree across hosts is approximate: every hop on its critical path is priced 
 hosts (its pipeline runs at the pace of its slowest link), where the C++ model finds the slowest
 path exactly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ TREE_SEGMENT = 128 << 10  # bytes; RINGTREE_TREE_SEGMENT_BYTES's default (algori
 @dataclass(frozen=True)
 class Machine:
     """The cost model's figures (MachineCosts in algorithms/pricing.h), in seconds and bytes/s."""
+
     call_s: float = 2.5e-6
     hop_s: float = 0.6e-6
     switch_s: float = 8e-6
@@ -56,19 +58,29 @@ class Machine:
     nics: int = 0  # ranks of a host that each get the full tcp_Bps at once; 0: every rank (the C++ model)
 
     @classmethod
-    def from_costs(cls, m: dict, **overrides) -> "Machine":
+    def from_costs(cls, m: dict, **overrides) -> Machine:
         """From Communicator.status().machine."""
-        made = cls(call_s=m["call_us"] * 1e-6, hop_s=m["hop_us"] * 1e-6, switch_s=m["switch_us"] * 1e-6,
-                   tcp_hop_s=m["tcp_hop_us"] * 1e-6, tcp_Bps=m["tcp_GBps"] * 1e9,
-                   copy_hot_Bps=m["copy_hot_GBps"] * 1e9, copy_cold_Bps=m["copy_cold_GBps"] * 1e9,
-                   reduce_hot_Bps=m["reduce_hot_GBps"] * 1e9, reduce_cold_Bps=m["reduce_cold_GBps"] * 1e9,
-                   l2_bytes=m["l2_KiB"] * 1024, l3_bytes=m["l3_KiB"] * 1024, cores=int(m["cores"]))
+        made = cls(
+            call_s=m["call_us"] * 1e-6,
+            hop_s=m["hop_us"] * 1e-6,
+            switch_s=m["switch_us"] * 1e-6,
+            tcp_hop_s=m["tcp_hop_us"] * 1e-6,
+            tcp_Bps=m["tcp_GBps"] * 1e9,
+            copy_hot_Bps=m["copy_hot_GBps"] * 1e9,
+            copy_cold_Bps=m["copy_cold_GBps"] * 1e9,
+            reduce_hot_Bps=m["reduce_hot_GBps"] * 1e9,
+            reduce_cold_Bps=m["reduce_cold_GBps"] * 1e9,
+            l2_bytes=m["l2_KiB"] * 1024,
+            l3_bytes=m["l3_KiB"] * 1024,
+            cores=int(m["cores"]),
+        )
         return replace(made, **overrides)
 
 
 @dataclass(frozen=True)
 class Rates:
     """Seconds per call, per hop and per byte of each kind (rates_for in pricing.cc)."""
+
     call: float
     hop: float
     net: float
@@ -94,14 +106,22 @@ def rates(m: Machine, buffer_bytes: float, local_ranks: int, streams: int = 1, h
     copy = share * per_byte(m.copy_hot_Bps, m.copy_cold_Bps)
     reduce = share * (2.0 if half else 1.0) * per_byte(m.reduce_hot_Bps, m.reduce_cold_Bps)
     link = m.tcp_Bps * (min(1.0, m.nics / streams) if m.nics else 1.0)
-    return Rates(call=m.call_s * share, hop=2 * share * m.switch_s if local_ranks > cores else m.hop_s,
-                 net=copy, reduce=reduce, copy=copy, remote_hop=m.tcp_hop_s, link=1 / link)
+    return Rates(
+        call=m.call_s * share,
+        hop=2 * share * m.switch_s if local_ranks > cores else m.hop_s,
+        net=copy,
+        reduce=reduce,
+        copy=copy,
+        remote_hop=m.tcp_hop_s,
+        link=1 / link,
+    )
 
 
 @dataclass
 class Counts:
     """What the busiest rank moves (bytes, of which remote_*: to or from another host) and the
     hops on the critical path (of which remote_hops between hosts), the handshake included."""
+
     hops: float = 0
     remote_hops: float = 0
     sent: float = 0
@@ -148,8 +168,15 @@ class _Rank:
         self.remote_sent = self.remote_received = self.remote_reduced = 0.0
         self.link = 0.0  # one way over the host link: per step, the larger of out and in (full duplex)
 
-    def step(self, out: float = 0, out_remote: bool = False, into: float = 0, in_remote: bool = False,
-             reduce: bool = False, times: float = 1):
+    def step(
+        self,
+        out: float = 0,
+        out_remote: bool = False,
+        into: float = 0,
+        in_remote: bool = False,
+        reduce: bool = False,
+        times: float = 1,
+    ):
         """`times` steps that each send `out` bytes and receive `into` (reducing them or not)."""
         self.sent += times * out
         self.remote_sent += times * out if out_remote else 0
@@ -195,7 +222,7 @@ def _tree_pass(me: _Rank, n: float, P: int, r: int, remote_to, segment: float = 
     up = 1 if parent >= 0 and remote_to(parent) else 0
     down = [1 if remote_to(c) else 0 for c in children]
     # reduce phase
-    for i, c in enumerate(children):
+    for i, _child in enumerate(children):
         me.reduced += n
         me.remote_reduced += n * down[i]
     if parent >= 0:
@@ -211,8 +238,9 @@ def _tree_pass(me: _Rank, n: float, P: int, r: int, remote_to, segment: float = 
     me.link += _shifted(sum(down), up, n, segment)
 
 
-def per_rank(algo: str, hosts: int, local: int, nbytes: float, collective: str = "all_reduce",
-             segment: float = 0) -> list:
+def per_rank(
+    algo: str, hosts: int, local: int, nbytes: float, collective: str = "all_reduce", segment: float = 0
+) -> list:
     """Every rank's bytes of each kind for a call of nbytes a rank (ranks host by host): all_reduce's
     buffer, or one rank's block of reduce_scatter and all_gather (the bench's count column);
     segment: the trees' pipeline segment (0: one segment)."""
@@ -260,7 +288,9 @@ def _check_algo(collective: str, algo: str):
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; choose from {', '.join(COLLECTIVES)}")
     if algo not in COLLECTIVES[collective]:
-        raise ValueError(f"unknown algorithm {algo!r} for {collective}; choose from {', '.join(COLLECTIVES[collective])}")
+        raise ValueError(
+            f"unknown algorithm {algo!r} for {collective}; choose from {', '.join(COLLECTIVES[collective])}"
+        )
 
 
 def link_weight(m: Machine) -> float:
@@ -282,8 +312,15 @@ def busiest(ranks: list, weight: float) -> _Rank:
     return best
 
 
-def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machine(),
-           segment: int = TREE_SEGMENT, collective: str = "all_reduce") -> Counts:
+def counts(
+    algo: str,
+    hosts: int,
+    local: int,
+    nbytes: float,
+    m: Machine = Machine(),
+    segment: int = TREE_SEGMENT,
+    collective: str = "all_reduce",
+) -> Counts:
     """The cost model's counts of a call of nbytes a rank on hosts x local ranks."""
     if hosts < 1 or local < 1:
         raise ValueError(f"hosts and local ranks must be at least 1, got {hosts} x {local}")
@@ -295,12 +332,23 @@ def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machin
         return Counts()
     ranks = per_rank(algo, hosts, local, nbytes, collective, segment)
     me = busiest(ranks, link_weight(m))
-    host = max((ranks[h * local:(h + 1) * local] for h in range(hosts)),
-               key=lambda rs: sum(q.sent + q.received + q.reduced + q.copied for q in rs))
-    k = Counts(host_net=sum(q.sent + q.received - q.remote_sent - q.remote_received for q in host),
-               host_reduced=sum(q.reduced - q.remote_reduced for q in host),
-               host_copied=sum(q.copied for q in host), sent=me.sent, received=me.received, reduced=me.reduced, copied=me.copied, remote_sent=me.remote_sent,
-               remote_received=me.remote_received, remote_reduced=me.remote_reduced, link=me.link)
+    host = max(
+        (ranks[h * local : (h + 1) * local] for h in range(hosts)),
+        key=lambda rs: sum(q.sent + q.received + q.reduced + q.copied for q in rs),
+    )
+    k = Counts(
+        host_net=sum(q.sent + q.received - q.remote_sent - q.remote_received for q in host),
+        host_reduced=sum(q.reduced - q.remote_reduced for q in host),
+        host_copied=sum(q.copied for q in host),
+        sent=me.sent,
+        received=me.received,
+        reduced=me.reduced,
+        copied=me.copied,
+        remote_sent=me.remote_sent,
+        remote_received=me.remote_received,
+        remote_reduced=me.remote_reduced,
+        link=me.link,
+    )
     across = hosts > 1
     segments = lambda n: max(1, math.ceil(n / segment))  # noqa: E731
     passes = 2 if collective == "all_reduce" else 1  # a ring all_reduce is reduce-scatter + all-gather
@@ -309,9 +357,21 @@ def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machin
     elif algo == "tree":
         k.hops = tree_hops(P, segments(nbytes))
         k.remote_hops = k.hops if across else 0
-        k.streams = max(1, max(sum(1 for j in range(local) if any(
-            q // local != h for q in [tree_neighbours(P, h * local + j)[0], *tree_neighbours(P, h * local + j)[1]]
-            if q >= 0)) for h in range(hosts)))
+        k.streams = max(
+            1,
+            max(
+                sum(
+                    1
+                    for j in range(local)
+                    if any(
+                        q // local != h
+                        for q in [tree_neighbours(P, h * local + j)[0], *tree_neighbours(P, h * local + j)[1]]
+                        if q >= 0
+                    )
+                )
+                for h in range(hosts)
+            ),
+        )
     else:
         inter = passes * (hosts - 1) if algo == "hier" else tree_hops(hosts, segments(nbytes / local))
         k.hops, k.remote_hops = passes * (local - 1) + inter, inter
@@ -321,16 +381,26 @@ def counts(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machin
     return k
 
 
-def predict(algo: str, hosts: int, local: int, nbytes: float, m: Machine = Machine(), half: bool = False,
-            collective: str = "all_reduce") -> float:
+def predict(
+    algo: str,
+    hosts: int,
+    local: int,
+    nbytes: float,
+    m: Machine = Machine(),
+    half: bool = False,
+    collective: str = "all_reduce",
+) -> float:
     """Predicted seconds of a call of nbytes a rank (pricing.cc's predict())."""
     if hosts * local == 1 or nbytes == 0:
         return m.call_s
     k = counts(algo, hosts, local, nbytes, m, collective=collective)
     r = rates(m, buffer_bytes(collective, nbytes, hosts * local), local, k.streams, half)
     remote = max((k.remote_sent + k.remote_received) * r.net + k.remote_reduced * r.reduce, k.link * r.link)
-    local_data = ((k.sent + k.received - k.remote_sent - k.remote_received) * r.net
-                  + (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy)
+    local_data = (
+        (k.sent + k.received - k.remote_sent - k.remote_received) * r.net
+        + (k.reduced - k.remote_reduced) * r.reduce
+        + k.copied * r.copy
+    )
     cores = m.cores or local
     if local > cores:  # ranks share the cores: the busiest rank's work, or the host's over its cores
         share = local / cores
@@ -389,8 +459,10 @@ def table(rows: list, algos, nbytes: float, collective: str = "all_reduce") -> s
 def plot(panels: list, path: str, title: str = ""):
     """panels: (collective, nbytes, rows, algos) each, one panel each, busbw against ranks."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     for ax, (collective, nbytes, rows, algos) in zip(axes[0], panels):
         for a in algos:
@@ -419,6 +491,7 @@ def parse_size(text: str) -> int:
 def measured_machine() -> dict:
     """This machine's figures from a one-rank communicator's probe (RINGTREE_TCP_* for TCP)."""
     from ._world import init
+
     comm = init(rank=0, size=1)
     try:
         return comm.status().machine
@@ -428,26 +501,46 @@ def measured_machine() -> dict:
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m ringtree.predict", description=__doc__.split("\n\n")[0])
-    p.add_argument("--machine", action="store_true",
-                   help="start from this machine's measured figures (Communicator.status().machine)")
-    p.add_argument("--costs-json", default=None, metavar="FILE", help="start from a saved Communicator.status().machine dict")
+    p.add_argument(
+        "--machine",
+        action="store_true",
+        help="start from this machine's measured figures (Communicator.status().machine)",
+    )
+    p.add_argument(
+        "--costs-json", default=None, metavar="FILE", help="start from a saved Communicator.status().machine dict"
+    )
     p.add_argument("--intra-hop-us", type=float, help="one message between ranks of a host (us)")
     p.add_argument("--intra-GBps", type=float, help="copy bandwidth inside a host (GB/s; in cache and from memory)")
     p.add_argument("--reduce-GBps", type=float, help="float32 sum bandwidth inside a host (GB/s)")
     p.add_argument("--inter-hop-us", type=float, help="one message between hosts (us)")
-    p.add_argument("--inter-GBps", type=float, help="bandwidth between hosts (GB/s) a rank, or a host link with --nics-per-host")
-    p.add_argument("--nics-per-host", type=int, default=None,
-                   help="ranks of a host that can each use --inter-GBps at once (default: all, as the C++ model)")
+    p.add_argument(
+        "--inter-GBps", type=float, help="bandwidth between hosts (GB/s) a rank, or a host link with --nics-per-host"
+    )
+    p.add_argument(
+        "--nics-per-host",
+        type=int,
+        default=None,
+        help="ranks of a host that can each use --inter-GBps at once (default: all, as the C++ model)",
+    )
     p.add_argument("--cores", type=int, default=None, help="cores per host (default: one per local rank)")
     p.add_argument("--local", type=int, default=8, help="ranks per host")
     p.add_argument("--ranks", default="8,16,32,64,128,256,512,1024,2048,4096", help="comma list of world sizes")
-    p.add_argument("--size", default="64M",
-                   help="bytes (K/M/G) as nccl-tests' size column: the larger buffer of a rank (all_reduce's "
-                        "buffer; reduce_scatter's input and all_gather's output, P blocks)")
-    p.add_argument("--collective", default="all_reduce",
-                   help="comma list of " + ", ".join(COLLECTIVES) + " (one table and one plot panel each)")
-    p.add_argument("--algos", default=",".join(ALGOS),
-                   help="comma list of " + ", ".join(ALGOS) + " (each collective takes those it has)")
+    p.add_argument(
+        "--size",
+        default="64M",
+        help="bytes (K/M/G) as nccl-tests' size column: the larger buffer of a rank (all_reduce's "
+        "buffer; reduce_scatter's input and all_gather's output, P blocks)",
+    )
+    p.add_argument(
+        "--collective",
+        default="all_reduce",
+        help="comma list of " + ", ".join(COLLECTIVES) + " (one table and one plot panel each)",
+    )
+    p.add_argument(
+        "--algos",
+        default=",".join(ALGOS),
+        help="comma list of " + ", ".join(ALGOS) + " (each collective takes those it has)",
+    )
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw predicted busbw against rank count")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
@@ -504,9 +597,17 @@ def main(argv=None) -> int:
         algos = [a for a in args.algos if a in COLLECTIVES[coll]]
         panels.append((coll, args.nbytes, sweep(m, args.local, args.ranks, args.nbytes, algos, coll), algos))
     if args.json:
-        print(json.dumps({"machine": asdict(m), "nbytes": args.nbytes,
-                          **({"rows": panels[0][2]} if len(panels) == 1 else {}),
-                          "collectives": {c: rows for c, _, rows, _ in panels}}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "machine": asdict(m),
+                    "nbytes": args.nbytes,
+                    **({"rows": panels[0][2]} if len(panels) == 1 else {}),
+                    "collectives": {c: rows for c, _, rows, _ in panels},
+                },
+                indent=1,
+            )
+        )
     else:
         print(f"# machine: {', '.join(f'{k}={v:g}' for k, v in asdict(m).items())}")
         print("\n".join(table(rows, algos, n, c) for c, n, rows, algos in panels))

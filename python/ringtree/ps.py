@@ -33,6 +33,7 @@ before any traffic.
 The transport is ringtree's tagged point-to-point messages (Communicator.isend/irecv/probe),
 so a server answers whichever worker speaks first and workers never line up in call order.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,7 +47,7 @@ from ._args import ANY_SOURCE
 
 # Tags of the protocol; a program may use other tags on the same communicator.
 TAG_REQUEST = 0x7073_0001  # worker -> server: pull, push, bye
-TAG_REPLY = 0x7073_0002    # server -> worker: pull answers
+TAG_REPLY = 0x7073_0002  # server -> worker: pull answers
 
 _PULL, _PUSH, _BYE = 1, 2, 3
 _HEADER = 5  # int64 words: op, table, clock, number of keys, flags
@@ -63,6 +64,7 @@ class SGD:
 @dataclass(frozen=True)
 class Adam:
     """Adam per row; a sparse row's step count advances only when it gets a gradient (lazy Adam)."""
+
     lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
@@ -100,8 +102,11 @@ def initial_rows(table: Table, keys: np.ndarray) -> np.ndarray:
         return np.zeros((len(keys), table.dim), np.float32)
     cols = np.arange(table.dim, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        x = (keys.astype(np.uint64)[:, None] * np.uint64(0x9E3779B97F4A7C15)
-             + cols[None, :] * np.uint64(0xBF58476D1CE4E5B9) + np.uint64(table.seed) * np.uint64(0x94D049BB133111EB))
+        x = (
+            keys.astype(np.uint64)[:, None] * np.uint64(0x9E3779B97F4A7C15)
+            + cols[None, :] * np.uint64(0xBF58476D1CE4E5B9)
+            + np.uint64(table.seed) * np.uint64(0x94D049BB133111EB)
+        )
         # splitmix64's finalizer
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
@@ -133,15 +138,17 @@ def start(comm, tables, num_servers: int = 1, mode: str = "async", staleness: in
 
 
 def _check_same_setup(comm, tables, num_servers, mode, staleness):
-    text = repr(([(t.name, t.dim, t.rows, t.init_scale, t.optimizer, t.seed) for t in tables],
-                 num_servers, mode, staleness))
+    text = repr(
+        ([(t.name, t.dim, t.rows, t.init_scale, t.optimizer, t.seed) for t in tables], num_servers, mode, staleness)
+    )
     digest = int(np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.int64)[0])
     # max of (d, -d) in one call: every rank's d is the same iff max(d) == -max(-d).
     bounds = np.array([digest, -digest], np.int64)
     comm.all_reduce(bounds, op="max")
     if bounds[0] != -bounds[1]:
-        raise _core.InvalidArgument(f"ps.start: ranks were given different tables, num_servers, mode or "
-                                    f"staleness (this rank: {text})")
+        raise _core.InvalidArgument(
+            f"ps.start: ranks were given different tables, num_servers, mode or staleness (this rank: {text})"
+        )
 
 
 def _pack(op, table, clock, keys, flags=0, values=None):
@@ -154,10 +161,10 @@ def _pack(op, table, clock, keys, flags=0, values=None):
 
 
 def _unpack(message: np.ndarray):
-    header = message[:_HEADER * 8].view(np.int64)
+    header = message[: _HEADER * 8].view(np.int64)
     op, table, clock, n, flags = (int(v) for v in header)
-    keys = message[_HEADER * 8:(_HEADER + n) * 8].view(np.int64)
-    values = message[(_HEADER + n) * 8:].view(np.float32)
+    keys = message[_HEADER * 8 : (_HEADER + n) * 8].view(np.int64)
+    values = message[(_HEADER + n) * 8 :].view(np.float32)
     return op, table, clock, keys, flags, values
 
 
@@ -194,7 +201,7 @@ class _Shard:
             for i, k in enumerate(fresh.tolist()):
                 index[k] = first + i
             self._grow(first + len(fresh))
-            self.values[first:first + len(fresh)] = initial_rows(self.table, fresh)
+            self.values[first : first + len(fresh)] = initial_rows(self.table, fresh)
             rows = np.fromiter((index[k] for k in keys.tolist()), np.int64, len(keys))
         return rows
 
@@ -202,16 +209,16 @@ class _Shard:
         if size > len(self.values):
             capacity = max(size, 2 * len(self.values), 64)
             grown = np.zeros((capacity, self.table.dim), np.float32)
-            grown[:self.size] = self.values[:self.size]
+            grown[: self.size] = self.values[: self.size]
             self.values = grown
             if self.adam:
                 for name in ("m", "v"):
                     old = getattr(self, name)
                     new = np.zeros_like(grown)
-                    new[:self.size] = old[:self.size]
+                    new[: self.size] = old[: self.size]
                     setattr(self, name, new)
                 steps = np.zeros(capacity, np.int64)
-                steps[:self.size] = self.steps[:self.size]
+                steps[: self.size] = self.steps[: self.size]
                 self.steps = steps
         self.size = size
 
@@ -225,8 +232,8 @@ class _Shard:
             t = self.steps[rows].astype(np.float64)[:, None]
             m = self.m[rows] = opt.beta1 * self.m[rows] + (1 - opt.beta1) * grads
             v = self.v[rows] = opt.beta2 * self.v[rows] + (1 - opt.beta2) * grads * grads
-            m_hat = m / (1 - opt.beta1 ** t)
-            v_hat = v / (1 - opt.beta2 ** t)
+            m_hat = m / (1 - opt.beta1**t)
+            v_hat = v / (1 - opt.beta2**t)
             self.values[rows] -= (opt.lr * m_hat / (np.sqrt(v_hat) + opt.eps)).astype(np.float32)
         self.version += 1
 
@@ -245,6 +252,7 @@ def _combine(keys: np.ndarray, grads: np.ndarray):
 @dataclass
 class ServeReport:
     """What a server did: requests served, rows moved, the workers that finished and that died."""
+
     pulls: int = 0
     pushes: int = 0
     rows_pulled: int = 0
@@ -426,8 +434,10 @@ class Worker:
             return np.arange(table.rows, dtype=np.int64)
         keys = np.asarray(keys)
         if keys.ndim != 1 or not (np.issubdtype(keys.dtype, np.integer) or keys.size == 0):
-            raise ValueError(f"ps: keys of table {table.name!r} must be a 1-D integer array, got "
-                             f"{keys.dtype} with shape {keys.shape}")
+            raise ValueError(
+                f"ps: keys of table {table.name!r} must be a 1-D integer array, got "
+                f"{keys.dtype} with shape {keys.shape}"
+            )
         keys = keys.astype(np.int64, copy=False)
         if keys.size and keys.min() < 0:
             raise ValueError(f"ps: table {table.name!r}: negative key {int(keys.min())}")
@@ -473,12 +483,15 @@ class Worker:
         keys = self._keys(spec, keys)
         grads = np.asarray(grads)
         if grads.dtype != np.float32:
-            raise ValueError(f"ps: push to {table!r}: gradients must be float32, as the table's rows are; got "
-                             f"{grads.dtype} (convert them yourself, e.g. np.asarray(grads, np.float32), "
-                             f"where rounding them is what you want)")
+            raise ValueError(
+                f"ps: push to {table!r}: gradients must be float32, as the table's rows are; got "
+                f"{grads.dtype} (convert them yourself, e.g. np.asarray(grads, np.float32), "
+                f"where rounding them is what you want)"
+            )
         if grads.shape != (len(keys), spec.dim):
-            raise ValueError(f"ps: push to {table!r}: gradients must have shape ({len(keys)}, {spec.dim}), "
-                             f"got {grads.shape}")
+            raise ValueError(
+                f"ps: push to {table!r}: gradients must have shape ({len(keys)}, {spec.dim}), got {grads.shape}"
+            )
         if self.combine:
             keys, grads = _combine(keys, grads)
         works = []
@@ -499,4 +512,3 @@ class Worker:
             except _core.PeerFailure:
                 pass  # a dead server has no one to tell
         self._finished = True
-

@@ -19,6 +19,7 @@ closes (Communicator.close, or at exit); `python -m ringtree.analyze DIR --trace
 merges them (and any dumps there) into one file. The records themselves ride along under the
 key "ringtreeDumps", so the analyzer reads traces as well as dumps.
 """
+
 from __future__ import annotations
 
 import glob
@@ -37,8 +38,11 @@ P2P = ("send", "recv", "sendrecv")
 def read_records(directory) -> list:
     """Every flight record in `directory` (a directory or a list of files): dumps
     (ringtree-*.json) and traces carrying their records; the newest per (comm id, rank)."""
-    paths = sorted(glob.glob(os.path.join(directory, "*.json"))) if isinstance(directory, (str, os.PathLike)) \
+    paths = (
+        sorted(glob.glob(os.path.join(directory, "*.json")))
+        if isinstance(directory, (str, os.PathLike))
         else list(directory)
+    )
     newest = {}
     for path in paths:
         try:
@@ -46,8 +50,11 @@ def read_records(directory) -> list:
                 doc = json.load(f)
         except (OSError, ValueError):
             continue  # a half-written file or something else's JSON
-        records = [doc] if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT else \
-            (doc.get("ringtreeDumps", []) if isinstance(doc, dict) else [])
+        records = (
+            [doc]
+            if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT
+            else (doc.get("ringtreeDumps", []) if isinstance(doc, dict) else [])
+        )
         for rec in records:
             key = (rec["comm_id"], rec["rank"])
             if key not in newest or rec["dumped_ns"] > newest[key]["dumped_ns"]:
@@ -64,8 +71,9 @@ def process_offsets(records) -> dict:
     largest communicator it belongs to, so all its communicators share one aligned clock."""
     out = {}
     for rec in sorted(records, key=lambda r: (-r["size"], r["comm_id"])):
-        out.setdefault(_process(rec), (rec["clock"]["offset_ns"], rec["clock"]["error_ns"], rec["rank"],
-                                       rec["comm_id"]))
+        out.setdefault(
+            _process(rec), (rec["clock"]["offset_ns"], rec["clock"]["error_ns"], rec["rank"], rec["comm_id"])
+        )
     return out
 
 
@@ -116,9 +124,18 @@ def trace_document(records) -> dict:
         mine = sorted((r for r in records if _process(r) == proc), key=lambda r: (-r["size"], r["comm_id"]))
         for tid, rec in enumerate(mine):
             threads[(proc, rec["comm_id"])] = tid
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                           "args": {"name": f"comm {rec['comm_id']} (rank {rec['rank']} of {rec['size']}, "
-                                            f"clock {offset / 1e3:+.1f} us +- {error / 1e3:.1f} us)"}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {
+                        "name": f"comm {rec['comm_id']} (rank {rec['rank']} of {rec['size']}, "
+                        f"clock {offset / 1e3:+.1f} us +- {error / 1e3:.1f} us)"
+                    },
+                }
+            )
     for rec in records:
         proc = _process(rec)
         pid, tid, offset = pids[proc], threads[(proc, rec["comm_id"])], offsets[proc][0]
@@ -133,13 +150,19 @@ def trace_document(records) -> dict:
                 events.append(dict(base, ph="i", s="t", ts=us(call["enqueued_ns"])))
                 continue
             end = call["ended_ns"] if call.get("ended_ns") is not None else rec["dumped_ns"]
-            events.append(dict(base, ph="X", ts=us(call["started_ns"]), dur=round(max(0, end - call["started_ns"]) / 1e3, 3)))
-    clock = "; ".join(f"rank {pids[p]}: {o / 1e3:+.1f} us +- {e / 1e3:.1f} us" for p, (o, e, _, _) in
-                      sorted(offsets.items(), key=lambda kv: pids[kv[0]]))
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"format": TRACE_FORMAT, "clock": "us on rank 0's CLOCK_MONOTONIC (t - offset)",
-                          "offsets": clock},
-            "ringtreeDumps": list(records)}
+            events.append(
+                dict(base, ph="X", ts=us(call["started_ns"]), dur=round(max(0, end - call["started_ns"]) / 1e3, 3))
+            )
+    clock = "; ".join(
+        f"rank {pids[p]}: {o / 1e3:+.1f} us +- {e / 1e3:.1f} us"
+        for p, (o, e, _, _) in sorted(offsets.items(), key=lambda kv: pids[kv[0]])
+    )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"format": TRACE_FORMAT, "clock": "us on rank 0's CLOCK_MONOTONIC (t - offset)", "offsets": clock},
+        "ringtreeDumps": list(records),
+    }
 
 
 def write_trace(records, path) -> str:

@@ -3,6 +3,7 @@
 Each run is tiny (a few sizes up to 4 KiB, 2 timed iterations) and has a hard
 timeout, so a hang fails the test instead of stalling CI.
 """
+
 import importlib.util
 import json
 import os
@@ -13,11 +14,11 @@ import sys
 import pytest
 
 from ringtree import _core
+from rtbench import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "bench", "rt_bench.py")
 
-from rtbench import report
 
 TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "--no-progress"]
 
@@ -29,8 +30,10 @@ def have(module):
         return False
 
 
-needs_ringtree = pytest.mark.skipif(not have("ringtree") or not have("ringtree.launch"),
-                                    reason="ringtree is not installed (pip install -e . --no-build-isolation)")
+needs_ringtree = pytest.mark.skipif(
+    not have("ringtree") or not have("ringtree.launch"),
+    reason="ringtree is not installed (pip install -e . --no-build-isolation)",
+)
 
 
 def launch(nranks, args, timeout=120):
@@ -46,8 +49,22 @@ def all_rows(tables):
 @pytest.mark.timeout(150)
 def test_every_collective_two_ranks(tmp_path):
     json_path = tmp_path / "out.json"
-    args = TINY + ["--collective", "all", "-d", "float32,int8", "-o", "sum,max", "-r", "1",
-                   "--algo", "all", "-J", str(json_path), "--vs", "memcpy"]
+    args = TINY + [
+        "--collective",
+        "all",
+        "-d",
+        "float32,int8",
+        "-o",
+        "sum,max",
+        "-r",
+        "1",
+        "--algo",
+        "all",
+        "-J",
+        str(json_path),
+        "--vs",
+        "memcpy",
+    ]
     if have("matplotlib"):
         args += ["--plot", str(tmp_path / "out.png")]
     proc = launch(2, args)
@@ -55,8 +72,17 @@ def test_every_collective_two_ranks(tmp_path):
     assert "[rt_bench]" not in proc.stdout  # progress never goes to stdout
     tables = report.parse_tables(proc.stdout)
     names = {t["meta"]["collective"] for t in tables}
-    assert names == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-                     "reduce", "gather", "scatter", "sendrecv"}
+    assert names == {
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "all_to_all",
+        "broadcast",
+        "reduce",
+        "gather",
+        "scatter",
+        "sendrecv",
+    }
     for table in tables:
         assert table["meta"]["oob"] == ["0", "OK"], table["meta"]
         for row in table["rows"]:
@@ -88,22 +114,48 @@ def test_corrupted_result_fails_the_run():
 @needs_ringtree
 @pytest.mark.timeout(150)
 def test_every_dtype_and_op_one_size():
-    proc = launch(2, ["-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--no-progress", "-d", "all", "-o", "all",
-                      "--collective", "all_reduce,reduce_scatter"])
+    proc = launch(
+        2,
+        [
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--no-progress",
+            "-d",
+            "all",
+            "-o",
+            "all",
+            "--collective",
+            "all_reduce,reduce_scatter",
+        ],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = all_rows(report.parse_tables(proc.stdout))
     assert len(rows) == 2 * 8 * 5
     assert all(r["oop_wrong"] == 0 for r in rows)
 
 
-@pytest.mark.skipif(not (have("ringtree") and have("mpi4py") and shutil.which("mpiexec")),
-                    reason="needs ringtree, mpi4py and mpiexec (pip install mpi4py mpich)")
+@pytest.mark.skipif(
+    not (have("ringtree") and have("mpi4py") and shutil.which("mpiexec")),
+    reason="needs ringtree, mpi4py and mpiexec (pip install mpi4py mpich)",
+)
 @pytest.mark.timeout(200)
 def test_side_by_side_under_mpiexec():
     peers = "mpi,gloo,nccl,memcpy"
-    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, DRIVER] + TINY +
-                          ["--collective", "all_reduce,all_to_all", "--vs", peers],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, DRIVER]
+        + TINY
+        + ["--collective", "all_reduce,all_to_all", "--vs", peers],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "#   nccl    absent: no GPU" in out or "#   nccl    absent:" in out
@@ -126,22 +178,25 @@ def test_side_by_side_under_mpiexec():
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(_core.cuda_available(), reason="checks the refusal on machines without a usable GPU")
 def test_cuda_device_without_a_gpu_is_refused_clearly():
-    proc = subprocess.run([sys.executable, DRIVER, "--device", "cuda"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, DRIVER, "--device", "cuda"], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
     assert proc.returncode == 2
     assert "--device cuda cannot run here: ringtree finds no CUDA device" in proc.stderr
     assert proc.stdout == ""
     # --if-gpu (the README's main command): the same reason, as a note, and success.
-    proc = subprocess.run([sys.executable, DRIVER, "--device", "cuda", "--if-gpu"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, DRIVER, "--device", "cuda", "--if-gpu"], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no device sweep on this machine: ringtree finds no CUDA device" in proc.stdout
 
 
 @pytest.mark.timeout(60)
 def test_bad_flags_exit_2():
-    proc = subprocess.run([sys.executable, DRIVER, "-b", "1M", "-e", "1K"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, DRIVER, "-b", "1M", "-e", "1K"], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
     assert proc.returncode == 2 and "minbytes" in proc.stderr
 
 
@@ -150,8 +205,10 @@ def test_bad_flags_exit_2():
 def test_raw_socket_peers_time_every_size(tmp_path):
     # Three ranks on one host: the raw ring connects rank r to r+1 over loopback.
     json_path = tmp_path / "raw.json"
-    proc = launch(3, TINY + ["--collective", "all_reduce,all_gather", "--algo", "ring", "--vs", "raw,rawbuf",
-                             "-J", str(json_path)])
+    proc = launch(
+        3,
+        TINY + ["--collective", "all_reduce,all_gather", "--algo", "ring", "--vs", "raw,rawbuf", "-J", str(json_path)],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(json_path.read_text())
     for row in doc["results"]:

@@ -5,10 +5,21 @@ import pytest
 from rtbench import options
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("0", 0), ("8", 8), ("1K", 1024), ("1k", 1024), ("64M", 64 << 20), ("1G", 1 << 30),
-    ("1.5K", 1536), ("2KB", 2048), ("4MiB", 4 << 20), (" 16 ", 16),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("0", 0),
+        ("8", 8),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("64M", 64 << 20),
+        ("1G", 1 << 30),
+        ("1.5K", 1536),
+        ("2KB", 2048),
+        ("4MiB", 4 << 20),
+        (" 16 ", 16),
+    ],
+)
 def test_parse_size_units(text, expected):
     assert options.parse_size(text) == expected
 
@@ -48,8 +59,7 @@ def test_defaults_match_nccl_tests():
 def test_nccl_tests_flags():
     o = options.parse_args("-b 8 -e 1M -f 2 -n 7 -w 3 -c 0 -o max -d half -r 1 -a 1 -J x.json -T 30".split())
     assert o.sizes[0] == 8 and o.sizes[-1] == 1 << 20 and len(o.sizes) == 18
-    assert (o.iters, o.warmup, o.check, o.ops, o.dtypes, o.root, o.average) == (
-        7, 3, False, ["max"], ["float16"], 1, 1)
+    assert (o.iters, o.warmup, o.check, o.ops, o.dtypes, o.root, o.average) == (7, 3, False, ["max"], ["float16"], 1, 1)
     assert o.json_path == "x.json" and o.timeout == 30
 
 
@@ -74,16 +84,28 @@ def test_all_expands():
 
 
 def test_lists_aliases_and_spellings():
-    o = options.parse_args(["-d", "float,double,bf16", "--collective", "allreduce,all-gather,send_recv",
-                            "--vs", "gloo,mpi"])
+    o = options.parse_args(
+        ["-d", "float,double,bf16", "--collective", "allreduce,all-gather,send_recv", "--vs", "gloo,mpi"]
+    )
     assert o.dtypes == ["float32", "float64", "bfloat16"]
     assert o.collectives == ["all_reduce", "all_gather", "sendrecv"]
     assert o.peers == ["gloo", "mpi"]
 
 
-@pytest.mark.parametrize("argv", [["-o", "xor"], ["-d", "complex64"], ["--algo", "butterfly"],
-                                  ["--collective", "allreduce2"], ["--vs", "ucc"], ["-n", "0"],
-                                  ["-a", "4"], ["-b", "1M", "-e", "1K"], ["--device", "tpu"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-o", "xor"],
+        ["-d", "complex64"],
+        ["--algo", "butterfly"],
+        ["--collective", "allreduce2"],
+        ["--vs", "ucc"],
+        ["-n", "0"],
+        ["-a", "4"],
+        ["-b", "1M", "-e", "1K"],
+        ["--device", "tpu"],
+    ],
+)
 def test_bad_values_rejected(argv):
     with pytest.raises(SystemExit):
         options.parse_args(argv)

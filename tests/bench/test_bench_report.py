@@ -1,4 +1,5 @@
 """Bench driver: nccl-tests table formatting, its parser, ratios, footers, JSON."""
+
 import json
 
 import pytest
@@ -10,12 +11,22 @@ from rtbench.report import Cell, Row
 
 def make_row(size=1 << 20, rt_oop=1e-3, rt_ip=2e-3, peer=4e-3, wrong=0, nranks=4):
     c = colls.get("all_reduce")
-    return Row(collective="all_reduce", dtype="float32", op="sum", root=-1, size=size,
-               count=size // 4, nranks=nranks, factor=c.busbw_factor(nranks),
-               cells={"ringtree:ring": {"oop": Cell(rt_oop, wrong), "ip": Cell(rt_ip, 0)},
-                      "gloo": {"ip": Cell(peer, 0)},
-                      "mpi": {"oop": Cell(na="this MPI has no bfloat16 datatype")},
-                      "memcpy": {"oop": Cell(1e-4, factor=1.0)}})
+    return Row(
+        collective="all_reduce",
+        dtype="float32",
+        op="sum",
+        root=-1,
+        size=size,
+        count=size // 4,
+        nranks=nranks,
+        factor=c.busbw_factor(nranks),
+        cells={
+            "ringtree:ring": {"oop": Cell(rt_oop, wrong), "ip": Cell(rt_ip, 0)},
+            "gloo": {"ip": Cell(peer, 0)},
+            "mpi": {"oop": Cell(na="this MPI has no bfloat16 datatype")},
+            "memcpy": {"oop": Cell(1e-4, factor=1.0)},
+        },
+    )
 
 
 def test_time_format_keeps_three_digits():
@@ -47,8 +58,9 @@ def test_table_roundtrip_and_arithmetic():
     # memcpy's busbw is its algbw (factor 1), the ratio is of busbw.
     assert r["memcpy_busbw"] == pytest.approx(10.49, abs=0.01)
     assert r["memcpy_ratio"] == pytest.approx(1.57 / 10.49, abs=0.01)
-    assert avg == pytest.approx(sum(report.Row.bw(row, c)[1] for row in rows
-                                    for c in row.cells["ringtree:ring"].values()) / 4)
+    assert avg == pytest.approx(
+        sum(report.Row.bw(row, c)[1] for row in rows for c in row.cells["ringtree:ring"].values()) / 4
+    )
 
 
 def test_wrong_results_fail_the_footer():

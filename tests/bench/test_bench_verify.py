@@ -13,6 +13,7 @@ from rtbench import verify
 
 try:  # bfloat16 is covered where ml_dtypes is installed
     import ml_dtypes  # noqa: F401
+
     DTYPES = list(verify.EXACT_CAP)
 except ImportError:
     DTYPES = [d for d in verify.EXACT_CAP if d != "bfloat16"]
@@ -22,12 +23,24 @@ RANKS = (1, 2, 3, 4, 7, 8)
 
 # ------------------------------------------------------------------ busbw
 
-@pytest.mark.parametrize("name,nranks,factor", [
-    ("all_reduce", 1, 0.0), ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
-    ("reduce_scatter", 4, 0.75), ("all_gather", 4, 0.75), ("all_to_all", 2, 0.5),
-    ("gather", 8, 0.875), ("scatter", 4, 0.75),
-    ("broadcast", 4, 1.0), ("reduce", 4, 1.0), ("sendrecv", 4, 1.0),
-])
+
+@pytest.mark.parametrize(
+    "name,nranks,factor",
+    [
+        ("all_reduce", 1, 0.0),
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("reduce_scatter", 4, 0.75),
+        ("all_gather", 4, 0.75),
+        ("all_to_all", 2, 0.5),
+        ("gather", 8, 0.875),
+        ("scatter", 4, 0.75),
+        ("broadcast", 4, 1.0),
+        ("reduce", 4, 1.0),
+        ("sendrecv", 4, 1.0),
+    ],
+)
 def test_busbw_factor(name, nranks, factor):
     assert colls.get(name).busbw_factor(nranks) == pytest.approx(factor)
 
@@ -38,16 +51,19 @@ def test_bandwidths_gb_is_1e9_bytes():
     assert colls.bandwidths(1024, 0.0, 1.0) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("name,nbytes,nranks,count,size", [
-    ("all_reduce", 1024, 4, 256, 1024),
-    ("reduce_scatter", 1024, 4, 64, 1024),   # count is the per-rank block
-    ("all_gather", 1000, 3, 83, 996),        # rounded down to whole blocks
-    ("all_to_all", 8, 4, 0, 0),              # smaller than one element per block
-    ("broadcast", 6, 2, 1, 4),
-    ("gather", 64, 2, 8, 64),
-    ("scatter", 64, 2, 8, 64),
-    ("sendrecv", 64, 8, 16, 64),
-])
+@pytest.mark.parametrize(
+    "name,nbytes,nranks,count,size",
+    [
+        ("all_reduce", 1024, 4, 256, 1024),
+        ("reduce_scatter", 1024, 4, 64, 1024),  # count is the per-rank block
+        ("all_gather", 1000, 3, 83, 996),  # rounded down to whole blocks
+        ("all_to_all", 8, 4, 0, 0),  # smaller than one element per block
+        ("broadcast", 6, 2, 1, 4),
+        ("gather", 64, 2, 8, 64),
+        ("scatter", 64, 2, 8, 64),
+        ("sendrecv", 64, 8, 16, 64),
+    ],
+)
 def test_counts_and_sizes_float32(name, nbytes, nranks, count, size):
     c = colls.get(name)
     n = c.count_for_bytes(nbytes, 4, nranks)
@@ -67,6 +83,7 @@ def test_inplace_views_follow_nccl_aliasing():
 
 # ------------------------------------------------------------------ expected values
 
+
 def model(coll, inputs, nranks, n, root, op, dtype_name):
     """Outputs of each rank, by definition of the collective (exact int64 arithmetic)."""
     ints = [x.astype(np.int64) for x in inputs]
@@ -77,21 +94,22 @@ def model(coll, inputs, nranks, n, root, op, dtype_name):
         for x in ints[1:]:
             acc = combine[op](acc, x)
         return acc // nranks if op == "avg" else acc
+
     outs = []
     for r in range(nranks):
         name = coll.name
         if name == "all_reduce" or (name == "reduce" and r == root):
             o = reduced()
         elif name == "reduce_scatter":
-            o = reduced()[r * n:(r + 1) * n]
+            o = reduced()[r * n : (r + 1) * n]
         elif name == "all_gather" or (name == "gather" and r == root):
             o = np.concatenate(ints)
         elif name == "all_to_all":
-            o = np.concatenate([ints[b][r * n:(r + 1) * n] for b in range(nranks)])
+            o = np.concatenate([ints[b][r * n : (r + 1) * n] for b in range(nranks)])
         elif name == "broadcast":
             o = ints[root]
         elif name == "scatter":
-            o = ints[root][r * n:(r + 1) * n]
+            o = ints[root][r * n : (r + 1) * n]
         elif name == "sendrecv":
             o = ints[(r - 1) % nranks]
         else:
@@ -106,7 +124,7 @@ def test_expected_matches_model(name, nranks):
     coll = colls.get(name)
     n, root = 13, nranks - 1  # 13: not a multiple of any P here
     for dtype_name in DTYPES:
-        for op in (verify.REDUCTION_KINDS if coll.reduction else [None]):
+        for op in verify.REDUCTION_KINDS if coll.reduction else [None]:
             inputs = [verify.make_input(coll, r, n, nranks, op, dtype_name) for r in range(nranks)]
             outs = model(coll, inputs, nranks, n, root, op, dtype_name)
             for r in range(nranks):
@@ -145,8 +163,10 @@ def test_reductions_exact_in_the_dtype_in_any_order(dtype_name, op, nranks):
     # Pairwise (tree) order too.
     level = list(inputs)
     while len(level) > 1:
-        level = [combine(level[i], level[i + 1]).astype(dt) if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
+        level = [
+            combine(level[i], level[i + 1]).astype(dt) if i + 1 < len(level) else level[i]
+            for i in range(0, len(level), 2)
+        ]
     assert verify.count_wrong(level[0], expected) == 0
 
 
@@ -174,6 +194,7 @@ def test_avg_exact_for_ints_and_within_tolerance_for_premultiplied_floats(dtype_
 
 
 # ------------------------------------------------------------------ #wrong
+
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 def test_count_wrong_catches_a_corrupted_element(dtype_name):

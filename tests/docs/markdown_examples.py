@@ -10,6 +10,7 @@ runs. An HTML comment on the line before a block (invisible on the rendered page
 
 Options combine with spaces: `ranks=4 hosts=2 timeout=90`.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,8 @@ MARKER = re.compile(r"^\s*<!--\s*example:\s*(?P<body>.*?)\s*-->\s*$")
 
 @dataclass
 class Example:
-    page: str                 # path relative to the repository
-    line: int                 # 1-based line of the first block's opening fence
+    page: str  # path relative to the repository
+    line: int  # 1-based line of the first block's opening fence
     code: str
     ranks: int = 1
     hosts: int = 1
@@ -49,7 +50,7 @@ def markdown_pages() -> list:
 
 def _options(body: str, where: str) -> dict:
     if body.startswith("skip"):
-        reason = body[len("skip"):].lstrip(":").strip()
+        reason = body[len("skip") :].lstrip(":").strip()
         if not reason:
             raise ValueError(f"{where}: 'example: skip' needs a reason ('example: skip: why')")
         return {"skip": reason}
@@ -80,7 +81,7 @@ def examples_in(page: str, text: str | None = None) -> list:
         body = []
         i += 1
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i][len(m["indent"]):] if lines[i].startswith(m["indent"]) else lines[i])
+            body.append(lines[i][len(m["indent"]) :] if lines[i].startswith(m["indent"]) else lines[i])
             i += 1
         i += 1
         if info.split(" ")[0] not in ("python", "py"):

@@ -1,5 +1,6 @@
 """Every Python example of the README and the manual runs as written (markdown_examples.py
 says how a page marks an example that needs ranks). An example that breaks fails here."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from markdown_examples import all_examples, examples_in
 
 EXAMPLES = all_examples()
@@ -25,27 +25,54 @@ def test_example_runs(example, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(example.code)
     if example.ranks > 1 or example.hosts > 1:
-        command = [sys.executable, "-m", "ringtree.launch", "-n", str(example.ranks), "--hosts",
-                   str(example.hosts), "--timeout", str(example.timeout), str(script)]
+        command = [
+            sys.executable,
+            "-m",
+            "ringtree.launch",
+            "-n",
+            str(example.ranks),
+            "--hosts",
+            str(example.hosts),
+            "--timeout",
+            str(example.timeout),
+            str(script),
+        ]
     else:
         command = [sys.executable, str(script)]
     env = dict(os.environ, RINGTREE_TIMEOUT="30")
     try:
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=example.timeout + 30)
+        done = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=example.timeout + 30
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{example.id} did not finish in {example.timeout + 30:.0f} s:\n{e.stdout}\n{e.stderr}")
     assert done.returncode == 0, f"{example.id} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
 
 
 def test_markers_are_read_as_documented():
-    page = "\n".join([
-        "```python", "print(1)", "```",
-        "<!-- example: ranks=3 hosts=2 timeout=5 -->", "```python", "a = 1", "```",
-        "<!-- example: continue -->", "", "```python", "print(a)", "```",
-        "```bash", "echo not python", "```",
-        "<!-- example: skip: needs a GPU -->", "```python", "import cupy", "```",
-    ])
+    page = "\n".join(
+        [
+            "```python",
+            "print(1)",
+            "```",
+            "<!-- example: ranks=3 hosts=2 timeout=5 -->",
+            "```python",
+            "a = 1",
+            "```",
+            "<!-- example: continue -->",
+            "",
+            "```python",
+            "print(a)",
+            "```",
+            "```bash",
+            "echo not python",
+            "```",
+            "<!-- example: skip: needs a GPU -->",
+            "```python",
+            "import cupy",
+            "```",
+        ]
+    )
     one, two, three = examples_in("page.md", page)
     assert (one.ranks, one.code) == (1, "print(1)\n")
     assert (two.ranks, two.hosts, two.timeout, two.code) == (3, 2, 5.0, "a = 1\n\nprint(a)\n")

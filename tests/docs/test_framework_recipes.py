@@ -2,6 +2,7 @@
 PyTorch Lightning and Hugging Face Accelerate train over 2 CPU processes as a user starts them,
 and both ranks end with the same bits, equal (to float rounding) to one process that trains with
 plain torch on the same samples in batches twice as large."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from markdown_examples import REPO
 
 torch = pytest.importorskip("torch")
@@ -31,8 +31,9 @@ def _example(name):
 
 def _run(command, cwd):
     env = dict(os.environ, RINGTREE_TIMEOUT="30", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # the ranks a framework starts die with it on a timeout
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )  # the ranks a framework starts die with it on a timeout
     try:
         output, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -61,7 +62,7 @@ def _reference(example, epochs, epoch_order):
     for epoch in range(epochs):
         order = epoch_order(epoch)
         for start in range(0, len(order), step):
-            batch = order[start:start + step]
+            batch = order[start : start + step]
             torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -98,7 +99,21 @@ def test_accelerate_trains_on_ringtree_as_one_process_would(tmp_path):
     pytest.importorskip("accelerate")
     path, example = _example("accelerate_ddp.py")
     epochs = 2
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), path,
-          "--epochs", str(epochs), "--save", str(tmp_path / "w")], tmp_path)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(RANKS),
+            path,
+            "--epochs",
+            str(epochs),
+            "--save",
+            str(tmp_path / "w"),
+        ],
+        tmp_path,
+    )
     # Accelerate gives rank r the loader's batches r, r + RANKS, ...: together, the samples in order.
     _check_weights(tmp_path / "w", _reference(example, epochs, lambda epoch: list(range(example.SAMPLES))))

@@ -1,6 +1,7 @@
 """The repository as a user receives it: its product text names nothing outside it (no work-item
 numbers, no notes or paths the user does not have), and the licence, changelog and typing marker
 are where packaging tools look for them."""
+
 from __future__ import annotations
 
 import os

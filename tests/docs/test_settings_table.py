@@ -1,6 +1,7 @@
 """Every environment setting is declared once, in csrc/common/settings.def: the code reads each
 one through its row (so the default in force is the one documented), no RINGTREE_ name is read
 anywhere else, every row is read somewhere, and the manual's settings page is the table's."""
+
 from __future__ import annotations
 
 import os
@@ -9,24 +10,29 @@ import subprocess
 import sys
 
 import pytest
-
 from markdown_examples import REPO
 
 import ringtree._settings as settings
 
 NAME = re.compile(r"\bRINGTREE_[A-Z0-9_]*[A-Z0-9]\b")
 # Names that are not environment settings read at run time: build options and compile-time macros.
-BUILD_NAMES = {"RINGTREE_CUDA": "CMake option (pip install reads it from the environment)",
-               "RINGTREE_HAVE_CUDA": "compile-time macro", "RINGTREE_MODULE_NAME": "compile-time macro",
-               "RINGTREE_SETTING_GROUPS": "the settings table's own macro"}
+BUILD_NAMES = {
+    "RINGTREE_CUDA": "CMake option (pip install reads it from the environment)",
+    "RINGTREE_HAVE_CUDA": "compile-time macro",
+    "RINGTREE_MODULE_NAME": "compile-time macro",
+    "RINGTREE_SETTING_GROUPS": "the settings table's own macro",
+}
 TABLE_FILES = {os.path.join("csrc", "common", f) for f in ("settings.def", "settings.h", "settings.cc")}
-READERS = (re.compile(r"\b(env_int|env_str|env_double|getenv)\s*\(\s*\"RINGTREE_"),
-           re.compile(r"environ(\.get)?\s*[\[(]\s*[\"']RINGTREE_"))
+READERS = (
+    re.compile(r"\b(env_int|env_str|env_double|getenv)\s*\(\s*\"RINGTREE_"),
+    re.compile(r"environ(\.get)?\s*[\[(]\s*[\"']RINGTREE_"),
+)
 
 
 def sources():
-    files = subprocess.run(["git", "-C", REPO, "ls-files", "csrc", "python"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "-C", REPO, "ls-files", "csrc", "python"], capture_output=True, text=True, check=True
+    ).stdout.split()
     for path in files:
         if path.endswith((".cc", ".h", ".cu", ".cuh", ".py", ".def")):
             with open(os.path.join(REPO, path), encoding="utf-8") as f:
@@ -43,10 +49,16 @@ def test_every_name_the_sources_use_is_a_declared_setting():
 
 
 def test_only_the_table_reads_the_environment():
-    direct = [f"{path}: {m.group(0)}" for path, text in sources() if path not in TABLE_FILES
-              and not path.endswith("_settings.py") for reader in READERS for m in reader.finditer(text)]
-    assert not direct, "settings read around the table (use RT_SETTING / setting_*() or ringtree._settings.get):\n" \
-        + "\n".join(direct)
+    direct = [
+        f"{path}: {m.group(0)}"
+        for path, text in sources()
+        if path not in TABLE_FILES and not path.endswith("_settings.py")
+        for reader in READERS
+        for m in reader.finditer(text)
+    ]
+    assert not direct, (
+        "settings read around the table (use RT_SETTING / setting_*() or ringtree._settings.get):\n" + "\n".join(direct)
+    )
 
 
 def test_every_setting_is_read_somewhere():
@@ -79,7 +91,8 @@ def test_the_settings_page_is_the_table():
     with open(os.path.join(REPO, "docs", "settings.md")) as f:
         committed = f.read()
     assert committed == settings_page.page(), (
-        "docs/settings.md differs from the table: python docs/settings_page.py > docs/settings.md")
+        "docs/settings.md differs from the table: python docs/settings_page.py > docs/settings.md"
+    )
     for name in settings.TABLE:
         assert f"`{name}`" in committed
 

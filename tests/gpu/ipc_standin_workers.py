@@ -2,6 +2,7 @@
 from the test module _ringtree_testing, installed by rank_worker.py when RINGTREE_TEST_STANDIN=1).
 The device programs of test_device_comm.py run here unchanged with lib='standin' (StandinArrays);
 the ones below cover what only a stand-in can provoke on demand (mismatches, set-up refusals)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -9,15 +10,14 @@ import os
 import threading
 import time
 
-import numpy as np
-
 import _ringtree_testing as testing
-import ringtree as rt
-from ringtree import _core
+import numpy as np
 from rank_checks import outcome
 from reference import rank_order_fold, spread_input
 from test_device_comm import DeviceArrays
 
+import ringtree as rt
+from ringtree import _core
 
 
 def require_standin():
@@ -31,8 +31,13 @@ class StandinArray:
 
     def __init__(self, ptr, size, dtype, owner=None):
         self.ptr, self.size, self.dtype, self._owner = ptr, size, np.dtype(dtype), owner
-        self.__cuda_array_interface__ = {"shape": (size,), "typestr": self.dtype.str, "data": (ptr, False),
-                                         "strides": None, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": self.dtype.str,
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
     @classmethod
     def empty(cls, size, dtype):
@@ -45,8 +50,9 @@ class StandinArray:
     def __getitem__(self, index):
         start, stop, step = index.indices(self.size)
         assert step == 1, "contiguous slices only"
-        return StandinArray(self.ptr + start * self.dtype.itemsize, max(stop - start, 0), self.dtype,
-                            self._owner or self)
+        return StandinArray(
+            self.ptr + start * self.dtype.itemsize, max(stop - start, 0), self.dtype, self._owner or self
+        )
 
     def __del__(self):
         if self._owner is None and self.ptr:
@@ -93,7 +99,7 @@ def caller_stream_order(n=70000, delay=0.5):
     see its result (join), all without the host waiting."""
     arrays = DeviceArrays("standin")
     comm = rt.init()
-    r, P = comm.rank, comm.size
+    r = comm.rank
     x = arrays.upload(np.zeros(n, np.float32))
     comm.all_reduce(arrays.upload(np.zeros(1, np.float32)))  # the executor is set up
     arrays.synchronize()
@@ -146,10 +152,13 @@ def setup_refused(n=1000):
     y = arrays.upload(np.zeros(n * P, np.int32))
     comm.all_gather(arrays.upload(np.full(n, r, np.int32)), y)
     arrays.synchronize()
-    return {"executor": comm.status().cuda_executor,
-            "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
-            "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))),
-            "ipc_env": os.environ.get("RINGTREE_CUDA_IPC", ""), "fail_env": os.environ.get("RINGTREE_STANDIN_FAIL", "")}
+    return {
+        "executor": comm.status().cuda_executor,
+        "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
+        "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))),
+        "ipc_env": os.environ.get("RINGTREE_CUDA_IPC", ""),
+        "fail_env": os.environ.get("RINGTREE_STANDIN_FAIL", ""),
+    }
 
 
 def deterministic_sums(n=5003, seed=7):
@@ -170,7 +179,7 @@ def deterministic_sums(n=5003, seed=7):
     out = arrays.upload(np.zeros(n, np.float32))
     comm.reduce_scatter(arrays.upload(inputs[r]), out, deterministic=True)
     arrays.synchronize()
-    if peek(out).tobytes() != want[r * n:(r + 1) * n].tobytes():
+    if peek(out).tobytes() != want[r * n : (r + 1) * n].tobytes():
         wrong.append("reduce_scatter/auto")
     return {"wrong": wrong, "executor": comm.status().cuda_executor}
 
@@ -215,11 +224,17 @@ def one_device_per_rank(n=70000):
     comm.all_gather(arrays.upload(np.full(n, r, np.int32)), y)
     arrays.synchronize()
     ok = bool(np.all(peek(x) == P * (P + 1) / 2)) and bool(
-        np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n)))
+        np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.int32), n))
+    )
     executor = comm.status().cuda_executor
     comm.close()
-    return {"device": device, "ok": ok, "executor": executor, "contexts": testing.standin_contexts(),
-            "buffer_device": testing.standin_device_of(x.ptr)}
+    return {
+        "device": device,
+        "ok": ok,
+        "executor": executor,
+        "contexts": testing.standin_contexts(),
+        "buffer_device": testing.standin_device_of(x.ptr),
+    }
 
 
 def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256):
@@ -256,9 +271,11 @@ def slot_layouts_differ(n=70000):
     y = arrays.upload(np.zeros(n * P, np.float32))
     comm.all_gather(arrays.upload(np.full(n, r, np.float32)), y)
     arrays.synchronize()
-    return {"executor": comm.status().cuda_executor,
-            "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
-            "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.float32), n)))}
+    return {
+        "executor": comm.status().cuda_executor,
+        "all_reduce_ok": bool(np.all(peek(x) == P * (P + 1) / 2)),
+        "all_gather_ok": bool(np.array_equal(peek(y), np.repeat(np.arange(P, dtype=np.float32), n))),
+    }
 
 
 def nccl_init_fails_on_one_rank(timeout=3.0):
@@ -305,8 +322,9 @@ def mismatch_in_every_field(n=1000, timeout=20.0):
         if field == "collective":  # the same schedule count, algorithm, dtype, op and root
             if odd:
                 y = arrays.upload(np.ones(n * comm.size, np.float32))
-                work = comm.reduce_scatter(y, arrays.upload(np.zeros(n, np.float32)), algo="ring", async_op=True,
-                                           timeout=timeout)
+                work = comm.reduce_scatter(
+                    y, arrays.upload(np.zeros(n, np.float32)), algo="ring", async_op=True, timeout=timeout
+                )
             else:
                 work = comm.all_reduce(x, algo="ring", async_op=True, timeout=timeout)
         elif field == "algo":

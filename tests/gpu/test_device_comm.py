@@ -5,6 +5,7 @@ CUDA device. The host half, which runs everywhere, is multiproc/test_device_comm
 
 The rank bodies (device_sweep, ...) run in every rank of a test's world (harness.py) and return
 a JSON report that the test asserts on; they need a CUDA device and torch (CUDA) or cupy."""
+
 from __future__ import annotations
 
 import functools
@@ -13,12 +14,12 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
-from ringtree import _core
 from harness import run_world
 from rank_checks import outcome, run_case
 from reference import BITWISE, NUMPY_DTYPES
+
+import ringtree as rt
+from ringtree import _core
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,6 +32,7 @@ def _libs():
         return usable, f"no CUDA device: {_core.cuda_unavailable_reason()}"
     try:
         import torch
+
         if torch.cuda.is_available():
             usable.append("torch")
         else:
@@ -39,6 +41,7 @@ def _libs():
         why.append(f"torch: {e}")
     try:
         import cupy
+
         cupy.cuda.runtime.getDeviceCount()
         usable.append("cupy")
     except Exception as e:  # noqa: BLE001 - any import or driver failure means "not usable"
@@ -77,6 +80,7 @@ class DeviceArrays:
     def __new__(cls, lib):
         if lib == "standin":
             from ipc_standin_workers import StandinArrays
+
             return StandinArrays()
         return super().__new__(cls)
 
@@ -84,10 +88,12 @@ class DeviceArrays:
         self.lib = lib
         if lib == "torch":
             import torch
+
             self.torch = torch
             torch.cuda.set_device(local_device(torch))
         else:
             import cupy
+
             self.cp = cupy
             cupy.cuda.Device(int(os.environ.get("RINGTREE_RANK", "0")) % cupy.cuda.runtime.getDeviceCount()).use()
 
@@ -120,11 +126,14 @@ class DeviceArrays:
         if self.lib == "torch":
             self.torch.cuda._sleep(int(seconds * 2e9))  # cycles; ~2 GHz
         else:
-            kernel = self.cp.RawKernel(r'''
+            kernel = self.cp.RawKernel(
+                r"""
 extern "C" __global__ void spin(long long cycles) {
   long long start = clock64();
   while (clock64() - start < cycles) {}
-}''', "spin")
+}""",
+                "spin",
+            )
             kernel((1,), (1,), (np.int64(int(seconds * 2e9)),))
 
 
@@ -145,7 +154,7 @@ class OnDevice:
             base, view = (out, x) if out.size >= x.size else (x, out)
             dev_base = self.arrays.upload(base)
             offset = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // base.itemsize
-            dev_view = dev_base[offset:offset + view.size]
+            dev_view = dev_base[offset : offset + view.size]
             return (dev_view, dev_base) if base is out else (dev_base, dev_view)
         return (None if x is None else self.arrays.upload(x)), (None if out is None else self.arrays.upload(out))
 
@@ -192,12 +201,26 @@ class OnDevice:
         return self._run("scatter", x if self.rank == root else None, out, out, root=root, **kw)
 
 
-DEVICE_COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather",
-                      "scatter"]
+DEVICE_COLLECTIVES = [
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+]
 
 
-def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16", "bfloat16"),
-                 counts=(1, 1000, 70000), async_op=False, ops=("sum", "max", "avg")):
+def device_sweep(
+    lib="torch",
+    algo="auto",
+    dtypes=("float32", "int32", "float16", "bfloat16"),
+    counts=(1, 1000, 70000),
+    async_op=False,
+    ops=("sum", "max", "avg"),
+):
     """Every collective on device buffers, staged through the host communicator, checked
     against numpy (rank_checks.run_case), out of place and in place."""
     arrays = DeviceArrays(lib)
@@ -208,7 +231,7 @@ def device_sweep(lib="torch", algo="auto", dtypes=("float32", "int32", "float16"
         for dtype in dtypes:
             if dtype == "bfloat16" and lib != "torch":
                 continue
-            for op in (ops if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",)):
+            for op in ops if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",):
                 if op in BITWISE and dtype not in ("int8", "uint8", "int32", "int64"):
                     continue  # integer dtypes only (refused before any traffic)
                 for n in counts:
@@ -264,8 +287,11 @@ def device_stream_semantics(lib="torch", seconds=1.0):
     work.wait(60.0)
     host = np.empty(1 << 16, np.float32)
     arrays.download_into(x, host)
-    return {"returned_after": returned_after, "completed_early": completed_early,
-            "ok": bool(np.all(host == P * (P + 1) / 2))}
+    return {
+        "returned_after": returned_after,
+        "completed_early": completed_early,
+        "ok": bool(np.all(host == P * (P + 1) / 2)),
+    }
 
 
 @pytest.mark.gpu
@@ -362,7 +388,9 @@ def torch_backend_cuda():
     averaged gradients against a replica that sees every rank's batch."""
     import torch
     import torch.distributed as dist
+
     import ringtree.torch as rtt
+
     device = local_device(torch)
     torch.cuda.set_device(device)
     rtt.init_process_group()
@@ -397,8 +425,10 @@ def torch_backend_cuda():
     ddp(batch(r).cuda()).sum().backward()
     for q in range(P):
         replica(batch(q).cuda()).sum().backward()
-    report["ddp"] = all(torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
-                        for p, rp in zip(model.parameters(), replica.parameters()))
+    report["ddp"] = all(
+        torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
+        for p, rp in zip(model.parameters(), replica.parameters())
+    )
     dist.destroy_process_group()
     return {"report": report}
 
@@ -417,7 +447,9 @@ def data_parallel_cuda(steps=3):
     mean of what each rank's batch gives alone (a replica that sees every batch), including a
     parameter that gets no gradient (its bucket is made on the device on every rank)."""
     import torch
+
     import ringtree.torch as rtt
+
     torch.cuda.set_device(local_device(torch))
     comm = rt.init()
     r, P = comm.rank, comm.size
@@ -447,8 +479,12 @@ def data_parallel_cuda(steps=3):
         model(batch(step, r)).sum().backward()
         for q in range(P):
             replica(batch(step, q)).sum().backward()
-        ok.append(all(torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
-                      for p, rp in zip(model.used.parameters(), replica.used.parameters())))
+        ok.append(
+            all(
+                torch.allclose(p.grad, rp.grad / P, rtol=0, atol=1e-5)
+                for p, rp in zip(model.used.parameters(), replica.used.parameters())
+            )
+        )
     hook.remove()
     comm.close()
     return {"ok": ok, "executor": comm.status().cuda_executor}

@@ -11,6 +11,7 @@ Expected values are exact: integers wrap as in C (numpy does the same), and floa
 small integers (products of +-1, +-2) so every partial result is representable in every float
 type, whatever order the schedule reduces in; ranks are powers of two so avg divides exactly.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,18 +31,37 @@ OP = {name: code for code, name in enumerate(_core.OPS)}
 DTYPES = list(_core.DTYPES)
 OPS = list(_core.OPS)
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
-CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
-         ("all_to_all", "direct"), ("broadcast", "tree"), ("broadcast", "ring"), ("reduce", "tree"),
-         ("reduce", "ring"), ("gather", "direct"), ("scatter", "direct")]
+CASES = [
+    ("all_reduce", "ring"),
+    ("all_reduce", "tree"),
+    ("reduce_scatter", "ring"),
+    ("all_gather", "ring"),
+    ("all_to_all", "direct"),
+    ("broadcast", "tree"),
+    ("broadcast", "ring"),
+    ("reduce", "tree"),
+    ("reduce", "ring"),
+    ("gather", "direct"),
+    ("scatter", "direct"),
+]
 REDUCTIONS = {"all_reduce", "reduce_scatter", "reduce"}
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 # numpy storage for each ringtree dtype: bfloat16 travels as its raw 16-bit pattern.
-NP_STORAGE = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "float16": np.float16,
-              "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64}
+NP_STORAGE = {
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "int32": np.int32,
+    "int64": np.int64,
+    "float16": np.float16,
+    "bfloat16": np.uint16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
 PREMUL = {True: 0.5, False: 3.0}  # floating: exact halving; integers: multiply by 3 (wrapping)
 
 
 # ---- device buffers: torch or cupy, as raw bytes -------------------------------------------------
+
 
 class _Torch:
     name = "torch"
@@ -49,6 +69,7 @@ class _Torch:
 
     def __init__(self):
         import torch
+
         if not torch.cuda.is_available():
             raise RuntimeError("torch.cuda.is_available() is False")
         self.torch = torch
@@ -79,6 +100,7 @@ class _Cupy:
 
     def __init__(self):
         import cupy
+
         cupy.cuda.runtime.getDeviceCount()
         self.cp = cupy
 
@@ -115,10 +137,12 @@ class _StandinBuffer:
 class _Standin:
     """The CUDA stand-in of the test module: its thread ranks and kernels (`core`), in its memory;
     copies in and out on the legacy default stream, where the collectives are enqueued too."""
+
     name = "standin"
 
     def __init__(self):
         import _ringtree_testing
+
         self.core = self.testing = _ringtree_testing
 
     def upload(self, host):
@@ -185,6 +209,7 @@ def standin():
 
 # ---- host-side arithmetic (numpy), the reference ---------------------------------------------------
 
+
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns, round to nearest even (as the kernels)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -232,8 +257,15 @@ def _reduce_ranks(dtype: str, op: str, factor: float, xs: list[np.ndarray], P: i
             xs = [x * factor for x in xs]
         else:
             xs = [(x.astype(np.int64) * int(factor)).astype(x.dtype) for x in xs]
-    base = {"sum": np.add, "avg": np.add, "premul_sum": np.add, "prod": np.multiply, "min": np.minimum,
-            "max": np.maximum, **BITWISE}[op]
+    base = {
+        "sum": np.add,
+        "avg": np.add,
+        "premul_sum": np.add,
+        "prod": np.multiply,
+        "min": np.minimum,
+        "max": np.maximum,
+        **BITWISE,
+    }[op]
     with np.errstate(over="ignore"):
         acc = functools.reduce(base, xs)
     if op == "avg":
@@ -274,8 +306,11 @@ def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False
             if coll == "all_reduce" or (coll == "reduce" and r == root) or coll == "broadcast":
                 out_ptrs[r], out_bufs[r] = 0, ins[r]
             elif coll == "all_gather" or (coll == "gather" and r == root):
-                outs[r] = dev.upload(np.concatenate([_store(dtype, vals[r]) if q == r else
-                                                     np.full(N, 0, NP_STORAGE[dtype]) for q in range(P)]))
+                outs[r] = dev.upload(
+                    np.concatenate(
+                        [_store(dtype, vals[r]) if q == r else np.full(N, 0, NP_STORAGE[dtype]) for q in range(P)]
+                    )
+                )
                 out_ptrs[r], out_bufs[r] = dev.ptr(outs[r]), outs[r]
                 in_ptrs[r] = out_ptrs[r] + r * N * esz
             elif coll == "reduce_scatter" or (coll == "scatter" and r == root):
@@ -284,14 +319,15 @@ def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False
             out_ptrs = list(in_ptrs)
     if coll == "scatter":
         in_ptrs = [p if r == root else 0 for r, p in enumerate(in_ptrs)]
-    stats = dev.core.cuda_local_run(COLL[coll], ALGO[algo], DTYPE[dtype], OP[op], factor, root, N, in_ptrs, out_ptrs,
-                                    dev.stream(), segment_bytes)
+    stats = dev.core.cuda_local_run(
+        COLL[coll], ALGO[algo], DTYPE[dtype], OP[op], factor, root, N, in_ptrs, out_ptrs, dev.stream(), segment_bytes
+    )
     dev.synchronize()
     dev.core.cuda_synchronize()
 
     def result(r):
         if out_bufs[r] is None:  # in-place reduce_scatter / scatter: block r of the input buffer
-            return _load(dtype, dev.download(ins[r], NP_STORAGE[dtype])[r * N:(r + 1) * N])
+            return _load(dtype, dev.download(ins[r], NP_STORAGE[dtype])[r * N : (r + 1) * N])
         return _load(dtype, dev.download(out_bufs[r], NP_STORAGE[dtype]))
 
     where = f"{coll}/{algo} P={P} N={N} {dtype} {op} root={root} {'in-place' if in_place else 'out-of-place'}"
@@ -299,17 +335,17 @@ def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False
     for r in range(P):
         if coll == "all_reduce" or (coll == "reduce" and r == root) or coll == "reduce_scatter":
             full = _reduce_ranks(dtype, op, factor, [_store(dtype, v) if not _is_float(dtype) else v for v in vals], P)
-            want = full if coll != "reduce_scatter" else full[r * N:(r + 1) * N]
+            want = full if coll != "reduce_scatter" else full[r * N : (r + 1) * N]
             if _is_float(dtype):
                 want = _load(dtype, _store(dtype, want))
         elif coll == "all_gather" or (coll == "gather" and r == root):
             want = np.concatenate(cmp)
         elif coll == "all_to_all":
-            want = np.concatenate([cmp[q][r * N:(r + 1) * N] for q in range(P)])
+            want = np.concatenate([cmp[q][r * N : (r + 1) * N] for q in range(P)])
         elif coll == "broadcast":
             want = cmp[root]
         elif coll == "scatter":
-            want = cmp[root][r * N:(r + 1) * N]
+            want = cmp[root][r * N : (r + 1) * N]
         else:
             want = None  # non-root reduce / gather: output untouched
         got = result(r)
@@ -318,11 +354,13 @@ def run_and_check(dev, coll, algo, P, N, dtype, op="sum", root=0, in_place=False
             assert (raw == SENTINEL).all(), f"{where}: rank {r}'s output was written"
             continue
         bad = np.flatnonzero(got != want)
-        assert bad.size == 0, (f"{where}: rank {r}: {bad.size} wrong elements, first at {bad[0]}: got {got[bad[0]]}, "
-                               f"want {want[bad[0]]}")
+        assert bad.size == 0, (
+            f"{where}: rank {r}: {bad.size} wrong elements, first at {bad[0]}: got {got[bad[0]]}, want {want[bad[0]]}"
+        )
         if not in_place and coll != "broadcast" and (coll != "scatter" or r == root):
-            assert np.array_equal(_load(dtype, dev.download(ins[r], NP_STORAGE[dtype])), cmp[r]), \
+            assert np.array_equal(_load(dtype, dev.download(ins[r], NP_STORAGE[dtype])), cmp[r]), (
                 f"{where}: rank {r}'s input was modified"
+            )
     return stats
 
 
@@ -333,7 +371,7 @@ def _plan(coll, P):
     runs, i = [], 0
     for N in (0, 1, 7, 3 * P + 1):
         for dtype in DTYPES:
-            for op in (OPS if coll in REDUCTIONS else ["sum"]):
+            for op in OPS if coll in REDUCTIONS else ["sum"]:
                 if op in BITWISE and _is_float(dtype):
                     continue  # integer dtypes only (refused before any traffic)
                 runs.append((N, dtype, op, roots[i % len(roots)], i % 2 == 1))
@@ -356,7 +394,9 @@ def _plan(coll, P):
 @pytest.mark.parametrize("coll,algo", CASES)
 def test_collective_matches_numpy(dev, coll, algo, P):
     for n, (N, dtype, op, root, in_place) in enumerate(_plan(coll, P)):
-        run_and_check(dev, coll, algo, P, N, dtype, op, root, in_place, seed=zlib.crc32(f"{coll}/{algo}/{P}/{n}".encode()))
+        run_and_check(
+            dev, coll, algo, P, N, dtype, op, root, in_place, seed=zlib.crc32(f"{coll}/{algo}/{P}/{n}".encode())
+        )
 
 
 @gpu
@@ -391,8 +431,19 @@ def test_enqueue_is_ordered_on_the_callers_stream(dev):
             torch.cuda._sleep(100_000_000)  # hold the stream ~50 ms so a missing wait would show
         for r, x in enumerate(xs):
             x.fill_(float(r + 1))  # enqueued, not yet run when the collective is enqueued
-        _core.cuda_local_run(COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, N,
-                             [x.data_ptr() for x in xs], [o.data_ptr() for o in outs], s.cuda_stream, 0)
+        _core.cuda_local_run(
+            COLL["all_reduce"],
+            ALGO["ring"],
+            DTYPE["float32"],
+            OP["sum"],
+            1.0,
+            0,
+            N,
+            [x.data_ptr() for x in xs],
+            [o.data_ptr() for o in outs],
+            s.cuda_stream,
+            0,
+        )
         checks = [o.eq(P * (P + 1) / 2).all() for o in outs]  # enqueued after, on the same stream
     s.synchronize()
     assert all(bool(c) for c in checks)
@@ -407,14 +458,25 @@ def test_back_to_back_calls_reuse_buffers_safely(dev):
     ins = [dev.upload(v) for v in vals]
     outs = [[dev.filled(N * 4, 0) for _ in range(P)] for _ in range(6)]
     for k in range(6):
-        _core.cuda_local_run(COLL["reduce_scatter"], ALGO["ring"], DTYPE["int32"], OP["premul_sum"], 3.0, 0, N,
-                             [dev.ptr(b) for b in ins], [dev.ptr(b) for b in outs[k]], dev.stream(), 0)
+        _core.cuda_local_run(
+            COLL["reduce_scatter"],
+            ALGO["ring"],
+            DTYPE["int32"],
+            OP["premul_sum"],
+            3.0,
+            0,
+            N,
+            [dev.ptr(b) for b in ins],
+            [dev.ptr(b) for b in outs[k]],
+            dev.stream(),
+            0,
+        )
     _core.cuda_synchronize()
     dev.synchronize()
     want = sum(v.astype(np.int64) * 3 for v in vals).astype(np.int32)
     for k in range(6):
         for r in range(P):
-            assert np.array_equal(dev.download(outs[k][r], np.int32), want[r * N:(r + 1) * N])
+            assert np.array_equal(dev.download(outs[k][r], np.int32), want[r * N : (r + 1) * N])
 
 
 @gpu
@@ -423,14 +485,26 @@ def test_stats_count_the_schedule(dev):
     P, N = 4, 4096
     ins = [dev.upload(np.ones(N, np.float32)) for _ in range(P)]
     outs = [dev.filled(N * 4, 0) for _ in range(P)]
-    stats = _core.cuda_local_run(COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, N,
-                                 [dev.ptr(b) for b in ins], [dev.ptr(b) for b in outs], dev.stream(), 0)
+    stats = _core.cuda_local_run(
+        COLL["all_reduce"],
+        ALGO["ring"],
+        DTYPE["float32"],
+        OP["sum"],
+        1.0,
+        0,
+        N,
+        [dev.ptr(b) for b in ins],
+        [dev.ptr(b) for b in outs],
+        dev.stream(),
+        0,
+    )
     _core.cuda_synchronize()
     assert stats["transfers"] == P * 2 * (P - 1)
     assert stats["kernels"] == P * (P - 1)  # the reduce-scatter half reduces, the all-gather half copies
 
 
 # ---- the kernels alone: every dtype x op, aligned and misaligned ---------------------------------------
+
 
 def _kernel_expect(dtype, op, a, b):
     """a (op) b for storage arrays, computed as the kernels do (halves in float32, RNE)."""
@@ -463,23 +537,34 @@ def check_reduce_kernel(dev, dtype, sizes):
                 b = _random_storage(dtype, n + 4, rng)
                 da, db = dev.upload(a), dev.upload(b)
                 dd = dev.filled((n + 4) * esz, SENTINEL)
-                dev.core.cuda_kernel_reduce(dev.ptr(dd) + offs[0] * esz, dev.ptr(da) + offs[1] * esz,
-                                            dev.ptr(db) + offs[2] * esz, n, DTYPE[dtype], OP[op], dev.stream())
+                dev.core.cuda_kernel_reduce(
+                    dev.ptr(dd) + offs[0] * esz,
+                    dev.ptr(da) + offs[1] * esz,
+                    dev.ptr(db) + offs[2] * esz,
+                    n,
+                    DTYPE[dtype],
+                    OP[op],
+                    dev.stream(),
+                )
                 got = dev.download(dd, NP_STORAGE[dtype])
-                want = _kernel_expect(dtype, op, a[offs[1]:offs[1] + n], b[offs[2]:offs[2] + n])
-                seg = got[offs[0]:offs[0] + n]
-                assert np.array_equal(seg.view(np.uint8), np.ascontiguousarray(want).view(np.uint8)), \
+                want = _kernel_expect(dtype, op, a[offs[1] : offs[1] + n], b[offs[2] : offs[2] + n])
+                seg = got[offs[0] : offs[0] + n]
+                assert np.array_equal(seg.view(np.uint8), np.ascontiguousarray(want).view(np.uint8)), (
                     f"{dtype} {op} n={n} offsets={offs}"
+                )
                 raw = dev.download(dd, np.uint8)
-                assert (raw[:offs[0] * esz] == SENTINEL).all() and (raw[(offs[0] + n) * esz:] == SENTINEL).all(), \
+                assert (raw[: offs[0] * esz] == SENTINEL).all() and (raw[(offs[0] + n) * esz :] == SENTINEL).all(), (
                     f"{dtype} {op} n={n} offsets={offs}: wrote outside the range"
+                )
         # in place: dst aliases a
         a = _random_storage(dtype, 4099, rng)
         b = _random_storage(dtype, 4099, rng)
         da, db = dev.upload(a), dev.upload(b)
         dev.core.cuda_kernel_reduce(dev.ptr(da), dev.ptr(da), dev.ptr(db), 4099, DTYPE[dtype], OP[op], dev.stream())
-        assert np.array_equal(dev.download(da, NP_STORAGE[dtype]).view(np.uint8),
-                              np.ascontiguousarray(_kernel_expect(dtype, op, a, b)).view(np.uint8)), f"{dtype} {op} in place"
+        assert np.array_equal(
+            dev.download(da, NP_STORAGE[dtype]).view(np.uint8),
+            np.ascontiguousarray(_kernel_expect(dtype, op, a, b)).view(np.uint8),
+        ), f"{dtype} {op} in place"
 
 
 @gpu
@@ -522,14 +607,17 @@ def test_scale_and_divide_kernels(dev, dtype):
 
 # ---- the same over the CUDA stand-in (no GPU needed) ----------------------------------------------
 
+
 @pytest.mark.parametrize("coll,algo", CASES)
 def test_standin_thread_ranks_match_numpy(standin, coll, algo):
     # The thread ranks over the stand-in: every dtype (and, for reductions, every op) at small
     # counts, in and out of place, rotating across the collectives.
     k = CASES.index((coll, algo))
     runs = [run for run in _plan(coll, 3) if run[0] < 100]
-    for n, (N, dtype, op, root, in_place) in enumerate(runs[k % 5::5]):
-        run_and_check(standin, coll, algo, 3, N, dtype, op, root, in_place, seed=zlib.crc32(f"{coll}/{algo}/{n}".encode()))
+    for n, (N, dtype, op, root, in_place) in enumerate(runs[k % 5 :: 5]):
+        run_and_check(
+            standin, coll, algo, 3, N, dtype, op, root, in_place, seed=zlib.crc32(f"{coll}/{algo}/{n}".encode())
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -547,14 +635,33 @@ def test_bad_pointers_are_invalid_arguments(dev):
     host = np.zeros(16, np.float32)
     good, out0, out1 = (dev.upload(np.zeros(16, np.float32)) for _ in range(3))
     with pytest.raises(rt.InvalidArgument, match="not device memory|not a CUDA pointer"):
-        _core.cuda_local_run(COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, 16,
-                             [host.ctypes.data, dev.ptr(good)], [dev.ptr(out0), dev.ptr(out1)])
+        _core.cuda_local_run(
+            COLL["all_reduce"],
+            ALGO["ring"],
+            DTYPE["float32"],
+            OP["sum"],
+            1.0,
+            0,
+            16,
+            [host.ctypes.data, dev.ptr(good)],
+            [dev.ptr(out0), dev.ptr(out1)],
+        )
     with pytest.raises(rt.InvalidArgument, match="needs an output"):
-        _core.cuda_local_run(COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, 16,
-                             [dev.ptr(good), dev.ptr(good)], [0, 0])
+        _core.cuda_local_run(
+            COLL["all_reduce"],
+            ALGO["ring"],
+            DTYPE["float32"],
+            OP["sum"],
+            1.0,
+            0,
+            16,
+            [dev.ptr(good), dev.ptr(good)],
+            [0, 0],
+        )
 
 
 # ---- everywhere (no GPU needed) --------------------------------------------------------------------
+
 
 def test_cuda_entry_points_exist():
     assert isinstance(_core.cuda_built(), bool)
@@ -569,8 +676,17 @@ def test_cuda_path_fails_clearly_without_a_gpu():
     if _core.cuda_available():
         pytest.skip("a GPU is present; test_bad_pointers_are_invalid_arguments covers the error path")
     # Well-separated fake pointers pass argument validation; the missing device is the error.
-    args = (COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, 4, [1 << 20, 2 << 20],
-            [3 << 20, 4 << 20])
+    args = (
+        COLL["all_reduce"],
+        ALGO["ring"],
+        DTYPE["float32"],
+        OP["sum"],
+        1.0,
+        0,
+        4,
+        [1 << 20, 2 << 20],
+        [3 << 20, 4 << 20],
+    )
     with pytest.raises(rt.Error, match="CUDA"):
         _core.cuda_local_run(*args)
     with pytest.raises(rt.Error, match="CUDA"):
@@ -582,12 +698,29 @@ def test_cuda_path_fails_clearly_without_a_gpu():
 def test_cuda_local_run_rejects_bad_arguments():
     if not _core.cuda_built():
         pytest.skip("no CUDA build: every CUDA call raises the 'built without CUDA' Error (checked above)")
-    base = dict(coll=COLL["all_reduce"], algo=ALGO["ring"], dtype=DTYPE["float32"], op=OP["sum"], premul_factor=1.0,
-                root=0, count=4, input_ptrs=[1 << 20, 2 << 20], output_ptrs=[3 << 20, 4 << 20])
-    bad = [dict(coll=99), dict(dtype=42), dict(op=17), dict(coll=COLL["barrier"]), dict(coll=COLL["all_gather"],
-           algo=ALGO["tree"]), dict(coll=COLL["broadcast"], root=2), dict(input_ptrs=[]),
-           dict(output_ptrs=[3 << 20]), dict(op=OP["premul_sum"], premul_factor=float("inf")),
-           dict(output_ptrs=[(1 << 20) + 4, 4 << 20])]
+    base = dict(
+        coll=COLL["all_reduce"],
+        algo=ALGO["ring"],
+        dtype=DTYPE["float32"],
+        op=OP["sum"],
+        premul_factor=1.0,
+        root=0,
+        count=4,
+        input_ptrs=[1 << 20, 2 << 20],
+        output_ptrs=[3 << 20, 4 << 20],
+    )
+    bad = [
+        dict(coll=99),
+        dict(dtype=42),
+        dict(op=17),
+        dict(coll=COLL["barrier"]),
+        dict(coll=COLL["all_gather"], algo=ALGO["tree"]),
+        dict(coll=COLL["broadcast"], root=2),
+        dict(input_ptrs=[]),
+        dict(output_ptrs=[3 << 20]),
+        dict(op=OP["premul_sum"], premul_factor=float("inf")),
+        dict(output_ptrs=[(1 << 20) + 4, 4 << 20]),
+    ]
     for change in bad:
         with pytest.raises(rt.InvalidArgument):
             _core.cuda_local_run(**{**base, **change})

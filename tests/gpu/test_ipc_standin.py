@@ -9,14 +9,22 @@ set-up collective, the mailbox exchange, call order on the caller's stream, the 
 barriers and flags, the watchdog, aborts, timeouts and mismatch stop words run here as they do on
 a GPU; the GPU's memory model, warps, real IPC and speed do not. Rank programs: those of
 test_device_comm.py (lib='standin'), as the GPU tests run them, and ipc_standin_workers.py."""
+
 from __future__ import annotations
 
 import pytest
-
 import standin
 from harness import run_world
-from ipc_standin_workers import (MISMATCHED_FIELDS, abort_during_a_device_call, caller_stream_order, deterministic_sums,
-                                 mismatch_in_every_field, mismatched_count, setup_refused, stream_named_by_the_array)
+from ipc_standin_workers import (
+    MISMATCHED_FIELDS,
+    abort_during_a_device_call,
+    caller_stream_order,
+    deterministic_sums,
+    mismatch_in_every_field,
+    mismatched_count,
+    setup_refused,
+    stream_named_by_the_array,
+)
 from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
 
 STANDIN = standin.ENV
@@ -41,12 +49,17 @@ SWEEP = [
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nranks,channels,seed,yield_percent,dtypes,ops,counts", SWEEP,
-                         ids=[f"P{w[0]}-C{w[1]}-seed{w[2]}" for w in SWEEP])
+@pytest.mark.parametrize(
+    "nranks,channels,seed,yield_percent,dtypes,ops,counts", SWEEP, ids=[f"P{w[0]}-C{w[1]}-seed{w[2]}" for w in SWEEP]
+)
 def test_every_ipc_collective_matches_numpy(nranks, channels, seed, yield_percent, dtypes, ops, counts):
     args = dict(lib="standin", dtypes=dtypes, counts=counts, ops=ops)
-    env = {**STANDIN, "RINGTREE_CUDA_IPC_CHANNELS": str(channels), "RINGTREE_STANDIN_SEED": str(seed),
-           "RINGTREE_STANDIN_YIELD": str(yield_percent)}
+    env = {
+        **STANDIN,
+        "RINGTREE_CUDA_IPC_CHANNELS": str(channels),
+        "RINGTREE_STANDIN_SEED": str(seed),
+        "RINGTREE_STANDIN_YIELD": str(yield_percent),
+    }
     world = run_world(nranks, device_sweep, args, timeout=280, env=env)
     for rank, res in enumerate(world.check_ok()):
         assert res["cases"] > 100 and not res["failures"], (rank, res)
@@ -68,7 +81,13 @@ def test_one_channel_ipc_walks_are_right(nranks):
 
 @pytest.mark.timeout(200)
 def test_async_work_with_the_default_channels():
-    world = run_world(3, device_sweep, dict(lib="standin", dtypes=["float32"], counts=[1, 70000], async_op=True), timeout=180, env=STANDIN)
+    world = run_world(
+        3,
+        device_sweep,
+        dict(lib="standin", dtypes=["float32"], counts=[1, 70000], async_op=True),
+        timeout=180,
+        env=STANDIN,
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["cases"] == 56 and not res["failures"], (rank, res)
         assert res["executor"] == "ipc", (rank, res["executor"])
@@ -85,8 +104,7 @@ def test_deterministic_mode_walks_rank_order_on_the_ipc_executor():
 def test_call_returns_before_the_stream_reaches_it():
     # The first device call sets the executor up; neither that nor the call itself may wait for
     # the kernel already on the caller's stream; the result is there once the stream gets to it.
-    world = run_world(2, device_stream_semantics, dict(lib="standin", seconds=1.0),
-                      timeout=90, env=STANDIN)
+    world = run_world(2, device_stream_semantics, dict(lib="standin", seconds=1.0), timeout=90, env=STANDIN)
     for rank, res in enumerate(world.check_ok()):
         assert res["ok"] and not res["completed_early"] and res["returned_after"] < 0.5, (rank, res)
 
@@ -136,8 +154,7 @@ def test_a_mismatch_in_any_fingerprinted_field_fails_every_rank(executor):
 
 @pytest.mark.timeout(100)
 def test_stalled_peer_times_out_on_every_caller_and_releases_the_stream():
-    world = run_world(3, device_peer_stalls, dict(lib="standin", victim=1, timeout=3.0),
-                      timeout=90, env=STANDIN)
+    world = run_world(3, device_peer_stalls, dict(lib="standin", victim=1, timeout=3.0), timeout=90, env=STANDIN)
     results = world.check_ok()
     assert results[1] == {"victim": True}
     for rank in (0, 2):
@@ -159,13 +176,21 @@ def test_abort_ends_every_device_call_in_flight():
 
 
 @pytest.mark.timeout(100)
-@pytest.mark.parametrize("refusal,first,words", [
-    ({"RINGTREE_CUDA_IPC": "0"}, 1, "RINGTREE_CUDA_IPC=0"),                 # round 1: cannot export
-    ({"RINGTREE_STANDIN_FAIL": "cudaIpcOpenMemHandle"}, 2, "cudaIpcOpenMemHandle for rank 0"),  # round 2: cannot map
-])
+@pytest.mark.parametrize(
+    "refusal,first,words",
+    [
+        ({"RINGTREE_CUDA_IPC": "0"}, 1, "RINGTREE_CUDA_IPC=0"),  # round 1: cannot export
+        (
+            {"RINGTREE_STANDIN_FAIL": "cudaIpcOpenMemHandle"},
+            2,
+            "cudaIpcOpenMemHandle for rank 0",
+        ),  # round 2: cannot map
+    ],
+)
 def test_one_rank_without_ipc_moves_every_rank_to_staged(refusal, first, words):
-    world = run_world(3, setup_refused, {}, timeout=90, env=STANDIN,
-                      per_rank_env=lambda r: refusal if r == first else {})
+    world = run_world(
+        3, setup_refused, {}, timeout=90, env=STANDIN, per_rank_env=lambda r: refusal if r == first else {}
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["all_reduce_ok"] and res["all_gather_ok"], (rank, res)
         if rank == first:

@@ -4,10 +4,10 @@ current (as c10d's device guard does), and nothing in a rank touches a device it
 (a real GPU gets a context, hundreds of MiB, on the first such call). The stand-in records which
 devices got a context; its memory is host memory, so this checks the host code's device handling,
 not peer access between real GPUs (the GPU check's multi-GPU stage does that)."""
+
 from __future__ import annotations
 
 import pytest
-
 import standin
 from harness import run_world
 from ipc_standin_workers import buffers_on_another_device, one_device_per_rank

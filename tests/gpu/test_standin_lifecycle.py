@@ -4,11 +4,11 @@ mailboxes while a peer still maps them (undefined behaviour on a GPU, which the 
 a slower peer's walk would still write acknowledgements and stop words into freed memory); and a
 rank failing inside NCCL's set-up does not leave the others waiting there for ever (the test
 module exports a fake NCCL whose set-up waits for every rank, as NCCL's does)."""
+
 from __future__ import annotations
 
-import pytest
-
 import _ringtree_testing as testing
+import pytest
 import standin
 from harness import run_world
 from ipc_standin_workers import close_while_a_peer_is_slow, nccl_init_fails_on_one_rank, slot_layouts_differ
@@ -29,8 +29,9 @@ def test_close_waits_for_every_peer_before_freeing_the_mailboxes(nranks):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_ranks_asking_for_different_slots_walk_one_layout(nranks):
     small = {"RINGTREE_CUDA_IPC_SLOT_BYTES": "4096", "RINGTREE_CUDA_IPC_SLOTS": "2"}
-    world = run_world(nranks, slot_layouts_differ, {}, timeout=110, env=STANDIN,
-                      per_rank_env=lambda r: small if r == 0 else {})
+    world = run_world(
+        nranks, slot_layouts_differ, {}, timeout=110, env=STANDIN, per_rank_env=lambda r: small if r == 0 else {}
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["executor"] == "ipc" and res["all_reduce_ok"] and res["all_gather_ok"], (rank, res)
 
@@ -39,8 +40,14 @@ def test_ranks_asking_for_different_slots_walk_one_layout(nranks):
 @pytest.mark.parametrize("nranks,failing", [(2, 1), (3, 0)])
 def test_a_rank_failing_inside_nccl_set_up_fails_every_rank_within_the_timeout(nranks, failing):
     env = {**STANDIN, "RINGTREE_NCCL_LIBRARY": testing.__file__}
-    world = run_world(nranks, nccl_init_fails_on_one_rank, {"timeout": 3.0}, timeout=50, env=env,
-                      per_rank_env=lambda r: {"RINGTREE_STANDIN_NCCL_INIT": "fail"} if r == failing else {})
+    world = run_world(
+        nranks,
+        nccl_init_fails_on_one_rank,
+        {"timeout": 3.0},
+        timeout=50,
+        env=env,
+        per_rank_env=lambda r: {"RINGTREE_STANDIN_NCCL_INIT": "fail"} if r == failing else {},
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["host_ok"] and res["failing"] == (rank == failing), (rank, res)
         assert res["raised"] is not None and res["seconds"] < 10, (rank, res)

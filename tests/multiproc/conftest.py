@@ -1,4 +1,5 @@
 """Fixtures shared by the multi-rank tests."""
+
 import pytest
 
 from rtbench import netns

@@ -3,6 +3,7 @@ torchrun, none), async work, split, torch tensors.
 
 The rank bodies (async_and_threads, ...) run in every rank of a test's world (harness.py) and
 return a JSON report that the test asserts on; launched_sum runs under mpiexec and torchrun."""
+
 import os
 import re
 import shutil
@@ -13,9 +14,9 @@ import time
 
 import numpy as np
 import pytest
+from harness import rank_command, rank_pythonpath, run_world
 
 import ringtree as rt
-from harness import rank_command, rank_pythonpath, run_world
 
 
 def test_unique_id_round_trips_through_its_token():
@@ -26,18 +27,34 @@ def test_unique_id_round_trips_through_its_token():
     assert rt.UniqueId.create() != uid  # fresh secret and port
 
 
-@pytest.mark.parametrize("token,needle", [
-    ("hello", "wrong prefix"), ("rt1:127.0.0.1:99999:" + "0" * 32, "port out of range"),
-    ("rt1:127.0.0.1:1234:" + "z" * 32, "bad secret"), ("rt1:127.0.0.1:1234:abcd", "bad secret"),
-])
+@pytest.mark.parametrize(
+    "token,needle",
+    [
+        ("hello", "wrong prefix"),
+        ("rt1:127.0.0.1:99999:" + "0" * 32, "port out of range"),
+        ("rt1:127.0.0.1:1234:" + "z" * 32, "bad secret"),
+        ("rt1:127.0.0.1:1234:abcd", "bad secret"),
+    ],
+)
 def test_bad_unique_id_tokens_are_explained(token, needle):
     with pytest.raises(rt.InvalidArgument, match=needle):
         rt.UniqueId.parse(token)
 
 
 def test_world_of_one_without_a_launcher(monkeypatch):
-    for var in ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_UNIQUE_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                "PMIX_SIZE", "MPI_LOCALNRANKS", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for var in (
+        "RINGTREE_RANK",
+        "RINGTREE_WORLD_SIZE",
+        "RINGTREE_UNIQUE_ID",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "MPI_LOCALNRANKS",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         monkeypatch.delenv(var, raising=False)
     with rt.init() as comm:
         assert (comm.rank, comm.size) == (0, 1)
@@ -78,6 +95,7 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
     for whatever the Python route must convert or explain; the public call gives the same answer
     either way, and an error raised through the fast entry keeps its class and the communicator."""
     from ringtree._args import COLL_CODES as _COLL
+
     ar = _COLL["all_reduce"]
     with rt.init(rank=0, size=1) as comm:
         x = np.arange(6, dtype=np.float32)
@@ -120,7 +138,9 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
         # sendrecv passes its source as the last argument; a bad one is refused by the core.
         with pytest.raises(rt.InvalidArgument, match="peer must differ from this rank"):
             comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, False, out, 0)
-        assert comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, False, out, True) is NotImplemented
+        assert (
+            comm._fast(_COLL["sendrecv"], x, out, "sum", 0, 0, "auto", None, False, False, out, True) is NotImplemented
+        )
         assert comm.all_reduce(x, out, timeout=7.5) is out and np.array_equal(out, x)  # still usable
     with pytest.raises(rt.Aborted, match="closed"):
         comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, False, out, -1)
@@ -135,8 +155,9 @@ def async_and_threads():
     xs = [np.full(1000, r + k, np.int64) for k in range(5)]
     works = [comm.all_reduce(x, async_op=True) for x in xs]
     results = [w.wait(timeout=30) for w in works]
-    report["async_results"] = all(np.array_equal(res, np.full(1000, sum(q + k for q in range(P))))
-                                  for k, res in enumerate(results))
+    report["async_results"] = all(
+        np.array_equal(res, np.full(1000, sum(q + k for q in range(P)))) for k, res in enumerate(results)
+    )
     report["is_completed"] = all(w.is_completed() for w in works)
     # GIL: rank 0 arrives late; meanwhile the others' threads must keep counting.
     ticks = [0]
@@ -201,8 +222,13 @@ def split_groups():
     gathered = np.empty(sub.size, np.int64)
     sub.all_gather(x, gathered)
     total = sub.all_reduce(np.array([r], np.int64))
-    out = {"sub": [sub.rank, sub.size], "expected": [members.index(r), len(members)],
-           "gathered": gathered.tolist(), "members": members, "total": int(total[0])}
+    out = {
+        "sub": [sub.rank, sub.size],
+        "expected": [members.index(r), len(members)],
+        "gathered": gathered.tolist(),
+        "members": members,
+        "total": int(total[0]),
+    }
     sub.close()
     comm.barrier()
     comm.close()
@@ -225,6 +251,7 @@ def test_split_forms_ordered_independent_groups(nranks):
 def torch_tensors():
     """torch CPU tensors (bfloat16 included) through the same API, against torch's own math."""
     import torch
+
     comm = rt.init()
     r, P = comm.rank, comm.size
     report = {}
@@ -250,8 +277,10 @@ def torch_tensors():
     async_t = torch.full((4,), float(r + 1))
     comm.all_reduce(async_t, async_op=True).wait(timeout=30)
     report["async"] = bool(torch.equal(async_t, torch.full((4,), float(P * (P + 1) // 2))))
-    for name, bad, needle in (("dtype_mismatch", (torch.zeros(4), torch.zeros(4, dtype=torch.float64)), "dtypes differ"),
-                              ("meta_device", (torch.empty(4, device="meta"), None), "meta")):
+    for name, bad, needle in (
+        ("dtype_mismatch", (torch.zeros(4), torch.zeros(4, dtype=torch.float64)), "dtypes differ"),
+        ("meta_device", (torch.empty(4, device="meta"), None), "meta"),
+    ):
         try:
             comm.all_reduce(*bad)
             report[name] = "no error"
@@ -288,8 +317,9 @@ def test_mpiexec_launch():
     pytest.importorskip("mpi4py", reason="mpi4py missing: the test extra installs it")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
     env["PYTHONPATH"] = rank_pythonpath(launched_sum, env.get("PYTHONPATH"))
-    proc = subprocess.run([mpiexec, "-n", "3", *rank_command(launched_sum)], env=env, capture_output=True, text=True,
-                          timeout=100)
+    proc = subprocess.run(
+        [mpiexec, "-n", "3", *rank_command(launched_sum)], env=env, capture_output=True, text=True, timeout=100
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
     assert lines == [f"rank {r} of 3 ok via mpi" for r in range(3)], proc.stdout + proc.stderr
@@ -301,9 +331,22 @@ def test_torchrun_launch():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
     env["PYTHONPATH"] = rank_pythonpath(launched_sum, env.get("PYTHONPATH"))
     script_and_args = rank_command(launched_sum)[1:]  # torchrun starts the script with its own python
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(_free_port()), *script_and_args], env=env, capture_output=True,
-                          text=True, timeout=100)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            *script_and_args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(re.findall(r"rank \d+ of \d+ ok via (?:mpi|torchrun)", proc.stdout))
     assert lines == [f"rank {r} of 2 ok via torchrun" for r in range(2)], proc.stdout + proc.stderr
@@ -312,6 +355,7 @@ def test_torchrun_launch():
 def _free_port():
     """A port p with p + 1 also free: torchrun takes p, ringtree's rank 0 takes p + 1."""
     import socket
+
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

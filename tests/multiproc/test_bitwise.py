@@ -1,18 +1,22 @@
 """Bitwise reductions (band, bor, bxor) between real processes, against numpy, on inputs that
 use every bit of the integer type: every algorithm, in and out of place, shared memory and two
 emulated hosts. Floating dtypes are refused before any traffic and leave the communicator usable."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 INT_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64}
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
-ALGOS = {"all_reduce": ["ring", "tree", "oneshot", "rank_order", "auto"], "reduce_scatter": ["ring", "oneshot", "auto"],
-         "reduce": ["ring", "tree", "oneshot", "auto"]}
+ALGOS = {
+    "all_reduce": ["ring", "tree", "oneshot", "rank_order", "auto"],
+    "reduce_scatter": ["ring", "oneshot", "auto"],
+    "reduce": ["ring", "tree", "oneshot", "auto"],
+}
 HIER_ALGOS = {"all_reduce": ["hier", "hier_tree"], "reduce_scatter": ["hier"], "reduce": ["hier"]}
 
 
@@ -45,9 +49,9 @@ def bitwise_sweep(counts, hosts_algos, salt):
                             comm.all_reduce(x, None if in_place else out, op=op, algo=algo)
                             got, expect = out, want
                         elif coll == "reduce_scatter":
-                            out = x[r * n:(r + 1) * n] if in_place else np.empty(n, x.dtype)
+                            out = x[r * n : (r + 1) * n] if in_place else np.empty(n, x.dtype)
                             comm.reduce_scatter(x, out, op=op, algo=algo)
-                            got, expect = out, want[r * n:(r + 1) * n]
+                            got, expect = out, want[r * n : (r + 1) * n]
                         else:
                             out = np.empty_like(x) if r == root and not in_place else None
                             comm.reduce(x, out, op=op, root=root, algo=algo)
@@ -59,8 +63,10 @@ def bitwise_sweep(counts, hosts_algos, salt):
                         raise
                     checks += 1
                     if got is not None and not np.array_equal(got, expect):
-                        failures.append(f"rank {r}: {coll} {algo} {dtype_name} {op} n={n} in_place={in_place}: "
-                                        f"{int(np.count_nonzero(got != expect))} wrong")
+                        failures.append(
+                            f"rank {r}: {coll} {algo} {dtype_name} {op} n={n} in_place={in_place}: "
+                            f"{int(np.count_nonzero(got != expect))} wrong"
+                        )
     comm.close()
     return {"checks": checks, "failures": failures[:20]}
 
@@ -68,8 +74,9 @@ def bitwise_sweep(counts, hosts_algos, salt):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_bitwise_shared_memory(nranks):
-    ranks = run_world(nranks, bitwise_sweep, dict(counts=[0, 1, 7, 1000, 70001], hosts_algos=False, salt=1),
-                      timeout=220).check_ok()
+    ranks = run_world(
+        nranks, bitwise_sweep, dict(counts=[0, 1, 7, 1000, 70001], hosts_algos=False, salt=1), timeout=220
+    ).check_ok()
     assert all(res["checks"] > 0 for res in ranks)
     assert not [f for res in ranks for f in res["failures"]]
 
@@ -78,8 +85,9 @@ def test_bitwise_shared_memory(nranks):
 @pytest.mark.parametrize("nranks", [3, 4])
 def test_bitwise_two_hosts(nranks):
     """TCP between the hosts (the reduce happens as bytes arrive) and the hierarchical schedules."""
-    ranks = run_world(nranks, bitwise_sweep, dict(counts=[1, 5, 70001], hosts_algos=True, salt=2), hosts=2,
-                      timeout=220).check_ok()
+    ranks = run_world(
+        nranks, bitwise_sweep, dict(counts=[1, 5, 70001], hosts_algos=True, salt=2), hosts=2, timeout=220
+    ).check_ok()
     assert all(res["checks"] > 0 for res in ranks)
     assert not [f for res in ranks for f in res["failures"]]
 
@@ -114,5 +122,6 @@ def test_bitwise_on_floats_is_refused_before_traffic():
 
 def test_reduce_op_enum_names_the_bitwise_ops():
     assert {rt.ReduceOp.BAND.name, rt.ReduceOp.BOR.name, rt.ReduceOp.BXOR.name} == {"BAND", "BOR", "BXOR"}
-    assert [rt.ReduceOp[n] for n in ("BAND", "BOR", "BXOR")] == [rt.ReduceOp(rt._core.OPS.index(s))
-                                                                for s in ("band", "bor", "bxor")]
+    assert [rt.ReduceOp[n] for n in ("BAND", "BOR", "BXOR")] == [
+        rt.ReduceOp(rt._core.OPS.index(s)) for s in ("band", "bor", "bxor")
+    ]

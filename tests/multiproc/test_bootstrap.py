@@ -4,6 +4,7 @@ exited) and handed to the ranks as a token; and the handshake held to its wire b
 mesh listener, a rank refuses a challenge right in every byte but one, and strangers knocking
 on rank 0's port with every kind of bad hello neither delay nor stop the real ranks. Traffic
 goes to loopback only, in bounded loops."""
+
 from __future__ import annotations
 
 import hmac
@@ -17,11 +18,11 @@ import threading
 import time
 
 import pytest
-
-import ringtree as rt
 import wire
 from harness import run_world, spawn_world
 from test_errors import init_only as form_and_sum  # forms the world from the environment and sums the ranks
+
+import ringtree as rt
 
 
 def late_ranks_form(timeout=30.0, delay=1.5, flag=None):
@@ -48,17 +49,26 @@ def test_token_from_a_launcher_that_stays_alive():
     # This test process is the launcher: it made the id, keeps it (and its reserved port) while
     # the ranks run, and hands them only the token.
     uid = rt.UniqueId.create()
-    world = run_world(3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)})
+    world = run_world(
+        3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)}
+    )
     check_formed(world, 3)
     assert str(uid)  # the launcher still holds its id here
 
 
 @pytest.mark.timeout(90)
 def test_token_from_a_launcher_that_has_exited():
-    made = subprocess.run([sys.executable, "-c", "import ringtree as rt; print(rt.UniqueId.create())"],
-                          capture_output=True, text=True, timeout=60, check=True)
+    made = subprocess.run(
+        [sys.executable, "-c", "import ringtree as rt; print(rt.UniqueId.create())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     token = made.stdout.strip()
-    world = run_world(3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": token})
+    world = run_world(
+        3, form_and_sum, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": token}
+    )
     check_formed(world, 3)
 
 
@@ -70,7 +80,9 @@ def star_bytes_but_one(secret, addr, rank, size):
     byte flipped; what rank 0 made of each."""
     payload = wire.peer_record()
     total = wire.HELLO.size + 32 + len(payload)
-    return [wire.client_handshake(secret, addr, wire.star_transcript(rank, size), payload, flip=i) for i in range(total)]
+    return [
+        wire.client_handshake(secret, addr, wire.star_transcript(rank, size), payload, flip=i) for i in range(total)
+    ]
 
 
 def assert_all_refused(outcomes):
@@ -150,9 +162,13 @@ def test_a_correct_rank_joins_and_a_mesh_listener_refuses_every_byte_but_one():
         mesh = (uid.ip, peers[0][1])
         outcomes, joined = {}, {}
         for channel in CHANNELS:
+
             def mesh_t():
                 return wire.Transcript(kind=channel, client_rank=1, server_rank=0, size=2, setup=setup)
-            outcomes[channel] = [wire.client_handshake(secret, mesh, mesh_t(), flip=i) for i in range(wire.HELLO.size + 32)]
+
+            outcomes[channel] = [
+                wire.client_handshake(secret, mesh, mesh_t(), flip=i) for i in range(wire.HELLO.size + 32)
+            ]
             # The set-up id binds it: the right bytes for another set-up are refused.
             other = mesh_t()
             other.setup = bytes(16)
@@ -205,8 +221,13 @@ def test_a_rank_refuses_a_challenge_right_in_every_byte_but_one():
     box.start()
     token = f"rt1:127.0.0.1:{server.getsockname()[1]}:{secret.hex()}"
     try:
-        world = run_world(1, form_and_sum, dict(timeout=40.0), timeout=90,
-                          env={"RINGTREE_RANK": "1", "RINGTREE_WORLD_SIZE": "2", "RINGTREE_UNIQUE_ID": token})
+        world = run_world(
+            1,
+            form_and_sum,
+            dict(timeout=40.0),
+            timeout=90,
+            env={"RINGTREE_RANK": "1", "RINGTREE_WORLD_SIZE": "2", "RINGTREE_UNIQUE_ID": token},
+        )
     finally:
         box.join(timeout=30)
         server.close()
@@ -231,8 +252,10 @@ class Strangers:
         self.counts = {}
         self.accepted = 0  # handshakes rank 0 accepted: must stay 0
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.run, args=(kind,), daemon=True)
-                        for kind in ("slow", "slow", "slow", "garbage", "fields", "proofs", "flood")]
+        self.threads = [
+            threading.Thread(target=self.run, args=(kind,), daemon=True)
+            for kind in ("slow", "slow", "slow", "garbage", "fields", "proofs", "flood")
+        ]
 
     def payload(self, kind, rng):
         if kind == "garbage":
@@ -246,8 +269,15 @@ class Strangers:
         if choice == 2:
             return hello + b"\xff" * 10000  # a hello, then a proof of nothing
         if choice == 3:
-            return wire.HELLO.pack(wire.HELLO_MAGIC, wire.VERSION, rng.randrange(-3, 9), rng.randrange(-3, 9),
-                                   rng.randrange(-3, 9), rng.randrange(-3, 9), rng.randbytes(16))
+            return wire.HELLO.pack(
+                wire.HELLO_MAGIC,
+                wire.VERSION,
+                rng.randrange(-3, 9),
+                rng.randrange(-3, 9),
+                rng.randrange(-3, 9),
+                rng.randrange(-3, 9),
+                rng.randbytes(16),
+            )
         return b"\0" * rng.choice([wire.HELLO.size, 65536])
 
     def run(self, kind):
@@ -258,8 +288,13 @@ class Strangers:
             n += 1
             if kind == "proofs":  # the whole protocol, with a secret that is not the job's
                 try:
-                    out = wire.client_handshake(self.wrong_secret, self.addr, wire.star_transcript(1 + n % 2, 3),
-                                                wire.peer_record(), timeout=2.0)
+                    out = wire.client_handshake(
+                        self.wrong_secret,
+                        self.addr,
+                        wire.star_transcript(1 + n % 2, 3),
+                        wire.peer_record(),
+                        timeout=2.0,
+                    )
                     with self.lock:
                         self.accepted += out.accepted is not None
                 except OSError:
@@ -307,8 +342,13 @@ def test_strangers_cannot_delay_or_stop_rendezvous():
     os.close(uid.take_listener())  # rank 0, a subprocess, binds the port itself
     wrong = bytes(b ^ 0x80 for b in wire.secret_of(uid))  # right but for one bit in every byte
     with Strangers(uid.ip, uid.port, wrong) as strangers:
-        world = run_world(3, late_ranks_form, dict(timeout=40.0, delay=1.5), timeout=90,
-                          per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)})
+        world = run_world(
+            3,
+            late_ranks_form,
+            dict(timeout=40.0, delay=1.5),
+            timeout=90,
+            per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)},
+        )
         # Formed while hundreds of stalled hellos were still held open.
         stalled_during = len(strangers.stalled)
     check_formed(world, 3)

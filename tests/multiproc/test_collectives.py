@@ -3,25 +3,33 @@ emulated hosts), and TCP only. See reference.py for how expectations are compute
 
 The rank bodies (sweep, p2p_and_barrier, ...) run in every rank of a test's world (harness.py);
 each returns a JSON report that the test asserts on."""
+
 from __future__ import annotations
 
 import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import run_case
 from reference import NUMPY_DTYPES, OPS, make_input
+
+import ringtree as rt
 
 ALL_DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"]
 COUNTS = [0, 1, 7, "P-1", "3P+1", "large"]
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-ALGOS = {"all_reduce": ["ring", "tree", "oneshot"], "broadcast": ["tree", "ring", "oneshot"],
-         "reduce": ["tree", "ring", "oneshot"], "reduce_scatter": ["ring", "oneshot"], "all_gather": ["ring", "oneshot"],
-         "all_to_all": ["direct", "oneshot"], "gather": ["auto"], "scatter": ["auto"]}
+ALGOS = {
+    "all_reduce": ["ring", "tree", "oneshot"],
+    "broadcast": ["tree", "ring", "oneshot"],
+    "reduce": ["tree", "ring", "oneshot"],
+    "reduce_scatter": ["ring", "oneshot"],
+    "all_gather": ["ring", "oneshot"],
+    "all_to_all": ["direct", "oneshot"],
+    "gather": ["auto"],
+    "scatter": ["auto"],
+}
 IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"}
 
 
@@ -55,18 +63,23 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
     dtypes = [d for d in dtypes if NUMPY_DTYPES[d] is not None]
     for coll in collectives:
         rooted = coll in ("broadcast", "reduce", "gather", "scatter")
-        variants = [(algo, in_place, root)
-                    for algo in ALGOS[coll]
-                    for in_place in ([False, True] if coll in IN_PLACE and coll != "broadcast" else [False])
-                    for root in (sorted({0, P - 1}) if rooted else [0])]
+        variants = [
+            (algo, in_place, root)
+            for algo in ALGOS[coll]
+            for in_place in ([False, True] if coll in IN_PLACE and coll != "broadcast" else [False])
+            for root in (sorted({0, P - 1}) if rooted else [0])
+        ]
         coll_ops = ops if coll in REDUCTIONS else ["sum"]
         for spec in counts:
             if spec == "large" and not large:
                 continue
             N = resolve_count(spec, P, coll)
             if spec == "large":
-                combos = [(d, coll_ops[(i + j) % len(coll_ops)], *v)
-                          for j, v in enumerate(variants[:4]) for i, d in enumerate(dtypes)]
+                combos = [
+                    (d, coll_ops[(i + j) % len(coll_ops)], *v)
+                    for j, v in enumerate(variants[:4])
+                    for i, d in enumerate(dtypes)
+                ]
             else:
                 pairs = [(d, op) for d in dtypes for op in coll_ops]
                 n = max(len(pairs), len(variants))
@@ -92,8 +105,12 @@ def transports():
     assert isinstance(status, rt.Status)
     comm.barrier()
     comm.close()
-    return {"transports": list(status.transports), "hosts": status.hosts, "machine_hosts": status.machine["hosts"],
-            "text": str(status)}
+    return {
+        "transports": list(status.transports),
+        "hosts": status.hosts,
+        "machine_hosts": status.machine["hosts"],
+        "text": str(status),
+    }
 
 
 def assert_clean(world):
@@ -107,8 +124,9 @@ def assert_clean(world):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 8])
 def test_collectives_shared_memory(nranks):
-    world = run_world(nranks, sweep, dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS),
-                      timeout=540)
+    world = run_world(
+        nranks, sweep, dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS), timeout=540
+    )
     assert_clean(world)
 
 
@@ -116,8 +134,13 @@ def test_collectives_shared_memory(nranks):
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8])
 def test_collectives_two_hosts(nranks):
     """Ranks split over two emulated hosts: TCP between the groups, shared memory inside."""
-    world = run_world(nranks, sweep, dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS, salt=1),
-                      hosts=2, timeout=540)
+    world = run_world(
+        nranks,
+        sweep,
+        dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS, salt=1),
+        hosts=2,
+        timeout=540,
+    )
     assert_clean(world)
     world = run_world(nranks, transports, hosts=2, timeout=60)
     results = world.check_ok()
@@ -136,9 +159,13 @@ def test_collectives_two_hosts(nranks):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nranks", [3, 4])
 def test_collectives_tcp_only(nranks):
-    world = run_world(nranks, sweep, dict(collectives=COLLECTIVES, counts=[0, 1, "3P+1", "large"], dtypes=ALL_DTYPES,
-                                            ops=OPS, salt=2),
-                      env={"RINGTREE_TRANSPORT": "tcp"}, timeout=280)
+    world = run_world(
+        nranks,
+        sweep,
+        dict(collectives=COLLECTIVES, counts=[0, 1, "3P+1", "large"], dtypes=ALL_DTYPES, ops=OPS, salt=2),
+        env={"RINGTREE_TRANSPORT": "tcp"},
+        timeout=280,
+    )
     assert_clean(world)
 
 
@@ -210,9 +237,20 @@ def test_send_recv_and_barrier(nranks, hosts):
 @pytest.mark.parametrize("nranks,hosts", [(3, 1), (5, 2)])
 def test_pipelined_trees_with_tiny_segments(nranks, hosts):
     """64-byte tree segments make short messages stream through the tree and chain pipelines."""
-    world = run_world(nranks, sweep, dict(collectives=["all_reduce", "broadcast", "reduce"], counts=[7, "3P+1", 1000],
-                                            dtypes=ALL_DTYPES, ops=OPS, salt=3),
-                      hosts=hosts, env={"RINGTREE_TREE_SEGMENT_BYTES": "64"}, timeout=280)
+    world = run_world(
+        nranks,
+        sweep,
+        dict(
+            collectives=["all_reduce", "broadcast", "reduce"],
+            counts=[7, "3P+1", 1000],
+            dtypes=ALL_DTYPES,
+            ops=OPS,
+            salt=3,
+        ),
+        hosts=hosts,
+        env={"RINGTREE_TREE_SEGMENT_BYTES": "64"},
+        timeout=280,
+    )
     assert_clean(world)
 
 
@@ -229,7 +267,7 @@ def all_to_all_v(salt=0):
         data = {i: make_input(i, sum(count(i, j) for j in range(P)), dtype, salt=salt) for i in range(P)}
         out = np.full(sum(recv_counts), 77, NUMPY_DTYPES[dtype])
         comm.all_to_all_v(data[r], out, send_counts, recv_counts)
-        want = np.concatenate([data[i][sum(count(i, j) for j in range(r)):][:count(i, r)] for i in range(P)])
+        want = np.concatenate([data[i][sum(count(i, j) for j in range(r)) :][: count(i, r)] for i in range(P)])
         if not np.array_equal(out, want):
             failures.append(f"{dtype}: {out.tolist()} != {want.tolist()}")
         # In place: one buffer big enough for both layouts.
@@ -250,7 +288,9 @@ def all_to_all_v(salt=0):
         if r == 1:
             recv_counts[0] = 3  # rank 0 sends 2
         try:
-            comm.all_to_all_v(np.zeros(sum(send_counts), np.int32), np.zeros(sum(recv_counts), np.int32), send_counts, recv_counts)
+            comm.all_to_all_v(
+                np.zeros(sum(send_counts), np.int32), np.zeros(sum(recv_counts), np.int32), send_counts, recv_counts
+            )
             comm.barrier()
             report["mismatch"] = None
         except rt.CollectiveMismatch as exc:

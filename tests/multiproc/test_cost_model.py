@@ -3,14 +3,15 @@ explain() must show what choose_algo() does, and the figures are cached per host
 
 The rank bodies (choices_and_estimates, oneshot_boundary) run in every rank of a test's world
 (harness.py) and return a JSON report that the test asserts on."""
+
 import io
 import math
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 from ringtree import _core
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
@@ -93,7 +94,6 @@ def test_default_figures_without_measuring():
     assert all(r["costs"]["source"] == "defaults" for r in res)
 
 
-
 def overrule_past(limit, request):
     """An algorithm hook: for calls larger than `limit`, ring or tree, whichever the model did not pick."""
     if request.nbytes <= limit:
@@ -107,6 +107,7 @@ def hooked_calls():
     traffic, leaving the communicator usable; ranks whose hooks disagree get CollectiveMismatch
     (last: it aborts the communicator)."""
     import functools
+
     comm = rt.init(timeout=20)
     P, r = comm.size, comm.rank
     out = {"model": [comm.choose_algo("all_reduce", n) for n in (4096, 1 << 20)]}
@@ -149,17 +150,20 @@ def test_an_algorithm_hook_set_on_every_rank_decides_what_auto_runs():
         assert "hook chose 'oneshot'" in res["bad_answer"] and res["usable"], res
         assert res["disagree"] in ("CollectiveMismatch", "Aborted"), res
 
+
 def deterministic_estimates():
     """What deterministic mode weighs for a small and a large all_reduce, what it chooses and
     what it runs, and explain()'s account of it."""
     comm = rt.init()
     out = {}
     for n in (64, 1 << 20):
-        out[str(n)] = {"estimates": [(a, t) for a, t, _ in comm.estimate("all_reduce", n, deterministic=True)],
-                       "auto": comm.choose_algo("all_reduce", n),
-                       "chosen": comm.choose_algo("all_reduce", n, deterministic=True),
-                       "ints": [a for a, _, _ in comm.estimate("all_reduce", n, "int32", deterministic=True)],
-                       "explain": rt.explain("all_reduce", n, comm=comm, file=None)}
+        out[str(n)] = {
+            "estimates": [(a, t) for a, t, _ in comm.estimate("all_reduce", n, deterministic=True)],
+            "auto": comm.choose_algo("all_reduce", n),
+            "chosen": comm.choose_algo("all_reduce", n, deterministic=True),
+            "ints": [a for a, _, _ in comm.estimate("all_reduce", n, "int32", deterministic=True)],
+            "explain": rt.explain("all_reduce", n, comm=comm, file=None),
+        }
     comm.close()
     return out
 
@@ -209,8 +213,9 @@ def oneshot_boundary(limit_bytes):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_oneshot_capacity_boundary(nranks):
     limit = 1024
-    res = run_world(nranks, oneshot_boundary, dict(limit_bytes=limit), timeout=100,
-                    env={"RINGTREE_ONESHOT_BYTES": str(limit)}).check_ok()
+    res = run_world(
+        nranks, oneshot_boundary, dict(limit_bytes=limit), timeout=100, env={"RINGTREE_ONESHOT_BYTES": str(limit)}
+    ).check_ok()
     fits = limit // 4
     for r in res:
         assert r[f"ok_{fits}"] and r[f"ok_{fits + 1}"], r
@@ -222,6 +227,7 @@ def test_oneshot_capacity_boundary(nranks):
 
 # Pricing counts the schedules themselves; these check the counts against what each algorithm
 # is known to do, worked out independently of the schedule code.
+
 
 @pytest.mark.parametrize("P", [2, 3, 4, 5, 8, 16])
 def test_ring_all_reduce_counts_2_P_minus_1_hops_and_its_share_of_bytes(P):
@@ -274,9 +280,16 @@ def test_tree_all_reduce_root_reduces_children_one_step_each():
 def test_price_table_matches_counting_the_call_itself(P):
     # choose_algo prices from a table counted at powers of two and extended past the last size
     # it counted; between and beyond, it must agree with counting the call's own schedules.
-    cases = [("all_reduce", "ring", 0), ("all_reduce", "tree", SEGMENT), ("broadcast", "tree", SEGMENT),
-             ("broadcast", "ring", SEGMENT), ("reduce", "tree", SEGMENT), ("all_gather", "ring", 0),
-             ("all_to_all", "direct", 0), ("gather", "direct", 0)]
+    cases = [
+        ("all_reduce", "ring", 0),
+        ("all_reduce", "tree", SEGMENT),
+        ("broadcast", "tree", SEGMENT),
+        ("broadcast", "ring", SEGMENT),
+        ("reduce", "tree", SEGMENT),
+        ("all_gather", "ring", 0),
+        ("all_to_all", "direct", 0),
+        ("gather", "direct", 0),
+    ]
     for coll, algo, segment in cases:
         for nbytes in (0, 4096, 3 * SEGMENT, (1 << 20) + 3 * P * SEGMENT, 1 << 26):
             exact = counted(coll, algo, P, nbytes, segment)
@@ -288,6 +301,7 @@ def test_price_table_matches_counting_the_call_itself(P):
 # Across hosts a link carries both directions at once: what it must carry is counted step by step,
 # the larger of what a step sends and what it receives across hosts (remote_link), worked out
 # here by hand from what each schedule does.
+
 
 def counted_on(coll, algo, hosts, count, segment=0):
     return _core.schedule_counts(COLL[coll], ALGO[algo], len(hosts), count, 0, segment, hosts)
@@ -356,9 +370,11 @@ def test_hier_block_collectives_on_uneven_hosts_cross_each_block_once_per_host_p
 
 def explain_across_hosts():
     comm = rt.init()
-    out = {"explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None),
-           "estimates": {a: t for a, t, _ in comm.estimate("all_reduce", 1 << 20)},
-           "chosen": comm.choose_algo("all_reduce", 1 << 20)}
+    out = {
+        "explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None),
+        "estimates": {a: t for a, t, _ in comm.estimate("all_reduce", 1 << 20)},
+        "chosen": comm.choose_algo("all_reduce", 1 << 20),
+    }
     comm.close()
     return out
 

@@ -6,6 +6,7 @@ same dtype. Without the mode, the same calls differ from that fold, so the compa
 A rank that alone turns the mode on makes every rank raise CollectiveMismatch.
 
 The rank bodies run in every rank of a test's world (harness.py) and return JSON reports."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,15 +14,17 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import outcome
 from reference import rank_order_fold, spread_input
 
-ALGOS = {"all_reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"],
-         "reduce_scatter": ["auto", "ring", "oneshot", "hier", "rank_order"],
-         "reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"]}
+import ringtree as rt
+
+ALGOS = {
+    "all_reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"],
+    "reduce_scatter": ["auto", "ring", "oneshot", "hier", "rank_order"],
+    "reduce": ["auto", "ring", "tree", "oneshot", "hier", "hier_tree", "rank_order"],
+}
 SIZES = [999, 70001]  # 70001 float32: three pipeline segments of the chain
 ROOT = 1
 
@@ -52,7 +55,7 @@ def results(seed):
                 inputs = [spread_input(seed, q, total, dtype_name) for q in range(P)]
                 want = rank_order_fold(inputs, dtype_name)
                 if coll == "reduce_scatter":
-                    want = want[r * N:(r + 1) * N]
+                    want = want[r * N : (r + 1) * N]
                 for algo in algos:
                     if algo == "oneshot" and (not one_host or total * want.itemsize > 65536):
                         continue  # oneshot: one host, small calls (else InvalidArgument, as without the mode)
@@ -70,16 +73,24 @@ def results(seed):
                         differs.append(f"{coll}/{dtype_name}/{n}/{algo}")
     integer = comm.choose_algo("all_reduce", 4096, "ring", "int32", deterministic=True)
     comm.close()
-    return {"digests": {k: sorted(v) for k, v in digests.items()}, "wrong": wrong, "ran": sorted(ran),
-            "differs": differs, "integer": integer}
+    return {
+        "digests": {k: sorted(v) for k, v in digests.items()},
+        "wrong": wrong,
+        "ran": sorted(ran),
+        "differs": differs,
+        "integer": integer,
+    }
 
 
 def interleaved(labels):
     return lambda r: {"RINGTREE_HOSTNAME": f"emulated-host-{labels[r]}"}
 
 
-LAYOUTS = [("one host", dict(hosts=1)), ("two hosts", dict(hosts=2)),
-           ("two hosts interleaved", dict(per_rank_env=interleaved([0, 1] * 3)))]
+LAYOUTS = [
+    ("one host", dict(hosts=1)),
+    ("two hosts", dict(hosts=2)),
+    ("two hosts interleaved", dict(per_rank_env=interleaved([0, 1] * 3))),
+]
 
 
 @pytest.mark.timeout(240)
@@ -111,7 +122,9 @@ def mismatched():
 
 @pytest.mark.timeout(60)
 def test_a_rank_alone_in_deterministic_mode_is_a_mismatch():
-    world = run_world(3, mismatched, timeout=50, per_rank_env=lambda r: {"RINGTREE_DETERMINISTIC": "1" if r == 1 else "0"})
+    world = run_world(
+        3, mismatched, timeout=50, per_rank_env=lambda r: {"RINGTREE_DETERMINISTIC": "1" if r == 1 else "0"}
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["raised"] == "CollectiveMismatch", (rank, res)
     assert any("deterministic" in res["message"] for res in world.check_ok())

@@ -5,6 +5,7 @@ device fail on their rank before any traffic. The device path itself is gpu/test
 
 The rank bodies (gate_holds_its_place, ...) run in every rank of a test's world (harness.py) and
 return a JSON report that the test asserts on."""
+
 from __future__ import annotations
 
 import threading
@@ -12,12 +13,11 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
-from ringtree import _core
 from harness import run_world
 from rank_checks import outcome
 
+import ringtree as rt
+from ringtree import _core
 
 F32 = list(_core.DTYPES).index("float32")
 
@@ -28,8 +28,26 @@ ALL_REDUCE = list(_core.COLLECTIVES).index("all_reduce")
 def gated_all_reduce(comm, x, gate, timeout=-1.0):
     """An async in-place all_reduce of float32 x that starts its traffic once `gate` opens."""
     ptr = x.ctypes.data
-    return comm._core.run(ALL_REDUCE, F32, True, ptr, x.size, False, True, ptr, x.size, False, 0, 1.0, 0, -1, 0,
-                          float(timeout), True, gate=gate)
+    return comm._core.run(
+        ALL_REDUCE,
+        F32,
+        True,
+        ptr,
+        x.size,
+        False,
+        True,
+        ptr,
+        x.size,
+        False,
+        0,
+        1.0,
+        0,
+        -1,
+        0,
+        float(timeout),
+        True,
+        gate=gate,
+    )
 
 
 def gated_outcome(comm, x, gate, done, timeout=-1.0):
@@ -77,8 +95,14 @@ def gate_holds_its_place(delay=0.4):
 def test_gated_call_keeps_its_place_and_waits_for_its_input(nranks):
     world = run_world(nranks, gate_holds_its_place, timeout=80)
     for rank, res in enumerate(world.check_ok()):
-        assert res == {"a_ok": True, "b_ok": True, "a_untouched_before_open": True, "b_after_open": True,
-                       "done_calls": 1, "done_after_open": True}, (rank, res)
+        assert res == {
+            "a_ok": True,
+            "b_ok": True,
+            "a_untouched_before_open": True,
+            "b_after_open": True,
+            "done_calls": 1,
+            "done_after_open": True,
+        }, (rank, res)
 
 
 def gate_never_opens(victim=1, timeout=2.0):
@@ -134,8 +158,13 @@ class FakeCudaArray:
     """Describes device memory through __cuda_array_interface__ without any device."""
 
     def __init__(self, n, typestr="<f4", strides=None, ptr=0x7F0000000000):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (ptr, False),
-                                         "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": (n,),
+            "typestr": typestr,
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
 
 
 def device_arguments_without_a_device():
@@ -161,14 +190,25 @@ def device_arguments_without_a_device():
         expect("device all_gather", lambda: comm.all_gather(FakeCudaArray(4), FakeCudaArray(4 * P)), "Error", words)
         expect("device nccl", lambda: comm.all_reduce(FakeCudaArray(16), algo="nccl"), "Error", words)
         expect("async device", lambda: comm.broadcast(FakeCudaArray(8), async_op=True), "Error", words)
-        expect("nccl on host", lambda: comm.all_reduce(np.ones(4, np.float32), algo="nccl"), "InvalidArgument",
-               ["algo='nccl' needs CUDA buffers"])
-        expect("mixed", lambda: comm.all_gather(np.ones(4, np.float32), FakeCudaArray(4 * P)), "InvalidArgument",
-               ["host memory", "CUDA memory"])
-        expect("strided", lambda: comm.all_reduce(FakeCudaArray(4, strides=(8,))), "InvalidArgument",
-               ["C-contiguous"])
-        expect("dtype", lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c8")), "InvalidArgument",
-               ["unsupported dtype <c8"])
+        expect(
+            "nccl on host",
+            lambda: comm.all_reduce(np.ones(4, np.float32), algo="nccl"),
+            "InvalidArgument",
+            ["algo='nccl' needs CUDA buffers"],
+        )
+        expect(
+            "mixed",
+            lambda: comm.all_gather(np.ones(4, np.float32), FakeCudaArray(4 * P)),
+            "InvalidArgument",
+            ["host memory", "CUDA memory"],
+        )
+        expect("strided", lambda: comm.all_reduce(FakeCudaArray(4, strides=(8,))), "InvalidArgument", ["C-contiguous"])
+        expect(
+            "dtype",
+            lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c8")),
+            "InvalidArgument",
+            ["unsupported dtype <c8"],
+        )
     x = np.arange(10, dtype=np.int64) + r
     comm.all_reduce(x)
     report["usable after"] = "ok" if np.array_equal(x, P * np.arange(10) + P * (P - 1) // 2) else f"wrong: {x}"

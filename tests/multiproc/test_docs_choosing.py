@@ -1,13 +1,12 @@
 """The examples of docs/choosing.md run as written, on every rank of a 2-rank world."""
+
 import os
 import re
 
 import pytest
-
 from harness import run_world
 
-PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
-                    "choosing.md")
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "choosing.md")
 
 
 def examples():

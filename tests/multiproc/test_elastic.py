@@ -6,18 +6,18 @@ freshly started process joins through grow's token. After every shrink and grow 
 all_reduce / all_gather / broadcast is compared exactly with numpy.
 
 The rank bodies run in every rank of a test's world (harness.py) and return a JSON report."""
+
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from harness import rank_command, rank_pythonpath, run_world
 
 import ringtree as rt
-from harness import rank_command, rank_pythonpath, run_world
 
 SHRINK_TIMEOUT = 3.0
 
@@ -143,8 +143,7 @@ def bad_shrink_arguments():
     """Each bad call raises InvalidArgument before any traffic; the communicator stays usable."""
     comm = rt.init(timeout=20)
     raised = []
-    for exclude, timeout in (([comm.rank], None), ([comm.size], None), ([-1], None), ("x", None), ([], 0),
-                             ([], -1.0)):
+    for exclude, timeout in (([comm.rank], None), ([comm.size], None), ([-1], None), ("x", None), ([], 0), ([], -1.0)):
         try:
             comm.shrink(exclude=exclude, timeout=timeout)
             raised.append(None)
@@ -152,8 +151,7 @@ def bad_shrink_arguments():
             raised.append(str(exc))
     # Rank 0 alone is told it needs publish (the others would enter the collective).
     publish_missing = (lambda: comm.grow(1, publish=None)) if comm.rank == 0 else (lambda: comm.grow(1.5))
-    for bad in (lambda: comm.grow(0, publish=print), publish_missing,
-                lambda: comm.isend(np.zeros(1), 0, tag=1 << 62)):
+    for bad in (lambda: comm.grow(0, publish=print), publish_missing, lambda: comm.isend(np.zeros(1), 0, tag=1 << 62)):
         try:
             bad()
             raised.append(None)
@@ -268,8 +266,11 @@ def shrink_then_grow(victim):
     def publish(token):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_") or k == "RINGTREE_TIMEOUT"}
         env["PYTHONPATH"] = rank_pythonpath(joiner, env.get("PYTHONPATH"))
-        spawned.append(subprocess.Popen(rank_command(joiner, dict(token=token)), env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        spawned.append(
+            subprocess.Popen(
+                rank_command(joiner, dict(token=token)), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        )
 
     big = small.grow(1, publish=publish if small.rank == 0 else None, timeout=20)
     # Old ranks keep their numbers in the grown communicator; the joiner is the last.
@@ -295,7 +296,10 @@ def test_shrink_after_sigkill_then_grow_back_with_a_new_process():
 
 
 def test_join_rejects_bad_tokens_before_traffic():
-    for token, index in (("rt1:127.0.0.1:1:00", 0), ("rtgrow1:3:4:rt1:127.0.0.1:1:00", 1),
-                         ("rtgrow1:3:4:rt1:127.0.0.1:1:00", -1)):
+    for token, index in (
+        ("rt1:127.0.0.1:1:00", 0),
+        ("rtgrow1:3:4:rt1:127.0.0.1:1:00", 1),
+        ("rtgrow1:3:4:rt1:127.0.0.1:1:00", -1),
+    ):
         with pytest.raises(rt.InvalidArgument):
             rt.join(token, index)

@@ -3,6 +3,7 @@ peers, and bootstrap mistakes each give a clear typed error on every rank within
 
 The rank bodies (invalid_arguments, mismatch, ...) run in every rank of a test's world
 (harness.py); each returns a JSON report that the test asserts on."""
+
 import os
 import signal
 import socket
@@ -11,9 +12,9 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 
 def invalid_arguments():
@@ -37,13 +38,27 @@ def invalid_arguments():
         ("non-contiguous", lambda: comm.all_reduce(np.zeros(16, np.float32)[::2]), "C-contiguous"),
         ("read-only output", lambda: comm.all_reduce(f32, ro), "read-only"),
         ("read-only in place", lambda: comm.all_reduce(ro), "read-only"),
-        ("reduce_scatter sizes", lambda: comm.reduce_scatter(np.zeros(8 * P + 1, np.float32), np.zeros(8, np.float32)),
-         f"expected {8 * P}, got {8 * P + 1}"),
-        ("all_gather sizes", lambda: comm.all_gather(f32, np.zeros(8 * P + 2, np.float32)), f"expected {8 * P}, got {8 * P + 2}"),
-        ("all_to_all divisibility", lambda: comm.all_to_all(np.zeros(P * 4 + 1, np.float32), np.zeros(P * 4 + 1, np.float32)),
-         "not divisible" if P > 1 else None),
+        (
+            "reduce_scatter sizes",
+            lambda: comm.reduce_scatter(np.zeros(8 * P + 1, np.float32), np.zeros(8, np.float32)),
+            f"expected {8 * P}, got {8 * P + 1}",
+        ),
+        (
+            "all_gather sizes",
+            lambda: comm.all_gather(f32, np.zeros(8 * P + 2, np.float32)),
+            f"expected {8 * P}, got {8 * P + 2}",
+        ),
+        (
+            "all_to_all divisibility",
+            lambda: comm.all_to_all(np.zeros(P * 4 + 1, np.float32), np.zeros(P * 4 + 1, np.float32)),
+            "not divisible" if P > 1 else None,
+        ),
         ("partial overlap", lambda: comm.reduce_scatter(*_overlap(P)), "overlap"),
-        ("algo", lambda: comm.all_gather(f32, np.zeros(8 * P, np.float32), algo="tree"), "not available for all_gather"),
+        (
+            "algo",
+            lambda: comm.all_gather(f32, np.zeros(8 * P, np.float32), algo="tree"),
+            "not available for all_gather",
+        ),
         ("algo name", lambda: comm.all_reduce(f32, algo="butterfly"), "unknown algo 'butterfly'"),
         ("timeout", lambda: comm.all_reduce(f32, timeout=-1), "timeout must be positive"),
         ("premul factor", lambda: comm.all_reduce(f32, op=rt.premul_sum(float("nan"))), "must be finite"),
@@ -87,8 +102,20 @@ def test_invalid_arguments_raise_before_traffic_and_leave_comm_usable(nranks):
         assert len(res["report"]) >= 18
 
 
-MISMATCHES = ["collective", "count", "dtype", "op", "root", "algo", "zero_count", "count_across_paths", "algo_oneshot",
-              "collective_across_paths", "zero_count_dtype", "root_run_ahead"]
+MISMATCHES = [
+    "collective",
+    "count",
+    "dtype",
+    "op",
+    "root",
+    "algo",
+    "zero_count",
+    "count_across_paths",
+    "algo_oneshot",
+    "collective_across_paths",
+    "zero_count_dtype",
+    "root_run_ahead",
+]
 
 
 def mismatch(kind):
@@ -121,7 +148,9 @@ def mismatch(kind):
         elif kind == "collective_across_paths":
             comm.all_gather(np.ones(1 << 18, np.float32), np.empty(P << 18, np.float32)) if odd else comm.barrier()
         elif kind == "zero_count_dtype":  # both return at once; the checks come in a later call
-            comm.all_gather(np.empty(0, np.float64 if odd else np.float32), np.empty(0, np.float64 if odd else np.float32))
+            comm.all_gather(
+                np.empty(0, np.float64 if odd else np.float32), np.empty(0, np.float64 if odd else np.float32)
+            )
         elif kind == "root_run_ahead":  # agreeing broadcasts the root runs ahead on, then one that disagrees
             for k in range(5):
                 comm.broadcast(np.full(4, r + k, np.int64), root=0)
@@ -154,10 +183,20 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
         assert "called" in res["message"] and " but rank " in res["message"], res["message"]
         assert res["after"] == "aborted"
     # The detecting rank names both calls, with the argument that differs.
-    detail = {"count": "count=17", "dtype": "float64", "op": "op=max", "root": "root=1", "algo": "algo=tree",
-              "collective": "barrier", "zero_count": "count=0", "count_across_paths": "count=1048576",
-              "algo_oneshot": "algo=oneshot", "collective_across_paths": "all_gather", "zero_count_dtype": "float64",
-              "root_run_ahead": "root=1"}[kind]
+    detail = {
+        "count": "count=17",
+        "dtype": "float64",
+        "op": "op=max",
+        "root": "root=1",
+        "algo": "algo=tree",
+        "collective": "barrier",
+        "zero_count": "count=0",
+        "count_across_paths": "count=1048576",
+        "algo_oneshot": "algo=oneshot",
+        "collective_across_paths": "all_gather",
+        "zero_count_dtype": "float64",
+        "root_run_ahead": "root=1",
+    }[kind]
     assert any(detail in res["message"] for res in results), [r["message"] for r in results]
 
 
@@ -258,8 +297,9 @@ def test_connection_without_the_secret_is_dropped_and_the_job_continues():
     t = threading.Thread(target=intruder)
     t.start()
     try:
-        world = run_world(3, init_only, dict(timeout=30.0), timeout=60,
-                          per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)})
+        world = run_world(
+            3, init_only, dict(timeout=30.0), timeout=60, per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": str(uid)}
+        )
     finally:
         stop.set()
         t.join()
@@ -269,8 +309,13 @@ def test_connection_without_the_secret_is_dropped_and_the_job_continues():
 
 @pytest.mark.timeout(60)
 def test_wrong_world_size_is_explained_not_hung():
-    world = run_world(3, init_only, dict(timeout=20.0), timeout=50,
-                      per_rank_env=lambda r: {"RINGTREE_WORLD_SIZE": "4"} if r == 2 else {})
+    world = run_world(
+        3,
+        init_only,
+        dict(timeout=20.0),
+        timeout=50,
+        per_rank_env=lambda r: {"RINGTREE_WORLD_SIZE": "4"} if r == 2 else {},
+    )
     results = world.check_ok()
     for rank in (0, 2):
         assert results[rank]["raised"] == "BootstrapError", results[rank]
@@ -281,8 +326,9 @@ def test_wrong_world_size_is_explained_not_hung():
 
 @pytest.mark.timeout(60)
 def test_duplicate_rank_is_explained_not_hung():
-    world = run_world(3, init_only, dict(timeout=20.0), timeout=50,
-                      per_rank_env=lambda r: {"RINGTREE_RANK": "1"} if r == 2 else {})
+    world = run_world(
+        3, init_only, dict(timeout=20.0), timeout=50, per_rank_env=lambda r: {"RINGTREE_RANK": "1"} if r == 2 else {}
+    )
     results = world.check_ok()
     assert results[0]["raised"] == "BootstrapError" and "duplicate rank" in results[0]["message"], results[0]
     assert any("duplicate rank" in (res.get("message") or "") for res in results[1:]), results

@@ -13,9 +13,10 @@ then the summary: hangs, failures by kind, detection times per fault kind and mo
 
 Network-namespace trials need root and `ip netns`; without them they are skipped, and the summary
 says why."""
-import pytest
 
 import faults
+import pytest
+
 from rtbench import netns
 
 SEED = 14
@@ -62,11 +63,18 @@ def test_every_survivor_raises_a_typed_error_naming_the_call(trial, namespaces):
 def test_the_judge_flags_hangs_silence_wrong_errors_and_slow_detection():
     """The checks themselves, on made-up rank reports: each fault the campaign must catch is caught."""
     from harness import World
+
     trial = faults.make_trial(SEED, 0)
     t = faults.Trial(**{**trial.__dict__, "kind": "sigkill", "moment": "between", "nranks": 4, "victim": 1})
     fault = 'ringtree-fault {"wall": 100.0, "phase": "between", "kind": "sigkill"}\n'
-    good = {"error": "PeerFailure", "message": f"{t.collective} #2 on rank 0: rank 1 died", "wall": 100.3,
-            "phase": "call", "calls": 2, "wrong_results": []}
+    good = {
+        "error": "PeerFailure",
+        "message": f"{t.collective} #2 on rank 0: rank 1 died",
+        "wall": 100.3,
+        "phase": "call",
+        "calls": 2,
+        "wrong_results": [],
+    }
 
     def judged(r0=good, r2=good, r3=good, hung=()):
         world = World([0, -9, 0, 0], ["", fault, "", ""], [r0, None, r2, r3])
@@ -93,8 +101,13 @@ def test_fault_soak(request, namespaces):
         pytest.skip("a soak runs when asked for: --fault-trials N [--fault-seed S] or --fault-only ID ...")
     if isinstance(namespaces, str) and any(t.transport == "netns" for t in trials):
         print(f"note: network-namespace trials are skipped: {namespaces}")
-    summary = faults.soak(trials, None if isinstance(namespaces, str) else namespaces, out_dir=option("--fault-out"),
-                          minutes=option("--fault-minutes"), in_full=bool(option("--fault-only")))
+    summary = faults.soak(
+        trials,
+        None if isinstance(namespaces, str) else namespaces,
+        out_dir=option("--fault-out"),
+        minutes=option("--fault-minutes"),
+        in_full=bool(option("--fault-only")),
+    )
     print()
     print(faults.soak_report(summary))
     assert summary["failed"] == 0, faults.soak_report(summary)

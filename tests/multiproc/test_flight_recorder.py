@@ -5,6 +5,7 @@ SIGUSR1 dumps a rank that is blocked in a collective.
 
 The rank bodies are the module-level functions below (run_world(...)); each
 test has a hard timeout, so a hang fails instead of stalling."""
+
 import copy
 import json
 import os
@@ -14,12 +15,10 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 from ringtree import analyze, timeline
-
-
 
 # --- rank bodies ------------------------------------------------------------------------------
 
@@ -120,6 +119,7 @@ def bucket_labels():
     import torch.distributed as dist
 
     import ringtree.torch as rtt
+
     torch.set_num_threads(1)
     rtt.init_process_group(timeout=datetime.timedelta(seconds=60))
     comm = dist.group.WORLD.comm
@@ -127,10 +127,10 @@ def bucket_labels():
     def labels_of(step):
         before = comm.record()["recorded"]
         step()
-        calls = comm.record()["calls"][-(comm.record()["recorded"] - before):]
+        calls = comm.record()["calls"][-(comm.record()["recorded"] - before) :]
         return [c["label"] for c in calls if c["coll"] in ("all_reduce", "all_gather")]
 
-    bucketer = rt.Bucketer([1000, 1000, 1000], bucket_cap_mb=1000 * 4 / 2 ** 20)
+    bucketer = rt.Bucketer([1000, 1000, 1000], bucket_cap_mb=1000 * 4 / 2**20)
 
     def bucketer_step():
         bucketer.start_step(comm)
@@ -210,8 +210,9 @@ def test_without_the_hung_ranks_record_the_survivors_records_name_it(never_calle
 @pytest.mark.timeout(120)
 def test_a_rank_that_sleeps_before_each_call_is_named_as_the_straggler(tmp_path, capsys):
     delay, calls = 0.05, 15
-    run_world(3, slow_rank, dict(slow=1, delay=delay, calls=calls), timeout=100,
-              env={"RINGTREE_DUMP_DIR": str(tmp_path)}).check_ok()
+    run_world(
+        3, slow_rank, dict(slow=1, delay=delay, calls=calls), timeout=100, env={"RINGTREE_DUMP_DIR": str(tmp_path)}
+    ).check_ok()
     assert analyze.main([str(tmp_path), "--stragglers", "--plot", str(tmp_path / "late.png")]) == 0
     out = capsys.readouterr().out
     print(out)
@@ -242,15 +243,17 @@ def test_a_mismatch_is_reported_with_both_calls(tmp_path, capsys):
     calls = {tuple(c["ranks"]): c["call"] for c in mismatch[0]["calls"]}
     assert calls[(0, 2)].startswith("all_reduce #1") and calls[(1,)].startswith("all_gather #1"), calls
     assert "coll" in mismatch[0]["differs"]
-    assert "ranks 0, 2 called all_reduce #1" in mismatch[0]["text"] and "rank 1 called all_gather #1" in mismatch[0]["text"]
+    assert (
+        "ranks 0, 2 called all_reduce #1" in mismatch[0]["text"]
+        and "rank 1 called all_gather #1" in mismatch[0]["text"]
+    )
 
 
 @pytest.mark.timeout(90)
 def test_traces_are_trace_event_json_with_per_rank_tracks_on_one_clock(tmp_path):
     barriers = 30
     trace_dir = tmp_path / "traces"
-    world = run_world(3, traced, dict(barriers=barriers), timeout=80,
-                      env={"RINGTREE_TRACE": str(trace_dir)})
+    world = run_world(3, traced, dict(barriers=barriers), timeout=80, env={"RINGTREE_TRACE": str(trace_dir)})
     comm_id = world.check_ok()[0]["id"]
     assert sorted(os.listdir(trace_dir)) == [f"trace-{comm_id}-rank{r}.json" for r in range(3)]
     merged = tmp_path / "merged.json"
@@ -284,9 +287,29 @@ def test_traces_are_trace_event_json_with_per_rank_tracks_on_one_clock(tmp_path)
 
 def test_the_timeline_moves_each_rank_to_rank_0s_clock():
     """A rank whose clock runs S ahead, with offset S recorded, lands on the same times."""
-    calls = [dict(id=1, seq=0, recv_seq=0, coll="barrier", count=0, dtype="int8", op=None, algo="ring", root=-1,
-                  peer=-1, recv_peer=-1, bytes=0, label=-1, state="done", enqueued_ns=1000, started_ns=2000,
-                  ended_ns=9000, error_kind=None, error=None)]
+    calls = [
+        dict(
+            id=1,
+            seq=0,
+            recv_seq=0,
+            coll="barrier",
+            count=0,
+            dtype="int8",
+            op=None,
+            algo="ring",
+            root=-1,
+            peer=-1,
+            recv_peer=-1,
+            bytes=0,
+            label=-1,
+            state="done",
+            enqueued_ns=1000,
+            started_ns=2000,
+            ended_ns=9000,
+            error_kind=None,
+            error=None,
+        )
+    ]
     recs = [_record(r, 2, copy.deepcopy(calls), pid=100 + r) for r in range(2)]
     skewed = copy.deepcopy(recs)
     shift = 123_456_789
@@ -298,13 +321,36 @@ def test_the_timeline_moves_each_rank_to_rank_0s_clock():
     def slices(doc):
         return sorted((e["pid"], e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X")
 
-    assert slices(timeline.trace_document(skewed)) == slices(timeline.trace_document(recs)) == [(0, 2.0, 7.0), (1, 2.0, 7.0)]
+    assert (
+        slices(timeline.trace_document(skewed))
+        == slices(timeline.trace_document(recs))
+        == [(0, 2.0, 7.0), (1, 2.0, 7.0)]
+    )
 
 
 def test_the_analyzer_names_the_peers_a_stuck_call_waits_for_and_missing_dumps():
-    call = dict(id=1, seq=4, recv_seq=0, coll="all_reduce", count=8, dtype="float32", op="sum", algo="ring", root=-1,
-                peer=-1, recv_peer=-1, bytes=32, label=3, state="running", enqueued_ns=10, started_ns=10,
-                ended_ns=None, error_kind=None, error=None, waiting_on={"send": [], "recv": [2]})
+    call = dict(
+        id=1,
+        seq=4,
+        recv_seq=0,
+        coll="all_reduce",
+        count=8,
+        dtype="float32",
+        op="sum",
+        algo="ring",
+        root=-1,
+        peer=-1,
+        recv_peer=-1,
+        bytes=32,
+        label=3,
+        state="running",
+        enqueued_ns=10,
+        started_ns=10,
+        ended_ns=None,
+        error_kind=None,
+        error=None,
+        waiting_on={"send": [], "recv": [2]},
+    )
     recs = [_record(r, 4, [dict(call)], pid=r) for r in range(3)]  # rank 3 sent no dump
     recs[2]["calls"][0]["waiting_on"] = {"send": [0], "recv": []}
     (d,) = analyze.diagnose(recs)
@@ -315,17 +361,29 @@ def test_the_analyzer_names_the_peers_a_stuck_call_waits_for_and_missing_dumps()
 
 
 def _record(rank, size, calls, pid):
-    return {"format": timeline.RECORD_FORMAT, "comm_id": "c0ffee-1", "rank": rank, "size": size, "pid": pid,
-            "host": "h", "reason": "request", "dumped_ns": 10_000_000_000, "clock": {"offset_ns": 0, "error_ns": 500},
-            "capacity": 16, "recorded": len(calls), "aborted": False, "abort_reason": "", "calls": calls}
+    return {
+        "format": timeline.RECORD_FORMAT,
+        "comm_id": "c0ffee-1",
+        "rank": rank,
+        "size": size,
+        "pid": pid,
+        "host": "h",
+        "reason": "request",
+        "dumped_ns": 10_000_000_000,
+        "clock": {"offset_ns": 0, "error_ns": 500},
+        "capacity": 16,
+        "recorded": len(calls),
+        "aborted": False,
+        "abort_reason": "",
+        "calls": calls,
+    }
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("capacity", [16, 0])
 def test_the_recorder_keeps_exactly_the_last_n_calls(capacity):
     calls = 40
-    world = run_world(2, many_calls, dict(calls=calls), timeout=50,
-                      env={"RINGTREE_FLIGHT_RECORDER": str(capacity)})
+    world = run_world(2, many_calls, dict(calls=calls), timeout=50, env={"RINGTREE_FLIGHT_RECORDER": str(capacity)})
     for rec in world.check_ok():
         assert rec["capacity"] == capacity
         if capacity == 0:
@@ -340,8 +398,7 @@ def test_the_recorder_keeps_exactly_the_last_n_calls(capacity):
 
 @pytest.mark.timeout(90)
 def test_sigusr1_dumps_a_rank_blocked_in_a_collective(tmp_path):
-    world = run_world(2, signalled, dict(dump_dir=str(tmp_path)), timeout=80,
-                      env={"RINGTREE_DUMP_DIR": str(tmp_path)})
+    world = run_world(2, signalled, dict(dump_dir=str(tmp_path)), timeout=80, env={"RINGTREE_DUMP_DIR": str(tmp_path)})
     results = world.check_ok()
     assert results[0]["sum"] == results[1]["sum"] == 2.0
     record = results[1]["record"]

@@ -5,19 +5,32 @@ place and out of place; a rank that picks another algorithm is caught like any m
 cost model weighs flat against hierarchical alike on every rank and explain() says why.
 
 The rank bodies run in every rank of a test's world (harness.py) and return JSON reports."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import run_case
 
-HIER = {"all_reduce": ["hier", "hier_tree"], "reduce_scatter": ["hier"], "all_gather": ["hier"],
-        "all_to_all": ["hier"], "broadcast": ["hier", "hier_tree"], "reduce": ["hier", "hier_tree"]}
-DTYPE_OPS = [("float32", "sum"), ("int32", "max"), ("bfloat16", "sum"), ("float64", "avg"), ("int8", "min"),
-             ("int64", "prod")]
+import ringtree as rt
+
+HIER = {
+    "all_reduce": ["hier", "hier_tree"],
+    "reduce_scatter": ["hier"],
+    "all_gather": ["hier"],
+    "all_to_all": ["hier"],
+    "broadcast": ["hier", "hier_tree"],
+    "reduce": ["hier", "hier_tree"],
+}
+DTYPE_OPS = [
+    ("float32", "sum"),
+    ("int32", "max"),
+    ("bfloat16", "sum"),
+    ("float64", "avg"),
+    ("int8", "min"),
+    ("int64", "prod"),
+]
 
 
 def sweep(counts):
@@ -48,16 +61,25 @@ def interleaved_hosts(labels):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("nranks,hosts,labels,want_hosts", [
-    (4, 2, None, "2 hosts: {0,1} {2,3}"),
-    (5, 2, None, "2 hosts: {0,1,2} {3,4}"),
-    (6, 3, None, "3 hosts: {0,1} {2,3} {4,5}"),
-    (5, 1, [0, 1, 0, 2, 0], "3 hosts: {0,2,4} {1} {3}"),  # uneven and interleaved
-])
+@pytest.mark.parametrize(
+    "nranks,hosts,labels,want_hosts",
+    [
+        (4, 2, None, "2 hosts: {0,1} {2,3}"),
+        (5, 2, None, "2 hosts: {0,1,2} {3,4}"),
+        (6, 3, None, "3 hosts: {0,1} {2,3} {4,5}"),
+        (5, 1, [0, 1, 0, 2, 0], "3 hosts: {0,2,4} {1} {3}"),  # uneven and interleaved
+    ],
+)
 def test_hier_collectives_match_numpy(nranks, hosts, labels, want_hosts):
     counts = [0, 1, 7, "3P+1", 40000]
-    world = run_world(nranks, sweep, dict(counts=counts), hosts=hosts, timeout=110,
-                      per_rank_env=interleaved_hosts(labels) if labels else None)
+    world = run_world(
+        nranks,
+        sweep,
+        dict(counts=counts),
+        hosts=hosts,
+        timeout=110,
+        per_rank_env=interleaved_hosts(labels) if labels else None,
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["hosts"] == want_hosts
         assert not res["failures"], f"rank {rank}: {res['failures']}"
@@ -113,9 +135,11 @@ def test_mismatched_hier_choice_raises_on_every_rank():
 def choices():
     comm = rt.init()
     sizes = [8, 4096, 1 << 16, 1 << 20, 1 << 24]
-    out = {"choices": {f"{c}/{n}": comm.choose_algo(c, n) for c in HIER for n in sizes},
-           "estimates": {f"{c}/{n}": [(a, t) for a, t, _ in comm.estimate(c, n)] for c in HIER for n in sizes},
-           "explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None)}
+    out = {
+        "choices": {f"{c}/{n}": comm.choose_algo(c, n) for c in HIER for n in sizes},
+        "estimates": {f"{c}/{n}": [(a, t) for a, t, _ in comm.estimate(c, n)] for c in HIER for n in sizes},
+        "explain": rt.explain("all_reduce", 1 << 20, comm=comm, file=None),
+    }
     comm.close()
     return out
 

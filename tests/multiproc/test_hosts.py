@@ -3,6 +3,7 @@ network namespaces that share /dev/shm and claim the same host name (as two cont
 machine may) cannot wake each other through the shared-memory doorbell, so they must talk over
 TCP. The namespaces, the veth link between them and its addresses are made by this test and
 removed after it; it needs root and `ip netns`, and skips, saying why, without them."""
+
 from __future__ import annotations
 
 import time
@@ -10,10 +11,10 @@ import uuid
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
 from rtbench import netns
-from harness import run_world
 
 
 @pytest.fixture
@@ -35,7 +36,11 @@ def same_name_other_namespace(elems=1 << 20, calls=5):
     for _ in range(calls):
         comm.all_reduce(x)
     seconds = (time.monotonic() - start) / calls
-    out = {"transport": comm.status().transports[1 - comm.rank], "seconds": seconds, "ok": bool(np.all(x == 2 ** (calls + 1)))}
+    out = {
+        "transport": comm.status().transports[1 - comm.rank],
+        "seconds": seconds,
+        "ok": bool(np.all(x == 2 ** (calls + 1))),
+    }
     comm.close()
     return out
 
@@ -44,11 +49,16 @@ def same_name_other_namespace(elems=1 << 20, calls=5):
 def test_same_host_name_in_other_network_namespaces_uses_tcp(two_namespaces):
     names, addrs = two_namespaces
     uid = rt.UniqueId.from_seed(addrs[0], 29517, uuid.uuid4().hex)  # rank 0 listens in its namespace
-    env = {"RINGTREE_UNIQUE_ID": str(uid), "RINGTREE_HOSTNAME": "same-name",
-           # block at once when waiting: the doorbell is what must reach the peer
-           "RINGTREE_SPIN_US": "0", "RINGTREE_YIELD_US": "0"}
-    world = run_world(2, same_name_other_namespace, timeout=100, env=env,
-                      per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
+    env = {
+        "RINGTREE_UNIQUE_ID": str(uid),
+        "RINGTREE_HOSTNAME": "same-name",
+        # block at once when waiting: the doorbell is what must reach the peer
+        "RINGTREE_SPIN_US": "0",
+        "RINGTREE_YIELD_US": "0",
+    }
+    world = run_world(
+        2, same_name_other_namespace, timeout=100, env=env, per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]]
+    )
     for rank, res in enumerate(world.check_ok()):
         assert res["ok"], (rank, res)
         assert res["transport"] == "tcp", (rank, res)
@@ -61,17 +71,29 @@ def slurm_rank():
     comm = rt.init(timeout=30.0)
     x = np.full(1000, comm.rank + 1, np.int64)
     comm.all_reduce(x)
-    out = {"rank": comm.rank, "size": comm.size, "sum": int(x[0]),
-           "transport": comm.status().transports[(comm.rank + 1) % comm.size]}
+    out = {
+        "rank": comm.rank,
+        "size": comm.size,
+        "sum": int(x[0]),
+        "transport": comm.status().transports[(comm.rank + 1) % comm.size],
+    }
     comm.close()
     return out
 
 
 def slurm_env(r, nranks, **extra):
     # run_world's own ringtree variables are blanked, so only Slurm's remain to go by
-    return {"RINGTREE_RANK": "", "RINGTREE_WORLD_SIZE": "", "RINGTREE_UNIQUE_ID": "",
-            "SLURM_PROCID": str(r), "SLURM_NTASKS": str(nranks), "SLURM_LOCALID": str(r),
-            "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", **extra}
+    return {
+        "RINGTREE_RANK": "",
+        "RINGTREE_WORLD_SIZE": "",
+        "RINGTREE_UNIQUE_ID": "",
+        "SLURM_PROCID": str(r),
+        "SLURM_NTASKS": str(nranks),
+        "SLURM_LOCALID": str(r),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        **extra,
+    }
 
 
 @pytest.mark.timeout(120)
@@ -79,10 +101,15 @@ def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces)
     names, addrs = two_namespaces
     nodelist = ",".join(addrs)  # node names that resolve to the hosts' addresses
     secret = uuid.uuid4().hex  # without it (or a token file, or MPI) init refuses under Slurm
-    world = run_world(2, slurm_rank, timeout=100,
-                      per_rank_env=lambda r: slurm_env(r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533",
-                                                       RINGTREE_SECRET=secret),
-                      per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]])
+    world = run_world(
+        2,
+        slurm_rank,
+        timeout=100,
+        per_rank_env=lambda r: slurm_env(
+            r, 2, SLURM_STEP_NODELIST=nodelist, RINGTREE_PORT="29533", RINGTREE_SECRET=secret
+        ),
+        per_rank_prefix=lambda r: ["ip", "netns", "exec", names[r]],
+    )
     for r, res in enumerate(world.check_ok()):
         assert (res["rank"], res["size"], res["sum"], res["transport"]) == (r, 2, 3, "tcp"), res
 
@@ -90,8 +117,7 @@ def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces)
 @pytest.mark.timeout(120)
 def test_slurm_ranks_share_the_unique_id_through_a_file(tmp_path):
     path = str(tmp_path / "ringtree.id")
-    world = run_world(3, slurm_rank, timeout=100,
-                      per_rank_env=lambda r: slurm_env(r, 3, RINGTREE_UNIQUE_ID_FILE=path))
+    world = run_world(3, slurm_rank, timeout=100, per_rank_env=lambda r: slurm_env(r, 3, RINGTREE_UNIQUE_ID_FILE=path))
     for r, res in enumerate(world.check_ok()):
         assert (res["rank"], res["size"], res["sum"]) == (r, 3, 6), res
     assert open(path).read().startswith("rt1:127.0.0.1:")
@@ -99,6 +125,7 @@ def test_slurm_ranks_share_the_unique_id_through_a_file(tmp_path):
 
 def test_first_host_of_a_slurm_node_list():
     from ringtree._launchers import first_host
+
     assert first_host("gpu[07-09,12],cpu1") == "gpu07"
     assert first_host("node1,node2") == "node1"
     assert first_host("n[001-004]") == "n001"
@@ -107,6 +134,7 @@ def test_first_host_of_a_slurm_node_list():
 
 def test_multi_host_unique_id_listens_on_the_named_interface(monkeypatch):
     from ringtree import _launchers
+
     # set, then delete: monkeypatch records "absent" as the value to restore only this way, so
     # the RINGTREE_ADDR create_unique_id sets below does not leak into later tests (it did: a
     # later namespace trial's shrink led at 127.0.0.1, unreachable from the other namespace)

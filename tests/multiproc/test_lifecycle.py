@@ -1,6 +1,7 @@
 """A communicator's life as long-running jobs live it: a watchdog thread aborts a stuck call on
 every rank, and hundreds of communicators made, used, failed and closed in one process leave no
 file descriptors, threads, shared-memory segments or memory behind."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 
 def aborted_by_watchdog(delay=1.0, late=3.0):

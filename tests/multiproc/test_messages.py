@@ -6,6 +6,7 @@ mixed with collectives.
 The rank bodies run in every rank of a test's world (harness.py) and return a JSON report that
 the test asserts on. Payloads are derived from (sender, request id) so the receiver computes
 what it must have got independently of what arrived."""
+
 import os
 import random
 import signal
@@ -14,9 +15,9 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 
 def _payload(sender, ident, n):
@@ -59,7 +60,9 @@ def server_and_workers(requests=40, seed=5):
                 work = comm.irecv(buf, src=source, tag=tag)
                 work.wait()
                 if (work.source, work.tag, work.nbytes) != (source, tag, nbytes):
-                    report["bad"].append(f"probe said {(source, tag, nbytes)}, got {(work.source, work.tag, work.nbytes)}")
+                    report["bad"].append(
+                        f"probe said {(source, tag, nbytes)}, got {(work.source, work.tag, work.nbytes)}"
+                    )
             else:
                 work = comm.irecv(big)
                 work.wait()
@@ -206,8 +209,13 @@ def source_zero_is_one_rank(tag=5):
                 ones.append([w.source, bool(np.array_equal(buf, _payload(1, round_, 6)))])
             except rt.Timeout:
                 ones.append(["timeout", False])
-        report = {"taken_early": taken_early, "got": got, "iprobe_before": before_zero, "probed": list(probed),
-                  "from_one": ones}
+        report = {
+            "taken_early": taken_early,
+            "got": got,
+            "iprobe_before": before_zero,
+            "probed": list(probed),
+            "from_one": ones,
+        }
     comm.barrier()
     comm.close()
     return report
@@ -216,8 +224,13 @@ def source_zero_is_one_rank(tag=5):
 @pytest.mark.timeout(60)
 def test_a_receive_from_rank_0_takes_rank_0s_message_only():
     res = run_world(3, source_zero_is_one_rank, timeout=50).check_ok()[2]
-    assert res == {"taken_early": False, "got": [[0, True], [0, True]], "iprobe_before": None,
-                   "probed": [0, 5, 48], "from_one": [[1, True], [1, True]]}, res
+    assert res == {
+        "taken_early": False,
+        "got": [[0, True], [0, True]],
+        "iprobe_before": None,
+        "probed": [0, 5, 48],
+        "from_one": [[1, True], [1, True]],
+    }, res
 
 
 def large_both_ways(mib=64):
@@ -474,8 +487,11 @@ def timeout_then_later_message(mib=64):
             comm.irecv(big_new, src=1, tag=5).wait(timeout=50)
         else:
             big_new[:] = big_old
-        report["large"] = [kind, bool(np.array_equal(big_old, snapshot)),
-                           bool(np.array_equal(big_new, np.arange(n, dtype=np.int64)))]
+        report["large"] = [
+            kind,
+            bool(np.array_equal(big_old, snapshot)),
+            bool(np.array_equal(big_new, np.arange(n, dtype=np.int64))),
+        ]
         # A send that times out part written: the rest goes from a copy, the caller's buffer is free.
         big_new[:] = np.arange(n, dtype=np.int64) * 5
         kind, message = _outcome(lambda: comm.isend(big_new, 1, tag=8).wait(timeout=0.002))
@@ -610,7 +626,7 @@ def split_messages():
     """Communicators from split() have message connections of their own: a message on the
     sub-communicator uses its ranks and does not reach the parent's receives."""
     comm = rt.init()
-    r, P = comm.rank, comm.size
+    r = comm.rank
     sub = comm.split(r % 2)
     parent_any = comm.irecv(np.zeros(2, np.int64))
     peer = (sub.rank + 1) % sub.size
@@ -618,8 +634,13 @@ def split_messages():
     got = np.zeros(2, np.int64)
     w = sub.irecv(got, src=rt.ANY_SOURCE, tag=3)
     w.wait(timeout=20)
-    report = {"got": got.tolist(), "source": w.source, "sub_rank": sub.rank, "sub_size": sub.size,
-              "parent_pending": not parent_any.is_completed()}
+    report = {
+        "got": got.tolist(),
+        "source": w.source,
+        "sub_rank": sub.rank,
+        "sub_size": sub.size,
+        "parent_pending": not parent_any.is_completed(),
+    }
     report["cancelled"] = parent_any.cancel()
     comm.barrier()  # nobody closes the parent (which fails any-source receives) before every rank looked
     sub.close()
@@ -642,6 +663,7 @@ def reserved_tags_and_any_tag():
     (shrink's agreement travels there): it gets the user's later message, and the reserved one
     stays for a receive that names its tag."""
     from ringtree._args import RESERVED_TAGS
+
     comm = rt.init(timeout=30)
     if comm.rank == 1:
         mine = np.zeros(4, np.int64)
@@ -650,8 +672,11 @@ def reserved_tags_and_any_tag():
         pending.wait()
         reserved = np.zeros(4, np.int64)
         comm._irecv(reserved, 0, RESERVED_TAGS + 3, "test").wait()
-        result = {"any_tag": [pending.tag] + mine.tolist(), "reserved": reserved.tolist(),
-                  "probe_sees_reserved": comm.iprobe(0) is not None}
+        result = {
+            "any_tag": [pending.tag] + mine.tolist(),
+            "reserved": reserved.tolist(),
+            "probe_sees_reserved": comm.iprobe(0) is not None,
+        }
     else:
         comm.barrier()
         comm._isend(np.full(4, 9, np.int64), 1, RESERVED_TAGS + 3, "test").wait()

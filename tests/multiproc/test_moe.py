@@ -5,12 +5,12 @@ distributed dispatch -> experts -> combine -> backward on its own share, and com
 `reference`, a plain loop over all ranks' assignments (no ringtree, no sorting) that applies the
 drop rule by counting, runs the same Linear experts on the rows each expert keeps, and lets
 autograd compute every gradient. Both run in float64, so only summation order differs."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-
 from harness import run_world
 
 pytest.importorskip("torch")
@@ -29,6 +29,7 @@ def tokens_of(rank, case):
 def make_inputs(rank, case, k, E, routing):
     """(tokens, expert_ids, expert_weights, output gradient) of `rank` in `case`, from seeds."""
     import torch
+
     g = torch.Generator().manual_seed(1000 * case + rank)
     T = tokens_of(rank, case)
     tokens = torch.randn(T, H, generator=g, dtype=torch.float64)
@@ -42,6 +43,7 @@ def make_inputs(rank, case, k, E, routing):
 
 def make_experts(E):
     import torch
+
     experts = []
     for e in range(E):
         torch.manual_seed(50_000 + e)
@@ -52,11 +54,12 @@ def make_experts(E):
 def reference(inputs, E, factor):
     """Outputs, gradients and drop counts for every rank's inputs at once, one assignment at a time."""
     import torch
+
     experts = make_experts(E)
     leaves = [(x.clone().requires_grad_(), w.clone().requires_grad_()) for x, _, w, _ in inputs]
     rows = [[] for _ in range(E)]  # per expert: (rank, token, slot) in source rank, then token order
     dropped = []
-    for r, (x, ids, w, _) in enumerate(inputs):
+    for r, (_x, ids, _w, _) in enumerate(inputs):
         T, k = ids.shape
         capacity = math.inf if factor is None else math.ceil(factor * T * k / E)
         taken, lost = [0] * E, [0] * E
@@ -69,8 +72,10 @@ def reference(inputs, E, factor):
                 else:
                     lost[e] += 1
         dropped.append(lost)
-    expert_in = [torch.stack([leaves[r][0][t] for r, t, _ in rows[e]]) if rows[e] else torch.zeros(0, H, dtype=torch.float64)
-                 for e in range(E)]
+    expert_in = [
+        torch.stack([leaves[r][0][t] for r, t, _ in rows[e]]) if rows[e] else torch.zeros(0, H, dtype=torch.float64)
+        for e in range(E)
+    ]
     expert_out = [experts[e](expert_in[e]) for e in range(E)]
     contributions = [[] for _ in inputs]
     for e in range(E):
@@ -84,9 +89,15 @@ def reference(inputs, E, factor):
             out = out.index_add(0, ts, torch.stack([c for _, c in contributions[r]]))
         outputs.append(out)
     sum((out * inputs[r][3]).sum() for r, out in enumerate(outputs)).backward()
-    return dict(outputs=[o.detach() for o in outputs], expert_in=[x.detach() for x in expert_in],
-                grad_tokens=[x.grad for x, _ in leaves], grad_weights=[w.grad for _, w in leaves],
-                experts=experts, dropped=dropped, kept=[len(rows[e]) for e in range(E)])
+    return dict(
+        outputs=[o.detach() for o in outputs],
+        expert_in=[x.detach() for x in expert_in],
+        grad_tokens=[x.grad for x, _ in leaves],
+        grad_weights=[w.grad for _, w in leaves],
+        experts=experts,
+        dropped=dropped,
+        kept=[len(rows[e]) for e in range(E)],
+    )
 
 
 def run_case(comm, case, k, E, factor, routing):
@@ -94,14 +105,14 @@ def run_case(comm, case, k, E, factor, routing):
     import torch
 
     import ringtree.moe as moe
+
     P, r = comm.size, comm.rank
     inputs = [make_inputs(q, case, k, E, routing) for q in range(P)]
     want = reference(inputs, E, factor)
     tokens, ids, weights, grad = inputs[r]
     tokens, weights = tokens.clone().requires_grad_(), weights.clone().requires_grad_()
     experts = make_experts(E)
-    expert_inputs, handle = moe.dispatch(tokens, ids, weights, E, capacity_factor=factor, comm=comm,
-                                         global_stats=True)
+    expert_inputs, handle = moe.dispatch(tokens, ids, weights, E, capacity_factor=factor, comm=comm, global_stats=True)
     chunks = expert_inputs.split(handle.expert_counts)
     out = moe.combine(torch.cat([experts[e](x) for e, x in zip(handle.local_experts, chunks)]), handle)
     (out * grad).sum().backward()
@@ -111,8 +122,9 @@ def run_case(comm, case, k, E, factor, routing):
 
     def close(name, got, expected):
         if got is None or expected is None:  # an expert no row reached: None on one side, zeros on the other
-            got, expected = (torch.zeros_like(got if expected is None else expected) if v is None else v
-                             for v in (got, expected))
+            got, expected = (
+                torch.zeros_like(got if expected is None else expected) if v is None else v for v in (got, expected)
+            )
         if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-12, atol=1e-12):
             wrong.append(f"{tag}: {name} differs: {got.tolist()} vs {expected.tolist()}")
 
@@ -126,12 +138,14 @@ def run_case(comm, case, k, E, factor, routing):
     close("weight grad", weights.grad, want["grad_weights"][r])
     s = handle.stats
     global_dropped = [sum(d[e] for d in want["dropped"]) for e in range(E)]
-    counts = dict(dropped=(s.dropped.tolist(), want["dropped"][r]),
-                  kept=((s.kept + s.dropped).tolist(), torch.bincount(ids.reshape(-1), minlength=E).tolist()),
-                  global_dropped=(s.global_dropped.tolist(), global_dropped),
-                  global_kept=(s.global_kept.tolist(), want["kept"]),
-                  expert_kept=(s.expert_kept.tolist(), [want["kept"][e] for e in handle.local_experts]),
-                  expert_dropped=(s.expert_dropped.tolist(), [global_dropped[e] for e in handle.local_experts]))
+    counts = dict(
+        dropped=(s.dropped.tolist(), want["dropped"][r]),
+        kept=((s.kept + s.dropped).tolist(), torch.bincount(ids.reshape(-1), minlength=E).tolist()),
+        global_dropped=(s.global_dropped.tolist(), global_dropped),
+        global_kept=(s.global_kept.tolist(), want["kept"]),
+        expert_kept=(s.expert_kept.tolist(), [want["kept"][e] for e in handle.local_experts]),
+        expert_dropped=(s.expert_dropped.tolist(), [global_dropped[e] for e in handle.local_experts]),
+    )
     for name, (got, expected) in counts.items():
         if got != expected:
             wrong.append(f"{tag}: {name} {got} != {expected}")
@@ -142,6 +156,7 @@ def sweep():
     import torch
 
     import ringtree as rt
+
     torch.set_num_threads(1)  # ranks share two cores
     comm = rt.init(timeout=30)
     P = comm.size
@@ -181,6 +196,7 @@ def errors():
     import ringtree as rt
     import ringtree.moe as moe
     import ringtree.torch as rtt
+
     torch.set_num_threads(1)
     report = {}
     x, ids, w = torch.randn(5, H), torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)
@@ -197,8 +213,9 @@ def errors():
     def usable():
         """A correct dispatch/combine on every rank (the default comm: the torch group's)."""
         tokens = torch.randn(3 + r, H)
-        inputs, handle = moe.dispatch(tokens, torch.arange(3 + r).remainder(2 * P)[:, None], torch.ones(3 + r, 1),
-                                      2 * P, capacity_factor=None)
+        inputs, handle = moe.dispatch(
+            tokens, torch.arange(3 + r).remainder(2 * P)[:, None], torch.ones(3 + r, 1), 2 * P, capacity_factor=None
+        )
         return bool(torch.equal(moe.combine(inputs, handle), tokens))
 
     bad_calls = {
@@ -229,12 +246,15 @@ def errors():
             try:
                 moe.combine(bad, handle)
                 report[name] = "no error"
-            except rt.InvalidArgument as exc:
+            except rt.InvalidArgument:
                 report[name] = "ok"
     report["combine_after_bad"] = bool(torch.allclose(moe.combine(inputs, handle), x * 2))
 
     # Disagreements the count exchange catches: on every rank, and the communicator stays usable.
-    for name, tokens in (("H", torch.randn(5, H + r)), ("dtype", torch.randn(5, H, dtype=torch.float64 if r else torch.float32))):
+    for name, tokens in (
+        ("H", torch.randn(5, H + r)),
+        ("dtype", torch.randn(5, H, dtype=torch.float64 if r else torch.float32)),
+    ):
         try:
             moe.dispatch(tokens, ids, w, 2 * P, comm=comm)
             report[f"mismatch_{name}"] = "no error"

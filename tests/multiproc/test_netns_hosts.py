@@ -4,6 +4,7 @@ Ranks of one namespace are one host to ringtree (shared memory), ranks of differ
 talk over TCP. Every collective runs with its flat and hierarchical algorithms against numpy; and
 when a host's link is cut mid-collective, every rank raises PeerFailure or Timeout within its
 timeout instead of hanging. Needs root and `ip netns`; skips, saying why, without them."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,22 @@ import uuid
 
 import numpy as np
 import pytest
-
-from rtbench import netns
-import ringtree as rt
 from harness import run_world, spawn_world
 from rank_checks import report_wait_policy, run_case
 
+import ringtree as rt
+from rtbench import netns
+
 RANKS_PER_HOST = 2
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter")
-DTYPE_OPS = [("float32", "sum"), ("int32", "max"), ("bfloat16", "sum"), ("float64", "avg"), ("int8", "min"),
-             ("int64", "prod")]
+DTYPE_OPS = [
+    ("float32", "sum"),
+    ("int32", "max"),
+    ("bfloat16", "sum"),
+    ("float64", "avg"),
+    ("int8", "min"),
+    ("int64", "prod"),
+]
 
 
 def every_algo(coll):
@@ -33,8 +40,10 @@ def every_algo(coll):
 
 def in_namespaces(hosts):
     """run_world options placing rank r on host r // RANKS_PER_HOST, rank 0 listening on host 0."""
-    return dict(unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29541, uuid.uuid4().hex),
-                per_rank_prefix=lambda r: hosts.prefix(r // RANKS_PER_HOST))
+    return dict(
+        unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29541, uuid.uuid4().hex),
+        per_rank_prefix=lambda r: hosts.prefix(r // RANKS_PER_HOST),
+    )
 
 
 def sweep(counts):
@@ -48,14 +57,19 @@ def sweep(counts):
             for N in counts:
                 dtype, op = DTYPE_OPS[i % len(DTYPE_OPS)]
                 i += 1
-                wrong, desc = run_case(comm, coll, N, dtype, op, algo, in_place=i % 3 == 0, root=(0, P - 1)[i % 2],
-                                       salt=i)
+                wrong, desc = run_case(
+                    comm, coll, N, dtype, op, algo, in_place=i % 3 == 0, root=(0, P - 1)[i % 2], salt=i
+                )
                 checks += 1
                 if wrong:
                     failures.append(f"{desc}: {wrong} wrong")
     comm.barrier()
-    out = {"checks": checks, "failures": failures, "hosts": comm.status().machine["hosts"],
-           "transports": [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)]}
+    out = {
+        "checks": checks,
+        "failures": failures,
+        "hosts": comm.status().machine["hosts"],
+        "transports": [comm.status().transports[q] if q != comm.rank else "self" for q in range(P)],
+    }
     comm.close()
     return out
 
@@ -69,7 +83,8 @@ def test_every_collective_flat_and_hierarchical_matches_numpy(namespace_hosts):
     world = run_world(P, sweep, dict(counts=counts), timeout=70, **in_namespaces(hosts))
     host_of = netns.rank_placement([RANKS_PER_HOST] * len(hosts.names))
     want_hosts = f"{len(hosts.names)} hosts: " + " ".join(
-        "{" + ",".join(str(r) for r in range(P) if host_of[r] == h) + "}" for h in range(len(hosts.names)))
+        "{" + ",".join(str(r) for r in range(P) if host_of[r] == h) + "}" for h in range(len(hosts.names))
+    )
     cases = sum(len(every_algo(c)) for c in COLLECTIVES) * len(counts)
     for r, res in enumerate(world.check_ok()):
         assert not res["failures"], f"rank {r}: {res['failures']}"
@@ -146,7 +161,7 @@ def test_hosts_are_removed_after_a_failure_and_links_capped_as_asked():
 def test_leftovers_of_a_dead_run_are_removed():
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    dead = 2**22 + 12345  # above pid_max's default: no such process
     name = f"{netns.PREFIX}{dead}-abcdef-h0"
     netns.ip("netns", "add", name)
     try:

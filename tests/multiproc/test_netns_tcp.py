@@ -4,20 +4,27 @@ five main collectives run against numpy at sizes that outgrow the socket buffers
 reduction staging buffer, with the transport's settings shrunk so that reads end mid-element and
 mid-message (an odd staging size, 4 KiB socket buffers), and with its defaults. Bad settings are
 refused on every rank before any traffic. Needs root and `ip netns`; skips, saying why, without."""
+
 from __future__ import annotations
 
 import uuid
 
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import run_case
 
+import ringtree as rt
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 # (dtype, op): 1-, 2-, 4- and 8-byte elements; integers and min/max are exact.
-DTYPE_OPS = [("int32", "sum"), ("float16", "max"), ("float64", "sum"), ("int8", "min"), ("bfloat16", "sum"),
-             ("int64", "prod")]
+DTYPE_OPS = [
+    ("int32", "sum"),
+    ("float16", "max"),
+    ("float64", "sum"),
+    ("int8", "min"),
+    ("bfloat16", "sum"),
+    ("int64", "prod"),
+]
 # Small buffers everywhere: an odd staging size splits elements across reads, and 4 KiB socket
 # buffers make every large message arrive in many partial reads.
 SHRUNK = {"RINGTREE_TCP_STAGING_BYTES": "4099", "RINGTREE_TCP_SOCKBUF": "4096"}
@@ -54,9 +61,15 @@ def test_collectives_over_tcp_between_namespaces_match_numpy(namespace_hosts, se
     # 1 and 7: single elements and remainders; 65537 and 700001: many messages larger than the
     # staging buffer and (shrunk) the socket buffers, odd so chunks split unevenly between ranks.
     counts = [1, 7, 65537, 700001]
-    world = run_world(P, sweep, dict(counts=counts), timeout=140, env=settings,
-                      unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29561, uuid.uuid4().hex),
-                      per_rank_prefix=hosts.prefix)
+    world = run_world(
+        P,
+        sweep,
+        dict(counts=counts),
+        timeout=140,
+        env=settings,
+        unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29561, uuid.uuid4().hex),
+        per_rank_prefix=hosts.prefix,
+    )
     for r, res in enumerate(world.check_ok()):
         assert not res["failures"], f"rank {r}: {res['failures']}"
         assert res["checks"] == sum(len(flat_algos(c)) for c in COLLECTIVES) * len(counts)
@@ -75,12 +88,15 @@ def init_outcome():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name,value,says", [
-    ("RINGTREE_TCP_SOCKBUF", "100", "RINGTREE_TCP_SOCKBUF must be 0"),
-    ("RINGTREE_TCP_SOCKBUF", "-1", "RINGTREE_TCP_SOCKBUF must be 0"),
-    ("RINGTREE_TCP_SOCKBUF", "4M", "is not an integer"),
-    ("RINGTREE_TCP_STAGING_BYTES", "16", "RINGTREE_TCP_STAGING_BYTES must be"),
-])
+@pytest.mark.parametrize(
+    "name,value,says",
+    [
+        ("RINGTREE_TCP_SOCKBUF", "100", "RINGTREE_TCP_SOCKBUF must be 0"),
+        ("RINGTREE_TCP_SOCKBUF", "-1", "RINGTREE_TCP_SOCKBUF must be 0"),
+        ("RINGTREE_TCP_SOCKBUF", "4M", "is not an integer"),
+        ("RINGTREE_TCP_STAGING_BYTES", "16", "RINGTREE_TCP_STAGING_BYTES must be"),
+    ],
+)
 def test_bad_tcp_settings_are_refused_on_every_rank_before_traffic(name, value, says):
     # Checked before bootstrap: every rank raises at once, nobody waits for a peer.
     world = run_world(2, init_outcome, {}, timeout=50, env={name: value, "RINGTREE_TRANSPORT": "tcp"})

@@ -2,15 +2,16 @@
 allocated on that node by that rank. This machine has one node, so the real-host test checks the
 policy and the pages through the kernel's own report (/proc/PID/numa_maps); a stand-in node
 directory (RINGTREE_TEST_NUMA_NODE_DIR) gives the ranks a two-node host to decide on."""
+
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 NODE_DIR = "/sys/devices/system/node"
 
@@ -50,8 +51,14 @@ def report():
     x = np.arange(1 << 16, dtype=np.float32) + comm.rank
     y = comm.all_reduce(x)  # the rings carry data after the placement
     ok = bool(np.array_equal(y, np.arange(1 << 16, dtype=np.float32) * comm.size + sum(range(comm.size))))
-    out = {"rank": comm.rank, "numa": comm.status().numa, "nodes": comm.status().numa_nodes, "maps": segment_maps(), "ok": ok,
-           "allowed": sorted(os.sched_getaffinity(0))}
+    out = {
+        "rank": comm.rank,
+        "numa": comm.status().numa,
+        "nodes": comm.status().numa_nodes,
+        "maps": segment_maps(),
+        "ok": ok,
+        "allowed": sorted(os.sched_getaffinity(0)),
+    }
     comm.close()
     return out
 
@@ -99,13 +106,16 @@ needs_cpus_0_and_1 = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), r
 @needs_cpus_0_and_1
 def test_ranks_pinned_to_two_nodes_report_them(tmp_path):
     node_dir = two_node_host(tmp_path)
-    ranks = run_world(2, report, timeout=100,
-                      per_rank_env=lambda r: {"RINGTREE_TEST_NUMA_NODE_DIR": node_dir, "TEST_PIN_CPU": str(r)}).check_ok()
+    ranks = run_world(
+        2, report, timeout=100, per_rank_env=lambda r: {"RINGTREE_TEST_NUMA_NODE_DIR": node_dir, "TEST_PIN_CPU": str(r)}
+    ).check_ok()
     assert [res["allowed"] for res in ranks] == [[0], [1]]
     for res in ranks:
         assert res["ok"]
         assert res["nodes"] == [0, 1]
-        assert res["numa"].startswith(f"node {res['rank']} (every CPU this rank may run on is on it; 2 node(s) on this host)"), res["numa"]
+        assert res["numa"].startswith(
+            f"node {res['rank']} (every CPU this rank may run on is on it; 2 node(s) on this host)"
+        ), res["numa"]
     # Node 0 exists, so rank 0's segment is bound there. Where node 1 exists only in the stand-in
     # (a one-node kernel), rank 1 says why its segment was not bound, and keeps first touch.
     assert "on node 0 (preferred), allocated by this rank" in ranks[0]["numa"]

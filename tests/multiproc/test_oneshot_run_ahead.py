@@ -2,6 +2,7 @@
 waiting for its peers, up to ONESHOT_RUN_AHEAD calls ahead (common/oneshot.h). Data stays exact
 while the slots turn over, the bound holds (a rank that far ahead waits), a peer that never comes
 gives a Timeout naming it, and a dead one a PeerFailure."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
 from ringtree import _core
-from harness import run_world
 
 AHEAD = _core.ONESHOT_RUN_AHEAD
 CALLS = 6 * AHEAD  # every slot reused several times
@@ -60,10 +61,10 @@ def test_a_rank_runs_ahead_by_the_bound_and_no_further(kind, nranks):
     first_late_call = min(res["stamps"][0] for res in ranks[1:])
     done = ranks[0]["stamps"]
     # Rank 0 finished its first AHEAD calls before any other rank began one ...
-    assert done[AHEAD - 1] < first_late_call, (done[:AHEAD + 1], first_late_call)
+    assert done[AHEAD - 1] < first_late_call, (done[: AHEAD + 1], first_late_call)
     # ... and the next one only after every other rank had begun its first.
     last_first_call = max(res["stamps"][0] for res in ranks[1:])
-    assert done[AHEAD] > last_first_call, (done[:AHEAD + 1], last_first_call)
+    assert done[AHEAD] > last_first_call, (done[: AHEAD + 1], last_first_call)
 
 
 def root_alone(fate):

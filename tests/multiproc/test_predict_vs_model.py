@@ -2,12 +2,13 @@
 hosts (distinct RINGTREE_HOSTNAMEs) every rank reports its machine figures and estimate(), and the
 closed form, given the same figures, must agree (ring and hierarchical within 2%: the rounding of
 uneven blocks; the flat tree across hosts is priced pessimistically, by 0-34% at these sizes)."""
+
 from __future__ import annotations
 
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 from ringtree import predict
 
 SIZES = [64 << 10, 1 << 20, 8 << 20]
@@ -15,8 +16,10 @@ SIZES = [64 << 10, 1 << 20, 8 << 20]
 
 def estimates():
     comm = rt.init()
-    out = {"costs": comm.status().machine,
-           "estimates": {n: {a: t for a, t, _ in comm.estimate("all_reduce", n)} for n in SIZES}}
+    out = {
+        "costs": comm.status().machine,
+        "estimates": {n: {a: t for a, t, _ in comm.estimate("all_reduce", n)} for n in SIZES},
+    }
     comm.close()
     return out
 

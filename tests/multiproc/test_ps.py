@@ -3,6 +3,7 @@ and what a dead worker or a dead server does.
 
 Gradients are small multiples of 1/8 and learning rates powers of two, so every float32 sum is
 exact whatever order the server applies pushes in: expected values compare with ==."""
+
 import os
 import signal
 import threading
@@ -10,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
 from ringtree import ps
-from harness import run_world
 
 ROWS, DIM, EMB_DIM = 10, 3, 4
 
@@ -29,8 +30,10 @@ def _emb_keys(worker, step):
 
 
 def _tables(scale=0.0):
-    return [ps.Table("w", dim=DIM, rows=ROWS, optimizer=ps.SGD(lr=0.5)),
-            ps.Table("emb", dim=EMB_DIM, init_scale=scale, optimizer=ps.SGD(lr=0.25))]
+    return [
+        ps.Table("w", dim=DIM, rows=ROWS, optimizer=ps.SGD(lr=0.5)),
+        ps.Table("emb", dim=EMB_DIM, init_scale=scale, optimizer=ps.SGD(lr=0.25)),
+    ]
 
 
 def sync_steps(num_servers, steps=5):
@@ -111,8 +114,14 @@ def async_totals(num_servers, steps, combine):
     init = ps.initial_rows(table, np.array(mine, np.int64))
     # Exact only where the initial value and the updates share a binade; compare to 1 ulp-ish.
     want = init - np.float32(0.25) * np.stack([total[k] for k in mine])
-    return {"server": True, "max_err": float(np.abs(got - want).max()), "rows": len(mine),
-            "pushes": report.pushes, "version": report.versions["emb"], "died": report.died}
+    return {
+        "server": True,
+        "max_err": float(np.abs(got - want).max()),
+        "rows": len(mine),
+        "pushes": report.pushes,
+        "version": report.versions["emb"],
+        "died": report.died,
+    }
 
 
 @pytest.mark.timeout(120)
@@ -282,7 +291,7 @@ def test_ranks_that_disagree_on_the_setup_fail_together():
 
 def test_initial_rows_depend_on_key_and_seed_only():
     table = ps.Table("e", dim=5, init_scale=0.1, seed=3)
-    keys = np.array([0, 1, 2, 10 ** 12, 7], np.int64)
+    keys = np.array([0, 1, 2, 10**12, 7], np.int64)
     rows = ps.initial_rows(table, keys)
     assert rows.shape == (5, 5) and rows.dtype == np.float32
     assert np.abs(rows).max() <= 0.1 and len(np.unique(rows)) == rows.size

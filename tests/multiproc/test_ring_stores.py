@@ -5,15 +5,16 @@ go to memory; 'auto' times both on every ring and streams while that is clearly 
 when the two ranks' cores do not share a cache). Every setting must give exact results on every
 collective that goes through the rings; the piece counter shows which stores ran; a bad setting
 fails init with a clear error."""
+
 from __future__ import annotations
 
 import re
 
 import numpy as np
 import pytest
+from harness import run_world
 
 import ringtree as rt
-from harness import run_world
 
 # Elements per rank: several 64 KiB pieces and a ring (1 MiB) that wraps, not divisible by P.
 COUNT = (3 << 20) // 8 + 5
@@ -36,7 +37,7 @@ def ring_sweep():
         block = COUNT // P
         rs = np.empty(block, dtype)
         comm.reduce_scatter(xs[r][: block * P], rs, algo="ring")
-        if not np.array_equal(rs, total[r * block:(r + 1) * block]):
+        if not np.array_equal(rs, total[r * block : (r + 1) * block]):
             failures.append(f"reduce_scatter {dtype.__name__}: wrong")
         ag = np.empty(COUNT * P, dtype)
         comm.all_gather(xs[r], ag, algo="ring")
@@ -69,11 +70,15 @@ def test_every_setting_gives_exact_results(setting, P):
         assert all(f"ring to rank {q}: " in res["stores"] for q in peers), res["stores"]
         assert f"shared-memory stores: {res['stores']}" in res["explained"]
         if setting == "auto":  # the ring schedules send to the next rank only
-            measured = rf"ring to rank {(rank + 1) % P}: (plain|streaming) \(auto: plain \d+, streaming \d+ cycles per KiB\)"
+            measured = (
+                rf"ring to rank {(rank + 1) % P}: (plain|streaming) \(auto: plain \d+, streaming \d+ cycles per KiB\)"
+            )
             assert re.search(measured, res["stores"]), res["stores"]
         else:
             word = "streaming" if setting == "on" else "plain"
-            assert res["stores"].count(f"{word} (RINGTREE_SHM_STREAM_STORES={setting})") == len(peers) + 1, res["stores"]
+            assert res["stores"].count(f"{word} (RINGTREE_SHM_STREAM_STORES={setting})") == len(peers) + 1, res[
+                "stores"
+            ]
     if setting == "off":
         assert streamed == [0] * P
     else:
@@ -100,6 +105,7 @@ def test_a_bad_setting_fails_init_on_every_rank_with_the_reason():
 def first_lap_faults():
     """Minor page faults while 32 KiB ring all_reduces make the first lap of their 1 MiB rings."""
     import resource
+
     comm = rt.init()
     x = np.arange(8192, dtype=np.float32)
     out = np.empty_like(x)

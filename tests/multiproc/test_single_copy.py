@@ -8,6 +8,7 @@ dtypes, at P=2, 3 and 4, with the path on and forced off; the count of single-co
 which path ran. When the probe
 fails on one rank (the test hook RINGTREE_TEST_CMA_PROBE_FAIL) every rank falls back and says
 why."""
+
 from __future__ import annotations
 
 import os
@@ -17,15 +18,20 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import run_case
 
+import ringtree as rt
+
 MIN_BYTES = 4096
 # (collective, algorithms): every schedule these collectives have on one host.
-ROUTED = [("all_gather", ["ring"]), ("all_to_all", ["direct"]), ("broadcast", ["tree", "ring"]),
-          ("gather", ["auto"]), ("scatter", ["auto"])]
+ROUTED = [
+    ("all_gather", ["ring"]),
+    ("all_to_all", ["direct"]),
+    ("broadcast", ["tree", "ring"]),
+    ("gather", ["auto"]),
+    ("scatter", ["auto"]),
+]
 DTYPES = ["int8", "int32", "float16", "float64"]
 # Elements per rank's block: messages well below MIN_BYTES for every dtype, and above it for
 # every dtype (3001 x 1 byte is below 4096; 40_003 x 1 byte is above it, not divisible by P).
@@ -44,7 +50,7 @@ def routed_sweep():
         for N in COUNTS:
             for i, d in enumerate(DTYPES):
                 for algo in algos:
-                    for in_place in ([False] if coll == "broadcast" else [False, True]):
+                    for in_place in [False] if coll == "broadcast" else [False, True]:
                         root = (i % P) if rooted else 0
                         wrong, desc = run_case(comm, coll, N, d, "sum", algo, in_place, root, salt=i)
                         checks += 1
@@ -61,13 +67,20 @@ def routed_sweep():
     # So does gather: its root copies every byte either way.
     mid = comm.status().single_copy_messages
     got = comm.gather(x, np.empty(x.size * P, x.dtype) if comm.rank == 0 else None, root=0)
-    if comm.rank == 0 and not np.array_equal(got, np.concatenate([np.arange(50_000, dtype=np.float64) + q for q in range(P)])):
+    if comm.rank == 0 and not np.array_equal(
+        got, np.concatenate([np.arange(50_000, dtype=np.float64) + q for q in range(P)])
+    ):
         failures.append("gather: wrong result")
     unrouted_messages += comm.status().single_copy_messages - mid
     status, received = comm.status().single_copy, comm.status().single_copy_messages - before
     comm.close()
-    return {"failures": failures, "checks": checks, "status": status, "received": received,
-            "unrouted_messages": unrouted_messages}
+    return {
+        "failures": failures,
+        "checks": checks,
+        "status": status,
+        "received": received,
+        "unrouted_messages": unrouted_messages,
+    }
 
 
 def small_only():
@@ -163,9 +176,11 @@ def kill_during(coll, victim=1):
     n = 1 << 21
     x = np.ones(n, np.float32)
     out = np.empty(n * comm.size, np.float32)
-    call = {"all_gather": lambda: comm.all_gather(x, out),
-            "all_to_all": lambda: comm.all_to_all(out, np.empty_like(out)),
-            "broadcast": lambda: comm.broadcast(out, root=0)}[coll]
+    call = {
+        "all_gather": lambda: comm.all_gather(x, out),
+        "all_to_all": lambda: comm.all_to_all(out, np.empty_like(out)),
+        "broadcast": lambda: comm.broadcast(out, root=0),
+    }[coll]
     call()
     if comm.rank == victim:
         threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
@@ -254,15 +269,22 @@ def broadcast_messages(nbytes, algo):
     return {"received": got, "exact": exact}
 
 
-@pytest.mark.parametrize("P,algo,depth_one", [(2, "tree", True), (2, "ring", True), (3, "tree", True),
-                                              (3, "ring", False), (4, "tree", False)])
+@pytest.mark.parametrize(
+    "P,algo,depth_one",
+    [(2, "tree", True), (2, "ring", True), (3, "tree", True), (3, "ring", False), (4, "tree", False)],
+)
 def test_a_broadcast_of_depth_one_goes_in_single_copy_sized_segments(P, algo, depth_one):
     """Where every receiver reads from the root, a broadcast is cut into segments of the
     single-copy size (one read each), not into the pipeline's 128 KiB; deeper trees keep the
     pipeline's segments."""
     nbytes = 1 << 20
-    world = run_world(P, broadcast_messages, dict(nbytes=nbytes, algo=algo), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)},
-                      timeout=120)
+    world = run_world(
+        P,
+        broadcast_messages,
+        dict(nbytes=nbytes, algo=algo),
+        env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)},
+        timeout=120,
+    )
     results = world.check_ok()
     assert all(res["exact"] for res in results)
     segments = nbytes // MIN_BYTES if depth_one else nbytes // (128 << 10)

@@ -1,16 +1,17 @@
 """Waiting when the scheduler puts two ranks on one core: a rank whose awaited peer last waited on
 this rank's CPU yields at once instead of spinning (the spin would hold the core the peer needs,
 about a millisecond a wait); ranks on different cores keep spinning as before."""
+
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 from harness import run_world
 from rank_checks import report_wait_policy
+
+import ringtree as rt
 
 
 def small_and_large_calls(placement, calls=200):
@@ -59,6 +60,8 @@ def test_the_wait_policy_says_what_decided_it():
     for res in ranks:
         assert f"2 ranks on this host, 2 allowed the same {res['cpus']} CPUs" in res["policy"], res
         assert res["policy"].startswith("spin 1 us" if res["cpus"] < 2 else "spin 1000 us"), res
-    pinned = run_world(2, report_wait_policy, env={"RINGTREE_SPIN_US": "50", "RINGTREE_YIELD_US": "7"}, timeout=50).check_ok()
+    pinned = run_world(
+        2, report_wait_policy, env={"RINGTREE_SPIN_US": "50", "RINGTREE_YIELD_US": "7"}, timeout=50
+    ).check_ok()
     for res in pinned:
         assert res["policy"].startswith("spin 50 us (RINGTREE_SPIN_US), yield 7 us (RINGTREE_YIELD_US)"), res

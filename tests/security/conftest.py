@@ -1,10 +1,10 @@
 """Fixtures of the attack tests: a second OS user where the tests run as root."""
+
 import os
 import shutil
 import tempfile
 
 import pytest
-
 import stranger
 
 

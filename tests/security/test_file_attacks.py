@@ -3,6 +3,7 @@ directory, dumps redirected through planted symlinks, names in /dev/shm and /pro
 would give away the secret, and a flood on the ranks' doorbells. Where the tests run as root the
 stranger is a second OS user (support/stranger.py); elsewhere the attacks that do not need one
 run as this user, and the others skip, saying why."""
+
 from __future__ import annotations
 
 import glob
@@ -14,17 +15,17 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 import stranger
 from harness import run_world, spawn_world
+
+import ringtree as rt
 from ringtree import _launchers
 
 
 def secret_hex_pieces(token, width=8):
     """Every `width` consecutive hex digits of the token's secret: none may show in a name."""
     hexed = str(token).rsplit(":", 1)[1]
-    return [hexed[i:i + width] for i in range(len(hexed) - width + 1)]
+    return [hexed[i : i + width] for i in range(len(hexed) - width + 1)]
 
 
 def wait_for(path, seconds=60.0):
@@ -35,8 +36,16 @@ def wait_for(path, seconds=60.0):
 
 
 def slurm_env(r, path):
-    return {"RINGTREE_RANK": "", "RINGTREE_WORLD_SIZE": "", "RINGTREE_UNIQUE_ID": "", "SLURM_PROCID": str(r),
-            "SLURM_NTASKS": "2", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "RINGTREE_UNIQUE_ID_FILE": path}
+    return {
+        "RINGTREE_RANK": "",
+        "RINGTREE_WORLD_SIZE": "",
+        "RINGTREE_UNIQUE_ID": "",
+        "SLURM_PROCID": str(r),
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "RINGTREE_UNIQUE_ID_FILE": path,
+    }
 
 
 def init_and_sum(timeout=10.0):
@@ -51,6 +60,7 @@ def init_and_sum(timeout=10.0):
 
 
 # --- token files ------------------------------------------------------------------------------
+
 
 def plant_token(ready, path, seconds):
     """The stranger plants a token file of its own, for a job that looks like the real one, and
@@ -69,7 +79,7 @@ def plant_token(ready, path, seconds):
         try:
             srv.accept()[0].close()
             came += 1
-        except socket.timeout:
+        except TimeoutError:
             pass
     return came
 
@@ -117,8 +127,12 @@ def test_token_file_readers_wait_out_links_loose_modes_and_other_jobs(tmp_path):
     loose = tmp_path / "loose"
     loose.write_text(f"{token}\njob 7.1.0\n")
     os.chmod(loose, 0o644)
-    cases = {str(link): "symbolic link", str(loose): "mode is 0644", str(good): "stale",
-             str(tmp_path / "absent"): "does not exist"}
+    cases = {
+        str(link): "symbolic link",
+        str(loose): "mode is 0644",
+        str(good): "stale",
+        str(tmp_path / "absent"): "does not exist",
+    }
     for path, why in cases.items():
         job = "8.1.0" if path == str(good) else "7.1.0"  # the good file is another job's here
         found, reason = _launchers._token_file_state(path, job)
@@ -128,6 +142,7 @@ def test_token_file_readers_wait_out_links_loose_modes_and_other_jobs(tmp_path):
 
 
 # --- dumps --------------------------------------------------------------------------------------
+
 
 def dump_when_told(shared, private, planted_flag, told_flag):
     """Writes its id and pid for the attacker, waits until the symlinks are planted, then dumps
@@ -173,9 +188,12 @@ def test_a_dump_through_planted_symlinks_writes_nothing_outside_its_directory(at
     os.makedirs(private, mode=0o700)
     try:
         # The planter may not read the test's private folder: its id and pid come through /tmp.
-        running = spawn_world(1, dump_when_told, dict(shared=shared_dir, private=private, planted_flag=planted,
-                                                      told_flag=told),
-                              env={"RINGTREE_DUMP_DIR": shared_dir, "RINGTREE_DUMP_ON_EXIT": "1"})
+        running = spawn_world(
+            1,
+            dump_when_told,
+            dict(shared=shared_dir, private=private, planted_flag=planted, told_flag=told),
+            env={"RINGTREE_DUMP_DIR": shared_dir, "RINGTREE_DUMP_ON_EXIT": "1"},
+        )
         planter = stranger.Attacker(attacker_user, plant_links, shared_dir, told, str(victim))
         planter.wait_ready()
         planted_count = planter.result(40)
@@ -216,6 +234,7 @@ def test_a_dump_directory_of_another_user_is_refused(other_user, tmp_path):
 
 # --- names in shared namespaces ----------------------------------------------------------------
 
+
 def hold_still(flag_dir, dump_dir):
     """Forms the world (shared memory), dumps, then waits in place while the test looks around."""
     comm = rt.init(timeout=20.0)
@@ -254,8 +273,12 @@ def test_names_in_shared_places_hold_no_bit_of_the_secret(tmp_path):
     results = world.check_ok()
     assert [r["transport"] for r in results] == ["shm", "shm"] and results[0]["sum"] == 3.0, results
     pieces = secret_hex_pieces(uid)
-    for where, text in (("/dev/shm", " ".join(watcher.created)), ("/proc/net/unix", " ".join(watcher.unix)),
-                        ("dump names", " ".join(dump_names)), ("dumps", dump_text)):
+    for where, text in (
+        ("/dev/shm", " ".join(watcher.created)),
+        ("/proc/net/unix", " ".join(watcher.unix)),
+        ("dump names", " ".join(dump_names)),
+        ("dumps", dump_text),
+    ):
         assert not any(p in text for p in pieces), (where, text[:2000])
     # What was there: the segments under the public id, the doorbells' set-up folders; and once
     # set-up was over, no doorbell a name leads to (the listing keeps the path a socket was bound
@@ -269,6 +292,7 @@ def test_names_in_shared_places_hold_no_bit_of_the_secret(tmp_path):
 
 
 # --- doorbells ----------------------------------------------------------------------------------
+
 
 def wait_in_recv(flag_dir, quiet_s):
     """Rank 0 waits in a receive (blocked on its doorbell) while rank 1 stays quiet for quiet_s."""

@@ -1,6 +1,7 @@
 """A peer that lies about sizes on the message connection: a header claiming 16 GiB, and more
 unexpected bytes than a rank will hold. The lying rank is a real rank that writes a forged
 header straight onto its own message connection (the handshake keeps strangers off it)."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 import wire
 from harness import run_world
+
+import ringtree as rt
 
 TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in struct tcp_info (linux/tcp.h)
 

@@ -3,6 +3,7 @@ replaying the traffic between two ranks, computing the secret from a launcher's 
 stalling every listener, taking a reserved port. Where the tests run as root the stranger is a
 second OS user (support/stranger.py); the attacks that do not need one run as this user elsewhere.
 Every loop is bounded, every world has a hard timeout."""
+
 from __future__ import annotations
 
 import errno
@@ -15,18 +16,18 @@ import time
 
 import numpy as np
 import pytest
-
-import ringtree as rt
 import stranger
 import wire
 from harness import run_world, spawn_world
 
+import ringtree as rt
+
 
 def holds_secret(data: bytes, secret: bytes, window: int = 6) -> bool:
     """Whether any `window` consecutive bytes of the secret, or of its hex, appear in data."""
-    pieces = [secret[i:i + window] for i in range(len(secret) - window + 1)]
+    pieces = [secret[i : i + window] for i in range(len(secret) - window + 1)]
     text = secret.hex().encode()
-    pieces += [text[i:i + 2 * window] for i in range(0, len(text) - 2 * window + 1)]
+    pieces += [text[i : i + 2 * window] for i in range(0, len(text) - 2 * window + 1)]
     return any(p in data for p in pieces)
 
 
@@ -62,6 +63,7 @@ def form_and_sum(timeout=20.0, flag=None, late_ranks=(), env=None):
 
 # --- squatting rank 0's port -----------------------------------------------------------------
 
+
 def squat(ready, port, seconds):
     """Listen on rank 0's port first, answer every hello as rank 0 would but without the secret,
     and keep every byte the ranks send."""
@@ -76,7 +78,7 @@ def squat(ready, port, seconds):
     while time.monotonic() < deadline and len(captured) < 200:
         try:
             conn, _ = srv.accept()
-        except socket.timeout:
+        except TimeoutError:
             continue
         conn.settimeout(1.0)
         data = wire.recv_exact(conn, wire.HELLO.size)
@@ -104,7 +106,9 @@ def test_squatting_rank_0s_port_captures_nothing_usable(attacker_user):
     world = run_world(2, form_and_sum, dict(timeout=5.0), timeout=60, unique_id=uid)
     captured = [bytes.fromhex(c) for c in squatter.result(30)]
     results = world.check_ok()
-    assert results[0]["raised"] == "BootstrapError" and f"cannot listen on 127.0.0.1:{port}" in results[0]["message"], results[0]
+    assert results[0]["raised"] == "BootstrapError" and f"cannot listen on 127.0.0.1:{port}" in results[0]["message"], (
+        results[0]
+    )
     # The real rank 1 refuses the impostor, says so, and gives up only at its deadline.
     assert results[1]["raised"] == "BootstrapError", results[1]
     assert f"rank 0 at 127.0.0.1:{port} did not prove the job's secret" in results[1]["message"], results[1]
@@ -118,6 +122,7 @@ def test_squatting_rank_0s_port_captures_nothing_usable(attacker_user):
 
 
 # --- recording and replaying -------------------------------------------------------------------
+
 
 class RecordingProxy:
     """Forwards one connection to `upstream`, keeping every byte both ways; once the client has
@@ -165,13 +170,16 @@ class RecordingProxy:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
-        pumps = [threading.Thread(target=self.pump, args=(client, server, self.to_server, True), daemon=True),
-                 threading.Thread(target=self.pump, args=(server, client, self.to_client, False), daemon=True)]
+        pumps = [
+            threading.Thread(target=self.pump, args=(client, server, self.to_server, True), daemon=True),
+            threading.Thread(target=self.pump, args=(server, client, self.to_client, False), daemon=True),
+        ]
         for t in pumps:
             t.start()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (self.last_client_byte is None
-                                               or time.monotonic() - self.last_client_byte < 0.5):
+        while time.monotonic() < deadline and (
+            self.last_client_byte is None or time.monotonic() - self.last_client_byte < 0.5
+        ):
             time.sleep(0.02)
         self.replayed = bytes(self.to_server)
         replay = socket.create_connection(self.upstream, timeout=5)
@@ -204,7 +212,7 @@ class LoopbackCapture:
         while not self.stop.is_set() and len(self.data) < 256 << 20:
             try:
                 self.data += self.sock.recv(1 << 16)
-            except socket.timeout:
+            except TimeoutError:
                 continue
 
     def close(self):
@@ -225,9 +233,14 @@ def test_a_recording_proxy_sees_no_secret_and_its_replay_is_refused(tmp_path):
     via_proxy = f"rt1:127.0.0.1:{proxy.port}:{secret.hex()}"
     # Rank 1 reaches rank 0 through the proxy; rank 2 comes once the replay is done, so rank 0
     # is still listening when it arrives. Everything goes over TCP, so the capture sees it all.
-    running = spawn_world(3, form_and_sum, dict(timeout=40.0, flag=flag, late_ranks=[2]), unique_id=uid,
-                          env={"RINGTREE_TRANSPORT": "tcp"},
-                          per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": via_proxy} if r == 1 else {})
+    running = spawn_world(
+        3,
+        form_and_sum,
+        dict(timeout=40.0, flag=flag, late_ranks=[2]),
+        unique_id=uid,
+        env={"RINGTREE_TRANSPORT": "tcp"},
+        per_rank_env=lambda r: {"RINGTREE_UNIQUE_ID": via_proxy} if r == 1 else {},
+    )
     try:
         proxy.threads[0].start()
         proxy.threads[0].join(timeout=60)
@@ -254,6 +267,7 @@ def test_a_recording_proxy_sees_no_secret_and_its_replay_is_refused(tmp_path):
 
 # --- secrets computed from a launcher's public facts ----------------------------------------
 
+
 def join_with(ready, tokens, timeout):
     """The stranger: tries each token as rank 1 of a world of 2 and reports what it got."""
     os.environ.update(RINGTREE_TRANSPORT="tcp", RINGTREE_CACHE_DIR="off", RINGTREE_TIMEOUT=str(timeout))
@@ -277,8 +291,15 @@ def clear_launcher_env(**extra):
 
 
 def slurm_env(r, step, **extra):
-    return clear_launcher_env(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_JOB_ID="4242",
-                              SLURM_STEP_ID=str(step), SLURM_STEP_NODELIST="127.0.0.1", **extra)
+    return clear_launcher_env(
+        SLURM_PROCID=str(r),
+        SLURM_NTASKS="2",
+        SLURM_LOCALID=str(r),
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_ID=str(step),
+        SLURM_STEP_NODELIST="127.0.0.1",
+        **extra,
+    )
 
 
 def free_slurm_step() -> int:
@@ -337,8 +358,9 @@ def test_a_token_computed_from_slurm_facts_cannot_join(attacker_user, tmp_path):
             assert option in res["message"], res
     # With a token file the job forms, though the stranger tried the computed secret everywhere.
     path = str(tmp_path / "job.id")
-    results, ports = attacked_world(attacker_user, tmp_path, computed,
-                                    lambda r: slurm_env(r, step, RINGTREE_UNIQUE_ID_FILE=path))
+    results, ports = attacked_world(
+        attacker_user, tmp_path, computed, lambda r: slurm_env(r, step, RINGTREE_UNIQUE_ID_FILE=path)
+    )
     assert ports, "rank 0 was not seen listening"
     for res in results:
         assert res["raised"] is None and res["sum"] == 3, res
@@ -356,9 +378,16 @@ def test_a_token_computed_from_torchrun_facts_cannot_join(attacker_user, tmp_pat
         computed = rt.UniqueId.from_seed("127.0.0.1", master_port + 1, f"run42|127.0.0.1|{master_port}|2")
 
         def torchrun_env(r):
-            return clear_launcher_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
-                                      TORCHELASTIC_RUN_ID="run42", TORCHELASTIC_USE_AGENT_STORE="True")
+            return clear_launcher_env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(master_port),
+                TORCHELASTIC_RUN_ID="run42",
+                TORCHELASTIC_USE_AGENT_STORE="True",
+            )
 
         results, ports = attacked_world(attacker_user, tmp_path, computed, torchrun_env)
     finally:
@@ -379,6 +408,7 @@ time.sleep(120)
 
 
 # --- stalling every listener -----------------------------------------------------------------
+
 
 class Staller:
     """Opens `per_port` silent connections to every port the given processes listen on, as soon
@@ -440,12 +470,16 @@ def test_stalled_connections_on_every_listener_leave_setup_forming_in_seconds(tm
 
 # --- ports --------------------------------------------------------------------------------------
 
+
 def take_port(ready, port):
     """Another user tries to bind and listen on a port a unique id reserved."""
     ready()
     out = {}
-    for name, opts in (("SO_REUSEADDR", [socket.SO_REUSEADDR]), ("SO_REUSEPORT", [socket.SO_REUSEPORT]),
-                       ("both", [socket.SO_REUSEADDR, socket.SO_REUSEPORT])):
+    for name, opts in (
+        ("SO_REUSEADDR", [socket.SO_REUSEADDR]),
+        ("SO_REUSEPORT", [socket.SO_REUSEPORT]),
+        ("both", [socket.SO_REUSEADDR, socket.SO_REUSEPORT]),
+    ):
         s = socket.socket()
         try:
             for opt in opts:

@@ -2,7 +2,8 @@
 injects one fault into one of them and checks what the others see.
 
 A trial is a pure function of (seed, index), named "SEED-INDEX", so any one of a thousand can be
-run again alone (`python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only SEED-INDEX`). It chooses:
+run again alone:
+`python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only SEED-INDEX`. It chooses:
 
 - kind: how the victim fails. sigkill; sigstop (alive but silent); exit (os._exit: the kernel
   closes its sockets, nobody says goodbye); shutdown (its TCP connections are shut down while
@@ -24,6 +25,7 @@ bound (a survivor still running then is a hang), resumes a stopped victim, and j
 (see PROBLEMS). After the error the survivors shrink and check an all_reduce on the result:
 shrink_and_check(), skipped with its reason while Communicator has no shrink().
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,28 +50,54 @@ MOMENTS = ("bootstrap", "before_first", "inside", "between", "shrink")
 # The moments a kind can happen at: an exception or a mismatch is a call the victim makes, so
 # never from a timer; abort needs a communicator, mismatch a call to differ from.
 KIND_MOMENTS = {
-    "sigkill": MOMENTS, "sigstop": MOMENTS, "exit": MOMENTS,
+    "sigkill": MOMENTS,
+    "sigstop": MOMENTS,
+    "exit": MOMENTS,
     "shutdown": ("bootstrap", "before_first", "inside", "between"),
     "raise": ("bootstrap", "before_first", "between", "shrink"),
     "abort": ("before_first", "inside", "between"),
     "mismatch": ("before_first", "between"),
 }
-ALGOS = {"all_reduce": ("auto", "ring", "tree"), "reduce_scatter": ("auto", "ring"), "all_gather": ("auto", "ring"),
-         "broadcast": ("auto", "ring", "tree"), "reduce": ("auto", "ring", "tree"), "all_to_all": ("auto", "direct"),
-         "gather": ("auto", "direct"), "scatter": ("auto", "direct"), "barrier": ("auto",)}
+ALGOS = {
+    "all_reduce": ("auto", "ring", "tree"),
+    "reduce_scatter": ("auto", "ring"),
+    "all_gather": ("auto", "ring"),
+    "broadcast": ("auto", "ring", "tree"),
+    "reduce": ("auto", "ring", "tree"),
+    "all_to_all": ("auto", "direct"),
+    "gather": ("auto", "direct"),
+    "scatter": ("auto", "direct"),
+    "barrier": ("auto",),
+}
 TRANSPORTS = ("shm", "tcp", "hosts2", "netns")
 SIZES = {"small": 16, "large": 1 << 19}  # elements per block (float32)
 NRANKS = (2, 3, 4, 8)
 # What the survivors must raise: the kind every rank learns first-hand or through the control
 # plane's notice (which carries the first detector's kind). Errors raised by rt.init also may be
 # a BootstrapError or Timeout (a missing rank and a silent one look alike during rendezvous).
-EXPECTED = {"sigkill": {"PeerFailure"}, "exit": {"PeerFailure"}, "shutdown": {"PeerFailure"},
-            "raise": {"PeerFailure"}, "sigstop": {"Timeout"}, "abort": {"Aborted"},
-            "mismatch": {"CollectiveMismatch"}}
+EXPECTED = {
+    "sigkill": {"PeerFailure"},
+    "exit": {"PeerFailure"},
+    "shutdown": {"PeerFailure"},
+    "raise": {"PeerFailure"},
+    "sigstop": {"Timeout"},
+    "abort": {"Aborted"},
+    "mismatch": {"CollectiveMismatch"},
+}
 IN_INIT = {"BootstrapError", "Timeout", "PeerFailure"}
 SLACK = 5.0  # detection must come within the timeout in force plus this many seconds
-PROBLEMS = ("hang", "victim_hang", "crash", "no_fault", "no_error", "wrong_kind", "unnamed", "slow",
-            "wrong_result", "shrink")
+PROBLEMS = (
+    "hang",
+    "victim_hang",
+    "crash",
+    "no_fault",
+    "no_error",
+    "wrong_kind",
+    "unnamed",
+    "slow",
+    "wrong_result",
+    "shrink",
+)
 NO_SHRINK = "Communicator has no shrink() yet (issue 14 item 1): the shrink step and shrink-moment trials are skipped"
 
 
@@ -111,11 +139,21 @@ def make_trial(seed: int, index: int) -> Trial:
         delay = 0.0 if kind == "raise" or rng.random() < 0.3 else round(rng.uniform(1, 400), 1)
     else:
         delay = round(rng.uniform(0, 30), 1)
-    return Trial(id=f"{seed}-{index}", kind=kind, moment=moment, collective=collective,
-                 size=rng.choice(tuple(SIZES)), algo=rng.choice(ALGOS[collective]),
-                 transport=rng.choice(TRANSPORTS), nranks=nranks, victim=victim, root=rng.randrange(nranks),
-                 calls_before=0 if moment == "before_first" else rng.randrange(4), delay_ms=delay,
-                 second_victim=rng.choice(others) if moment == "shrink" else -1)
+    return Trial(
+        id=f"{seed}-{index}",
+        kind=kind,
+        moment=moment,
+        collective=collective,
+        size=rng.choice(tuple(SIZES)),
+        algo=rng.choice(ALGOS[collective]),
+        transport=rng.choice(TRANSPORTS),
+        nranks=nranks,
+        victim=victim,
+        root=rng.randrange(nranks),
+        calls_before=0 if moment == "before_first" else rng.randrange(4),
+        delay_ms=delay,
+        second_victim=rng.choice(others) if moment == "shrink" else -1,
+    )
 
 
 def make_campaign(seed: int, count: int) -> list:
@@ -133,8 +171,14 @@ def covering_slice(seed: int, want: int, *, pool: int = 400, max_ranks: int = 4)
     (cheaper trials win ties: no sigstop, which waits out a timeout); then quick ones (neither
     a stop nor a fault in bootstrap, which wait out a timeout) in campaign order."""
     candidates = [t for t in make_campaign(seed, pool) if t.nranks <= max_ranks]
-    features = lambda t: {("kind", t.kind), ("moment", t.moment), ("transport", t.transport),  # noqa: E731
-                          ("collective", t.collective), ("nranks", t.nranks), ("size", t.size)}
+    features = lambda t: {
+        ("kind", t.kind),
+        ("moment", t.moment),
+        ("transport", t.transport),  # noqa: E731
+        ("collective", t.collective),
+        ("nranks", t.nranks),
+        ("size", t.size),
+    }
     uncovered = set().union(*(features(t) for t in candidates))
     chosen = []
     while uncovered and len(chosen) < want:
@@ -143,7 +187,7 @@ def covering_slice(seed: int, want: int, *, pool: int = 400, max_ranks: int = 4)
         candidates.remove(best)
         uncovered -= features(best)
     quick = [t for t in candidates if t.kind != "sigstop" and t.moment != "bootstrap"]
-    return chosen + quick[:max(0, want - len(chosen))]
+    return chosen + quick[: max(0, want - len(chosen))]
 
 
 # --- in every rank ---------------------------------------------------------------------------
@@ -234,8 +278,10 @@ class Victim:
         self.fired = False
 
     def announce(self, kind=None):
-        print("ringtree-fault " + json.dumps({"wall": time.time(), "phase": self.phase, "kind": kind or self.t.kind}),
-              flush=True)
+        print(
+            "ringtree-fault " + json.dumps({"wall": time.time(), "phase": self.phase, "kind": kind or self.t.kind}),
+            flush=True,
+        )
 
     def inject(self, kind=None):
         kind = kind or self.t.kind
@@ -287,8 +333,11 @@ def connected_tcp_sockets() -> list:
             s = socket.socket(fileno=os.dup(int(name)))
         except OSError:
             continue
-        if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM and \
-                not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        if (
+            s.family in (socket.AF_INET, socket.AF_INET6)
+            and s.type == socket.SOCK_STREAM
+            and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        ):
             found.append(s)
         else:
             s.close()
@@ -411,11 +460,20 @@ def shrink_and_check(comm, t: Trial, rank: int) -> dict:
         got = {"size": new.size, "rank": new.rank}
         right = got == expect and bool(np.all(x == new.size * (new.size + 1) // 2))
         new.close()
-        return {"status": "ok" if right else "wrong", "expected": expect, "got": got, "sum": int(x[0]),
-                "seconds": time.monotonic() - start}
+        return {
+            "status": "ok" if right else "wrong",
+            "expected": expect,
+            "got": got,
+            "sum": int(x[0]),
+            "seconds": time.monotonic() - start,
+        }
     except rt.Error as exc:
-        return {"status": "error", "error": type(exc).__name__, "message": str(exc),
-                "seconds": time.monotonic() - start}
+        return {
+            "status": "error",
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "seconds": time.monotonic() - start,
+        }
 
 
 # --- the runner ------------------------------------------------------------------------------
@@ -435,8 +493,9 @@ def run_trial(trial: Trial, namespaces=None) -> dict:
         return {"trial": asdict(t), "skipped": NO_SHRINK, "problems": []}
     if t.transport == "netns" and namespaces is None:
         return {"trial": asdict(t), "skipped": "no network namespaces here", "problems": []}
-    options = dict(env={"RINGTREE_TRANSPORT": "tcp"} if t.transport == "tcp" else {},
-                   hosts=2 if t.transport == "hosts2" else 1)
+    options = dict(
+        env={"RINGTREE_TRANSPORT": "tcp"} if t.transport == "tcp" else {}, hosts=2 if t.transport == "hosts2" else 1
+    )
     if t.transport == "netns":
         names, addrs = namespaces
         port = 20000 + int(t.id.rpartition("-")[2]) % 20000
@@ -470,7 +529,9 @@ def judge(t: Trial, world, hung: list, victims_hung: list) -> dict:
     if hung:
         problems.append(("hang", f"ranks {hung} still running at the hard bound"))
     if victims_hung:
-        problems.append(("victim_hang", f"victim {victims_hung} still running {t.timeout + SLACK} s after the survivors"))
+        problems.append(
+            ("victim_hang", f"victim {victims_hung} still running {t.timeout + SLACK} s after the survivors")
+        )
     if fault is None:
         problems.append(("no_fault", "the victim never injected its fault"))
     survivors = []
@@ -481,8 +542,14 @@ def judge(t: Trial, world, hung: list, victims_hung: list) -> dict:
         if res is None or world.returncodes[r] != 0:
             problems.append(("crash", f"rank {r} exited {world.returncodes[r]} without a report"))
             continue
-        entry = {"rank": r, "error": res["error"], "message": (res.get("message") or "")[:400],
-                 "phase": res.get("phase"), "calls": res.get("calls"), "shrink": res.get("shrink")}
+        entry = {
+            "rank": r,
+            "error": res["error"],
+            "message": (res.get("message") or "")[:400],
+            "phase": res.get("phase"),
+            "calls": res.get("calls"),
+            "shrink": res.get("shrink"),
+        }
         if res.get("wrong_results"):
             problems.append(("wrong_result", f"rank {r}: wrong results in calls {res['wrong_results']}"))
         if res["error"] is None:
@@ -491,7 +558,9 @@ def judge(t: Trial, world, hung: list, victims_hung: list) -> dict:
             in_init = res["phase"] == "init"
             allowed = EXPECTED[t.kind] | (IN_INIT if in_init else set())
             if res["error"] not in allowed:
-                problems.append(("wrong_kind", f"rank {r}: {res['error']} (expected {sorted(allowed)}): {res['message']}"))
+                problems.append(
+                    ("wrong_kind", f"rank {r}: {res['error']} (expected {sorted(allowed)}): {res['message']}")
+                )
             if not in_init and not names_the_call(res["message"], t):
                 problems.append(("unnamed", f"rank {r}: the message does not name {t.collective}: {res['message']}"))
             if fault is not None:
@@ -504,10 +573,17 @@ def judge(t: Trial, world, hung: list, victims_hung: list) -> dict:
             problems.append(("shrink", f"rank {r}: {shrink}"))
         survivors.append(entry)
     victim = world.results[t.victim]
-    return {"trial": asdict(t), "fault": fault, "survivors": survivors,
-            "victim": {"returncode": world.returncodes[t.victim],
-                       "error": victim and victim.get("error"), "message": victim and (victim.get("message") or "")[:400]},
-            "problems": [f"{kind}: {text}" for kind, text in problems]}
+    return {
+        "trial": asdict(t),
+        "fault": fault,
+        "survivors": survivors,
+        "victim": {
+            "returncode": world.returncodes[t.victim],
+            "error": victim and victim.get("error"),
+            "message": victim and (victim.get("message") or "")[:400],
+        },
+        "problems": [f"{kind}: {text}" for kind, text in problems],
+    }
 
 
 def names_the_call(message: str, t: Trial) -> bool:
@@ -536,8 +612,11 @@ def summarize(records: list) -> dict:
 
     def detection(rs):
         d = sorted(s["detection_s"] for r in rs for s in r["survivors"] if "detection_s" in s)
-        return {"survivors": len(d), "median_s": round(statistics.median(d), 3) if d else None,
-                "worst_s": round(d[-1], 3) if d else None}
+        return {
+            "survivors": len(d),
+            "median_s": round(statistics.median(d), 3) if d else None,
+            "worst_s": round(d[-1], 3) if d else None,
+        }
 
     per_kind = {}
     for kind in KINDS:
@@ -549,23 +628,39 @@ def summarize(records: list) -> dict:
         rs = [r for r in ran if r["trial"]["moment"] == moment]
         if rs:  # where the fault landed: in rt.init, in a call or between calls
             landed = [r["fault"]["phase"] for r in rs if r["fault"]]
-            per_moment[moment] = {"trials": len(rs), "failed": sum(1 for r in rs if r["problems"]), **detection(rs),
-                                  "landed": {p: landed.count(p) for p in sorted(set(landed))}}
+            per_moment[moment] = {
+                "trials": len(rs),
+                "failed": sum(1 for r in rs if r["problems"]),
+                **detection(rs),
+                "landed": {p: landed.count(p) for p in sorted(set(landed))},
+            }
     killed = [r for r in ran if r["trial"]["kind"] == "sigkill" and r["trial"]["moment"] != "bootstrap"]
     seconds = [r["seconds"] for r in ran]
-    return {"trials": len(records), "ran": len(ran), "skipped": skipped,
-            "hangs": len(by_problem.get("hang", [])), "failed": sum(1 for r in ran if r["problems"]),
-            "problems": {k: {"trials": len(v), "ids": v[:20]} for k, v in sorted(by_problem.items())},
-            "killed_peer_detection": detection(killed), "per_kind": per_kind, "per_moment": per_moment,
-            "trial_seconds": {"median": round(statistics.median(seconds), 2) if seconds else None,
-                              "worst": max(seconds, default=None), "total": round(sum(seconds), 1)}}
+    return {
+        "trials": len(records),
+        "ran": len(ran),
+        "skipped": skipped,
+        "hangs": len(by_problem.get("hang", [])),
+        "failed": sum(1 for r in ran if r["problems"]),
+        "problems": {k: {"trials": len(v), "ids": v[:20]} for k, v in sorted(by_problem.items())},
+        "killed_peer_detection": detection(killed),
+        "per_kind": per_kind,
+        "per_moment": per_moment,
+        "trial_seconds": {
+            "median": round(statistics.median(seconds), 2) if seconds else None,
+            "worst": max(seconds, default=None),
+            "total": round(sum(seconds), 1),
+        },
+    }
 
 
 def describe(record) -> str:
     """A failing trial in words: parameters, problems, and the ranks' output."""
     t = record["trial"]
-    lines = [f"trial {t['id']}: " + ", ".join(f"{k}={v}" for k, v in t.items() if k != "id"),
-             f"rerun: python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only {t['id']}"]
+    lines = [
+        f"trial {t['id']}: " + ", ".join(f"{k}={v}" for k, v in t.items() if k != "id"),
+        f"rerun: python -m pytest -s tests/multiproc/test_fault_campaign.py -k soak --fault-only {t['id']}",
+    ]
     lines += [f"  {p}" for p in record["problems"]]
     for r, out in (record.get("outputs") or {}).items():
         lines.append(f"--- rank {r} (exit {record['returncodes'][int(r)]}) ---\n{out.rstrip()}")
@@ -578,17 +673,25 @@ def describe(record) -> str:
 def machine_state() -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout
-    return {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
-            "kernel": platform.release(), "commit": commit.strip() + ("+changes" if dirty.strip() else ""),
-            "root": os.geteuid() == 0}
+    dirty = subprocess.run(
+        ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "commit": commit.strip() + ("+changes" if dirty.strip() else ""),
+        "root": os.geteuid() == 0,
+    }
 
 
 def trial_line(record) -> str:
     t = record["trial"]
-    head = f"{t['id']:>9} {t['kind']:>8} {t['moment']:>12} {t['collective']:>14} {t['size']:>5} {t['algo']:>6} " \
-           f"{t['transport']:>6} P={t['nranks']} v={t['victim']}"
+    head = (
+        f"{t['id']:>9} {t['kind']:>8} {t['moment']:>12} {t['collective']:>14} {t['size']:>5} {t['algo']:>6} "
+        f"{t['transport']:>6} P={t['nranks']} v={t['victim']}"
+    )
     if "skipped" in record:
         return f"{head}  skipped"
     detections = [s["detection_s"] for s in record["survivors"] if "detection_s" in s]
@@ -604,12 +707,15 @@ def soak_report(summary) -> str:
     for kind, p in summary["problems"].items():
         out.append(f"problem {kind}: {p['trials']} trials, e.g. {' '.join(p['ids'][:8])}")
     k = summary["killed_peer_detection"]
-    out.append(f"SIGKILLed peer after rendezvous: median {k['median_s']} s, worst {k['worst_s']} s "
-               f"over {k['survivors']} survivors")
+    out.append(
+        f"SIGKILLed peer after rendezvous: median {k['median_s']} s, worst {k['worst_s']} s "
+        f"over {k['survivors']} survivors"
+    )
     out.append(f"{'fault kind':>12} {'trials':>6} {'failed':>6} {'survivors':>9} {'median s':>8} {'worst s':>8}")
     for kind, p in summary["per_kind"].items():
-        out.append(f"{kind:>12} {p['trials']:>6} {p['failed']:>6} {p['survivors']:>9} {p['median_s']!s:>8} "
-                   f"{p['worst_s']!s:>8}")
+        out.append(
+            f"{kind:>12} {p['trials']:>6} {p['failed']:>6} {p['survivors']:>9} {p['median_s']!s:>8} {p['worst_s']!s:>8}"
+        )
     out.append(f"{'moment':>12} {'trials':>6} {'failed':>6} {'median s':>8} {'worst s':>8}  landed in")
     for moment, p in summary["per_moment"].items():
         landed = ", ".join(f"{where} {n}" for where, n in p["landed"].items())

@@ -6,6 +6,7 @@ function by its qualified name with the arguments as keywords, and writes the JS
 file. Every world has a hard timeout: on expiry all ranks are killed and the test fails with
 their output, so a hang fails fast instead of stalling CI.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,10 +67,13 @@ class World:
     results: list = field(default_factory=list)
 
     def failure_report(self) -> str:
-        return "\n".join(f"--- rank {r} (exit {c}) ---\n{o[-4000:]}" for r, (c, o) in enumerate(zip(self.returncodes, self.outputs)))
+        return "\n".join(
+            f"--- rank {r} (exit {c}) ---\n{o[-4000:]}" for r, (c, o) in enumerate(zip(self.returncodes, self.outputs))
+        )
 
     def check_ok(self):
         import pytest
+
         if any(c != 0 for c in self.returncodes) or any(r is None for r in self.results):
             pytest.fail("a rank failed:\n" + self.failure_report())
         return self.results
@@ -111,8 +115,9 @@ class RunningWorld:
         return world
 
 
-def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None, per_rank_prefix=None,
-                unique_id=None) -> RunningWorld:
+def spawn_world(
+    nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None, per_rank_prefix=None, unique_id=None
+) -> RunningWorld:
     """Starts func(**args) in nranks fresh rank processes and returns them running.
     unique_id: a token every rank gets (else a fresh id, whose reserved port rank 0 inherits)."""
     rank_target(func)  # refused here, before any process starts
@@ -138,8 +143,9 @@ def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None
             log = open(os.path.join(outdir, f"{r}.log"), "w+")
             logs.append(log)
             prefix = list(per_rank_prefix(r)) if per_rank_prefix else []
-            procs.append(subprocess.Popen(prefix + command, env=e,
-                                          stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds))
+            procs.append(
+                subprocess.Popen(prefix + command, env=e, stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
+            )
     except BaseException:
         RunningWorld(procs, logs, outdir).collect()
         raise
@@ -149,19 +155,29 @@ def spawn_world(nranks, func, args=None, *, hosts=1, env=None, per_rank_env=None
     return RunningWorld(procs, logs, outdir)
 
 
-def run_world(nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None,
-              unique_id=None):
+def run_world(
+    nranks, func, args=None, *, hosts=1, env=None, timeout=180, per_rank_env=None, per_rank_prefix=None, unique_id=None
+):
     """Runs func(**args) in nranks fresh rank processes (ranks split over `hosts` emulated hosts)
     and returns their World; fails the test if they are not all done within `timeout` seconds.
     per_rank_prefix(r): words to run rank r's command under (e.g. `ip netns exec NAME`);
     unique_id: as for spawn_world (one whose rank 0 listens inside its namespace, say)."""
-    running = spawn_world(nranks, func, args, hosts=hosts, env=env, per_rank_env=per_rank_env,
-                          per_rank_prefix=per_rank_prefix, unique_id=unique_id)
+    running = spawn_world(
+        nranks,
+        func,
+        args,
+        hosts=hosts,
+        env=env,
+        per_rank_env=per_rank_env,
+        per_rank_prefix=per_rank_prefix,
+        unique_id=unique_id,
+    )
     try:
         hung = running.wait(deadline=time.monotonic() + timeout)
     finally:
         world = running.collect()
     if hung:
         import pytest  # here, not at the top: rank processes and bench scripts import this module too
+
         pytest.fail(f"ranks {hung} still running after the {timeout} s hard timeout:\n" + world.failure_report())
     return world

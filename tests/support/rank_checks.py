@@ -3,15 +3,16 @@
 (gpu/test_device_comm.py), which pass a communicator whose calls run on device buffers; and how
 an issued call ended (outcome), for the host and device halves of the device path; and what a
 rank's wait policy says (report_wait_policy)."""
+
 from __future__ import annotations
 
 import os
 import time
 
 import numpy as np
+from reference import NUMPY_DTYPES, make_input, mismatches, op_argument, reduce_reference
 
 import ringtree as rt
-from reference import NUMPY_DTYPES, make_input, mismatches, op_argument, reduce_reference
 
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 
@@ -74,8 +75,8 @@ def run_case(comm, coll, N, dtype_name, op, algo, in_place, root, salt):
     elif coll == "gather":
         out = np.full(N * P, 77, dtype) if r == root else None
         if in_place and r == root:
-            out[root * N:(root + 1) * N] = x
-            x = out[root * N:(root + 1) * N]
+            out[root * N : (root + 1) * N] = x
+            x = out[root * N : (root + 1) * N]
             untouched = None
         res = comm.gather(x, out, root=root, algo=algo)
         if r == root:

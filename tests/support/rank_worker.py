@@ -6,6 +6,7 @@ given OUTDIR, writes the JSON result to OUTDIR/<slot>.json. With RINGTREE_TEST_S
 runs ringtree over the CUDA stand-in (standin.py). Without OUTDIR (a launcher such as
 mpiexec or torchrun started the rank) the exit status and output are all that count.
 """
+
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ def find(module, qualname):
 if __name__ == "__main__":
     if os.environ.get("RINGTREE_TEST_STANDIN") == "1":
         import standin  # this folder: ringtree's core over the CUDA stand-in, before ringtree loads
+
         standin.install()
     path, qualname, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     outdir = sys.argv[4] if len(sys.argv) > 4 else None

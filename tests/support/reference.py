@@ -5,6 +5,7 @@ Inputs are small integers, so sums, products, minima and maxima are exact in eve
 wrap like C (two's complement); integer avg truncates toward zero. Only avg on floating types
 is compared with a tolerance (one rounding of the division; see AVG_RTOL).
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,14 +16,20 @@ import ringtree as rt
 
 try:
     import ml_dtypes
+
     BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 except ImportError:  # the test extra installs it; without it bfloat16 runs only through torch
     BFLOAT16 = None
 
 NUMPY_DTYPES = {
-    "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "float16": np.dtype(np.float16), "bfloat16": BFLOAT16,
-    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": BFLOAT16,
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
 }
 OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}

@@ -3,6 +3,7 @@
 with RINGTREE_TEST_STANDIN=1 (rank_worker.py) installs it before anything imports ringtree, so
 that `import ringtree` in the rank body gets it. The hooks (device memory, streams, the walk on
 threads) are the module's top level: `import _ringtree_testing as testing`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,4 +21,5 @@ def install():
     if "ringtree" in sys.modules:
         raise RuntimeError("install the CUDA stand-in before importing ringtree")
     import _ringtree_testing
+
     sys.modules["ringtree._core"] = _ringtree_testing.core()

@@ -8,6 +8,7 @@ Where the tests do not run as root there is no second user: StrangerUnavailable 
 test either skips with that reason or plays the stranger as the same user where the attack does
 not depend on a second user (Attacker with user=None).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,9 @@ def second_user():
     if not shutil.which("useradd") or not shutil.which("userdel"):
         raise StrangerUnavailable("useradd/userdel are not installed")
     name = f"rtx{uuid.uuid4().hex[:12]}"
-    made = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name], capture_output=True, text=True,
-                          timeout=30)
+    made = subprocess.run(
+        ["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name], capture_output=True, text=True, timeout=30
+    )
     if made.returncode != 0:
         raise StrangerUnavailable(f"useradd failed: {made.stderr.strip()}")
     try:
@@ -82,7 +84,7 @@ class Attacker:
             try:
                 data = out.encode()
                 while data:
-                    data = data[os.write(result_w, data):]
+                    data = data[os.write(result_w, data) :]
             finally:
                 os._exit(code)
         os.close(ready_w)
@@ -154,6 +156,7 @@ class NameWatcher:
     def __init__(self, directory="/dev/shm"):
         import ctypes
         import threading
+
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0 or libc.inotify_add_watch(self.fd, directory.encode(), self.IN_CREATE | self.IN_MOVED_TO) < 0:
@@ -170,8 +173,8 @@ class NameWatcher:
                 data = os.read(self.fd, 1 << 16)
                 at = 0
                 while at + 16 <= len(data):  # struct inotify_event: wd, mask, cookie, len, name
-                    length = int.from_bytes(data[at + 12:at + 16], "little")
-                    self.created.add(data[at + 16:at + 16 + length].rstrip(b"\0").decode(errors="replace"))
+                    length = int.from_bytes(data[at + 12 : at + 16], "little")
+                    self.created.add(data[at + 16 : at + 16 + length].rstrip(b"\0").decode(errors="replace"))
                     at += 16 + length
             with open("/proc/net/unix") as f:
                 for line in f.read().splitlines()[1:]:

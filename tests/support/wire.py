@@ -7,6 +7,7 @@ proof (an HMAC over the transcript and the payload, then the payload), the serve
 (status, text and a truncated MAC). On the star the rank's payload is its peer record, and
 afterwards rank 0 and the rank seal every message with a MAC under a key of the connection's own.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -20,11 +21,11 @@ HELLO_MAGIC, CHALLENGE_MAGIC, REFUSAL_MAGIC, TABLE_MAGIC = 0x52544231, 0x5254434
 MSG_MAGIC, MSG_KIND = 0x52544D53, 1  # the messenger's header: magic, kind, tag, bytes
 CONTROL, DATA, MESSAGE, STAR = 0, 1, 2, 3
 
-HELLO = struct.Struct("<IIiiii16s")      # magic, version, kind, rank, size, peer, nonce
-CHALLENGE = struct.Struct("<II16s32s")   # magic, version, nonce, mac
-ACCEPT = struct.Struct("<iI16s")         # status, text length, mac
-REFUSAL = struct.Struct("<IiiI")         # magic, status, size, text length (then the text)
-TABLE_HEADER = struct.Struct("<IiiI")    # magic, status, size, text length
+HELLO = struct.Struct("<IIiiii16s")  # magic, version, kind, rank, size, peer, nonce
+CHALLENGE = struct.Struct("<II16s32s")  # magic, version, nonce, mac
+ACCEPT = struct.Struct("<iI16s")  # status, text length, mac
+REFUSAL = struct.Struct("<IiiI")  # magic, status, size, text length (then the text)
+TABLE_HEADER = struct.Struct("<IiiI")  # magic, status, size, text length
 PEER = struct.Struct("<iHBB16s64sQQII")  # pid, mesh port, force tcp, pad, ip, host, shm/cpu domains, cpus, pad
 MSG_HEADER = struct.Struct("<IIqQ")
 SEAL = 16
@@ -47,9 +48,15 @@ class Transcript:
     server_nonce: bytes = bytes(16)
 
     def mac(self, key: bytes, label: str, extra: bytes = b"") -> bytes:
-        msg = (label.encode() + b"\0" + struct.pack("<Iiiii", VERSION, self.kind, self.client_rank, self.server_rank,
-                                                     self.size)
-               + self.setup + self.client_nonce + self.server_nonce + extra)
+        msg = (
+            label.encode()
+            + b"\0"
+            + struct.pack("<Iiiii", VERSION, self.kind, self.client_rank, self.server_rank, self.size)
+            + self.setup
+            + self.client_nonce
+            + self.server_nonce
+            + extra
+        )
         return hmac.new(key, msg, "sha256").digest()
 
     def accept_mac(self, key: bytes, status: int, text: bytes) -> bytes:
@@ -65,8 +72,9 @@ def seal(session_key: bytes, direction: int, count: int, data: bytes) -> bytes:
 
 
 def peer_record(pid=4242, mesh_port=1, ip="127.0.0.1", host="stranger", force_tcp=1) -> bytes:
-    return PEER.pack(pid, mesh_port, force_tcp, 0, ip.encode().ljust(16, b"\0"), host.encode().ljust(64, b"\0"),
-                     0, 0, 1, 0)
+    return PEER.pack(
+        pid, mesh_port, force_tcp, 0, ip.encode().ljust(16, b"\0"), host.encode().ljust(64, b"\0"), 0, 0, 1, 0
+    )
 
 
 def recv_exact(sock, n) -> bytes:
@@ -75,7 +83,7 @@ def recv_exact(sock, n) -> bytes:
     while len(data) < n:
         try:
             chunk = sock.recv(n - len(data))
-        except (ConnectionResetError, socket.timeout, TimeoutError):
+        except (ConnectionResetError, TimeoutError):
             break
         if not chunk:
             break
@@ -86,16 +94,18 @@ def recv_exact(sock, n) -> bytes:
 @dataclass
 class Outcome:
     """What a server made of one client's handshake."""
-    answer: str = ""            # "challenge", "refusal", "closed" or "other"
+
+    answer: str = ""  # "challenge", "refusal", "closed" or "other"
     server_proved: bool = False
     accepted: int | None = None  # the accept's status when one came whose MAC verified
     refusal_text: str = ""
-    sent: bytes = b""           # every byte the client sent
+    sent: bytes = b""  # every byte the client sent
     sock: socket.socket | None = field(default=None, repr=False)  # open after an accept, else closed
 
 
-def client_handshake(secret: bytes, addr, t: Transcript, payload: bytes = b"", flip: int | None = None,
-                     timeout: float = 5.0, keep=False) -> Outcome:
+def client_handshake(
+    secret: bytes, addr, t: Transcript, payload: bytes = b"", flip: int | None = None, timeout: float = 5.0, keep=False
+) -> Outcome:
     """Dials addr and runs the client's side as a ringtree rank would, except that with `flip`
     the byte at that offset of everything the client sends (hello, proof, payload) goes out
     with its low bit flipped. The proof is computed over the intended transcript, so a server
@@ -173,7 +183,7 @@ def read_table(sock, session_key: bytes, size: int):
     body, ok = read_sealed(sock, session_key, 1, size * PEER.size + 16)
     assert ok, "the table's seal is wrong"
     peers = [PEER.unpack_from(body, r * PEER.size) for r in range(size)]
-    return peers, body[size * PEER.size:]
+    return peers, body[size * PEER.size :]
 
 
 def serve_challenge(sock, secret: bytes, t: Transcript, flip: int | None = None) -> Transcript:

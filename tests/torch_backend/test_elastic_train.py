@@ -2,6 +2,7 @@
 shrink to 3 and resume from the checkpoint with the learning rate scaled to the world, a
 replacement joins through grow's token, and all 4 end with identical parameters and a lower
 loss (the example checks both on every rank and exits non-zero otherwise)."""
+
 import os
 import subprocess
 import sys

@@ -8,6 +8,7 @@ The legs run the trainer of examples/train_sharded.py (Trainer) in real rank pro
 process. The global batch (12) stays fixed: per-rank batch 3, 6, then 4 in 2 micro-batches.
 The middle leg uses a small bucket cap, so its bucket layout (and so every shard boundary)
 differs from the saving and the loading legs'."""
+
 import os
 import re
 import subprocess
@@ -17,21 +18,21 @@ import pytest
 
 pytest.importorskip("torch")
 
-from harness import run_world  # noqa: E402
 import torch_group  # noqa: E402
+from harness import run_world  # noqa: E402
 
 # float32: P ranks sum gradients in another order than one process, a few ulps per step that
 # Adam's 1/sqrt(v) amplifies a little; relative to the largest parameter, as in test_zero.py.
 RELATIVE_TOLERANCE = 1e-6
-STEPS = 3                    # per leg
-GLOBAL_BATCH = 12            # divisible by 4, 2 and 3
-HIDDEN = 19                  # 1205 parameters: not a multiple of 2, 3 or 4, so shards are padded
+STEPS = 3  # per leg
+GLOBAL_BATCH = 12  # divisible by 4, 2 and 3
+HIDDEN = 19  # 1205 parameters: not a multiple of 2, 3 or 4, so shards are padded
 CLIP = 0.3
 LR = 0.02
-GROWTH_INTERVAL = 2          # the scaler's scale doubles every 2 steps: its state must carry over
+GROWTH_INTERVAL = 2  # the scaler's scale doubles every 2 steps: its state must carry over
 LEGS = [  # (world size, accumulation micro-batches, bucket cap in MiB)
     (4, 1, 25.0),
-    (2, 1, 2048 / 2**20),    # a bucket closes at 512 float32 elements: 2 buckets instead of 1
+    (2, 1, 2048 / 2**20),  # a bucket closes at 512 float32 elements: 2 buckets instead of 1
     (3, 2, 25.0),
 ]
 STAGES = (1, 2, 3)
@@ -39,9 +40,19 @@ STAGES = (1, 2, 3)
 
 def _trainer(comm, stage, accum, bucket_cap_mb, hidden=HIDDEN):
     import train_sharded
-    return train_sharded.Trainer(comm, stage=stage, hidden=hidden, lr=LR, global_batch=GLOBAL_BATCH, accum=accum,
-                                 clip=CLIP, scaler=True, growth_interval=GROWTH_INTERVAL,
-                                 bucket_cap_mb=bucket_cap_mb)
+
+    return train_sharded.Trainer(
+        comm,
+        stage=stage,
+        hidden=hidden,
+        lr=LR,
+        global_batch=GLOBAL_BATCH,
+        accum=accum,
+        clip=CLIP,
+        scaler=True,
+        growth_interval=GROWTH_INTERVAL,
+        bucket_cap_mb=bucket_cap_mb,
+    )
 
 
 def reshard_leg(root, leg, accum, bucket_cap_mb):
@@ -50,6 +61,7 @@ def reshard_leg(root, leg, accum, bucket_cap_mb):
     import torch
 
     import ringtree as rt
+
     torch.set_num_threads(1)  # ranks share two cores
     comm = rt.init()
     report = {}
@@ -65,8 +77,10 @@ def reshard_leg(root, leg, accum, bucket_cap_mb):
         trainer.save(os.path.join(directory, f"leg{leg}"))
         report[stage] = {
             "params": torch.cat([p.reshape(-1) for p in trainer.full_parameters()]).tolist(),
-            "scale": trainer.scaler.get_scale(), "lr": trainer.scheduler.get_last_lr()[0],
-            "samples": trainer.samples, "buckets": len(trainer.zero.buckets),
+            "scale": trainer.scaler.get_scale(),
+            "lr": trainer.scheduler.get_last_lr()[0],
+            "samples": trainer.samples,
+            "buckets": len(trainer.zero.buckets),
             "history": trainer.checkpoint.history,
             "other_model_refused": refused if leg > 0 else None,
         }
@@ -89,8 +103,8 @@ def _reference(steps, clip=CLIP, scaler=True):
     """One process, the whole global batch per step: parameters (flat) after each leg's steps,
     the scales, the lrs, the clip norms and the losses."""
     import torch
-
     import train_sharded
+
     data = train_sharded.Stream()
     model = train_sharded.make_model(HIDDEN)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -110,8 +124,13 @@ def _reference(steps, clip=CLIP, scaler=True):
         scheduler.step()
         optimizer.zero_grad()
         if (step + 1) % STEPS == 0:
-            snapshots.append({"params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
-                              "scale": scaler.get_scale(), "lr": scheduler.get_last_lr()[0]})
+            snapshots.append(
+                {
+                    "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+                    "scale": scaler.get_scale(),
+                    "lr": scheduler.get_last_lr()[0],
+                }
+            )
     return snapshots, norms, losses
 
 
@@ -124,12 +143,14 @@ def test_resharded_restarts_follow_uninterrupted_training(tmp_path):
     import torch
 
     import ringtree.torch as rtt
+
     snapshots, norms, _ = _reference(STEPS * len(LEGS))
     assert max(norms) > CLIP, norms  # clipping does act
     assert snapshots[-1]["scale"] > snapshots[0]["scale"] > 2.0**16  # the scale grows across legs
     for leg, (world, accum, cap) in enumerate(LEGS):
-        results = run_world(world, reshard_leg, dict(root=str(tmp_path), leg=leg, accum=accum, bucket_cap_mb=cap),
-                            timeout=60).check_ok()
+        results = run_world(
+            world, reshard_leg, dict(root=str(tmp_path), leg=leg, accum=accum, bucket_cap_mb=cap), timeout=60
+        ).check_ok()
         expected = snapshots[leg]
         for stage in STAGES:
             outs = [r[str(stage)] for r in results]
@@ -146,15 +167,20 @@ def test_resharded_restarts_follow_uninterrupted_training(tmp_path):
             # The history records every world-size change and how the batch followed it.
             history = outs[0]["history"]
             resumes = [h for h in history if h["event"] == "resume"]
-            assert [(h["saved_world_size"], h["world_size"]) for h in resumes] == \
-                [(LEGS[i][0], LEGS[i + 1][0]) for i in range(leg)], history
-            assert all(h["global_batch"] == GLOBAL_BATCH and h["per_rank_batch"] == GLOBAL_BATCH // h["world_size"]
-                       for h in history if "global_batch" in h), history
+            assert [(h["saved_world_size"], h["world_size"]) for h in resumes] == [
+                (LEGS[i][0], LEGS[i + 1][0]) for i in range(leg)
+            ], history
+            assert all(
+                h["global_batch"] == GLOBAL_BATCH and h["per_rank_batch"] == GLOBAL_BATCH // h["world_size"]
+                for h in history
+                if "global_batch" in h
+            ), history
             # The checkpoint read back in one process: the same parameters, and the files the
             # format promises.
             path = tmp_path / f"stage{stage}" / f"leg{leg}"
-            assert sorted(p.name for p in path.glob("shard-*")) == \
-                [f"shard-{r:05d}-of-{world:05d}.pt" for r in range(world)]
+            assert sorted(p.name for p in path.glob("shard-*")) == [
+                f"shard-{r:05d}-of-{world:05d}.pt" for r in range(world)
+            ]
             meta = rtt.read_checkpoint_metadata(str(path))
             assert meta["world_size"] == world and meta["data"]["samples"] == outs[0]["samples"]
             full = rtt.consolidate_checkpoint(str(path))
@@ -173,13 +199,30 @@ def test_example_fsdp2_resumes_at_another_world_size(tmp_path):
     checkpoints, then --resume on 3 ranks to step 8; every printed loss follows one process."""
     _, _, losses = _reference(8, clip=None, scaler=False)
     assert losses[-1] < losses[0]
-    common = [os.path.join(torch_group.EXAMPLES, "train_sharded.py"), "--fsdp2", "--hidden", str(HIDDEN),
-              "--lr", str(LR), "--batch", str(GLOBAL_BATCH), "--ckpt", str(tmp_path), "--every", "4"]
+    common = [
+        os.path.join(torch_group.EXAMPLES, "train_sharded.py"),
+        "--fsdp2",
+        "--hidden",
+        str(HIDDEN),
+        "--lr",
+        str(LR),
+        "--batch",
+        str(GLOBAL_BATCH),
+        "--ckpt",
+        str(tmp_path),
+        "--every",
+        "4",
+    ]
     printed = {}
     for ranks, extra in ((2, ["--steps", "4"]), (3, ["--steps", "8", "--resume"])):
         launch = [sys.executable, "-m", "ringtree.launch", "-n", str(ranks), "--timeout", "50"]
-        run = subprocess.run(launch + common + extra, capture_output=True, text=True, timeout=60,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        run = subprocess.run(
+            launch + common + extra,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         found = re.findall(r"step +(\d+) .* loss ([\d.]+)", run.stdout)
         printed.update({int(step): float(loss) for step, loss in found})

@@ -6,6 +6,7 @@ ranks' gradients; ratio 1 is plain averaging; empty buckets, ties, 16-bit bucket
 bad ratios and ratios that differ between ranks; and DDP with the hook on a real model.
 
 The rank bodies return what the hook produced; the numpy model runs in the test process."""
+
 import math
 from decimal import Decimal
 
@@ -60,6 +61,7 @@ def _run_case(case, rank, with_plain):
     import torch
 
     import ringtree.torch as rtt
+
     name, sizes, ratio, steps, kind, dtype, warmup = case
     state = rtt.TopKState(ratio=ratio, warmup_steps=warmup)
     params = [[torch.empty(0)] for _ in sizes]  # stand-ins: a fixed parameter list per bucket
@@ -78,8 +80,14 @@ def _run_case(case, rank, with_plain):
             if with_plain:
                 plain_bucket = _Bucket(grad.clone(), i, False, params[i])
                 plain[-1].append(rtt.allreduce_hook(rtt.AllReduceState(), plain_bucket).wait().tolist())
-    return {"outputs": outputs, "residuals": residuals, "plain": plain, "sent_bytes": state.sent_bytes,
-            "dense_bytes": state.dense_bytes, "steps_counted": state.step}
+    return {
+        "outputs": outputs,
+        "residuals": residuals,
+        "plain": plain,
+        "sent_bytes": state.sent_bytes,
+        "dense_bytes": state.dense_bytes,
+        "steps_counted": state.step,
+    }
 
 
 def topk_cases(backend, cases, mismatch=False):
@@ -89,6 +97,7 @@ def topk_cases(backend, cases, mismatch=False):
     import torch.distributed as dist
 
     import ringtree.torch as rtt
+
     r, P = init_group(backend=backend)
     report = {name: _run_case(case, r, name == "ratio 1") for case in cases for name in [case[0]]}
 
@@ -250,10 +259,11 @@ def ddp_with_topk(steps=3, ratio=0.02, hidden=16):
 
     import torch
     import torch.distributed as dist
+    import train_ddp
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ringtree.torch as rtt
-    import train_ddp
+
     r, P = init_group()
     model = train_ddp.make_model(hidden)
     position = {id(p): n for n, p in enumerate(model.parameters())}
@@ -266,8 +276,11 @@ def ddp_with_topk(steps=3, ratio=0.02, hidden=16):
 
     def recording_hook(state, bucket):
         index = bucket.index()
-        call = {"index": index, "params": [position[id(p)] for p in bucket.parameters()],
-                "grad": bucket.buffer().tolist()}
+        call = {
+            "index": index,
+            "params": [position[id(p)] for p in bucket.parameters()],
+            "grad": bucket.buffer().tolist(),
+        }
         calls.append(call)  # in the order DDP calls the hook, the same on every rank
 
         def record(fut):
@@ -282,8 +295,12 @@ def ddp_with_topk(steps=3, ratio=0.02, hidden=16):
     everyone = [torch.empty_like(mine) for _ in range(P)]
     dist.all_gather(everyone, mine, group=dist.new_group(backend="gloo"))  # checked through Gloo
     finish_group()
-    return {"calls": calls, "identical": all(torch.equal(everyone[0], e) for e in everyone),
-            "steps_counted": state.step, "rebuilds": small}
+    return {
+        "calls": calls,
+        "identical": all(torch.equal(everyone[0], e) for e in everyone),
+        "steps_counted": state.step,
+        "rebuilds": small,
+    }
 
 
 @pytest.mark.timeout(60)
@@ -303,11 +320,13 @@ def test_ddp_with_topk_hook_matches_numpy():
             acc = np.array(call["grad"], dtype=np.float32) + residual.get(key, np.float32(0))
             chosen, values, residual[key] = _send(acc, k)
             total[chosen] += values
-            np.testing.assert_array_equal(np.array(call["residual"], dtype=np.float32), residual[key],
-                                          err_msg=f"call {n}")
+            np.testing.assert_array_equal(
+                np.array(call["residual"], dtype=np.float32), residual[key], err_msg=f"call {n}"
+            )
         for call in pair:
-            np.testing.assert_array_equal(np.array(call["out"], dtype=np.float32), total / np.float32(2),
-                                          err_msg=f"call {n}")
+            np.testing.assert_array_equal(
+                np.array(call["out"], dtype=np.float32), total / np.float32(2), err_msg=f"call {n}"
+            )
     for rep in reports:
         assert rep["identical"]
         assert rep["steps_counted"] == 3

@@ -6,6 +6,7 @@ The rank bodies (collectives_vs_gloo, rendezvous, errors, kill_during_ddp) run i
 a test's world (harness.py) and return a JSON report that the test asserts on. The collective
 checks run every torch.distributed call twice in the same processes, once on the ringtree group
 and once on a Gloo group, with the same inputs, and compare."""
+
 import datetime
 import os
 import signal
@@ -35,10 +36,12 @@ def test_importing_ringtree_does_not_import_torch():
 
 
 def test_importing_ringtree_torch_registers_the_backend():
-    code = ("import torch.distributed as dist, ringtree.torch; "
-            "assert 'ringtree' in dist.Backend.backend_list; "
-            "assert dist.Backend.default_device_backend_map.get('cpu') in ('gloo', 'ringtree'); "
-            "assert dist.Backend.backend_capability['ringtree'] == ['cpu', 'cuda']")
+    code = (
+        "import torch.distributed as dist, ringtree.torch; "
+        "assert 'ringtree' in dist.Backend.backend_list; "
+        "assert dist.Backend.default_device_backend_map.get('cpu') in ('gloo', 'ringtree'); "
+        "assert dist.Backend.backend_capability['ringtree'] == ['cpu', 'cuda']"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -87,10 +90,8 @@ def collectives_vs_gloo(large=1 << 20):
         compare(case, got, want, exact)
 
     # all_reduce: every op, several dtypes and counts.
-    ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-           "max": dist.ReduceOp.MAX}
-    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.float16,
-                  torch.bfloat16):
+    ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.float16, torch.bfloat16):
         for n in (0, 1, 7, 3 * P + 1, 1000):
             for name, op in ops.items():
                 low, high = (-1, 3) if name == "prod" else (-3, 4)
@@ -104,8 +105,11 @@ def collectives_vs_gloo(large=1 << 20):
     for n in (large, 1000):
         both(f"all_reduce sum float32 n={n}", lambda g, n=n: _ar(inputs(("big", n), n, torch.float32), g))
     # Random floats: ring and gloo sum in different orders, so within rounding.
-    both("all_reduce sum random float32",
-         lambda g: _ar(torch.randn(4099, generator=torch.Generator().manual_seed(r)), g), exact=False)
+    both(
+        "all_reduce sum random float32",
+        lambda g: _ar(torch.randn(4099, generator=torch.Generator().manual_seed(r)), g),
+        exact=False,
+    )
 
     # avg and premul_sum, which Gloo lacks: against Gloo's sum.
     def avg_ringtree(dtype):
@@ -161,28 +165,36 @@ def collectives_vs_gloo(large=1 << 20):
     # broadcast: every root; bool and int16 (which Gloo refuses; ringtree moves them as
     # bytes) against the root's input.
     for root in range(P):
+
         def run(group, root=root, dtype=torch.float32):
             x = inputs(("bc", root), 37, dtype)
             dist.broadcast(x, src=root, group=group)
             return x
+
         both(f"broadcast root={root}", run)
         for dtype in (torch.bool, torch.int16):
-            compare(f"broadcast root={root} {dtype}", run(ours, dtype=dtype), inputs(("bc", root), 37, dtype, rank=root))
+            compare(
+                f"broadcast root={root} {dtype}", run(ours, dtype=dtype), inputs(("bc", root), 37, dtype, rank=root)
+            )
 
     # reduce: every root.
     for root in range(P):
+
         def run(group, root=root):
             x = inputs(("red", root), 33, torch.float32)
             dist.reduce(x, dst=root, op=dist.ReduceOp.MAX, group=group)
             return x if r == root else torch.zeros(0)  # elsewhere the contents are unspecified
+
         both(f"reduce max root={root}", run)
 
     # all_gather (list and into one tensor), uneven sizes through the list form.
     for dtype in (torch.float32, torch.int64, torch.bool):
+
         def run(group, dtype=dtype):
             outs = [torch.empty(6, dtype=dtype) for _ in range(P)]
             dist.all_gather(outs, inputs(("ag",), 6, dtype), group=group)
             return outs
+
         if dtype == torch.bool:
             compare("all_gather bool", run(ours), [inputs(("ag",), 6, dtype, rank=q) for q in range(P)])
         else:
@@ -251,11 +263,15 @@ def collectives_vs_gloo(large=1 << 20):
     both("all_to_all_single with split sizes", a2a_uneven)
     both("all_to_all lists", a2a_even_lists)
     # Gloo refuses uneven lists: against the senders' inputs.
-    compare("all_to_all lists (uneven)", a2a_lists(ours),
-            [inputs(("a2al", r), splits(q)[r], torch.int64, rank=q) for q in range(P)])
+    compare(
+        "all_to_all lists (uneven)",
+        a2a_lists(ours),
+        [inputs(("a2al", r), splits(q)[r], torch.int64, rank=q) for q in range(P)],
+    )
 
     # gather / scatter, every root.
     for root in range(P):
+
         def gather(group, root=root):
             outs = [torch.empty(4) for _ in range(P)] if r == root else None
             dist.gather(inputs(("ga", root), 4, torch.float32), outs, dst=root, group=group)
@@ -273,8 +289,11 @@ def collectives_vs_gloo(large=1 << 20):
     # Objects go through all_gather and broadcast of byte tensors.
     objects = [None] * P
     dist.all_gather_object(objects, {"rank": r, "text": "x" * r})
-    compare("all_gather_object", [torch.tensor([o["rank"], len(o["text"])]) for o in objects],
-            [torch.tensor([q, q]) for q in range(P)])
+    compare(
+        "all_gather_object",
+        [torch.tensor([o["rank"], len(o["text"])]) for o in objects],
+        [torch.tensor([q, q]) for q in range(P)],
+    )
 
     # Point to point: a ring of isend/irecv with a large message (more than the shared
     # memory ring) in both directions at once, then blocking send/recv.
@@ -304,6 +323,7 @@ def collectives_vs_gloo(large=1 << 20):
 
     # Functional collectives (what torch.compile and DTensor use) and the coalescing manager.
     import torch.distributed._functional_collectives as funcol
+
     both("functional all_reduce", lambda g: funcol.all_reduce(inputs(("fc",), 6, torch.float32), "sum", g).wait())
 
     def coalesced_manager(group):
@@ -329,9 +349,9 @@ def collectives_vs_gloo(large=1 << 20):
             dist.all_reduce(x, group=group)
             xs.append(x)
         compare(f"subgroup {members} all_reduce", xs[0], xs[1])
-        b = torch.arange(4.) if r == members[-1] else torch.zeros(4)
+        b = torch.arange(4.0) if r == members[-1] else torch.zeros(4)
         dist.broadcast(b, src=members[-1], group=sub_ours)
-        compare(f"subgroup {members} broadcast", b, torch.arange(4.))
+        compare(f"subgroup {members} broadcast", b, torch.arange(4.0))
 
     finish_group()
     return {"failures": failures, "checked": len(checked)}
@@ -339,6 +359,7 @@ def collectives_vs_gloo(large=1 << 20):
 
 def _ar(x, group):
     import torch.distributed as dist
+
     dist.all_reduce(x, group=group)
     return x
 
@@ -346,6 +367,7 @@ def _ar(x, group):
 def _coalesced(inputs, group):
     import torch
     import torch.distributed as dist
+
     tensors = [inputs(("coal", i), 3 + i, torch.float32) for i in range(3)]
     dist.all_reduce_coalesced(tensors, group=group)
     return tensors
@@ -366,6 +388,7 @@ def rendezvous(method, port):
     import torch.distributed as dist
 
     import ringtree.torch  # noqa: F401 - registers the backend
+
     rank, size = int(os.environ["RINGTREE_RANK"]), int(os.environ["RINGTREE_WORLD_SIZE"])
     if method == "env":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
@@ -396,6 +419,7 @@ def errors(timeout=3.0):
     import torch.distributed as dist
 
     import ringtree as rt
+
     r, P = init_group(timeout=timeout)
     report = {}
 
@@ -405,17 +429,28 @@ def errors(timeout=3.0):
             call()
             report[name] = {"raised": None}
         except Exception as exc:  # noqa: BLE001 - reported
-            report[name] = {"raised": _error_name(exc), "ok": isinstance(exc, error_type) and
-                            (needle is None or needle in str(exc)), "message": str(exc)[:300],
-                            "seconds": time.monotonic() - started}
+            report[name] = {
+                "raised": _error_name(exc),
+                "ok": isinstance(exc, error_type) and (needle is None or needle in str(exc)),
+                "message": str(exc)[:300],
+                "seconds": time.monotonic() - started,
+            }
 
     expect("BAND", lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), ValueError, "BAND")
     expect("reduction dtype", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), ValueError, "int16")
     expect("negative tag", lambda: dist.send(torch.ones(2), dst=(r + 1) % P, tag=-7), ValueError, "tag must be >= 0")
-    expect("all_gather list length", lambda: dist.all_gather([torch.ones(2)] * (P + 1), torch.ones(2)),
-           ValueError, "output tensors")
-    expect("all_gather_coalesced list length",
-           lambda: dist.all_gather_coalesced([[torch.ones(2)]] * (P + 1), [torch.ones(2)]), ValueError, "output lists")
+    expect(
+        "all_gather list length",
+        lambda: dist.all_gather([torch.ones(2)] * (P + 1), torch.ones(2)),
+        ValueError,
+        "output tensors",
+    )
+    expect(
+        "all_gather_coalesced list length",
+        lambda: dist.all_gather_coalesced([[torch.ones(2)]] * (P + 1), [torch.ones(2)]),
+        ValueError,
+        "output lists",
+    )
     x = torch.ones(3)
     dist.all_reduce(x)
     report["usable after bad arguments"] = {"raised": None, "ok": x.tolist() == [float(P)] * 3}
@@ -442,9 +477,18 @@ def test_errors_surface_as_typed_exceptions_within_the_timeout():
     world = run_world(2, errors, dict(timeout=2.0), timeout=90)
     results = world.check_ok()
     report = results[0]["report"]
-    expected = ["BAND", "reduction dtype", "negative tag", "all_gather list length",
-                "all_gather_coalesced list length", "usable after bad arguments", "mismatch", "stall",
-                "stall async wait", "stall async future"]
+    expected = [
+        "BAND",
+        "reduction dtype",
+        "negative tag",
+        "all_gather list length",
+        "all_gather_coalesced list length",
+        "usable after bad arguments",
+        "mismatch",
+        "stall",
+        "stall async wait",
+        "stall async future",
+    ]
     assert sorted(report) == sorted(expected)
     bad = {name: case for name, case in report.items() if not case.get("ok")}
     assert not bad, bad
@@ -457,8 +501,10 @@ def test_errors_surface_as_typed_exceptions_within_the_timeout():
 
 def kill_during_ddp(victim=1):
     """The victim SIGKILLs itself between steps; the survivors' next step must raise."""
-    import ringtree as rt
     import train_ddp
+
+    import ringtree as rt
+
     r, P = init_group(timeout=60)
     ddp = train_ddp.wrap(train_ddp.make_model(32))
     train_ddp.train(ddp, 2, 16, 0.05, log=None)
@@ -470,8 +516,12 @@ def kill_during_ddp(victim=1):
         return {"raised": None}
     except Exception as exc:  # noqa: BLE001 - reported
         # Through DDP's C++ reducer the error arrives as a RuntimeError that names it.
-        return {"raised": _error_name(exc), "peer_failure": isinstance(exc, rt.PeerFailure) or "PeerFailure: " in str(exc),
-                "message": str(exc)[:500], "seconds": time.monotonic() - started}
+        return {
+            "raised": _error_name(exc),
+            "peer_failure": isinstance(exc, rt.PeerFailure) or "PeerFailure: " in str(exc),
+            "message": str(exc)[:500],
+            "seconds": time.monotonic() - started,
+        }
 
 
 @pytest.mark.timeout(100)
@@ -516,4 +566,3 @@ def test_bool_flags_reduce_as_on_gloo():
         # logical and / or of [r == 0, True, r == 1, False, r even] over ranks 0, 1, 2
         assert res["MIN"]["ringtree"][:5] == [False, True, False, False, False], res["MIN"]
         assert res["MAX"]["ringtree"][:5] == [True, True, True, False, True], res["MAX"]
-

@@ -2,13 +2,14 @@
 and a multi-rank numpy world that never imports torch (its rank body, bucketer_numpy, checks).
 
 Nothing at the top of this module may import torch: the ranks load it to run bucketer_numpy."""
+
 import sys
 
 import numpy as np
 import pytest
+from harness import run_world
 
 from ringtree.bucketing import Bucketer, assign_buckets
-from harness import run_world
 
 MB = 1024 * 1024
 
@@ -122,6 +123,7 @@ def bucketer_numpy(sizes, cap_mb, order_seed, skipped=0):
 
     import ringtree as rt
     from ringtree.bucketing import Bucketer
+
     comm = rt.init()
     r, P = comm.rank, comm.size
     bucketer = Bucketer(sizes, dtypes=np.float64, bucket_cap_mb=cap_mb)

@@ -6,6 +6,7 @@ batch_isend_irecv beside it); and FSDP2 with the group's allocation hook (alloca
 The rank bodies run in every rank of a test's world (harness.py) and return a JSON report. Where
 torch's client reads the default group (DCP), one world runs on each backend; elsewhere one world
 holds a ringtree group and a Gloo group and runs both on the same inputs."""
+
 import numpy as np
 import pytest
 
@@ -17,12 +18,14 @@ from torch_group import finish_group, init_group  # noqa: E402
 
 def _model(seed):
     import torch
+
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
 
 
 def _train_step(model, optimizer, seed):
     import torch
+
     x = torch.randn(5, 6, generator=torch.Generator().manual_seed(seed))
     model(x).square().sum().backward()
     optimizer.step()
@@ -32,6 +35,7 @@ def _train_step(model, optimizer, seed):
 def _optimizer_tensors(optimizer):
     """Every tensor of an optimizer's state, in a fixed order."""
     import torch
+
     state = optimizer.state_dict()["state"]
     return [v for key in sorted(state) for _, v in sorted(state[key].items()) if isinstance(v, torch.Tensor)]
 
@@ -40,8 +44,12 @@ def dcp_clients(backend, directory):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
-                                                         set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     r, P = init_group(backend=backend)
     report = {"devices": sorted({d.type for d in dist.group.WORLD._device_types})}
@@ -80,9 +88,12 @@ def dcp_clients(backend, directory):
 def test_dcp_broadcast_from_rank0_and_async_save_as_on_gloo(tmp_path):
     import torch
 
-    reports = {backend: run_world(2, dcp_clients, dict(backend=backend, directory=str(tmp_path / backend)),
-                                  timeout=100).check_ok()
-               for backend in ("ringtree", "gloo")}
+    reports = {
+        backend: run_world(
+            2, dcp_clients, dict(backend=backend, directory=str(tmp_path / backend)), timeout=100
+        ).check_ok()
+        for backend in ("ringtree", "gloo")
+    }
     rank0_state = {k: v.tolist() for k, v in _model(seed=7).state_dict().items()}
     assert not torch.equal(_model(seed=101)[0].weight, _model(seed=7)[0].weight)  # rank 1 had to receive them
     for backend, ranks in reports.items():
@@ -101,6 +112,7 @@ BITWISE_OPS = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_
 def _bitwise_input(dtype_name, op, n, rank):
     """Values that use every bit of the dtype, different on each rank."""
     import torch
+
     case = 3 * BITWISE_DTYPES.index(dtype_name) + list(BITWISE_OPS).index(op)
     g = torch.Generator().manual_seed(7919 * rank + 31 * n + case)
     dtype = getattr(torch, dtype_name)
@@ -154,8 +166,9 @@ def test_bitwise_all_reduce_matches_numpy_and_gloo():
     gloo_compared = set()
     for i, case in enumerate(ranks[0]["cases"]):
         dtype = np.dtype(case["dtype"])
-        inputs = np.array([_bitwise_input(case["dtype"], case["op"], case["n"], q).numpy() for q in range(P)],
-                          dtype=dtype).reshape(P, case["n"])
+        inputs = np.array(
+            [_bitwise_input(case["dtype"], case["op"], case["n"], q).numpy() for q in range(P)], dtype=dtype
+        ).reshape(P, case["n"])
         want = BITWISE_OPS[case["op"]].reduce(inputs, axis=0).tolist()
         for rank, res in enumerate(ranks):
             got = res["cases"][i]
@@ -175,12 +188,14 @@ def test_bitwise_all_reduce_matches_numpy_and_gloo():
 def _filled(dim, value, dtype):
     """torch's distributed tests' _build_multidim_tensor(dim, dim, value): dim**dim elements."""
     import torch
+
     return torch.empty([dim] * dim, dtype=dtype).fill_(value)
 
 
 def _lists_equal(got, want):
     """Lists of tensor lists, equal tensor by tensor."""
     import torch
+
     return all(torch.equal(a, b) for got_list, want_list in zip(got, want) for a, b in zip(got_list, want_list))
 
 
@@ -206,17 +221,21 @@ def coalesced_vs_gloo():
         return outcomes
 
     for backend in ("ringtree", "gloo"):
-        results = {"simple": gather_cases(backend, worlds, range(P), torch.float),
-                   "complex": gather_cases(backend, worlds, range(P), torch.cfloat),
-                   "full_group": gather_cases(backend, fulls, range(P), torch.float)}
+        results = {
+            "simple": gather_cases(backend, worlds, range(P), torch.float),
+            "complex": gather_cases(backend, worlds, range(P), torch.cfloat),
+            "full_group": gather_cases(backend, fulls, range(P), torch.float),
+        }
         if r in (1, 2):
             results["group"] = gather_cases(backend, pairs, [1, 2], torch.float)
         # test_all_gather_coalesced_with_empty, and async.
         inputs = [r * torch.ones(2, 2), torch.ones(0), (r + 1) * torch.ones(3, 3), torch.ones(0), torch.ones(0)]
         outputs = [[-torch.ones(t.shape) for t in inputs] for _ in range(P)]
         dist.all_gather_coalesced(outputs, inputs, worlds[backend], async_op=True).wait()
-        expected = [[q * torch.ones(2, 2), torch.ones(0), (q + 1) * torch.ones(3, 3), torch.ones(0), torch.ones(0)]
-                    for q in range(P)]
+        expected = [
+            [q * torch.ones(2, 2), torch.ones(0), (q + 1) * torch.ones(3, 3), torch.ones(0), torch.ones(0)]
+            for q in range(P)
+        ]
         results["with_empty"] = [_lists_equal(outputs, expected)]
         report[backend] = results
 
@@ -233,8 +252,10 @@ def coalesced_vs_gloo():
                 dist.reduce_scatter_tensor(out, torch.arange(P * (i + 1), dtype=torch.float32) * (r + 1), group=group)
         cm.wait()
         received = torch.empty(5)
-        ops = [dist.P2POp(dist.isend, torch.full((5,), float(r)), (r + 1) % P, group),
-               dist.P2POp(dist.irecv, received, (r - 1) % P, group)]
+        ops = [
+            dist.P2POp(dist.isend, torch.full((5,), float(r)), (r + 1) % P, group),
+            dist.P2POp(dist.irecv, received, (r - 1) % P, group),
+        ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         return [t.tolist() for t in gathered + scattered + [received]]

@@ -2,6 +2,7 @@
 irecv with tags and from any source give what Gloo gives on the same inputs in the same
 processes, and torch's own test_send_recv_any_source and test_send_recv_with_tag
 (torch/testing/_internal/distributed/distributed_test.py) pass on ringtree, run as they are."""
+
 import pytest
 
 pytest.importorskip("torch")
@@ -46,9 +47,11 @@ def _scenario(group, r, P):
     got["any source senders"] = sorted(senders)
     # Tags out of order between one pair, several dtypes, isend/irecv in flight together.
     if r == 0:
-        works = [dist.isend(torch.arange(6, dtype=torch.int64) * 3, 1, group=group, tag=5),
-                 dist.isend(torch.tensor([True, False, True]), 1, group=group, tag=6),
-                 dist.isend(torch.linspace(0, 1, 7, dtype=torch.float16), 1, group=group, tag=7)]
+        works = [
+            dist.isend(torch.arange(6, dtype=torch.int64) * 3, 1, group=group, tag=5),
+            dist.isend(torch.tensor([True, False, True]), 1, group=group, tag=6),
+            dist.isend(torch.linspace(0, 1, 7, dtype=torch.float16), 1, group=group, tag=7),
+        ]
         for w in works:
             w.wait()
     elif r == 1:
@@ -63,9 +66,12 @@ def _scenario(group, r, P):
     # A ring of isend/irecv with tags, both ways at once.
     nxt, prv = (r + 1) % P, (r - 1) % P
     behind, ahead = torch.zeros(4), torch.zeros(4)
-    works = [dist.isend(torch.full((4,), 10.0 * r + 1), nxt, group=group, tag=11),
-             dist.isend(torch.full((4,), 10.0 * r + 2), prv, group=group, tag=12),
-             dist.irecv(behind, prv, group=group, tag=11), dist.irecv(ahead, nxt, group=group, tag=12)]
+    works = [
+        dist.isend(torch.full((4,), 10.0 * r + 1), nxt, group=group, tag=11),
+        dist.isend(torch.full((4,), 10.0 * r + 2), prv, group=group, tag=12),
+        dist.irecv(behind, prv, group=group, tag=11),
+        dist.irecv(ahead, nxt, group=group, tag=12),
+    ]
     for w in works:
         w.wait()
     got["ring"] = [behind.tolist(), ahead.tolist()]
@@ -129,7 +135,9 @@ def p2p_errors():
         expect("short message", lambda: dist.recv(torch.zeros(5), 0, tag=4), ValueError, "12 bytes")
         wide = torch.zeros(4, 3)
         dist.recv(wide[:, 1], 0, tag=5)  # a non-contiguous tensor: through a copy
-        report["non-contiguous"] = "ok" if wide[:, 1].tolist() == [1.0, 2.0, 3.0, 4.0] and wide.sum() == 10 else str(wide)
+        report["non-contiguous"] = (
+            "ok" if wide[:, 1].tolist() == [1.0, 2.0, 3.0, 4.0] and wide.sum() == 10 else str(wide)
+        )
     x = torch.ones(2)
     dist.all_reduce(x)
     report["usable"] = "ok" if x.tolist() == [float(P)] * 2 else str(x)

@@ -5,6 +5,7 @@ runs under ringtree.launch and torchrun.
 
 The rank bodies (training_matches_single_process, compression_converges) run in every rank of a
 test's world (harness.py) and return a JSON report that the test asserts on."""
+
 import os
 import subprocess
 import sys
@@ -27,14 +28,15 @@ SINGLE_PROCESS_TOLERANCE = 1e-6
 
 def _flat_params(model):
     import torch
+
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def _single_process(steps, batch, lr, hidden, micro_batches=1, extra_unused=False):
     """The reference: one process, the whole batch each step."""
     import torch
-
     import train_ddp
+
     model = _model(hidden, extra_unused)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
@@ -48,8 +50,8 @@ def _single_process(steps, batch, lr, hidden, micro_batches=1, extra_unused=Fals
 
 def _model(hidden, extra_unused=False):
     import torch
-
     import train_ddp
+
     net = train_ddp.make_model(hidden, seed=0)
     if not extra_unused:
         return net
@@ -66,13 +68,12 @@ def _model(hidden, extra_unused=False):
     return WithUnused()
 
 
-def _distributed_steps(module, params, steps, batch, lr, rank, world, micro_batches=1, no_sync=None,
-                       before_step=None):
+def _distributed_steps(module, params, steps, batch, lr, rank, world, micro_batches=1, no_sync=None, before_step=None):
     import contextlib
 
     import torch
-
     import train_ddp
+
     optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
     for step in range(steps):
         x, y = train_ddp.global_batch(step, batch)
@@ -98,6 +99,7 @@ def training_matches_single_process(steps=4, batch=24, lr=0.05, hidden=24):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ringtree.torch as rtt
+
     r, P = init_group()
     world_comm = dist.group.WORLD.comm
     gloo = dist.new_group(backend="gloo")
@@ -142,7 +144,8 @@ def training_matches_single_process(steps=4, batch=24, lr=0.05, hidden=24):
             # The all_reduce ran in place on the buckets, and the gradients are views of them.
             bucket_storages = {b.buffer.untyped_storage().data_ptr() for b in hook.bucketer.buckets}
             results[name]["grads_are_bucket_views"] = all(
-                p.grad is not None and p.grad.untyped_storage().data_ptr() in bucket_storages for p in hook.params)
+                p.grad is not None and p.grad.untyped_storage().data_ptr() in bucket_storages for p in hook.params
+            )
             hook.remove()
             calls[name] = counting.all_reduce_calls
             expected_calls[name] = steps * len(hook.bucket_assignment)
@@ -185,6 +188,7 @@ def compression_converges(steps=40, batch=32, lr=0.1, hidden=32):
     """The example trained with each comm hook: every loss curve comes down, close to the
     uncompressed one."""
     import train_ddp
+
     r, P = init_group()
     losses = {}
     for hook in ("none", "fp16", "bf16", "int8"):
@@ -208,8 +212,14 @@ def test_compression_hooks_converge_like_uncompressed_training():
 
 def _run_example(launcher, extra=()):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(launcher + [EXAMPLE, "--steps", "6", "--hidden", "32", *extra], capture_output=True,
-                          text=True, timeout=100, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        launcher + [EXAMPLE, "--steps", "6", "--hidden", "32", *extra],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) == 6, proc.stdout
@@ -224,13 +234,21 @@ def test_example_runs_under_ringtree_launch():
 
 @pytest.mark.timeout(120)
 def test_example_runs_under_torchrun():
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(_free_port())]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+    ]
     _run_example(launcher)
 
 
 def _free_port():
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -6,6 +6,7 @@ masters, state_dict round trips, and the optimizer memory per rank.
 The rank body (sharded_training) runs every configuration in each rank of a world of 2 or 3
 (harness.py) over a plain ringtree communicator and reports; the tests assert. The model's
 parameter counts (and so the buckets) are not divisible by 2 or 3, so the shards are padded."""
+
 import pytest
 
 pytest.importorskip("torch")
@@ -25,6 +26,7 @@ BUCKET_CAP_MB = 200 / 2**20  # float32 buckets of 59, 187 and 221 elements: none
 
 def _model(seed=0):
     import torch
+
     torch.manual_seed(seed)
     layers = []
     for fan_in, fan_out in zip(SIZES, SIZES[1:]):
@@ -34,6 +36,7 @@ def _model(seed=0):
 
 def _batch(step):
     import torch
+
     generator = torch.Generator().manual_seed(100 + step)
     x = torch.randn(BATCH, SIZES[0], generator=generator)
     return x, torch.randint(0, SIZES[-1], (BATCH,), generator=generator)
@@ -41,6 +44,7 @@ def _batch(step):
 
 def _optimizer(name):
     import torch
+
     if name == "sgd":
         return torch.optim.SGD, dict(lr=0.1, momentum=0.9)
     return torch.optim.Adam, dict(lr=0.01)
@@ -48,12 +52,14 @@ def _optimizer(name):
 
 def _loss(model, x, y, dtype=None):
     import torch
+
     out = model(x if dtype is None else x.to(dtype))
     return torch.nn.functional.cross_entropy(out.float(), y)
 
 
 def _flat(tensors):
     import torch
+
     return torch.cat([t.detach().float().reshape(-1) for t in tensors])
 
 
@@ -66,6 +72,7 @@ def _reference(opt, world, steps=STEPS, clip=None, skip=(), dtype=None, scale=1.
     whole-batch gradient in bf16 rounds differently. `scale` multiplies the loss and divides
     the fp32 gradient (a power of two: exact), as GradScaler does."""
     import torch
+
     model = _model()
     masters = None
     if dtype is not None:
@@ -111,34 +118,50 @@ class _CountingComm:
     def __getattr__(self, name):
         attr = getattr(self._comm, name)
         if name in ("all_reduce", "reduce_scatter", "all_gather"):
+
             def counted(*args, **kwargs):
                 if name == "all_gather":
                     self.gathers += 1
                 else:
                     self.calls += 1
                 return attr(*args, **kwargs)
+
             return counted
         return attr
 
 
-def _train(zero, comm, rank, world, steps, micro=1, use_no_sync=False, clip=None, scaler=None, dtype=None,
-           poison_step=None, start=0):
+def _train(
+    zero,
+    comm,
+    rank,
+    world,
+    steps,
+    micro=1,
+    use_no_sync=False,
+    clip=None,
+    scaler=None,
+    dtype=None,
+    poison_step=None,
+    start=0,
+):
     """Train with the wrapper; returns the per-step clip norms, collective calls per
     micro-step, and (with a scaler) per-step overflow flags and scales."""
     import torch
+
     model = zero.model
     norms, calls, gathers, overflow, scales, kept, released = [], [], [], [], [], 0, []
     for step in range(start, start + steps):
         x, y = _batch(step)
         per_rank = BATCH // world
-        x, y = x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]
+        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
         handle = None
         if poison_step == step and rank == world - 1:
             # Only the last rank's gradient overflows, in one element of the first layer, whose
             # averaged value lands in one rank's shard.
             inf = torch.tensor(float("inf"))
             handle = model[0].weight.register_hook(
-                lambda g: g.index_put((torch.tensor([0]), torch.tensor([3])), inf.to(g.dtype)))
+                lambda g: g.index_put((torch.tensor([0]), torch.tensor([3])), inf.to(g.dtype))
+            )
         for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro))):
             before, gathered = comm.calls, comm.gathers
             context = zero.no_sync() if use_no_sync and i < micro - 1 else _nullcontext()
@@ -162,8 +185,15 @@ def _train(zero, comm, rank, world, steps, micro=1, use_no_sync=False, clip=None
         zero.zero_grad()
         released.append(_resident_param_bytes(zero))
     zero.synchronize()
-    return {"norms": norms, "calls": calls, "gathers": gathers, "overflow": overflow, "scales": scales,
-            "grads_kept": kept, "resident_param_bytes": released}
+    return {
+        "norms": norms,
+        "calls": calls,
+        "gathers": gathers,
+        "overflow": overflow,
+        "scales": scales,
+        "grads_kept": kept,
+        "resident_param_bytes": released,
+    }
 
 
 def _resident_param_bytes(zero):
@@ -179,6 +209,7 @@ def _resident_param_bytes(zero):
 
 def _nullcontext():
     import contextlib
+
     return contextlib.nullcontext()
 
 
@@ -189,6 +220,7 @@ def _relative_diff(a, b):
 def _state_diff(full, reference):
     """Largest relative difference between the gathered state and a plain optimizer's."""
     import torch
+
     ref = reference.state_dict()
     worst = 0.0
     assert sorted(full["state"]) == sorted(ref["state"]), (sorted(full["state"]), sorted(ref["state"]))
@@ -204,6 +236,7 @@ def _state_diff(full, reference):
 def _state_numel(optimizer):
     """Elements of the per-parameter state tensors (not Adam's scalar step)."""
     import torch
+
     return sum(v.numel() for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
 
 
@@ -212,6 +245,7 @@ def sharded_training(configs):
 
     import ringtree as rt
     import ringtree.torch as rtt
+
     torch.set_num_threads(1)  # ranks share two cores
     world_comm = rt.init()
     rank, world = world_comm.rank, world_comm.size
@@ -221,33 +255,64 @@ def sharded_training(configs):
         dtype = getattr(torch, cfg["dtype"]) if cfg.get("dtype") else None
         model = _model()
         cls, kwargs = _optimizer(cfg["opt"])
-        zero = rtt.ShardedDataParallel(model, cls, comm, stage=cfg["stage"], bucket_cap_mb=BUCKET_CAP_MB,
-                                       accumulation_steps=cfg.get("accumulation_steps", 1), param_dtype=dtype,
-                                       **kwargs)
+        zero = rtt.ShardedDataParallel(
+            model,
+            cls,
+            comm,
+            stage=cfg["stage"],
+            bucket_cap_mb=BUCKET_CAP_MB,
+            accumulation_steps=cfg.get("accumulation_steps", 1),
+            param_dtype=dtype,
+            **kwargs,
+        )
         comm.calls = 0
         # growth_interval: the scale stays put for the run unless a step overflows.
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1000) if cfg.get("scaler") else None
         micro = cfg.get("micro", 1)
-        log = _train(zero, comm, rank, world, STEPS, micro, cfg.get("no_sync", False), cfg.get("clip"), scaler, dtype,
-                     cfg.get("poison_step"))
+        log = _train(
+            zero,
+            comm,
+            rank,
+            world,
+            STEPS,
+            micro,
+            cfg.get("no_sync", False),
+            cfg.get("clip"),
+            scaler,
+            dtype,
+            cfg.get("poison_step"),
+        )
         skip = [cfg["poison_step"]] if cfg.get("poison_step") is not None else []
-        ref_params, ref_opt, ref_norms = _reference(cfg["opt"], world, clip=cfg.get("clip"), skip=skip, dtype=dtype,
-                                                    scale=scaler.get_scale() if scaler is not None else 1.0)
+        ref_params, ref_opt, ref_norms = _reference(
+            cfg["opt"],
+            world,
+            clip=cfg.get("clip"),
+            skip=skip,
+            dtype=dtype,
+            scale=scaler.get_scale() if scaler is not None else 1.0,
+        )
         with zero.gathered_parameters():
             mine = _flat(model.parameters())
-            rounded = dtype is None or all(torch.equal(p.detach(), m.to(p.dtype)) for p, m in zip(
-                model.parameters(), zero.state_dict()["master_params"]))
+            rounded = dtype is None or all(
+                torch.equal(p.detach(), m.to(p.dtype))
+                for p, m in zip(model.parameters(), zero.state_dict()["master_params"])
+            )
         out = {
             "params": mine.tolist(),
             "param_dtype": str(next(model.parameters()).dtype),
             "master_dtype": str(zero.buckets[0].master.dtype),
             "diff": _relative_diff(mine, _flat(ref_params)),
             "moved": (mine - _flat(_model().parameters())).abs().max().item(),
-            "norms": log["norms"], "ref_norms": ref_norms,
-            "calls": log["calls"], "buckets": len(zero.buckets),
-            "overflow": log["overflow"], "scales": log["scales"],
-            "state_numel": _state_numel(zero.optimizer), "ref_state_numel": _state_numel(ref_opt),
-            "grads_kept": log["grads_kept"], "gathers": log["gathers"],
+            "norms": log["norms"],
+            "ref_norms": ref_norms,
+            "calls": log["calls"],
+            "buckets": len(zero.buckets),
+            "overflow": log["overflow"],
+            "scales": log["scales"],
+            "state_numel": _state_numel(zero.optimizer),
+            "ref_state_numel": _state_numel(ref_opt),
+            "grads_kept": log["grads_kept"],
+            "gathers": log["gathers"],
             "resident_param_bytes": log["resident_param_bytes"],
             "full_param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         }
@@ -270,6 +335,7 @@ def _round_trip(zero, full, comm, rank, world, cfg, cls, kwargs):
     import torch
 
     import ringtree.torch as rtt
+
     sharded = zero.sharded_state_dict()
     copies = {}
     for form in ("full", "sharded"):
@@ -277,8 +343,9 @@ def _round_trip(zero, full, comm, rank, world, cfg, cls, kwargs):
         with torch.no_grad(), zero.gathered_parameters():
             for dst, src in zip(model.parameters(), zero.model.parameters()):
                 dst.copy_(src)
-        fresh = rtt.ShardedDataParallel(model, cls, comm, stage=cfg["stage"], bucket_cap_mb=BUCKET_CAP_MB,
-                                        broadcast_from=None, **kwargs)
+        fresh = rtt.ShardedDataParallel(
+            model, cls, comm, stage=cfg["stage"], bucket_cap_mb=BUCKET_CAP_MB, broadcast_from=None, **kwargs
+        )
         if form == "full":
             fresh.load_state_dict(full)
         else:
@@ -299,23 +366,23 @@ def _round_trip(zero, full, comm, rank, world, cfg, cls, kwargs):
     return result
 
 
-CONFIGS = {
-    f"stage {stage} {opt}": dict(stage=stage, opt=opt) for stage in (1, 2, 3) for opt in ("sgd", "adam")
-}
-CONFIGS.update({
-    "stage 2 adam round trip": dict(stage=2, opt="adam", round_trip=True),
-    "stage 1 sgd accumulation_steps=2": dict(stage=1, opt="sgd", micro=MICRO, accumulation_steps=MICRO),
-    "stage 2 adam no_sync": dict(stage=2, opt="adam", micro=MICRO, no_sync=True),
-    "stage 1 sgd clip": dict(stage=1, opt="sgd", clip=0.05),
-    "stage 2 adam clip": dict(stage=2, opt="adam", clip=0.05),
-    "stage 2 sgd scaler overflow": dict(stage=2, opt="sgd", scaler=True, poison_step=1),
-    "stage 1 adam scaler overflow": dict(stage=1, opt="adam", scaler=True, poison_step=2),
-    "stage 3 adam round trip": dict(stage=3, opt="adam", round_trip=True),
-    "stage 3 sgd accumulation_steps=2": dict(stage=3, opt="sgd", micro=MICRO, accumulation_steps=MICRO),
-    "stage 3 adam no_sync": dict(stage=3, opt="adam", micro=MICRO, no_sync=True),
-    "stage 3 adam clip": dict(stage=3, opt="adam", clip=0.05),
-    "stage 3 adam scaler overflow": dict(stage=3, opt="adam", scaler=True, poison_step=1),
-})
+CONFIGS = {f"stage {stage} {opt}": dict(stage=stage, opt=opt) for stage in (1, 2, 3) for opt in ("sgd", "adam")}
+CONFIGS.update(
+    {
+        "stage 2 adam round trip": dict(stage=2, opt="adam", round_trip=True),
+        "stage 1 sgd accumulation_steps=2": dict(stage=1, opt="sgd", micro=MICRO, accumulation_steps=MICRO),
+        "stage 2 adam no_sync": dict(stage=2, opt="adam", micro=MICRO, no_sync=True),
+        "stage 1 sgd clip": dict(stage=1, opt="sgd", clip=0.05),
+        "stage 2 adam clip": dict(stage=2, opt="adam", clip=0.05),
+        "stage 2 sgd scaler overflow": dict(stage=2, opt="sgd", scaler=True, poison_step=1),
+        "stage 1 adam scaler overflow": dict(stage=1, opt="adam", scaler=True, poison_step=2),
+        "stage 3 adam round trip": dict(stage=3, opt="adam", round_trip=True),
+        "stage 3 sgd accumulation_steps=2": dict(stage=3, opt="sgd", micro=MICRO, accumulation_steps=MICRO),
+        "stage 3 adam no_sync": dict(stage=3, opt="adam", micro=MICRO, no_sync=True),
+        "stage 3 adam clip": dict(stage=3, opt="adam", clip=0.05),
+        "stage 3 adam scaler overflow": dict(stage=3, opt="adam", scaler=True, poison_step=1),
+    }
+)
 MIXED = {
     "stage 2 adam bf16": dict(stage=2, opt="adam", dtype="bfloat16"),
     "stage 2 sgd bf16": dict(stage=2, opt="sgd", dtype="bfloat16"),
@@ -353,7 +420,7 @@ def test_sharded_training_matches_single_process(world_size):
                 limit = 0.0 if world_size == 2 else MIXED_P3_TOLERANCE
                 assert out["master_diff"] <= limit, (name, out["master_diff"])
             continue
-        for rank, out in enumerate(outs):
+        for out in outs:
             buckets = out["buckets"]
             assert buckets >= 3, (name, buckets)
             micro = cfg.get("micro", 1)
@@ -375,8 +442,11 @@ def test_sharded_training_matches_single_process(world_size):
             # Optimizer state: about 1/P of the unsharded (padding adds under P per bucket).
             per_state = out["ref_state_numel"] // total
             assert per_state >= 1
-            assert out["state_numel"] <= per_state * (-(-total // world_size) + buckets * (world_size - 1)), \
-                (name, out["state_numel"], out["ref_state_numel"])
+            assert out["state_numel"] <= per_state * (-(-total // world_size) + buckets * (world_size - 1)), (
+                name,
+                out["state_numel"],
+                out["ref_state_numel"],
+            )
             if cfg.get("clip"):
                 assert len(out["norms"]) == STEPS
                 for mine, ref in zip(out["norms"], out["ref_norms"]):
@@ -388,8 +458,10 @@ def test_sharded_training_matches_single_process(world_size):
                 assert decided == tuple(s == poisoned for s in range(STEPS)), (name, out["overflow"])
                 assert out["scales"][poisoned] == 2.0**9, (name, out["scales"])
             if cfg.get("round_trip"):
-                assert out["round_trip"] == {"full": True, "sharded": True, "wrong_world_size_refused": True}, \
-                    (name, out["round_trip"])
+                assert out["round_trip"] == {"full": True, "sharded": True, "wrong_world_size_refused": True}, (
+                    name,
+                    out["round_trip"],
+                )
         if cfg.get("poison_step") is not None:
             # The overflow was seen on one rank's shard only, and every rank skipped the step.
             seen = [out["overflow"][cfg["poison_step"]][0] for out in outs]
@@ -398,11 +470,14 @@ def test_sharded_training_matches_single_process(world_size):
         assert sum(out["state_numel"] for out in outs) >= outs[0]["ref_state_numel"], (name, sums)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(stage=4), "stage must be 1, 2 or 3"),
-    (dict(param_dtype="float16"), "param_dtype must be"),
-    (dict(bucket_cap_mb=0), "bucket_cap_mb must be positive"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(stage=4), "stage must be 1, 2 or 3"),
+        (dict(param_dtype="float16"), "param_dtype must be"),
+        (dict(bucket_cap_mb=0), "bucket_cap_mb must be positive"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_traffic(bad, message):
     import torch
 
@@ -432,6 +507,7 @@ def _curve(variant, comm, gloo, rank, world):
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtree.torch as rtt
+
     model = _model()
     if variant == "ddp gloo":
         module = DistributedDataParallel(model, process_group=gloo)
@@ -439,14 +515,15 @@ def _curve(variant, comm, gloo, rank, world):
         step, zero_grad = optimizer.step, optimizer.zero_grad
     else:
         module = model
-        zero = rtt.ShardedDataParallel(model, torch.optim.Adam, comm, stage=int(variant[-1]),
-                                       bucket_cap_mb=BUCKET_CAP_MB, lr=0.01)
+        zero = rtt.ShardedDataParallel(
+            model, torch.optim.Adam, comm, stage=int(variant[-1]), bucket_cap_mb=BUCKET_CAP_MB, lr=0.01
+        )
         step, zero_grad = zero.step, zero.zero_grad
     losses = []
     for index in range(CURVE_STEPS):
         x, y = _batch(index % 4)  # four batches over and over: the loss falls
         per_rank = BATCH // world
-        loss = _loss(module, x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank])
+        loss = _loss(module, x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank])
         loss.backward()
         step()
         zero_grad()
@@ -458,15 +535,17 @@ def _curve(variant, comm, gloo, rank, world):
 
 def memory_and_loss_curves():
     import torch.distributed as dist
-
     import torch_group
     import zero_bench
+
     rank, world = torch_group.init_group()
     gloo = dist.new_group(backend="gloo")
     comm = dist.group.WORLD.comm
     curves = {variant: _curve(variant, comm, gloo, rank, world) for variant in ("ddp gloo", "zero1", "zero2", "zero3")}
-    memory = {variant: zero_bench.memory_per_rank(variant, MEMORY_WIDTH, MEMORY_DEPTH, MEMORY_BUCKETS, BATCH)
-              for variant in zero_bench.MEMORY_VARIANTS}
+    memory = {
+        variant: zero_bench.memory_per_rank(variant, MEMORY_WIDTH, MEMORY_DEPTH, MEMORY_BUCKETS, BATCH)
+        for variant in zero_bench.MEMORY_VARIANTS
+    }
     torch_group.finish_group()
     return {"curves": curves, "memory": memory}
 
@@ -494,8 +573,12 @@ def test_memory_per_rank_and_loss_curves_against_ddp():
         memory = out["memory"]
         n = memory["ddp"]["params"]
         slack = 1.10  # padding, Adam's step counters
-        ideal_rest = {"ddp": 16 * n, "zero1": 8 * n + 12 * n / world, "zero2": 4 * n + 12 * n / world,
-                      "zero3": 16 * n / world}
+        ideal_rest = {
+            "ddp": 16 * n,
+            "zero1": 8 * n + 12 * n / world,
+            "zero2": 4 * n + 12 * n / world,
+            "zero3": 16 * n / world,
+        }
         for variant, ideal in ideal_rest.items():
             rest = memory[variant]["rest"]
             assert ideal <= rest <= slack * ideal, (variant, rest, ideal, memory[variant])

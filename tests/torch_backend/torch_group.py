@@ -2,6 +2,7 @@
 test_torch_training.py, test_torch_clients.py): a process group on the ringtree backend, one CPU
 thread per rank. torch is imported only inside the functions, so importing this module leaves
 torch out. The examples (train_ddp, ...) are importable by name, as the suite's settings say."""
+
 import datetime
 import os
 
@@ -16,6 +17,7 @@ def init_group(timeout=60.0, backend="ringtree"):
     import torch.distributed as dist
 
     import ringtree.torch as rtt
+
     torch.set_num_threads(1)  # ranks share two cores
     rtt.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return dist.get_rank(), dist.get_world_size()
@@ -23,5 +25,6 @@ def init_group(timeout=60.0, backend="ringtree"):
 
 def finish_group():
     import torch.distributed as dist
+
     dist.barrier()
     dist.destroy_process_group()

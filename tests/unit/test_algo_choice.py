@@ -4,6 +4,7 @@ ranks: its rules in order, the memo of its answers, and the replaceable last ste
 The expected choices come from the rules as the docs state them, applied here in Python to the
 candidates and predictions the unit reports (estimate()), so the test checks that choose() does
 what estimate() and the rules say, on every collective, size, rank count and host layout."""
+
 import random
 
 import pytest
@@ -16,12 +17,25 @@ COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
 OP = {name: code for code, name in enumerate(_core.OPS)}
-PRICED = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-          "barrier"]
+PRICED = [
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+]
 SIZES = [0, 1, 8, 100, 4096, 65536, 1 << 20, 3 << 22, 1 << 28]
 ONESHOT = 64 << 10
 LAYOUTS = {  # name: (P, host labels)
-    "P2": (2, []), "P4": (4, []), "P8": (8, []), "2x2": (4, [0, 0, 1, 1]), "uneven": (5, [0, 1, 0, 0, 1]),
+    "P2": (2, []),
+    "P4": (4, []),
+    "P8": (8, []),
+    "2x2": (4, [0, 0, 1, 1]),
+    "uneven": (5, [0, 1, 0, 0, 1]),
     "4x2": (8, [0, 0, 1, 1, 2, 2, 3, 3]),
 }
 
@@ -69,10 +83,16 @@ def test_auto_takes_the_cheapest_candidate_with_near_ties_to_the_earlier(layout)
                 assert names and len(set(names)) == len(names), (coll, nbytes, cands)
                 assert all(t > 0 for _, t in cands), (coll, nbytes, cands)
                 # The hierarchical algorithms are candidates across hosts only; one-shot on one host.
-                assert any(a.startswith("hier") for a in names) == (len(set(hosts)) > 1 and coll in (
-                    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")), (coll, names)
+                assert any(a.startswith("hier") for a in names) == (
+                    len(set(hosts)) > 1
+                    and coll in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+                ), (coll, names)
                 assert ("oneshot" in names) == bool(choice.oneshot_fits(COLL[coll], nbytes)), (coll, nbytes)
-                assert choose(choice, coll, nbytes, dtype) == expected(choice, coll, nbytes, dtype), (coll, nbytes, dtype)
+                assert choose(choice, coll, nbytes, dtype) == expected(choice, coll, nbytes, dtype), (
+                    coll,
+                    nbytes,
+                    dtype,
+                )
 
 
 def test_the_one_shot_capacity_decides_what_fits():
@@ -134,8 +154,9 @@ def test_deterministic_mode_keeps_floating_point_reductions_in_rank_order():
         assert choose(choice, "all_reduce", nbytes, op="max", deterministic=True) == "rank_order"
         assert choose(choice, "all_reduce", nbytes, algo="ring", deterministic=True) == "rank_order"
     # Integers are exact in any order: deterministic mode leaves them to auto.
-    assert choose(choice, "all_reduce", 1 << 20, "int32", deterministic=True) == choose(choice, "all_reduce", 1 << 20,
-                                                                                       "int32")
+    assert choose(choice, "all_reduce", 1 << 20, "int32", deterministic=True) == choose(
+        choice, "all_reduce", 1 << 20, "int32"
+    )
     assert choose(choice, "all_gather", 1 << 20, deterministic=True) == "ring"
 
 
@@ -178,8 +199,13 @@ def test_a_hook_makes_the_last_decision_from_the_candidates_and_their_costs():
     assert choose(choice, "all_reduce", 4096) == model[4096]  # None: the model's pick
     first = seen[0]
     assert isinstance(first, rt.ChoiceRequest)
-    assert (first.collective, first.nbytes, first.dtype, first.nranks, first.nhosts) == ("all_reduce", 1 << 20,
-                                                                                          "float32", 4, 1)
+    assert (first.collective, first.nbytes, first.dtype, first.nranks, first.nhosts) == (
+        "all_reduce",
+        1 << 20,
+        "float32",
+        4,
+        1,
+    )
     assert [(a, t) for a, t, _ in first.candidates] == candidates(choice, "all_reduce", 1 << 20)
     assert first.model_choice == model[1 << 20]
     # Remembered like the model's answers: asked again right away, the hook is not called again.
@@ -196,8 +222,11 @@ def test_a_hook_makes_the_last_decision_from_the_candidates_and_their_costs():
 def test_a_hook_that_answers_wrong_fails_the_call_with_a_clear_error():
     choice = make("P4")
     choice.set_choice_hook(core_hook(lambda request: "oneshot"))  # too large to fit at 1 MiB
-    with pytest.raises(rt.InvalidArgument, match="hook chose 'oneshot' for all_reduce of 1048576 bytes, which is not "
-                                                 "a candidate; it must return one of ring, tree"):
+    with pytest.raises(
+        rt.InvalidArgument,
+        match="hook chose 'oneshot' for all_reduce of 1048576 bytes, which is not "
+        "a candidate; it must return one of ring, tree",
+    ):
         choose(choice, "all_reduce", 1 << 20)
     choice.set_choice_hook(core_hook(lambda request: "fastest"))
     with pytest.raises(rt.InvalidArgument, match="returned 'fastest'.*algorithm's name"):

@@ -1,5 +1,6 @@
 """The one description of each collective (csrc/common/collective.h) as Python sees it, against
 the semantics DESIGN.md states; and every error's kind naming its class."""
+
 import pytest
 
 import ringtree as rt
@@ -49,11 +50,25 @@ def test_every_collective_is_described_and_unknown_names_are_refused():
 
 
 def test_error_kinds_name_their_classes_one_to_one():
-    classes = [rt.Error, rt.InvalidArgument, rt.Timeout, rt.PeerFailure, rt.CollectiveMismatch, rt.Aborted,
-               rt.BootstrapError]
+    classes = [
+        rt.Error,
+        rt.InvalidArgument,
+        rt.Timeout,
+        rt.PeerFailure,
+        rt.CollectiveMismatch,
+        rt.Aborted,
+        rt.BootstrapError,
+    ]
     kinds = [c.kind for c in classes]
-    assert kinds == ["error", "invalid_argument", "timeout", "peer_failure", "collective_mismatch", "aborted",
-                     "bootstrap"]
+    assert kinds == [
+        "error",
+        "invalid_argument",
+        "timeout",
+        "peer_failure",
+        "collective_mismatch",
+        "aborted",
+        "bootstrap",
+    ]
     with pytest.raises(rt.InvalidArgument) as info:
         rt.UniqueId.parse("hello")
     assert info.value.kind == "invalid_argument"

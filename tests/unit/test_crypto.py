@@ -1,6 +1,7 @@
 """The set-up's own SHA-256, HMAC-SHA256 and PBKDF2-HMAC-SHA256 (csrc/bootstrap/crypto.cc)
 against published test vectors and against Python's hashlib and hmac on random inputs, and the
 unique ids derived with them (a seeded secret, a child communicator's secret)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,10 +19,14 @@ from ringtree import _core
 SHA256_VECTORS = [
     (b"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
     (b"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
-    (b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
-     "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"),
-    (b"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
-     "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"),
+    (
+        b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+    ),
+    (
+        b"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
+        "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1",
+    ),
     (b"a" * 1_000_000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"),
 ]
 
@@ -31,21 +36,37 @@ HMAC_VECTORS = [
     (b"Jefe", b"what do ya want for nothing?", "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"),
     (b"\xaa" * 20, b"\xdd" * 50, "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"),
     (bytes(range(1, 26)), b"\xcd" * 50, "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"),
-    (b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First",
-     "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"),
-    (b"\xaa" * 131, b"This is a test using a larger than block-size key and a larger than block-size data. "
-                    b"The key needs to be hashed before being used by the HMAC algorithm.",
-     "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"),
+    (
+        b"\xaa" * 131,
+        b"Test Using Larger Than Block-Size Key - Hash Key First",
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+    ),
+    (
+        b"\xaa" * 131,
+        b"This is a test using a larger than block-size key and a larger than block-size data. "
+        b"The key needs to be hashed before being used by the HMAC algorithm.",
+        "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2",
+    ),
 ]
 
 # RFC 7914 section 11 (PBKDF2-HMAC-SHA256).
 PBKDF2_VECTORS = [
-    (b"passwd", b"salt", 1, 64,
-     "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc"
-     "49ca9cccf179b645991664b39d77ef317c71b845b1e30bd509112041d3a19783"),
-    (b"Password", b"NaCl", 80000, 64,
-     "4ddcd8f60b98be21830cee5ef22701f9641a4418d04c0414aeff08876b34ab56"
-     "a1d425a1225833549adb841b51c9b3176a272bdebba1d078478f62b397f33c8d"),
+    (
+        b"passwd",
+        b"salt",
+        1,
+        64,
+        "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc"
+        "49ca9cccf179b645991664b39d77ef317c71b845b1e30bd509112041d3a19783",
+    ),
+    (
+        b"Password",
+        b"NaCl",
+        80000,
+        64,
+        "4ddcd8f60b98be21830cee5ef22701f9641a4418d04c0414aeff08876b34ab56"
+        "a1d425a1225833549adb841b51c9b3176a272bdebba1d078478f62b397f33c8d",
+    ),
 ]
 
 
@@ -86,8 +107,9 @@ def test_pbkdf2_matches_hashlib_for_random_inputs():
     for _ in range(40):
         password, salt = rng.randbytes(rng.randrange(0, 90)), rng.randbytes(rng.randrange(0, 40))
         iterations, length = rng.randrange(1, 300), rng.randrange(1, 100)  # more than one 32-byte block too
-        assert (_core._pbkdf2_sha256(password, salt, iterations, length)
-                == hashlib.pbkdf2_hmac("sha256", password, salt, iterations, length)), (iterations, length)
+        assert _core._pbkdf2_sha256(password, salt, iterations, length) == hashlib.pbkdf2_hmac(
+            "sha256", password, salt, iterations, length
+        ), (iterations, length)
     with pytest.raises(rt.InvalidArgument, match="iterations"):
         _core._pbkdf2_sha256(b"x", b"y", 0, 16)
 

@@ -1,10 +1,10 @@
 """The harness's contract with rank bodies (support/harness.py): a test passes the function
 itself, the ranks find it by its module file and qualified name, and anything the ranks could not
 find is refused in the test, before any process starts."""
+
 import os
 
 import pytest
-
 from harness import rank_command, rank_target, run_world
 
 

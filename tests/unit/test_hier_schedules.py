@@ -7,25 +7,29 @@ deadlock under rendezvous semantics. The step walker (the GPU executors' walk, o
 then runs the same schedules on real data against numpy for every op. The structure the design
 promises is checked on the schedules themselves: message ops only, cross-host traffic only
 between counterparts, one inter-host message per host pair for all_to_all."""
+
 from __future__ import annotations
 
 import random
 
+import _ringtree_testing as testing
 import numpy as np
 import pytest
+from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
 
 import ringtree as rt
-import _ringtree_testing as testing
 from ringtree import _core
-from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
 DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
 OP = {name: code for code, name in enumerate(_core.OPS)}
 ROOTED = {"broadcast", "reduce"}
-CASES = [(c, _core.ALGOS[a]) for c in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
-         for a in _core.hier_algos(COLL[c])]
+CASES = [
+    (c, _core.ALGOS[a])
+    for c in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
+    for a in _core.hier_algos(COLL[c])
+]
 
 
 def contiguous(sizes):
@@ -88,7 +92,7 @@ def test_hier_schedules_verify(coll, algo):
         pipelined = coll in ROOTED or algo == "hier_tree"
         for count in counts_for(P, large=P > 24):
             for root in roots:
-                for segment in ([0, 2] if pipelined else [0]):
+                for segment in [0, 2] if pipelined else [0]:
                     summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment, hosts=labels)
                     assert ": ok," in summary, (name, summary)
                     checked += 1
@@ -115,8 +119,10 @@ def test_the_verifier_detects_faults_in_hier_schedules():
 
 def ops_of(coll, algo, labels, count, root=0):
     P = len(labels)
-    return [[op for step in _core.schedule(COLL[coll], ALGO[algo], P, r, count, root, 4, hosts=labels) for op in step]
-            for r in range(P)]
+    return [
+        [op for step in _core.schedule(COLL[coll], ALGO[algo], P, r, count, root, 4, hosts=labels) for op in step]
+        for r in range(P)
+    ]
 
 
 @pytest.mark.parametrize("coll,algo", CASES)
@@ -140,7 +146,7 @@ def test_hier_schedules_are_message_ops_and_cross_hosts_between_counterparts(col
 def test_hier_all_to_all_sends_one_message_per_host_pair():
     for sizes in ([3, 1, 4], [2, 2], [1, 5, 2, 3]):
         labels = interleaved(sizes)
-        P, N = len(labels), 3
+        N = 3
         pairs = {}
         for r, ops in enumerate(ops_of("all_to_all", "hier", labels, N)):
             for kind, peer, count, *_ in ops:
@@ -158,8 +164,12 @@ def test_hier_broadcast_crosses_hosts_once_per_host():
     labels = interleaved([3, 1, 4])
     for algo in ("hier", "hier_tree"):
         for root in (0, 4, len(labels) - 1):
-            cross = [(r, peer) for r, ops in enumerate(ops_of("broadcast", algo, labels, 8, root))
-                     for kind, peer, *_ in ops if kind == "recv" and labels[peer] != labels[r]]
+            cross = [
+                (r, peer)
+                for r, ops in enumerate(ops_of("broadcast", algo, labels, 8, root))
+                for kind, peer, *_ in ops
+                if kind == "recv" and labels[peer] != labels[r]
+            ]
             receivers = {r for r, _ in cross}
             assert len(receivers) == 2 and all(labels[r] != labels[root] for r in receivers), (algo, root, cross)
 
@@ -171,17 +181,34 @@ def walk(coll, algo, labels, N, dtype, op, root):
     inputs = [make_input(q, in_n, dtype, op, 3) for q in range(P)]
     ins = [x.copy() for x in inputs]
     outputs = [np.full(out_n, 77, NUMPY_DTYPES[dtype]) for _ in range(P)]
-    testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, 5, DTYPE[dtype], OP[op], 1.0,
-                          [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], 256, 2, 60.0, hosts=labels)
+    testing.walk_on_threads(
+        COLL[coll],
+        ALGO[algo],
+        P,
+        N,
+        root,
+        5,
+        DTYPE[dtype],
+        OP[op],
+        1.0,
+        [x.ctypes.data for x in ins],
+        [o.ctypes.data for o in outputs],
+        256,
+        2,
+        60.0,
+        hosts=labels,
+    )
     got = ins if coll == "broadcast" else outputs
     for r in range(P):
         block = slice(r * N, (r + 1) * N)
-        want = {"all_reduce": lambda: reduce_reference(inputs, op, dtype),
-                "reduce_scatter": lambda: reduce_reference(inputs, op, dtype)[block],
-                "reduce": lambda: reduce_reference(inputs, op, dtype) if r == root else None,
-                "all_gather": lambda: np.concatenate(inputs),
-                "all_to_all": lambda: np.concatenate([inputs[q][block] for q in range(P)]),
-                "broadcast": lambda: inputs[root]}[coll]()
+        want = {
+            "all_reduce": lambda: reduce_reference(inputs, op, dtype),
+            "reduce_scatter": lambda: reduce_reference(inputs, op, dtype)[block],
+            "reduce": lambda: reduce_reference(inputs, op, dtype) if r == root else None,
+            "all_gather": lambda: np.concatenate(inputs),
+            "all_to_all": lambda: np.concatenate([inputs[q][block] for q in range(P)]),
+            "broadcast": lambda: inputs[root],
+        }[coll]()
         if want is not None:
             bad = mismatches(got[r], want, dtype, op)
             assert bad == 0, f"{coll}/{algo} on {labels} N={N} {dtype} {op} rank {r}: {bad} wrong"

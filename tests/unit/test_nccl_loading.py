@@ -1,6 +1,7 @@
 """NCCL is loaded at run time, not linked: from the nvidia-nccl wheel of the test extra when
 it is installed, and a missing library is explained (RINGTREE_NCCL_LIBRARY names the file
 tried). No device is needed."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -31,10 +32,17 @@ def test_nccl_is_loaded_at_run_time_from_the_wheel():
 def test_missing_nccl_is_explained(tmp_path):
     import subprocess
     import sys
+
     missing = tmp_path / "libnccl.so.2"
-    code = ("import ringtree as rt\n"
-            "try:\n    rt.nccl_info()\nexcept rt.Error as e:\n    print('ERROR', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "RINGTREE_NCCL_LIBRARY": str(missing)})
+    code = "import ringtree as rt\ntry:\n    rt.nccl_info()\nexcept rt.Error as e:\n    print('ERROR', e)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "RINGTREE_NCCL_LIBRARY": str(missing)},
+    )
     assert out.returncode == 0, out.stderr
-    assert "ERROR NCCL could not be loaded: RINGTREE_NCCL_LIBRARY" in out.stdout and str(missing) in out.stdout, out.stdout
+    assert "ERROR NCCL could not be loaded: RINGTREE_NCCL_LIBRARY" in out.stdout and str(missing) in out.stdout, (
+        out.stdout
+    )

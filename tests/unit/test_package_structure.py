@@ -4,6 +4,7 @@ imports another's private names, no module reaches up into its package's __init_
 Every import of every module of the installed package counts, those inside functions too (a
 lazy import still ties the two modules together). The checker is tried on small packages written
 here, so a cycle, a private import and a reach up are each shown to fail it."""
+
 import ast
 import os
 import textwrap
@@ -44,7 +45,7 @@ def imports_of(module: str, path: str, modules: dict) -> list:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -85,8 +86,10 @@ def check_package(root: str, name: str) -> list:
                 problems.append(f"{where}: {module} reaches up into {target}'s __init__ for {what}")
     for cycle, component in cycles(edges):
         others = sorted(set(component) - set(cycle))
-        problems.append(f"import cycle: {' -> '.join(cycle + [cycle[0]])}"
-                        + (f" (also tied into it: {', '.join(others)})" if others else ""))
+        problems.append(
+            f"import cycle: {' -> '.join(cycle + [cycle[0]])}"
+            + (f" (also tied into it: {', '.join(others)})" if others else "")
+        )
     return problems
 
 
@@ -154,26 +157,54 @@ def _write_package(tmp_path, files):
     return str(root)
 
 
-@pytest.mark.parametrize("files, expected", [
-    ({"__init__.py": "from .a import f\n",
-      "a.py": "from .b import g\ndef f(): return g()\n",
-      "b.py": "def g():\n    from .a import f  # lazily: still a cycle\n    return f\n"},
-     ["import cycle: pkg.a -> pkg.b -> pkg.a"]),
-    ({"__init__.py": "from .a import f\n",
-      "a.py": "from .b import _helper\ndef f(): return _helper()\n",
-      "b.py": "def _helper(): return 1\n"},
-     ["pkg/a.py:1: pkg.a imports the private name _helper of pkg.b"]),
-    ({"__init__.py": "def helper(): return 1\nfrom .a import f\n",
-      "a.py": "def f():\n    from . import helper\n    return helper()\n"},
-     ["pkg/a.py:2: pkg.a reaches up into pkg's __init__ for the name helper",
-      "import cycle: pkg -> pkg.a -> pkg"]),
-    ({"__init__.py": "from .sub.c import h\n", "sub/__init__.py": "X = 1\n",
-      "sub/c.py": "import pkg.sub as s\ndef h(): return s.X\n"},
-     ["pkg/sub/c.py:1: pkg.sub.c reaches up into pkg.sub's __init__ for the package itself"]),
-    ({"__init__.py": "from . import a\nfrom .sub import c\n", "sub/__init__.py": "",
-      "a.py": "from . import b\nfrom .b import value\n", "b.py": "value = 1\n",
-      "sub/c.py": "from ..a import b\nfrom .. import b as bee\n"},
-     []),
-])
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (
+            {
+                "__init__.py": "from .a import f\n",
+                "a.py": "from .b import g\ndef f(): return g()\n",
+                "b.py": "def g():\n    from .a import f  # lazily: still a cycle\n    return f\n",
+            },
+            ["import cycle: pkg.a -> pkg.b -> pkg.a"],
+        ),
+        (
+            {
+                "__init__.py": "from .a import f\n",
+                "a.py": "from .b import _helper\ndef f(): return _helper()\n",
+                "b.py": "def _helper(): return 1\n",
+            },
+            ["pkg/a.py:1: pkg.a imports the private name _helper of pkg.b"],
+        ),
+        (
+            {
+                "__init__.py": "def helper(): return 1\nfrom .a import f\n",
+                "a.py": "def f():\n    from . import helper\n    return helper()\n",
+            },
+            [
+                "pkg/a.py:2: pkg.a reaches up into pkg's __init__ for the name helper",
+                "import cycle: pkg -> pkg.a -> pkg",
+            ],
+        ),
+        (
+            {
+                "__init__.py": "from .sub.c import h\n",
+                "sub/__init__.py": "X = 1\n",
+                "sub/c.py": "import pkg.sub as s\ndef h(): return s.X\n",
+            },
+            ["pkg/sub/c.py:1: pkg.sub.c reaches up into pkg.sub's __init__ for the package itself"],
+        ),
+        (
+            {
+                "__init__.py": "from . import a\nfrom .sub import c\n",
+                "sub/__init__.py": "",
+                "a.py": "from . import b\nfrom .b import value\n",
+                "b.py": "value = 1\n",
+                "sub/c.py": "from ..a import b\nfrom .. import b as bee\n",
+            },
+            [],
+        ),
+    ],
+)
 def test_the_checker_finds_cycles_private_imports_and_reaching_up(tmp_path, files, expected):
     assert check_package(_write_package(tmp_path, files), "pkg") == expected

@@ -1,5 +1,6 @@
 """ringtree.predict's formulas: hand-computed prices, the C++ schedule counts they stand in for,
 monotonicity in size and ranks, and the command line."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,18 @@ from ringtree.predict import Machine
 
 # Figures that make the arithmetic easy: no cache blend (l2 = l3 = 1 byte: always from memory),
 # 1 GB/s copy, 0.5 GB/s reduce, 1 us a local hop, 10 us a remote one, 0.1 GB/s between hosts.
-FLAT = Machine(call_s=2e-6, hop_s=1e-6, tcp_hop_s=10e-6, tcp_Bps=0.1e9, copy_hot_Bps=1e9, copy_cold_Bps=1e9,
-               reduce_hot_Bps=0.5e9, reduce_cold_Bps=0.5e9, l2_bytes=1, l3_bytes=1)
+FLAT = Machine(
+    call_s=2e-6,
+    hop_s=1e-6,
+    tcp_hop_s=10e-6,
+    tcp_Bps=0.1e9,
+    copy_hot_Bps=1e9,
+    copy_cold_Bps=1e9,
+    reduce_hot_Bps=0.5e9,
+    reduce_cold_Bps=0.5e9,
+    l2_bytes=1,
+    l3_bytes=1,
+)
 MB = 1_000_000
 
 
@@ -103,8 +114,9 @@ def test_counts_match_the_cpp_schedule_counts(hosts, local, coll, algo, nbytes):
     links alike, so the figures here do too)."""
     P = hosts * local
     segment = predict.TREE_SEGMENT if algo in ("tree", "hier_tree") else 0
-    want = _core.schedule_counts(_core.COLLECTIVES.index(coll), _core.ALGOS.index(algo), P, nbytes, 0, segment,
-                                 [r // local for r in range(P)])
+    want = _core.schedule_counts(
+        _core.COLLECTIVES.index(coll), _core.ALGOS.index(algo), P, nbytes, 0, segment, [r // local for r in range(P)]
+    )
     got = predict.counts(algo, hosts, local, nbytes, Machine(tcp_Bps=1e12), collective=coll)
     assert got.hops - 1 == want["hops"]  # less the executor's handshake, which the C++ adds when pricing
     for kind in ("sent", "received", "reduced", "copied"):
@@ -152,26 +164,39 @@ def test_bad_input_is_refused():
 
 
 def test_cli_prints_a_table_json_and_a_plot(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ringtree.predict", *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=120)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "ringtree.predict", *a],  # noqa: E731
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = run("--inter-GBps", "25", "--inter-hop-us", "5", "--ranks", "8,64,4096", "--size", "16M")
     assert out.returncode == 0, out.stderr
-    lines = [l for l in out.stdout.splitlines() if not l.startswith("#")]
-    assert lines[0].split()[:3] == ["ranks", "hosts", "x"] and [l.split()[0] for l in lines[1:]] == ["8", "64", "4096"]
+    lines = [line for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert lines[0].split()[:3] == ["ranks", "hosts", "x"] and [line.split()[0] for line in lines[1:]] == [
+        "8",
+        "64",
+        "4096",
+    ]
     got = json.loads(run("--json", "--ranks", "16", "--local", "4", "--size", "1M", "--inter-GBps", "1").stdout)
     assert got["rows"][0]["hosts"] == 4
     assert got["rows"][0]["ring"]["seconds"] == pytest.approx(
-        predict.predict("ring", 4, 4, 1 << 20, Machine(tcp_Bps=1e9)))
+        predict.predict("ring", 4, 4, 1 << 20, Machine(tcp_Bps=1e9))
+    )
     plot = tmp_path / "busbw.png"
     if run("--plot", str(plot), "--ranks", "8,16").returncode == 0:
         assert plot.stat().st_size > 1000
     bad = run("--ranks", "12", "--local", "8")
     assert bad.returncode == 2 and "multiple of --local" in bad.stderr
-    both = json.loads(run("--json", "--ranks", "16", "--local", "4", "--size", "1M",
-                          "--collective", "reduce_scatter,all_gather").stdout)["collectives"]
+    both = json.loads(
+        run(
+            "--json", "--ranks", "16", "--local", "4", "--size", "1M", "--collective", "reduce_scatter,all_gather"
+        ).stdout
+    )["collectives"]
     assert set(both["all_gather"][0]) == {"ranks", "hosts", "local", "ring", "hier"}
     assert both["all_gather"][0]["hier"]["seconds"] == pytest.approx(  # 1 MiB over 16 ranks: blocks of 64 KiB
-        predict.predict("hier", 4, 4, 1 << 16, Machine(), collective="all_gather"))
+        predict.predict("hier", 4, 4, 1 << 16, Machine(), collective="all_gather")
+    )
     assert run("--collective", "gather").returncode == 2
 
 

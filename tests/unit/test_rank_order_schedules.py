@@ -7,15 +7,16 @@ tree and hierarchical schedules, so it can fail. The schedules do not depend on 
 they hold on every topology. The step walker (the GPU executors' walk, on host threads) then runs
 them on random data in every floating dtype with sum, avg and premul_sum, and the bits must be
 numpy's fold in the same dtype order."""
+
 from __future__ import annotations
 
+import _ringtree_testing as testing
 import numpy as np
 import pytest
+from reference import NUMPY_DTYPES, rank_order_fold, spread_input
 
 import ringtree as rt
-import _ringtree_testing as testing
 from ringtree import _core
-from reference import NUMPY_DTYPES, rank_order_fold, spread_input
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
@@ -78,8 +79,12 @@ def test_rank_order_costs_what_the_readme_says():
     ring = _core.schedule_counts(COLL["all_reduce"], ALGO["ring"], P, C, 0, 0)
     assert k["sent"] == 2 * C and ring["sent"] == 2 * C * (P - 1) // P
     assert k["hops"] == C // segment + 2 * P - 3
-    assert not any(op[3][0] == "scratch" for r in range(P) for step in _core.schedule(COLL["all_reduce"], RO, P, r, C, 0, segment)
-                   for op in step)
+    assert not any(
+        op[3][0] == "scratch"
+        for r in range(P)
+        for step in _core.schedule(COLL["all_reduce"], RO, P, r, C, 0, segment)
+        for op in step
+    )
 
 
 @pytest.mark.timeout(120)
@@ -92,12 +97,31 @@ def test_rank_order_walked_on_threads_is_numpys_fold(dtype_name):
                 total = N * P if coll == "reduce_scatter" else N
                 inputs = [spread_input(P, q, total, dtype_name) for q in range(P)]
                 ins = [x.copy() for x in inputs]
-                outputs = [np.zeros(N if coll == "reduce_scatter" else total, NUMPY_DTYPES[dtype_name]) for _ in range(P)]
-                testing.walk_on_threads(COLL[coll], RO, P, N, root, 4, DTYPE[dtype_name], OP[op], factor,
-                                      [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], 64, 2, 60.0)
+                outputs = [
+                    np.zeros(N if coll == "reduce_scatter" else total, NUMPY_DTYPES[dtype_name]) for _ in range(P)
+                ]
+                testing.walk_on_threads(
+                    COLL[coll],
+                    RO,
+                    P,
+                    N,
+                    root,
+                    4,
+                    DTYPE[dtype_name],
+                    OP[op],
+                    factor,
+                    [x.ctypes.data for x in ins],
+                    [o.ctypes.data for o in outputs],
+                    64,
+                    2,
+                    60.0,
+                )
                 want = rank_order_fold(inputs, dtype_name, op, factor)
                 for r in range(P):
-                    expect = {"all_reduce": want, "reduce_scatter": want[r * N:(r + 1) * N],
-                              "reduce": want if r == root else None}[coll]
+                    expect = {
+                        "all_reduce": want,
+                        "reduce_scatter": want[r * N : (r + 1) * N],
+                        "reduce": want if r == root else None,
+                    }[coll]
                     if expect is not None:
                         assert outputs[r].tobytes() == expect.tobytes(), (coll, P, op, r)

@@ -5,17 +5,29 @@ reduction order on every rank, inputs untouched, and no deadlock. One-shot one-s
 reductions in rank order 0..P-1, a read only after its peer published, and twice as many calls in
 a row as there are one-shot slots per rank (common/oneshot.h: a rank may run ahead of its peers, its
 deferred steps running calls later) without a slot reused while some rank may still read it."""
+
+import _ringtree_testing as testing
 import pytest
 
 import ringtree as rt
-import _ringtree_testing as testing
 from ringtree import _core
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
-         ("all_to_all", "direct"), ("broadcast", "tree"), ("broadcast", "ring"), ("reduce", "tree"),
-         ("reduce", "ring"), ("gather", "direct"), ("scatter", "direct"), ("barrier", "direct")]
+CASES = [
+    ("all_reduce", "ring"),
+    ("all_reduce", "tree"),
+    ("reduce_scatter", "ring"),
+    ("all_gather", "ring"),
+    ("all_to_all", "direct"),
+    ("broadcast", "tree"),
+    ("broadcast", "ring"),
+    ("reduce", "tree"),
+    ("reduce", "ring"),
+    ("gather", "direct"),
+    ("scatter", "direct"),
+    ("barrier", "direct"),
+]
 ONESHOT = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
 CASES += [(coll, "oneshot") for coll in ONESHOT]
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
@@ -33,7 +45,9 @@ def test_schedules_verify_for_1_to_64_ranks(coll, algo):
         counts = counts_for(P) if P <= 16 or P in (31, 32, 33, 63, 64) else [2 * P + 1]
         for count in counts:
             for root in roots:
-                pipelined = algo != "oneshot" and (coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree"))
+                pipelined = algo != "oneshot" and (
+                    coll in ("broadcast", "reduce") or (coll, algo) == ("all_reduce", "tree")
+                )
                 segments = [0, 1, 2] if pipelined else [0]
                 for segment in segments:
                     summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment)
@@ -60,7 +74,9 @@ def test_ring_all_gather_sends_its_own_block_from_the_input():
             sends = [op for s in steps for op in s if op[0] == "send"]
             assert sends[0][4] == ("input", 0), (P, r, sends)
             assert all(op[4][0] == "output" for op in sends[1:]), (P, r, sends)
-            assert [op for s in steps for op in s if op[0] == "copy"] == [("copy", -1, 10, ("output", 10 * r), ("input", 0), -1)]
+            assert [op for s in steps for op in s if op[0] == "copy"] == [
+                ("copy", -1, 10, ("output", 10 * r), ("input", 0), -1)
+            ]
 
 
 def test_oneshot_schedule_reduces_in_rank_order():
@@ -71,7 +87,9 @@ def test_oneshot_schedule_reduces_in_rank_order():
     assert chain == [("reduce_published", 0, 1), ("reduce_published", -1, 2), ("reduce_published", -1, 3)]
     # reduce_scatter reads block r of every publication.
     steps = _core.schedule(COLL["reduce_scatter"], ALGO["oneshot"], 4, 2, 5)
-    assert steps[0][0][2] == 20 and all(op[4] == ("published", 10) and op[3] == ("output", 0) for s in steps[1:] for op in s)
+    assert steps[0][0][2] == 20 and all(
+        op[4] == ("published", 10) and op[3] == ("output", 0) for s in steps[1:] for op in s
+    )
 
 
 def test_one_shot_broadcast_root_publishes_then_only_waits():

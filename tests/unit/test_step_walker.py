@@ -11,15 +11,16 @@ over in-memory mailboxes, against numpy. Two ways:
 Small slots and few of them force many chunks per message and slot reuse, so the protocol
 (chunking, flags, lane order within a step, reduction order) is checked here, on machines
 without a GPU. The multi-process runs of the same kernel are gpu/test_ipc_standin.py."""
+
 from __future__ import annotations
 
+import _ringtree_testing as testing
 import numpy as np
 import pytest
+from reference import BITWISE, NUMPY_DTYPES, make_input, mismatches, premul_factor, reduce_reference
 
-import _ringtree_testing as testing
 import ringtree as rt
 from ringtree import _core
-from reference import BITWISE, NUMPY_DTYPES, make_input, mismatches, premul_factor, reduce_reference
 
 COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
@@ -37,8 +38,22 @@ def shifted(values, offset):
     return out
 
 
-def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segment=0, salt=0, channels=1,
-         device=False, offset=0):
+def walk(
+    coll,
+    algo,
+    P,
+    N,
+    dtype,
+    op="sum",
+    root=0,
+    slot_bytes=64,
+    slots=2,
+    segment=0,
+    salt=0,
+    channels=1,
+    device=False,
+    offset=0,
+):
     """Runs the walk (device: the walk kernel itself) on buffers `offset` elements past an
     aligned start; returns (per-rank outputs, per-rank expectations)."""
     in_n, out_n = rt.collective_info(coll).buffer_sizes(N, P, is_root=True)
@@ -47,9 +62,24 @@ def walk(coll, algo, P, N, dtype, op="sum", root=0, slot_bytes=64, slots=2, segm
     outputs = [shifted(np.full(out_n, 77, NUMPY_DTYPES[dtype]), offset) for _ in range(P)]
     ins = [shifted(x, offset) for x in inputs]
     factor = premul_factor(dtype) if op == "premul_sum" else 1.0
-    testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, root, segment, DTYPE[dtype], OP[op], factor,
-                          [x.ctypes.data for x in ins], [o.ctypes.data for o in outputs], slot_bytes, slots, 60.0,
-                          channels=channels, device=device)
+    testing.walk_on_threads(
+        COLL[coll],
+        ALGO[algo],
+        P,
+        N,
+        root,
+        segment,
+        DTYPE[dtype],
+        OP[op],
+        factor,
+        [x.ctypes.data for x in ins],
+        [o.ctypes.data for o in outputs],
+        slot_bytes,
+        slots,
+        60.0,
+        channels=channels,
+        device=device,
+    )
     wants = []
     for r in range(P):
         block = slice(r * N, (r + 1) * N)
@@ -83,10 +113,12 @@ def check(coll, algo, P, N, dtype, op="sum", root=0, **kw):
             assert np.array_equal(ins[r], inputs[r]), f"{coll}/{algo} P={P}: rank {r}'s input was written"
 
 
-CASES = [(c, a) for c in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather",
-                          "scatter")
-         for a in _core.ALGOS if a not in ("auto", "oneshot")
-         and ALGO[a] in _core.supported_algos(COLL[c])]
+CASES = [
+    (c, a)
+    for c in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+    for a in _core.ALGOS
+    if a not in ("auto", "oneshot") and ALGO[a] in _core.supported_algos(COLL[c])
+]
 
 
 @pytest.mark.timeout(300)
@@ -97,8 +129,9 @@ def test_walker_matches_numpy(coll, algo, P, channels):
     # Three channels split every op into slices (some empty for tiny counts) that meet at a
     # barrier after each step; the results must be the same.
     ops = ("sum", "max", "prod") if coll in REDUCTIONS else ("sum",)
-    for i, (N, dtype) in enumerate([(1, "int32"), (37, "float32"), (250, "float16"), (1000, "bfloat16"),
-                                    (3 * P + 1, "int8")]):
+    for i, (N, dtype) in enumerate(
+        [(1, "int32"), (37, "float32"), (250, "float16"), (1000, "bfloat16"), (3 * P + 1, "int8")]
+    ):
         if NUMPY_DTYPES[dtype] is None:
             continue
         for op in ops:
@@ -133,9 +166,25 @@ def test_walker_mismatched_tags_stop_every_rank_with_a_mismatch(coll, algo, chan
     o = [np.zeros(N * P, np.float32) for _ in range(P)]
     tags = [7, 7, 8, 7]
     with pytest.raises(testing.CollectiveMismatch, match="tag 8"):
-        testing.walk_on_threads(COLL[coll], ALGO[algo], P, N, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
-                                [a.ctypes.data for a in x], [a.ctypes.data for a in o], 64, 2, 30.0, tags,
-                                channels=channels, device=device)
+        testing.walk_on_threads(
+            COLL[coll],
+            ALGO[algo],
+            P,
+            N,
+            0,
+            0,
+            DTYPE["float32"],
+            OP["sum"],
+            1.0,
+            [a.ctypes.data for a in x],
+            [a.ctypes.data for a in o],
+            64,
+            2,
+            30.0,
+            tags,
+            channels=channels,
+            device=device,
+        )
 
 
 @pytest.mark.parametrize("device", [False, True], ids=["host", "kernel"])
@@ -145,11 +194,27 @@ def test_walker_timeout_is_reported(device, schedule):
     x = [np.ones(1000, np.float32) for _ in range(2)]
     o = [np.zeros(1000, np.float32) for _ in range(2)]
     with pytest.raises(testing.Timeout, match="still walking"):
-        testing.walk_on_threads(COLL["all_reduce"], ALGO["ring"], 2, 1000, 0, 0, DTYPE["float32"], OP["sum"], 1.0,
-                                [a.ctypes.data for a in x], [a.ctypes.data for a in o], 16, 1, 0.0, device=device)
+        testing.walk_on_threads(
+            COLL["all_reduce"],
+            ALGO["ring"],
+            2,
+            1000,
+            0,
+            0,
+            DTYPE["float32"],
+            OP["sum"],
+            1.0,
+            [a.ctypes.data for a in x],
+            [a.ctypes.data for a in o],
+            16,
+            1,
+            0.0,
+            device=device,
+        )
 
 
 # ---- the walk kernel itself, through the CUDA-on-CPU layer -------------------------------------
+
 
 @pytest.fixture
 def schedule():
@@ -181,8 +246,19 @@ def test_walk_kernel_matches_numpy(coll, algo, schedule):
         seed, yield_percent = SCHEDULES[(k + i) % len(SCHEDULES)]
         schedule(seed, yield_percent)
         N = (37, 250, 3 * P + 1, 100, 1)[(k + i) % 5]
-        check(coll, algo, P, N, dtype, ops[(k + i) % len(ops)], root=(k + i) % P, segment=16, salt=i,
-              channels=channels, device=True)
+        check(
+            coll,
+            algo,
+            P,
+            N,
+            dtype,
+            ops[(k + i) % len(ops)],
+            root=(k + i) % P,
+            segment=16,
+            salt=i,
+            channels=channels,
+            device=True,
+        )
 
 
 @pytest.mark.timeout(120)
@@ -198,8 +274,16 @@ def test_walk_kernel_every_op_of_every_dtype(dtype, schedule):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed,yield_percent", SCHEDULES)
-@pytest.mark.parametrize("coll,algo", [("all_reduce", "ring"), ("all_reduce", "tree"), ("reduce_scatter", "ring"),
-                                       ("all_gather", "ring"), ("broadcast", "tree")])
+@pytest.mark.parametrize(
+    "coll,algo",
+    [
+        ("all_reduce", "ring"),
+        ("all_reduce", "tree"),
+        ("reduce_scatter", "ring"),
+        ("all_gather", "ring"),
+        ("broadcast", "tree"),
+    ],
+)
 def test_walk_kernel_with_one_channel_finishes_a_step_before_the_next(coll, algo, seed, yield_percent, schedule):
     # One channel per rank has no barrier with other channels between steps; the block's threads
     # must still all finish a step before the leader rewrites the shared progress of the next
@@ -224,5 +308,16 @@ def test_walk_kernel_full_sweep(coll, algo, channels, schedule):
             for op in ops + (tuple(BITWISE) if coll in REDUCTIONS and dtype in INTEGERS else ()):
                 for seed, yield_percent in SCHEDULES:
                     schedule(seed, yield_percent)
-                    check(coll, algo, P, (1, 37, 3 * P + 1, 250)[(i + seed) % 4], dtype, op, root=(i + seed) % P,
-                          segment=16, salt=i, channels=channels, device=True)
+                    check(
+                        coll,
+                        algo,
+                        P,
+                        (1, 37, 3 * P + 1, 250)[(i + seed) % 4],
+                        dtype,
+                        op,
+                        root=(i + seed) % P,
+                        segment=16,
+                        salt=i,
+                        channels=channels,
+                        device=True,
+                    )

@@ -2,6 +2,7 @@
 each rule alone, with the figures the docs state (spin 1000 us and yield 2000 us while every local
 rank has a core; spin 1 us when oversubscribed or without a peer on this host; no yield without
 one; the two settings override)."""
+
 import pytest
 
 from ringtree import _core
@@ -16,15 +17,20 @@ def policy(local, sharers, cpus, online, spin=-1, yield_=-1):
 def test_ranks_that_each_have_a_core_spin_long_then_yield(local, sharers, cpus, online):
     spin, yld, over, text = policy(local, sharers, cpus, online)
     assert (spin, yld, over) == (1000, 2000, False)
-    assert text == f"spin 1000 us, yield 2000 us, then block; {local} ranks on this host, {sharers} allowed the " \
-                   f"same {cpus} CPUs"
+    assert (
+        text == f"spin 1000 us, yield 2000 us, then block; {local} ranks on this host, {sharers} allowed the "
+        f"same {cpus} CPUs"
+    )
 
 
-@pytest.mark.parametrize("local, sharers, cpus, online", [
-    (3, 3, 2, 2),   # more ranks on this host than CPUs
-    (4, 4, 8, 2),   # ... than CPUs this process may use
-    (2, 4, 2, 2),   # other hosts (namespaces, containers) on this kernel share the same CPUs
-])
+@pytest.mark.parametrize(
+    "local, sharers, cpus, online",
+    [
+        (3, 3, 2, 2),  # more ranks on this host than CPUs
+        (4, 4, 8, 2),  # ... than CPUs this process may use
+        (2, 4, 2, 2),  # other hosts (namespaces, containers) on this kernel share the same CPUs
+    ],
+)
 def test_oversubscribed_ranks_hand_the_core_over_at_once(local, sharers, cpus, online):
     spin, yld, over, text = policy(local, sharers, cpus, online)
     assert (spin, yld, over) == (1, 2000, True)

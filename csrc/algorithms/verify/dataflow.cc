@@ -51,7 +51,9 @@ struct Value {
   bool operator==(const Value& o) const { return atoms == o.atoms && shape == o.shape; }
 };
 
-struct Sizes { uint64_t input, output; };
+struct Sizes {
+  uint64_t input, output;
+};
 
 // The root's buffers (the verifier gives every rank the largest shapes), from the collective's
 // description; broadcast's one buffer is modelled as an output of the input's size.
@@ -62,7 +64,10 @@ Sizes buffer_sizes(Collective c, int P, uint64_t N) {
 
 // Where a buffer reference lives: storage 0 = input, 1 = output, 2 = scratch, with the
 // in-place aliasing of this collective folded in.
-struct Location { int storage; uint64_t offset; };
+struct Location {
+  int storage;
+  uint64_t offset;
+};
 
 struct Aliasing {
   bool in_place;
@@ -74,18 +79,23 @@ struct Aliasing {
     if (!in_place && coll != Collective::Broadcast) return {storage, ref.offset};
     const uint64_t rN = static_cast<uint64_t>(rank) * N;
     switch (coll) {
-      case Collective::AllReduce: case Collective::Broadcast:
+      case Collective::AllReduce:
+      case Collective::Broadcast:
         return ref.buf == BufId::Input ? Location{1, ref.offset} : Location{storage, ref.offset};
       case Collective::Reduce:
         if (rank == root && ref.buf == BufId::Input) return {1, ref.offset};
         return {storage, ref.offset};
-      case Collective::AllGather: case Collective::Gather:  // input is output block r
+      case Collective::AllGather:
+      case Collective::Gather:  // input is output block r
         if (ref.buf == BufId::Input && (coll == Collective::AllGather || rank == root)) return {1, rN + ref.offset};
         return {storage, ref.offset};
-      case Collective::ReduceScatter: case Collective::Scatter:  // output is input block r
-        if (ref.buf == BufId::Output && (coll == Collective::ReduceScatter || rank == root)) return {0, rN + ref.offset};
+      case Collective::ReduceScatter:
+      case Collective::Scatter:  // output is input block r
+        if (ref.buf == BufId::Output && (coll == Collective::ReduceScatter || rank == root))
+          return {0, rN + ref.offset};
         return {storage, ref.offset};
-      default: return {storage, ref.offset};
+      default:
+        return {storage, ref.offset};
     }
   }
 };
@@ -94,14 +104,14 @@ struct RankState {
   Schedule sched;
   Aliasing alias;
   std::vector<Value> storage[3];
-  std::vector<uint8_t> knows;  // barrier causality: which ranks this rank has heard from
-  std::vector<Value> published;         // its publication (one per call)
+  std::vector<uint8_t> knows;            // barrier causality: which ranks this rank has heard from
+  std::vector<Value> published;          // its publication (one per call)
   std::vector<uint8_t> knows_published;  // what it knew when it published
 };
 
 std::string describe(const ScheduleKey& k, bool in_place) {
-  return str_cat(collective_name(k.coll), "/", algo_name(k.algo), " P=", k.nranks, " count=", k.count,
-                 " root=", k.root, " segment=", k.segment, k.topo ? " on " + k.topo->describe() : std::string(),
+  return str_cat(collective_name(k.coll), "/", algo_name(k.algo), " P=", k.nranks, " count=", k.count, " root=", k.root,
+                 " segment=", k.segment, k.topo ? " on " + k.topo->describe() : std::string(),
                  in_place ? " in-place" : " out-of-place");
 }
 
@@ -113,18 +123,25 @@ Value& at(RankState& st, BufRef ref, uint64_t i, const ScheduleKey& k, bool ip, 
   Location loc = st.alias.locate(ref);
   auto& vec = st.storage[loc.storage];
   if (loc.offset + i >= vec.size())
-    fail(k, ip, str_cat("rank ", r, " touches element ", loc.offset + i, " of buffer ", loc.storage,
-                        " which has ", vec.size()));
+    fail(k, ip,
+         str_cat("rank ", r, " touches element ", loc.offset + i, " of buffer ", loc.storage, " which has ",
+                 vec.size()));
   return vec[loc.offset + i];
 }
 
 void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k, bool ip, int r) {
-  struct Range { int storage; uint64_t lo, hi; bool write; size_t op; };
+  struct Range {
+    int storage;
+    uint64_t lo, hi;
+    bool write;
+    size_t op;
+  };
   std::vector<Range> ranges;
   std::map<int, int> sends, recvs;
   for (size_t i = b; i < e; ++i) {
     const Op& op = st.sched.ops[i];
-    if (op.kind == OpKind::Send && ++sends[op.peer] > 1) fail(k, ip, str_cat("rank ", r, " step has two sends to ", op.peer));
+    if (op.kind == OpKind::Send && ++sends[op.peer] > 1)
+      fail(k, ip, str_cat("rank ", r, " step has two sends to ", op.peer));
     if ((op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce) && ++recvs[op.peer] > 1)
       fail(k, ip, str_cat("rank ", r, " step has two receives from ", op.peer));
     if (op.count == 0) continue;
@@ -151,7 +168,8 @@ void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k
 void drop(Schedule& s, size_t index) {
   if (index >= s.ops.size()) return;
   const size_t steps = s.num_steps();
-  const size_t step = static_cast<size_t>(std::upper_bound(s.step_end.begin(), s.step_end.end(), index) - s.step_end.begin());
+  const size_t step =
+      static_cast<size_t>(std::upper_bound(s.step_end.begin(), s.step_end.end(), index) - s.step_end.begin());
   s.ops.erase(s.ops.begin() + static_cast<long>(index));
   for (uint32_t& e : s.step_end)
     if (e > index) --e;
@@ -214,7 +232,8 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
     st.knows.assign(P, 0);
     st.knows[r] = 1;
     // Inputs first; then where input and output share storage the input wins, as in memory.
-    for (uint64_t i = 0; i < sz.input; ++i) at(st, {BufId::Input, i}, 0, base, in_place, r) = {{Atom{r, i}}, shapes.leaf(r, i)};
+    for (uint64_t i = 0; i < sz.input; ++i)
+      at(st, {BufId::Input, i}, 0, base, in_place, r) = {{Atom{r, i}}, shapes.leaf(r, i)};
     if (base.coll == Collective::Broadcast && r == base.root)
       for (uint64_t i = 0; i < sz.output; ++i) st.storage[1][i] = {{Atom{r, i}}, shapes.leaf(r, i)};
   }
@@ -224,7 +243,8 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
     const ScheduleKey& base;
     bool in_place;
     Shapes& shapes;
-    Flow(std::vector<RankState>& r, const ScheduleKey& k, bool ip, Shapes& sh) : ranks(r), base(k), in_place(ip), shapes(sh) {}
+    Flow(std::vector<RankState>& r, const ScheduleKey& k, bool ip, Shapes& sh)
+        : ranks(r), base(k), in_place(ip), shapes(sh) {}
     // dst = lhs (op) incoming
     Value reduced(Value lhs, const Value& incoming) {
       lhs.atoms.insert(lhs.atoms.end(), incoming.atoms.begin(), incoming.atoms.end());
@@ -252,7 +272,10 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
       }
       for (uint64_t x = 0; x < rcv.count; ++x) {
         Value& d = at(sb, rcv.dst, x, base, in_place, b);
-        if (rcv.kind == OpKind::Recv) { d = msg[x]; continue; }
+        if (rcv.kind == OpKind::Recv) {
+          d = msg[x];
+          continue;
+        }
         const Value& v = at(sb, rcv.src, x, base, in_place, b);
         if (v.empty()) fail(base, in_place, str_cat("rank ", b, " reduces into an unwritten element"));
         d = reduced(v, msg[x]);
@@ -264,15 +287,17 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
       st.published.resize(op.dst.offset + op.count);
       for (uint64_t x = 0; x < op.count; ++x) {
         st.published[op.dst.offset + x] = at(st, op.src, x, base, in_place, r);
-        if (st.published[op.dst.offset + x].empty()) fail(base, in_place, str_cat("rank ", r, " publishes an element it never had"));
+        if (st.published[op.dst.offset + x].empty())
+          fail(base, in_place, str_cat("rank ", r, " publishes an element it never had"));
       }
       st.knows_published = st.knows;
     }
     const Value& published(int q, uint64_t offset, int r) {
       const std::vector<Value>& pub = ranks[q].published;
       if (offset >= pub.size() || pub[offset].empty())
-        fail(base, in_place, str_cat("rank ", r, " reads element ", offset, " of rank ", q, "'s publication, which has ",
-                                     pub.size(), " (or never wrote it)"));
+        fail(base, in_place,
+             str_cat("rank ", r, " reads element ", offset, " of rank ", q, "'s publication, which has ", pub.size(),
+                     " (or never wrote it)"));
       return pub[offset];
     }
     void read_published(int r, const Op& op, uint64_t) override {
@@ -281,7 +306,10 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
       for (uint64_t x = 0; x < op.count; ++x) {
         const Value& incoming = published(op.peer, op.src.offset + x, r);
         Value& d = at(st, op.dst, x, base, in_place, r);
-        if (op.kind == OpKind::CopyPublished) { d = incoming; continue; }
+        if (op.kind == OpKind::CopyPublished) {
+          d = incoming;
+          continue;
+        }
         const Value& v = lhs ? published(op.lhs_peer, op.src.offset + x, r) : d;
         if (v.empty()) fail(base, in_place, str_cat("rank ", r, " reduces into an unwritten element"));
         d = reduced(v, incoming);
@@ -305,17 +333,21 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
     std::sort(sorted.begin(), sorted.end());
     bool ok = sorted.size() == static_cast<size_t>(P);
     for (int q = 0; ok && q < P; ++q) ok = sorted[q] == Atom{q, index};
-    if (!ok) fail(base, in_place, str_cat("rank ", r, " element ", i, " is not the reduction of every rank's element ", index,
-                                          " exactly once (", v.atoms.size(), " terms)"));
+    if (!ok)
+      fail(base, in_place,
+           str_cat("rank ", r, " element ", i, " is not the reduction of every rank's element ", index,
+                   " exactly once (", v.atoms.size(), " terms)"));
     if (rank_operands && !(v.atoms == sorted))
       fail(base, in_place, str_cat("rank ", r, " element ", i, " is not reduced in rank order 0, 1, ..., P-1"));
     if (rank_fold && v.shape != shapes.rank_fold(P, index))
-      fail(base, in_place, str_cat("rank ", r, " element ", i, " is not reduced as ((x_0 op x_1) op x_2) ... op x_",
-                                   P - 1, " (the rank-order left fold)"));
+      fail(base, in_place,
+           str_cat("rank ", r, " element ", i, " is not reduced as ((x_0 op x_1) op x_2) ... op x_", P - 1,
+                   " (the rank-order left fold)"));
   };
   auto expect_single = [&](const Value& v, Atom want, int r, uint64_t i) {
     if (!(v.atoms.size() == 1 && v.atoms[0] == want))
-      fail(base, in_place, str_cat("rank ", r, " output element ", i, " should be rank ", want.rank, "'s element ", want.index));
+      fail(base, in_place,
+           str_cat("rank ", r, " output element ", i, " should be rank ", want.rank, "'s element ", want.index));
   };
   auto out = [&](int r, uint64_t i) -> const Value& { return at(ranks[r], {BufId::Output, i}, 0, base, in_place, r); };
   const Value* reference = nullptr;
@@ -339,13 +371,15 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
         break;
       case Collective::AllToAll:
         for (uint64_t j = 0; j < uP; ++j)
-          for (uint64_t i = 0; i < N; ++i) expect_single(out(r, j * N + i), {static_cast<int>(j), ur * N + i}, r, j * N + i);
+          for (uint64_t i = 0; i < N; ++i)
+            expect_single(out(r, j * N + i), {static_cast<int>(j), ur * N + i}, r, j * N + i);
         break;
       case Collective::Broadcast:
         for (uint64_t i = 0; i < N; ++i) expect_single(out(r, i), {base.root, i}, r, i);
         break;
       case Collective::Reduce:
-        if (r == base.root) for (uint64_t i = 0; i < N; ++i) all_ranks_once(out(r, i), i, r, i);
+        if (r == base.root)
+          for (uint64_t i = 0; i < N; ++i) all_ranks_once(out(r, i), i, r, i);
         break;
       case Collective::Gather:
         if (r == base.root)
@@ -357,16 +391,19 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
         break;
       case Collective::Barrier:
         for (int q = 0; q < P; ++q)
-          if (!ranks[r].knows[q]) fail(base, in_place, str_cat("rank ", r, " leaves the barrier without hearing from rank ", q));
+          if (!ranks[r].knows[q])
+            fail(base, in_place, str_cat("rank ", r, " leaves the barrier without hearing from rank ", q));
         break;
-      default: break;
+      default:
+        break;
     }
     // Out of place, the caller's input is never written; a non-root reduce leaves it too.
     const bool input_private = !in_place || (base.coll == Collective::Reduce && r != base.root);
     if (input_private && base.coll != Collective::Broadcast)
       for (uint64_t i = 0; i < sz.input; ++i) {
         const Value& v = ranks[r].storage[0][i];
-        if (!(v.atoms.size() == 1 && v.atoms[0] == Atom{r, i})) fail(base, in_place, str_cat("rank ", r, " overwrote its input element ", i));
+        if (!(v.atoms.size() == 1 && v.atoms[0] == Atom{r, i}))
+          fail(base, in_place, str_cat("rank ", r, " overwrote its input element ", i));
       }
   }
 }
@@ -397,7 +434,8 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
     // Appends steps [from, to) of `one` as the reads of one-shot call `call` (0: the latest).
     auto append = [&](size_t from, size_t to, uint64_t call) {
       for (size_t step = from; step < to; ++step) {
-        calls[r].ops.insert(calls[r].ops.end(), one.ops.begin() + one.step_begin(step), one.ops.begin() + one.step_end[step]);
+        calls[r].ops.insert(calls[r].ops.end(), one.ops.begin() + one.step_begin(step),
+                            one.ops.begin() + one.step_end[step]);
         calls[r].step_end.push_back(static_cast<uint32_t>(calls[r].ops.size()));
         read_calls[r].push_back(call);
       }
@@ -434,7 +472,8 @@ std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, b
   }
   if (oneshot)
     return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " publications, ",
-                   reads, " one-shot reads; ", kOneShotCalls, " calls in a row fit ", kOneShotSlots, " one-shot slots per rank");
+                   reads, " one-shot reads; ", kOneShotCalls, " calls in a row fit ", kOneShotSlots,
+                   " one-shot slots per rank");
   return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
 }
 

@@ -9,7 +9,8 @@
 namespace ringtree {
 
 void RendezvousVisitor::publish(int rank, const Op&, uint64_t) {
-  RT_THROW(Error, "internal error: rank ", rank, "'s schedule publishes in a one-shot slot, which this executor has not");
+  RT_THROW(Error, "internal error: rank ", rank,
+           "'s schedule publishes in a one-shot slot, which this executor has not");
 }
 
 void RendezvousVisitor::read_published(int rank, const Op&, uint64_t) {
@@ -20,9 +21,9 @@ namespace {
 
 struct Cursor {
   size_t step = 0;
-  bool entered = false;       // the current step's entry work is done
-  std::vector<uint8_t> done;  // per op of the current step
-  uint64_t call = 0;          // one-shot publications made: the rank's current one-shot call
+  bool entered = false;            // the current step's entry work is done
+  std::vector<uint8_t> done;       // per op of the current step
+  uint64_t call = 0;               // one-shot publications made: the rank's current one-shot call
   size_t publish_step = SIZE_MAX;  // the step that made the latest one
 };
 
@@ -64,7 +65,7 @@ class OneShotClocks {
   void tick(int r) { ++clock(r)[r]; }
 
   int P_;
-  std::vector<uint64_t> clocks_;                  // P x P
+  std::vector<uint64_t> clocks_;                   // P x P
   std::vector<std::vector<uint64_t>> at_publish_;  // [owner][(call-1)*P + x]: its clock when it published
   std::vector<std::vector<uint64_t>> last_read_;   // [owner][(call-1)*P + reader]: reader's time of its last read
 };
@@ -102,11 +103,16 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
           if (!problem.empty()) return false;
           visitor.publish(r, op, c.call);
         }
-        if (op.kind == OpKind::Copy || op.kind == OpKind::Publish) c.done[i - b] = 1;
-        else all_done = false;
+        if (op.kind == OpKind::Copy || op.kind == OpKind::Publish)
+          c.done[i - b] = 1;
+        else
+          all_done = false;
       }
       c.entered = true;
-      if (all_done) { c.step++; c.entered = false; }
+      if (all_done) {
+        c.step++;
+        c.entered = false;
+      }
     }
     return true;
   };
@@ -115,8 +121,10 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
   auto published = [&](int a, int q) {
     const Cursor& c = cursors[a];
     const uint64_t call = reading_call(a);
-    if (q < 0 || q >= P) problem = str_cat("rank ", a, " reads the publication of bad rank ", q);
-    else if (c.call == 0) problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
+    if (q < 0 || q >= P)
+      problem = str_cat("rank ", a, " reads the publication of bad rank ", q);
+    else if (c.call == 0)
+      problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
     else if (q == a && c.publish_step == c.step)
       problem = str_cat("rank ", a, " reads its own publication in the step that makes it");
     else if (cursors[q].call >= call + kOneShotSlots)

@@ -112,12 +112,18 @@ FAKE_NCCL int ncclGetVersion(int* version) {
 
 FAKE_NCCL const char* ncclGetErrorString(int r) {
   switch (r) {
-    case kSuccess: return "no error";
-    case kSystemError: return "unhandled system error";
-    case kInvalidArgument: return "invalid argument";
-    case kInvalidUsage: return "invalid usage";
-    case kInProgress: return "operation in progress";
-    default: return "unknown result code";
+    case kSuccess:
+      return "no error";
+    case kSystemError:
+      return "unhandled system error";
+    case kInvalidArgument:
+      return "invalid argument";
+    case kInvalidUsage:
+      return "invalid usage";
+    case kInProgress:
+      return "operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 

@@ -66,15 +66,13 @@ void register_standin_hooks(py::module_& m) {
   m.def(
       "standin_sleep",
       [](double seconds, uintptr_t stream) {
-        RT_CUDA_CHECK(standin::enqueue(stream_of(stream), [seconds] {
-          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        }));
+        RT_CUDA_CHECK(standin::enqueue(
+            stream_of(stream), [seconds] { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }));
       },
       py::arg("seconds"), py::arg("stream") = 0, "Enqueue work that keeps `stream` busy for `seconds`.");
   m.def(
-      "standin_stream_synchronize",
-      [](uintptr_t stream) { RT_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream))); }, py::arg("stream") = 0,
-      py::call_guard<py::gil_scoped_release>());
+      "standin_stream_synchronize", [](uintptr_t stream) { RT_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream))); },
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("standin_stream_create", []() {
     cudaStream_t s = nullptr;
     RT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -20,7 +20,9 @@ DataType checked_dtype(int code) {
 }
 
 template <typename T = void>
-T* address(uintptr_t p) { return reinterpret_cast<T*>(p); }
+T* address(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
 
 }  // namespace
 
@@ -61,8 +63,8 @@ void register_test_hooks(py::module_& m) {
         std::unique_ptr<Topology> topo;
         if (!hosts.empty()) topo = std::make_unique<Topology>(Topology::from_labels(hosts));
         ThreadWalkArgs a;
-        a.key = ScheduleKey{static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1,
-                            topo.get()};
+        a.key = ScheduleKey{
+            static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
         a.dtype = checked_dtype(dtype);
         a.op = static_cast<ReduceOp>(op);
         a.premul_factor = factor;
@@ -77,10 +79,9 @@ void register_test_hooks(py::module_& m) {
         walk_on_threads(a);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root"), py::arg("segment"),
-      py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("inputs"), py::arg("outputs"),
-      py::arg("slot_bytes"), py::arg("slots"), py::arg("timeout") = 60.0,
-      py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1, py::arg("hosts") = std::vector<int64_t>{},
-      py::arg("device") = false, py::call_guard<py::gil_scoped_release>(),
+      py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("inputs"), py::arg("outputs"), py::arg("slot_bytes"),
+      py::arg("slots"), py::arg("timeout") = 60.0, py::arg("tags") = std::vector<uint64_t>{}, py::arg("channels") = 1,
+      py::arg("hosts") = std::vector<int64_t>{}, py::arg("device") = false, py::call_guard<py::gil_scoped_release>(),
       "Every rank's schedule walked by the CUDA IPC executor's step walker in this process over in-memory\n"
       "mailboxes: with its host policy on threads, or (device=True) as the walk kernel itself through the\n"
       "CUDA stand-in. inputs/outputs: one pointer per rank, as the host executor takes them.");

@@ -44,8 +44,8 @@ PYBIND11_MODULE(_ringtree_testing, m) {
         core.attr("CUDA_STANDIN") = true;
         // From now on every error of this module is raised as the core's classes (ringtree's in
         // this process): the top level names them too.
-        for (const char* name : {"Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted",
-                                 "BootstrapError"})
+        for (const char* name :
+             {"Error", "InvalidArgument", "Timeout", "PeerFailure", "CollectiveMismatch", "Aborted", "BootstrapError"})
           self.attr(name) = core.attr(name);
         self.attr("_core_module") = core;
         return core;

@@ -83,7 +83,8 @@ void check_device_buffers(const CollectiveArgs& a, int device) {
   const char* name = collective_name(a.coll);
   const size_t esz = dtype_size(a.dtype);
   if (a.input.present)
-    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device, str_cat(name, ": input"));
+    check_device_buffer(reinterpret_cast<uintptr_t>(a.input.ptr), a.input.count * esz, device,
+                        str_cat(name, ": input"));
   if (a.output.present)
     check_device_buffer(reinterpret_cast<uintptr_t>(a.output.ptr), a.output.count * esz, device,
                         str_cat(name, ": output"));
@@ -129,7 +130,8 @@ void CallWatch::track(cudaStream_t stream, uint64_t seq, double timeout_s, std::
       spare_.push_back(ev);
       throw_cuda_error(err, "cudaEventRecord", __FILE__, __LINE__);
     }
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     calls_.push_back({ev, seq, deadline, timeout_s, std::move(what)});
   }
   wake_.notify_all();

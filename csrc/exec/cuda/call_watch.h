@@ -62,8 +62,8 @@ class CallWatch {
   };
   // Each runs with mutex() held, on the watch thread or in finish().
   struct Hooks {
-    std::function<void(const Call&)> completed;      // the call's event has completed
-    std::function<void(const Call&)> running;        // polled while it runs (may report a failure)
+    std::function<void(const Call&)> completed;  // the call's event has completed
+    std::function<void(const Call&)> running;    // polled while it runs (may report a failure)
     std::function<void(const Call&, const std::string& why, bool timed_out)> failed;
   };
 

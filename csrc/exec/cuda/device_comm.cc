@@ -114,8 +114,8 @@ struct StagingLayout {
 
 StagingLayout lay_out(uintptr_t in, uint64_t in_bytes, uintptr_t out, uint64_t out_bytes) {
   StagingLayout l;
-  if (in_bytes && out_bytes && ranges_overlap(reinterpret_cast<void*>(in), in_bytes, reinterpret_cast<void*>(out),
-                                              out_bytes)) {
+  if (in_bytes && out_bytes &&
+      ranges_overlap(reinterpret_cast<void*>(in), in_bytes, reinterpret_cast<void*>(out), out_bytes)) {
     const uintptr_t lo = std::min(in, out);
     l.bytes = std::max(in + in_bytes, out + out_bytes) - lo;
     l.in_offset = in - lo;
@@ -165,7 +165,8 @@ class CudaCommImpl : public CudaComm {
     }
   }
 
-  std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl, bool want_work) override {
+  std::shared_ptr<DeviceWork> run(const CollectiveArgs& args, uintptr_t stream, bool use_nccl,
+                                  bool want_work) override {
     RT_CHECK(!closed_, Aborted, "the communicator is closed");
     RT_CHECK(!host_->is_aborted(), Aborted, collective_name(args.coll), ": the communicator was aborted");
     // The call runs on its buffers' device (c10d's device guard), the one this communicator's
@@ -267,7 +268,8 @@ std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cud
   const bool broadcast_writes = user.coll == Collective::Broadcast && user.root != host_->rank();
   try {
     if (in_bytes)
-      RT_CUDA_CHECK(cudaMemcpyAsync(slot.host + layout.in_offset, user.input.ptr, in_bytes, cudaMemcpyDeviceToHost, stream));
+      RT_CUDA_CHECK(
+          cudaMemcpyAsync(slot.host + layout.in_offset, user.input.ptr, in_bytes, cudaMemcpyDeviceToHost, stream));
     auto* gate_ref = new std::shared_ptr<Gate>(gate);
     const cudaError_t err = cudaLaunchHostFunc(stream, open_gate, gate_ref);
     if (err != cudaSuccess) {
@@ -276,11 +278,11 @@ std::shared_ptr<DeviceWork> CudaCommImpl::staged(const CollectiveArgs& user, cud
     }
     launch_wait_for_release(released_->on_device, ticket, stream);  // the stream's half (step 3)
     if (out_bytes)
-      RT_CUDA_CHECK(cudaMemcpyAsync(user.output.ptr, slot.host + layout.out_offset, out_bytes, cudaMemcpyHostToDevice,
-                                    stream));
+      RT_CUDA_CHECK(
+          cudaMemcpyAsync(user.output.ptr, slot.host + layout.out_offset, out_bytes, cudaMemcpyHostToDevice, stream));
     if (broadcast_writes && in_bytes)
-      RT_CUDA_CHECK(cudaMemcpyAsync(user.input.ptr, slot.host + layout.in_offset, in_bytes, cudaMemcpyHostToDevice,
-                                    stream));
+      RT_CUDA_CHECK(
+          cudaMemcpyAsync(user.input.ptr, slot.host + layout.in_offset, in_bytes, cudaMemcpyHostToDevice, stream));
     RT_CUDA_CHECK(cudaEventRecord(slot.free_after, stream));
   } catch (const Error& e) {
     gate->fail(e.what());  // the queued host call fails on every rank instead of timing out

@@ -6,7 +6,8 @@
 //           schedules as the host in a kernel, over mailboxes in device memory that every rank
 //           maps through CUDA IPC (ipc_executor.h, step_walker.h). It serves the eight
 //           collectives with buffers (all_reduce ... scatter), for algo auto/ring/tree/direct.
-//   staged  everything else (another host, no IPC, p2p, all_to_all_v, algo='oneshot'). Device data are copied to pinned host memory on the caller's stream,
+//   staged  everything else (another host, no IPC, p2p, all_to_all_v, algo='oneshot'). Device data are copied to pinned
+//   host memory on the caller's stream,
 //           the host communicator runs the collective (shared memory or TCP, the same schedules
 //           as host buffers), and the result is copied back on the same stream. The host call
 //           takes its place in the communicator's order when issued, and waits for the stream

@@ -115,8 +115,13 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 
   bool takes(const CollectiveArgs& a) const override {
     switch (a.coll) {
-      case Collective::AllReduce: case Collective::ReduceScatter: case Collective::AllGather:
-      case Collective::AllToAll: case Collective::Broadcast: case Collective::Reduce: case Collective::Gather:
+      case Collective::AllReduce:
+      case Collective::ReduceScatter:
+      case Collective::AllGather:
+      case Collective::AllToAll:
+      case Collective::Broadcast:
+      case Collective::Reduce:
+      case Collective::Gather:
       case Collective::Scatter:
         return a.algo != Algo::OneShot;
       default:
@@ -211,8 +216,8 @@ void IpcPathImpl::finish_setup() {
   RT_CUDA_CHECK(cudaStreamCreateWithFlags(&poison_stream_, cudaStreamNonBlocking));
   // Set up on the internal stream: synchronous copies would wait for the caller's stream.
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lanes_on_device_), sizeof(WalkerLane) * boxes));
-  RT_CUDA_CHECK(cudaMemcpyAsync(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice,
-                                stream_));
+  RT_CUDA_CHECK(
+      cudaMemcpyAsync(lanes_on_device_, lanes.data(), sizeof(WalkerLane) * boxes, cudaMemcpyHostToDevice, stream_));
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_on_device_), sizeof(WalkerCounters) * boxes));
   RT_CUDA_CHECK(cudaMemsetAsync(counters_on_device_, 0, sizeof(WalkerCounters) * boxes, stream_));
   RT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_), sizeof(ChannelBarrier)));
@@ -225,8 +230,8 @@ void IpcPathImpl::finish_setup() {
   abort_ = static_cast<uint32_t*>(p);
   *abort_ = 0;
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_on_device_), p, 0));
-  RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing * channels_,
-                              cudaHostAllocMapped | cudaHostAllocPortable));
+  RT_CUDA_CHECK(
+      cudaHostAlloc(&p, sizeof(WalkStatus) * kStatusRing * channels_, cudaHostAllocMapped | cudaHostAllocPortable));
   status_ = static_cast<WalkStatus*>(p);
   std::fill_n(status_, kStatusRing * channels_, WalkStatus{});
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
@@ -277,7 +282,7 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   // Auto takes the collective's default schedule; an explicit algorithm is checked as the host does.
   // Deterministic mode walks the rank-order schedule (one-shot, the host's other choice, runs in host memory).
   const uint64_t bytes = v.count * dtype_size(a.dtype);
-  const Algo algo = needs_rank_order(a) ? Algo::RankOrder
+  const Algo algo = needs_rank_order(a)    ? Algo::RankOrder
                     : a.algo == Algo::Auto ? supported_algos(a.coll).front()
                                            : host_->choose_algo(a.coll, a.algo, bytes, a.dtype);
   RT_CHECK(!is_hier(algo), InvalidArgument, name, ": algo '", algo_name(algo), "' is for ranks on several hosts; the",
@@ -296,14 +301,15 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    fail_locked(ErrorKind::Error, str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_,
-                                          ": ", e.what()));
+    fail_locked(ErrorKind::Error,
+                str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_, ": ", e.what()));
     throw;
   }
   if (!want_work) return nullptr;
   auto self = shared_from_this();
-  return std::make_shared<DeviceWork>(reinterpret_cast<uintptr_t>(stream_), [self] { self->raise_if_failed(); },
-                                      [self, seq, what = describe_call(a.coll, seq)] { self->check_finished(seq, what); });
+  return std::make_shared<DeviceWork>(
+      reinterpret_cast<uintptr_t>(stream_), [self] { self->raise_if_failed(); },
+      [self, seq, what = describe_call(a.coll, seq)] { self->check_finished(seq, what); });
 }
 
 // The plan's steps on the internal stream: the pre- and post-steps as stream work, the walk as
@@ -390,13 +396,13 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
     fail_locked(stop_word_kind(stopped_by),
                 str_cat(what, " on rank ", rank_, " was stopped by rank ", stop_word_rank(stopped_by), ", which ",
                         stop_word_kind(stopped_by) == ErrorKind::CollectiveMismatch ? "found a peer in another call"
-                        : stop_word_kind(stopped_by) == ErrorKind::Timeout         ? "timed out"
-                        : stop_word_kind(stopped_by) == ErrorKind::Aborted         ? "was aborted"
-                                                                                   : "failed",
+                        : stop_word_kind(stopped_by) == ErrorKind::Timeout          ? "timed out"
+                        : stop_word_kind(stopped_by) == ErrorKind::Aborted          ? "was aborted"
+                                                                                    : "failed",
                         " (its own error says more)"));
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
     fail_locked(ErrorKind::PeerFailure, str_cat(what, " on rank ", rank_, " was stopped: ",
-                                              *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
+                                                *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
 }
 
 void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
@@ -456,8 +462,10 @@ void IpcPathImpl::close() {
       host_->run(b, false);
       everyone_unmapped = true;
     } catch (const Error& e) {
-      std::fprintf(stderr, "ringtree: rank %d keeps its CUDA IPC mailboxes allocated: its peers could not confirm "
-                   "they no longer map them (%s)\n", rank_, e.what());
+      std::fprintf(stderr,
+                   "ringtree: rank %d keeps its CUDA IPC mailboxes allocated: its peers could not confirm "
+                   "they no longer map them (%s)\n",
+                   rank_, e.what());
     }
   }
   for (auto& kv : schedules_) {

@@ -12,11 +12,24 @@ namespace {
 
 constexpr int kWalkThreads = 512;
 
-template <size_t N> struct RawOf;
-template <> struct RawOf<1> { using type = unsigned char; };
-template <> struct RawOf<2> { using type = unsigned short; };
-template <> struct RawOf<4> { using type = unsigned int; };
-template <> struct RawOf<8> { using type = unsigned long long; };
+template <size_t N>
+struct RawOf;
+template <>
+struct RawOf<1> {
+  using type = unsigned char;
+};
+template <>
+struct RawOf<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawOf<8> {
+  using type = unsigned long long;
+};
 
 // The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
 // Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
@@ -146,8 +159,8 @@ struct DeviceMem {
 
 // One block per channel; status[blockIdx.x] gets each channel's outcome.
 template <typename T, typename F>
-__global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort,
-                                                             WalkStatus* statuses, ChannelBarrier* barrier) {
+__global__ void __launch_bounds__(kWalkThreads)
+    walk_kernel(WalkPlan plan, F f, const volatile uint32_t* abort, WalkStatus* statuses, ChannelBarrier* barrier) {
   __shared__ uint64_t progress[kWalkerMaxStepOps];
   plan.channel = blockIdx.x;
   DeviceMem<T, F> mem{f, abort, barrier};
@@ -169,7 +182,6 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(WalkPlan plan, F f, 
   }
 }
 
-
 template <typename Op>
 void launch_walk_with(const WalkLaunch& l, DataType dtype) {
   cuda::for_op_types<Op>(dtype, [&](auto tag) {
@@ -182,11 +194,10 @@ void launch_walk_with(const WalkLaunch& l, DataType dtype) {
     ChannelBarrier* barrier = l.barrier;
     void* args[] = {&plan, &f, &abort, &statuses, &barrier};
     // Cooperative: every channel's block is resident at once, as they wait for each other.
-    RT_CUDA_CHECK(cudaLaunchCooperativeKernel(walk_kernel<T, F>, dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0,
-                                              l.stream));
+    RT_CUDA_CHECK(
+        cudaLaunchCooperativeKernel(walk_kernel<T, F>, dim3(l.plan.nchannels), dim3(kWalkThreads), args, 0, l.stream));
   });
 }
-
 
 // The staged path's wait (device_comm.cc, step 3).
 __global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
@@ -201,13 +212,20 @@ __global__ void wait_for_release(const volatile unsigned long long* released, un
 
 void launch_walk(const WalkLaunch& l, DataType dtype, ReduceOp op) {
   switch (op) {
-    case ReduceOp::Prod: return launch_walk_with<cuda::OpProd>(l, dtype);
-    case ReduceOp::Min: return launch_walk_with<cuda::OpMin>(l, dtype);
-    case ReduceOp::Max: return launch_walk_with<cuda::OpMax>(l, dtype);
-    case ReduceOp::BitAnd: return launch_walk_with<cuda::OpBitAnd>(l, dtype);
-    case ReduceOp::BitOr: return launch_walk_with<cuda::OpBitOr>(l, dtype);
-    case ReduceOp::BitXor: return launch_walk_with<cuda::OpBitXor>(l, dtype);
-    default: return launch_walk_with<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
+    case ReduceOp::Prod:
+      return launch_walk_with<cuda::OpProd>(l, dtype);
+    case ReduceOp::Min:
+      return launch_walk_with<cuda::OpMin>(l, dtype);
+    case ReduceOp::Max:
+      return launch_walk_with<cuda::OpMax>(l, dtype);
+    case ReduceOp::BitAnd:
+      return launch_walk_with<cuda::OpBitAnd>(l, dtype);
+    case ReduceOp::BitOr:
+      return launch_walk_with<cuda::OpBitOr>(l, dtype);
+    case ReduceOp::BitXor:
+      return launch_walk_with<cuda::OpBitXor>(l, dtype);
+    default:
+      return launch_walk_with<cuda::OpSum>(l, dtype);  // sum, avg, premul_sum
   }
 }
 

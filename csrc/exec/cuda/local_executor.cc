@@ -27,8 +27,8 @@
 // Walking the schedules: the shared rendezvous walk (algorithms/rendezvous.h, the verifier's
 // too) enters every rank's first step, then repeatedly matches pending sends with the receives
 // the peers' current steps hold; each transfer is enqueued as it is matched, and a rank
-// advances once every op of its step is matched. Enqueueing in this order guarantees every event is recorded before any stream is
-// told to wait on it. Only enqueueing happens here; nothing waits for the device.
+// advances once every op of its step is matched. Enqueueing in this order guarantees every event is recorded before any
+// stream is told to wait on it. Only enqueueing happens here; nothing waits for the device.
 //
 // Stream semantics: on entry every rank stream waits on an event recorded on the caller's
 // stream (fork); on exit the caller's stream waits on every rank stream (join). So the
@@ -56,7 +56,6 @@ namespace ringtree {
 
 namespace {
 
-
 // Throws InvalidArgument unless [ptr, ptr + bytes) starts in device memory of `device`.
 void check_device_pointer(uintptr_t ptr, uint64_t bytes, int device, const char* what, size_t rank) {
   check_device_buffer(ptr, bytes, device, str_cat("cuda_local_run: ", what, "[", rank, "]"),
@@ -82,15 +81,20 @@ std::vector<RankCall> lower_ranks(const CudaLocalArgs& a) {
            static_cast<int>(a.coll));
   const char* name = collective_name(a.coll);
   switch (a.coll) {
-    case Collective::Barrier: case Collective::Send: case Collective::Recv: case Collective::AllToAllV:
+    case Collective::Barrier:
+    case Collective::Send:
+    case Collective::Recv:
+    case Collective::AllToAllV:
     case Collective::SendRecv:
       RT_THROW(InvalidArgument, "cuda_local_run: ", name, " is not available on the local GPU executor yet");
-    default: break;
+    default:
+      break;
   }
   RT_CHECK(a.dtype < DataType::Count, InvalidArgument, name, ": unsupported dtype code ", static_cast<int>(a.dtype));
   RT_CHECK(a.algo < Algo::Count, InvalidArgument, name, ": unknown algo code ", static_cast<int>(a.algo));
   RT_CHECK(a.algo != Algo::OneShot, InvalidArgument, name,
-           ": algo 'oneshot' runs in the host's shared-memory one-shot slots; the local GPU executor runs message schedules");
+           ": algo 'oneshot' runs in the host's shared-memory one-shot slots; the local GPU executor runs message "
+           "schedules");
   const std::vector<Algo> supported = supported_algos(a.coll);
   const Algo algo = a.algo == Algo::Auto ? supported.front() : a.algo;
   if (std::find(supported.begin(), supported.end(), algo) == supported.end()) {
@@ -124,7 +128,8 @@ std::vector<RankCall> lower_ranks(const CudaLocalArgs& a) {
     args.premul_factor = a.premul_factor;
     args.root = a.root;
     args.input = {reinterpret_cast<void*>(in), sz.input, false, in != 0 || sz.input == 0};
-    args.output = {reinterpret_cast<void*>(out), sz.output, false, out != 0 || (sz.output == 0 && t.needs_output(is_root))};
+    args.output = {reinterpret_cast<void*>(out), sz.output, false,
+                   out != 0 || (sz.output == 0 && t.needs_output(is_root))};
     const ValidatedCall v = validate_call(args, static_cast<int>(r), static_cast<int>(P));
     rc.plan = lower(args, v, static_cast<int>(r), static_cast<int>(P), algo, 0, a.segment_bytes);
   }
@@ -140,8 +145,8 @@ struct DeviceBuffer {
 struct RankRun {
   Schedule sched;
   uint8_t* base[3] = {nullptr, nullptr, nullptr};  // indexed by BufId
-  cudaEvent_t ready = nullptr;           // see "ready event" above; null when the step sends nothing
-  std::vector<cudaEvent_t> sends_done;   // "done events" of the current step's sends
+  cudaEvent_t ready = nullptr;                     // see "ready event" above; null when the step sends nothing
+  std::vector<cudaEvent_t> sends_done;             // "done events" of the current step's sends
 };
 
 class Executor {

@@ -16,7 +16,7 @@ namespace ringtree {
 // One collective over P "thread ranks" whose buffers all live on the current CUDA device.
 struct CudaLocalArgs {
   Collective coll = Collective::AllReduce;
-  Algo algo = Algo::Auto;        // Auto: the collective's default (supported_algos().front())
+  Algo algo = Algo::Auto;  // Auto: the collective's default (supported_algos().front())
   DataType dtype = DataType::Float32;
   ReduceOp op = ReduceOp::Sum;
   double premul_factor = 1.0;
@@ -31,10 +31,10 @@ struct CudaLocalArgs {
   // In place as in NCCL: all_reduce in == out; all_gather in == out + r*N; reduce_scatter
   // out == in + r*N.
   std::vector<uintptr_t> inputs, outputs;
-  uintptr_t stream = 0;          // the caller's stream: the collective is ordered after what is
-                                 // already on it, and what is enqueued on it later waits for it
-  uint64_t segment_bytes = 0;    // tree/chain segment; 0: RINGTREE_TREE_SEGMENT_BYTES (128 KiB),
-                                 // the host executor's default, so both run the same schedule
+  uintptr_t stream = 0;        // the caller's stream: the collective is ordered after what is
+                               // already on it, and what is enqueued on it later waits for it
+  uint64_t segment_bytes = 0;  // tree/chain segment; 0: RINGTREE_TREE_SEGMENT_BYTES (128 KiB),
+                               // the host executor's default, so both run the same schedule
 };
 
 // What one call enqueued, for tests and the bench (counts, not timings).

@@ -17,15 +17,24 @@ namespace {
 
 int nccl_dtype(DataType t) {
   switch (t) {
-    case DataType::Int8: return kNcclInt8;
-    case DataType::Uint8: return kNcclUint8;
-    case DataType::Int32: return kNcclInt32;
-    case DataType::Int64: return kNcclInt64;
-    case DataType::Float16: return kNcclFloat16;
-    case DataType::BFloat16: return kNcclBfloat16;
-    case DataType::Float32: return kNcclFloat32;
-    case DataType::Float64: return kNcclFloat64;
-    default: RT_THROW(InvalidArgument, "dtype code ", static_cast<int>(t), " has no NCCL equivalent");
+    case DataType::Int8:
+      return kNcclInt8;
+    case DataType::Uint8:
+      return kNcclUint8;
+    case DataType::Int32:
+      return kNcclInt32;
+    case DataType::Int64:
+      return kNcclInt64;
+    case DataType::Float16:
+      return kNcclFloat16;
+    case DataType::BFloat16:
+      return kNcclBfloat16;
+    case DataType::Float32:
+      return kNcclFloat32;
+    case DataType::Float64:
+      return kNcclFloat64;
+    default:
+      RT_THROW(InvalidArgument, "dtype code ", static_cast<int>(t), " has no NCCL equivalent");
   }
 }
 
@@ -33,17 +42,21 @@ int nccl_dtype(DataType t) {
 // pre- and post-steps, so they mean what they mean on every other executor).
 int nccl_op(ReduceOp combine) {
   switch (combine) {
-    case ReduceOp::Prod: return kNcclProd;
-    case ReduceOp::Min: return kNcclMin;
-    case ReduceOp::Max: return kNcclMax;
-    default: return kNcclSum;
+    case ReduceOp::Prod:
+      return kNcclProd;
+    case ReduceOp::Min:
+      return kNcclMin;
+    case ReduceOp::Max:
+      return kNcclMax;
+    default:
+      return kNcclSum;
   }
 }
 
 class NcclPath : public NcclExecutor, public std::enable_shared_from_this<NcclPath> {
  public:
-  NcclPath(std::shared_ptr<Communicator> host, std::string hint) : host_ptr_(std::move(host)), host_(*host_ptr_),
-                                                                     hint_(std::move(hint)) {}
+  NcclPath(std::shared_ptr<Communicator> host, std::string hint)
+      : host_ptr_(std::move(host)), host_(*host_ptr_), hint_(std::move(hint)) {}
   ~NcclPath() override { close(); }
 
   std::shared_ptr<DeviceWork> run(const CollectiveArgs& a, uintptr_t stream, bool want_work) override;
@@ -175,7 +188,9 @@ struct NcclPath::Device {
   ~Device() {
     if (temp_ptr) (void)cudaFreeAsync(temp_ptr, stream);
   }
-  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) { cuda_scale(dst, src, n, t, factor, stream); }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) {
+    cuda_scale(dst, src, n, t, factor, stream);
+  }
   void copy(void* dst, const void* src, size_t bytes) {
     RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
   }
@@ -186,8 +201,10 @@ struct NcclPath::Device {
 std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t stream_handle, bool want_work) {
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const char* name = collective_name(a.coll);
-  RT_CHECK(a.coll != Collective::Barrier, InvalidArgument, "barrier has no device buffers; call it without algo='nccl'");
-  RT_CHECK(!needs_rank_order(a), InvalidArgument, name, ": algo 'nccl' does not reduce in a fixed order, and deterministic",
+  RT_CHECK(a.coll != Collective::Barrier, InvalidArgument,
+           "barrier has no device buffers; call it without algo='nccl'");
+  RT_CHECK(!needs_rank_order(a), InvalidArgument, name,
+           ": algo 'nccl' does not reduce in a fixed order, and deterministic",
            " mode (RINGTREE_DETERMINISTIC=1 or deterministic=True) needs one; use algo 'auto' or 'rank_order'");
   RT_CHECK(!collective_traits(a.coll).reduction || !is_bitwise(a.op), InvalidArgument, name, ": algo 'nccl' has no ",
            op_name(a.op), " (NCCL has no bitwise reductions); use algo 'auto', which walks ringtree's schedules");
@@ -233,8 +250,7 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
       settle(api_->AllReduce(in, out, plan.output.count, dt, op, comm_, s), "ncclAllReduce", plan.timeout_s);
       return;
     case Collective::ReduceScatter:
-      settle(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter",
-             plan.timeout_s);
+      settle(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter", plan.timeout_s);
       return;
     case Collective::AllGather:
       settle(api_->AllGather(in, out, plan.input.count, dt, comm_, s), "ncclAllGather", plan.timeout_s);
@@ -245,7 +261,8 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
     case Collective::Reduce:  // out: null off the root (NCCL ignores it there), in place on it
       settle(api_->Reduce(in, out, plan.input.count, dt, op, root, comm_, s), "ncclReduce", plan.timeout_s);
       return;
-    default: break;
+    default:
+      break;
   }
   // Everything else is a direct schedule (all_to_all, gather, scatter, all_to_all_v, p2p): its
   // sends and receives go to NCCL as one group, its local copies to the stream. Direct
@@ -270,9 +287,12 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
       if (o.count == 0) continue;
       uint8_t* dst = bases[static_cast<int>(o.dst.buf)] + o.dst.offset * esz;
       const uint8_t* src = bases[static_cast<int>(o.src.buf)] + o.src.offset * esz;
-      if (o.kind == OpKind::Send) check(api_->Send(src, o.count, dt, o.peer, comm_, s), "ncclSend");
-      else if (o.kind == OpKind::Recv) check(api_->Recv(dst, o.count, dt, o.peer, comm_, s), "ncclRecv");
-      else if (dst != src) RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, o.count * esz, cudaMemcpyDeviceToDevice, s));
+      if (o.kind == OpKind::Send)
+        check(api_->Send(src, o.count, dt, o.peer, comm_, s), "ncclSend");
+      else if (o.kind == OpKind::Recv)
+        check(api_->Recv(dst, o.count, dt, o.peer, comm_, s), "ncclRecv");
+      else if (dst != src)
+        RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, o.count * esz, cudaMemcpyDeviceToDevice, s));
     }
   } catch (...) {
     (void)api_->GroupEnd();
@@ -299,8 +319,8 @@ void NcclPath::start_watch() {
     NcclResult async_error = kNcclSuccess;
     if (failure_.empty() && api_->CommGetAsyncError(comm_, &async_error) == kNcclSuccess &&
         async_error != kNcclSuccess && async_error != kNcclInProgress)
-      fail_locked(str_cat(c.what, " failed on rank ", host_.rank(), " in NCCL: ",
-                          nccl_error_text(*api_, async_error, comm_)));
+      fail_locked(
+          str_cat(c.what, " failed on rank ", host_.rank(), " in NCCL: ", nccl_error_text(*api_, async_error, comm_)));
   };
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool) {
     fail_locked(str_cat(c.what, " on rank ", host_.rank(), ": ", why, "; the NCCL communicator was aborted"));

@@ -44,18 +44,30 @@ class Backoff {
     using Clock = std::chrono::steady_clock;
     if (idle_++ == 0) {
       const WaitStart start = ask_ ? ask_(context_) : WaitStart::Spin;
-      if (start == WaitStart::Block) { idle_ = 0; return true; }
+      if (start == WaitStart::Block) {
+        idle_ = 0;
+        return true;
+      }
       since_ = Clock::now();
       skip_spin_ = start == WaitStart::Yield;
       in_spin_phase_ = !skip_spin_;
       return false;
     }
     // Reading the clock costs tens of ns; the spin phase looks at it every 64 passes.
-    if (in_spin_phase_ && (idle_ & 63) != 0) { cpu_relax(); return false; }
+    if (in_spin_phase_ && (idle_ & 63) != 0) {
+      cpu_relax();
+      return false;
+    }
     const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since_).count();
     in_spin_phase_ = !skip_spin_ && waited < policy_.spin_ns;
-    if (in_spin_phase_) { cpu_relax(); return false; }
-    if (waited < (skip_spin_ ? 0 : policy_.spin_ns) + policy_.yield_ns) { sched_yield(); return false; }
+    if (in_spin_phase_) {
+      cpu_relax();
+      return false;
+    }
+    if (waited < (skip_spin_ ? 0 : policy_.spin_ns) + policy_.yield_ns) {
+      sched_yield();
+      return false;
+    }
     idle_ = 0;
     in_spin_phase_ = true;
     return true;

@@ -179,13 +179,13 @@ class HostExecutor {
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
   uint64_t single_copy_min_bytes_ = 0;
-  bool single_copy_reads_ = false;  // the current call's sends may go single-copy
-  bool single_copy_defer_ = false;  // ... and complete before they are acknowledged
+  bool single_copy_reads_ = false;                                 // the current call's sends may go single-copy
+  bool single_copy_defer_ = false;                                 // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   NumaPlacement numa_;
-  std::string numa_refused_;  // why its segment is not bound to numa_.node ("": bound)
+  std::string numa_refused_;     // why its segment is not bound to numa_.node ("": bound)
   bool oneshot_usable_ = false;  // every rank is on this host: one-shot connects them all
   uint64_t oneshot_bytes_ = 0;   // payload capacity of a one-shot slot
   uint64_t oneshot_gen_ = 0;     // one-shot calls so far
@@ -210,7 +210,7 @@ class HostExecutor {
   std::vector<pollfd> pollfds_;
   std::vector<int> pollfd_peer_;
   std::unique_ptr<std::atomic<uint8_t>[]> waiting_;  // per peer: bit 0 send, bit 1 receive
-  int wake_fd_ = -1;                 // an eventfd abort() writes; every sleep polls it
+  int wake_fd_ = -1;                                 // an eventfd abort() writes; every sleep polls it
   std::atomic<bool> aborting_{false};
   std::mutex abort_mu_;
   std::string abort_why_;

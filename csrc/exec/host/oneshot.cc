@@ -26,7 +26,6 @@
 #include "common/check.h"
 #include "exec/host/executor.h"
 
-
 namespace ringtree {
 
 static int oneshot_slot_of(uint64_t gen) { return static_cast<int>(gen % kOneShotSlots); }
@@ -74,7 +73,10 @@ void HostExecutor::await_oneshot(uint64_t gen, const MsgHeader& fp, double timeo
       moved = true;
     }
     if (missing == 0) break;
-    if (moved) { backoff.progressed(); continue; }
+    if (moved) {
+      backoff.progressed();
+      continue;
+    }
     if (backoff.should_block()) oneshot_block(fp, timeout_s, deadline, gen);
   }
 }
@@ -90,7 +92,8 @@ static int deferred_skips(const MsgHeader& fp) { return fp.count == 0 ? -1 : fp.
 void HostExecutor::settle_oneshot_through(uint64_t last_gen, double timeout_s) {
   while (oneshot_unsettled_count_ > 0 && oneshot_unsettled_[0].gen <= last_gen) {
     const UnsettledOneShotCall call = oneshot_unsettled_[0];
-    std::copy(oneshot_unsettled_.begin() + 1, oneshot_unsettled_.begin() + oneshot_unsettled_count_, oneshot_unsettled_.begin());
+    std::copy(oneshot_unsettled_.begin() + 1, oneshot_unsettled_.begin() + oneshot_unsettled_count_,
+              oneshot_unsettled_.begin());
     --oneshot_unsettled_count_;
     const int skipped = deferred_skips(call.fp);
     for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == skipped;
@@ -193,9 +196,9 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
     RT_THROW(Timeout, describe(fingerprint_of(fp)), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)",
              gen < oneshot_gen_ ? str_cat("; this rank is at ", describe(fingerprint_of(current_fp_)),
-                                        ": a broadcast root or a count-0 call runs at most ", kOneShotRunAhead,
-                                        " one-shot calls ahead of its peers")
-                              : std::string());
+                                          ": a broadcast root or a count-0 call runs at most ", kOneShotRunAhead,
+                                          " one-shot calls ahead of its peers")
+                                : std::string());
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
   const int slot_index = oneshot_slot_of(gen);
@@ -203,7 +206,8 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
   pollfd_peer_.clear();
   doze(deadline, [&] {
     for (int q = 0; q < size_; ++q)
-      if (!oneshot_arrived_[q] && peer_segments_[q]->oneshot_slot(slot_index)->gen.load(std::memory_order_acquire) == gen)
+      if (!oneshot_arrived_[q] &&
+          peer_segments_[q]->oneshot_slot(slot_index)->gen.load(std::memory_order_acquire) == gen)
         return true;
     return false;
   });

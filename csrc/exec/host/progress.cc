@@ -64,7 +64,9 @@ Fingerprint fingerprint_of(const MsgHeader& h) {
 struct HostExecutor::Device {
   HostExecutor& ex;
   uint8_t* temp(size_t bytes) { return ex.temp_.ensure(bytes); }
-  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) { scale_elements(dst, src, n, t, factor); }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) {
+    scale_elements(dst, src, n, t, factor);
+  }
   void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   void walk(const CallPlan&, uint8_t* in, uint8_t* out) { ex.walk(in, out); }
   void divide(void* dst, uint64_t n, DataType t, int64_t divisor) { divide_elements(dst, n, t, divisor); }
@@ -130,7 +132,8 @@ void HostExecutor::run(const HostCall& call) {
   // does gather: its root copies every byte either way, and a single copy only takes the
   // senders' copies, made in parallel with the root's, off the ring (it measured no faster).
   const CollectiveTraits& traits = collective_traits(plan.key.coll);
-  single_copy_reads_ = single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
+  single_copy_reads_ =
+      single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
@@ -152,8 +155,10 @@ void HostExecutor::run(const HostCall& call) {
 }
 
 void HostExecutor::walk(uint8_t* in, uint8_t* out) {
-  if (current_->plan.key.algo == Algo::OneShot) run_oneshot(in, out);
-  else run_scheduled(in, out);
+  if (current_->plan.key.algo == Algo::OneShot)
+    run_oneshot(in, out);
+  else
+    run_scheduled(in, out);
 }
 
 const Schedule& HostExecutor::schedule_for(const HostCall& c) {
@@ -350,7 +355,10 @@ void HostExecutor::pump(const Deadline& deadline, bool final) {
   for (;;) {
     const bool moved = progress_all();
     if (step_done(final)) return;
-    if (moved) { backoff.progressed(); continue; }
+    if (moved) {
+      backoff.progressed();
+      continue;
+    }
     if (backoff.should_block()) block(deadline, final);
   }
 }
@@ -402,7 +410,10 @@ void HostExecutor::doze(const Deadline& deadline, const std::function<bool()>& r
     if (self) self->sleeping.store(0, std::memory_order_relaxed);
     return;
   }
-  if (self) { pollfds_.push_back({bell_.fd(), POLLIN, 0}); pollfd_peer_.push_back(-1); }
+  if (self) {
+    pollfds_.push_back({bell_.fd(), POLLIN, 0});
+    pollfd_peer_.push_back(-1);
+  }
   pollfds_.push_back({wake_fd_, POLLIN, 0});
   pollfd_peer_.push_back(-3);
   ctrl_.add_pollfds(pollfds_, pollfd_peer_);
@@ -412,26 +423,31 @@ void HostExecutor::doze(const Deadline& deadline, const std::function<bool()>& r
   if (n <= 0) return;
   for (size_t i = 0; i < pollfds_.size(); ++i) {
     if (!pollfds_[i].revents) continue;
-    if (pollfd_peer_[i] == -1) bell_.drain();
-    else if (pollfd_peer_[i] == -3) raise_if_aborted();
-    else if (pollfd_peer_[i] >= 0) ctrl_.handle(pollfd_peer_[i]);
+    if (pollfd_peer_[i] == -1)
+      bell_.drain();
+    else if (pollfd_peer_[i] == -3)
+      raise_if_aborted();
+    else if (pollfd_peer_[i] >= 0)
+      ctrl_.handle(pollfd_peer_[i]);
   }
 }
 
 void HostExecutor::check_header(const MsgHeader& got, const MsgHeader& want, uint64_t want_payload, int peer) const {
-  RT_CHECK(got.magic == MsgHeader::kMagic, Error, "corrupt message header from rank ", peer, " during ", describe_current());
+  RT_CHECK(got.magic == MsgHeader::kMagic, Error, "corrupt message header from rank ", peer, " during ",
+           describe_current());
   const bool same = got.coll == want.coll && got.dtype == want.dtype && got.op == want.op && got.algo == want.algo &&
                     got.root == want.root && got.seq == want.seq && got.count == want.count &&
                     got.deterministic == want.deterministic;
   if (!same)
-    RT_THROW(CollectiveMismatch, "collective mismatch: rank ", rank_, " called ", describe(fingerprint_of(want)), " but rank ",
-             peer, " called ", describe(fingerprint_of(got)));
+    RT_THROW(CollectiveMismatch, "collective mismatch: rank ", rank_, " called ", describe(fingerprint_of(want)),
+             " but rank ", peer, " called ", describe(fingerprint_of(got)));
   if (got.payload_bytes != want_payload) {
     // all_to_all_v sizes are per rank, so only the message itself can reveal a disagreement.
     if (static_cast<Collective>(want.coll) == Collective::AllToAllV)
-      RT_THROW(CollectiveMismatch, "collective mismatch in ", describe(fingerprint_of(want)), ": rank ", peer, " sends ",
-               got.payload_bytes, " bytes to rank ", rank_, ", which expects ", want_payload, " (send_counts[", rank_,
-               "] on rank ", peer, " differs from recv_counts[", peer, "] on rank ", rank_, ")");
+      RT_THROW(CollectiveMismatch, "collective mismatch in ", describe(fingerprint_of(want)), ": rank ", peer,
+               " sends ", got.payload_bytes, " bytes to rank ", rank_, ", which expects ", want_payload,
+               " (send_counts[", rank_, "] on rank ", peer, " differs from recv_counts[", peer, "] on rank ", rank_,
+               ")");
     RT_THROW(Error, "internal error: rank ", peer, " sent ", got.payload_bytes, " bytes where ", want_payload,
              " were expected in ", describe_current());
   }
@@ -448,9 +464,10 @@ void HostExecutor::throw_timeout() const {
   if (hs_recv_pending_) note(hs_recv_, "handshake receive");
   for (const OpCursor& c : cursors_) note(c, c.is_send ? "send" : "receive");
   for (const auto& [peer, conn] : single_copy_conns_)
-    if (!conn->acknowledged()) waiting += str_cat(waiting.empty() ? "" : "; ", "rank ", peer, " (to read a single-copy send)");
-  RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ", current_ ? current_->plan.timeout_s : 0.0,
-           " s waiting for ", waiting);
+    if (!conn->acknowledged())
+      waiting += str_cat(waiting.empty() ? "" : "; ", "rank ", peer, " (to read a single-copy send)");
+  RT_THROW(Timeout, describe_current(), " timed out on rank ", rank_, " after ",
+           current_ ? current_->plan.timeout_s : 0.0, " s waiting for ", waiting);
 }
 
 }  // namespace ringtree

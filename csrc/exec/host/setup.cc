@@ -30,7 +30,8 @@ RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
 
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,
 // then opened by the peers, then unlinked: nothing is left in /dev/shm even if a rank dies.
-void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes) {
+void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes,
+                           uint64_t oneshot_bytes) {
   conns_.resize(size_);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
@@ -72,8 +73,8 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     bell_.bind(mesh, rank_);
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
-    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes, oneshot_bytes_, numa_.node,
-                         &numa_refused_);
+    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes,
+                         oneshot_bytes_, numa_.node, &numa_refused_);
     own_segment_->populate_all();  // its rings are read here, its one-shot slots written
     own_segment_->header()->numa_node = numa_.node;
   }
@@ -92,7 +93,8 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
   peer_segments_.resize(size_);
   for (int q : my_senders) {
     peer_segments_[q] = std::make_unique<ShmSegment>();
-    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes, oneshot_bytes_);
+    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes,
+                            oneshot_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
   bell_.forget_name();
@@ -103,9 +105,9 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     ShmSegment& peer = *peer_segments_[q];
     peer.populate(peer.header(), peer.oneshot_region_bytes());  // read: its one-shot slots and sleeping flag
     peer.populate(peer.ring(out_slot), sizeof(ShmRing) + peer.ring_bytes());  // written: our ring there
-    conns_[q] = std::make_unique<ShmConnection>(q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
-                                                own_segment_->ring_data(static_cast<int>(i)), ring_bytes,
-                                                &peer.header()->sleeping, &bell_);
+    conns_[q] = std::make_unique<ShmConnection>(
+        q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
+        own_segment_->ring_data(static_cast<int>(i)), ring_bytes, &peer.header()->sleeping, &bell_);
   }
   probe_single_copy(boot, my_senders);
 }
@@ -113,8 +115,10 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
 void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers) {
   // Every rank takes part in the barrier, with or without peers on its host.
   int32_t verdict = 0, failed_peer = -1;
-  if (SingleCopy() == 0) verdict = kCmaVerdictOff;
-  else if (TestSingleCopyProbeFail() == rank_) verdict = kCmaVerdictSimulated;
+  if (SingleCopy() == 0)
+    verdict = kCmaVerdictOff;
+  else if (TestSingleCopyProbeFail() == rank_)
+    verdict = kCmaVerdictSimulated;
   for (size_t i = 0; verdict == 0 && i < local_peers.size(); ++i) {
     const ShmSegmentHeader* h = peer_segments_[local_peers[i]]->header();
     verdict = cma_probe(h->cma_pid, h->cma_probe_addr, h->cma_probe_value);
@@ -133,8 +137,10 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   for (int q : here) {
     const ShmSegmentHeader* h = q == rank_ ? own_segment_->header() : peer_segments_[q]->header();
     if (h->cma_verdict == 0) continue;
-    single_copy_status_ = str_cat("off: rank ", q, h->cma_failed_peer >= 0 ? str_cat(" could not read rank ", h->cma_failed_peer, "'s memory") : std::string(),
-                                  ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
+    single_copy_status_ = str_cat(
+        "off: rank ", q,
+        h->cma_failed_peer >= 0 ? str_cat(" could not read rank ", h->cma_failed_peer, "'s memory") : std::string(),
+        ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
     return;
   }
   const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
@@ -145,8 +151,8 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   }
   single_copy_on_ = true;
   single_copy_min_bytes_ = min_bytes;
-  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes, " bytes (RINGTREE_CMA_MIN_BYTES) between the ",
-                                here.size(), " ranks on this host");
+  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes,
+                                " bytes (RINGTREE_CMA_MIN_BYTES) between the ", here.size(), " ranks on this host");
 }
 
 // Every receiver of a broadcast over a flat tree (P = 2 on the chain, up to 3 on the binary

@@ -17,10 +17,10 @@ WaitDecision decide_wait_policy(const WaitCounts& c) {
   const int64_t yield_us = c.yield_us >= 0 ? c.yield_us : (host_peer ? 2000 : 0);
   d.policy.spin_ns = 1000 * spin_us;
   d.policy.yield_ns = 1000 * yield_us;
-  d.text = str_cat("spin ", spin_us, " us", c.spin_us >= 0 ? " (RINGTREE_SPIN_US)" : "", ", yield ", yield_us, " us",
-                   c.yield_us >= 0 ? " (RINGTREE_YIELD_US)" : "", ", then block; ", c.local_ranks,
-                   " ranks on this host, ", c.cpu_sharers, " allowed the same ", c.cpus, " CPUs",
-                   d.oversubscribed ? ": oversubscribed" : "");
+  d.text =
+      str_cat("spin ", spin_us, " us", c.spin_us >= 0 ? " (RINGTREE_SPIN_US)" : "", ", yield ", yield_us, " us",
+              c.yield_us >= 0 ? " (RINGTREE_YIELD_US)" : "", ", then block; ", c.local_ranks, " ranks on this host, ",
+              c.cpu_sharers, " allowed the same ", c.cpus, " CPUs", d.oversubscribed ? ": oversubscribed" : "");
   return d;
 }
 

@@ -17,12 +17,12 @@
 namespace ringtree {
 
 struct WaitCounts {
-  int local_ranks = 1;   // ranks on this host, as the probes found, this one included
-  int cpu_sharers = 1;   // ranks on this kernel allowed exactly this rank's CPUs, this one included
-  int cpus = 1;          // the CPUs those ranks are allowed
-  int online_cpus = 1;   // the CPUs this process may run on
-  int64_t spin_us = -1;  // RINGTREE_SPIN_US (-1: not set)
-  int64_t yield_us = -1; // RINGTREE_YIELD_US (-1: not set)
+  int local_ranks = 1;    // ranks on this host, as the probes found, this one included
+  int cpu_sharers = 1;    // ranks on this kernel allowed exactly this rank's CPUs, this one included
+  int cpus = 1;           // the CPUs those ranks are allowed
+  int online_cpus = 1;    // the CPUs this process may run on
+  int64_t spin_us = -1;   // RINGTREE_SPIN_US (-1: not set)
+  int64_t yield_us = -1;  // RINGTREE_YIELD_US (-1: not set)
 };
 
 struct WaitDecision {

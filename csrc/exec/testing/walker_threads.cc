@@ -26,7 +26,9 @@ struct HostPolicy {
     temp_storage->resize(bytes);
     return temp_storage->data();
   }
-  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) { scale_elements(dst, src, n, t, factor); }
+  void scale(void* dst, const void* src, uint64_t n, DataType t, double factor) {
+    scale_elements(dst, src, n, t, factor);
+  }
   void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   void divide(void* dst, uint64_t n, DataType t, int64_t divisor) { divide_elements(dst, n, t, divisor); }
 };
@@ -153,9 +155,9 @@ void walk_on_threads(const ThreadWalkArgs& a) {
       for (int r = 0; r < P; ++r) {
         RT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
         for (uint32_t ch = 0; ch < C; ++ch) statuses[static_cast<size_t>(r) * C + ch].result = -1;
-        launch_walk(WalkLaunch{ranks[r].walk, &abort, &statuses[static_cast<size_t>(r) * C], &device_barriers[r],
-                               streams[r]},
-                    a.dtype, ranks[r].plan.combine);
+        launch_walk(
+            WalkLaunch{ranks[r].walk, &abort, &statuses[static_cast<size_t>(r) * C], &device_barriers[r], streams[r]},
+            a.dtype, ranks[r].plan.combine);
       }
     } catch (const std::exception& e) {
       launch_error = e.what();

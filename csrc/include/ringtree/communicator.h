@@ -164,10 +164,10 @@ struct CommStatus {
   std::string shm_stores;               // which stores each shared-memory writer uses, and why
   std::string cost_source;              // where the cost model's figures came from: measured, cached, defaults
   std::vector<std::pair<std::string, double>> machine;  // those figures (call_us, hop_us, ...)
-  bool algo_hook = false;               // a ChoiceHook makes auto's last decision
-  uint64_t shared_cpu_waits = 0;        // waits that skipped spinning: a peer they needed was on this CPU
-  uint64_t single_copy_messages = 0;    // messages this rank received single-copy
-  uint64_t streamed_pieces = 0;         // ring pieces this rank wrote with streaming stores
+  bool algo_hook = false;                               // a ChoiceHook makes auto's last decision
+  uint64_t shared_cpu_waits = 0;      // waits that skipped spinning: a peer they needed was on this CPU
+  uint64_t single_copy_messages = 0;  // messages this rank received single-copy
+  uint64_t streamed_pieces = 0;       // ring pieces this rank wrote with streaming stores
 };
 
 class Communicator {
@@ -186,8 +186,8 @@ class Communicator {
   virtual ValidatedCall validate(const CollectiveArgs& args) const = 0;
   // Resolves "auto" for a call whose per-rank block is `bytes` bytes, as run() would;
   // deterministic: as a call in deterministic mode (the setting's or the call's).
-  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype,
-                           ReduceOp op = ReduceOp::Sum, bool deterministic = false) const = 0;
+  virtual Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op = ReduceOp::Sum,
+                           bool deterministic = false) const = 0;
   // Every algorithm available for such a call, with the cost model's prediction; deterministic:
   // those a call in deterministic mode chooses from (rank_order, and oneshot where it fits;
   // for a floating-point reduction), so its cost can be set against auto's choice.
@@ -228,7 +228,8 @@ class Communicator {
   virtual std::string id() const = 0;
   // The unique id of a communicator formed from this one's ranks at ip:port with a public
   // `nonce` (UniqueId::child): split, shrink and grow send only the nonce and the address.
-  virtual UniqueId child_unique_id(const std::string& ip, uint16_t port, const std::array<uint8_t, 16>& nonce) const = 0;
+  virtual UniqueId child_unique_id(const std::string& ip, uint16_t port,
+                                   const std::array<uint8_t, 16>& nonce) const = 0;
   // Calls issued from now on carry `label` in the recorder (a bucket id, a step; -1: none).
   virtual void set_label(int64_t label) = 0;
   // This rank's clock minus rank 0's (ns, steady clock) and the estimate's error, as measured

@@ -35,9 +35,9 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-#define RT_ERROR_CLASS(Name, Kind) \
-  class Name : public Error {      \
-   public:                         \
+#define RT_ERROR_CLASS(Name, Kind)                                           \
+  class Name : public Error {                                                \
+   public:                                                                   \
     explicit Name(const std::string& what) : Error(ErrorKind::Kind, what) {} \
   };
 RT_ERROR_CLASS(InvalidArgument, InvalidArgument)

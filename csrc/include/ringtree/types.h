@@ -10,8 +10,20 @@ enum class DataType : uint8_t { Int8, Uint8, Int32, Int64, Float16, BFloat16, Fl
 // BitAnd, BitOr, BitXor: integer dtypes only (torch's BAND/BOR/BXOR; bool travels as uint8).
 enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, BitAnd, BitOr, BitXor, Count };
 enum class Collective : uint8_t {
-  AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, Barrier,
-  Send, Recv, AllToAllV, SendRecv, Count
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  AllToAll,
+  Broadcast,
+  Reduce,
+  Gather,
+  Scatter,
+  Barrier,
+  Send,
+  Recv,
+  AllToAllV,
+  SendRecv,
+  Count
 };
 // Auto is resolved to a concrete algorithm before any traffic, identically on every rank.
 // OneShot: every rank publishes its whole input in its shared-memory one-shot slot and every rank reads

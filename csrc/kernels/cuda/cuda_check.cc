@@ -13,18 +13,22 @@ std::string hex(uintptr_t p) {
 
 const char* memory_type_name(cudaMemoryType t) {
   switch (t) {
-    case cudaMemoryTypeUnregistered: return "unregistered host memory";
-    case cudaMemoryTypeHost: return "pinned host memory";
-    case cudaMemoryTypeDevice: return "device memory";
-    case cudaMemoryTypeManaged: return "managed memory";
-    default: return "unknown memory";
+    case cudaMemoryTypeUnregistered:
+      return "unregistered host memory";
+    case cudaMemoryTypeHost:
+      return "pinned host memory";
+    case cudaMemoryTypeDevice:
+      return "device memory";
+    case cudaMemoryTypeManaged:
+      return "managed memory";
+    default:
+      return "unknown memory";
   }
 }
 
 }  // namespace
 
-void check_device_buffer(uintptr_t ptr, uint64_t bytes, int device, const std::string& what,
-                         const char* device_hint) {
+void check_device_buffer(uintptr_t ptr, uint64_t bytes, int device, const std::string& what, const char* device_hint) {
   if (bytes == 0) return;
   RT_CHECK(ptr != 0, InvalidArgument, what, " is null but holds ", bytes, " bytes");
   cudaPointerAttributes attr{};

@@ -21,8 +21,8 @@ void check_device_buffer(uintptr_t ptr, uint64_t bytes, int device, const std::s
 
 }  // namespace ringtree
 
-#define RT_CUDA_CHECK(call)                                                          \
-  do {                                                                               \
-    cudaError_t rt_err_ = (call);                                                    \
+#define RT_CUDA_CHECK(call)                                                                       \
+  do {                                                                                            \
+    cudaError_t rt_err_ = (call);                                                                 \
     if (rt_err_ != cudaSuccess) ::ringtree::throw_cuda_error(rt_err_, #call, __FILE__, __LINE__); \
   } while (0)

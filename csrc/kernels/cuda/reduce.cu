@@ -26,7 +26,8 @@ constexpr int kBlocksPerSm = 4;  // 2048 resident threads per SM on Hopper when 
 constexpr int kMinBlocksPerSm = 2;
 
 template <typename T, typename F>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) elementwise_kernel(T* dst, const T* a, const T* b, Split s, F f) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    elementwise_kernel(T* dst, const T* a, const T* b, Split s, F f) {
   cuda::elementwise(dst, a, b, s, f);
 }
 
@@ -58,8 +59,8 @@ void launch(void* dst, const void* a, const void* b, size_t count, F f, cudaStre
   const T* y = static_cast<const T*>(b);
   Split split = s;
   void* args[] = {&out, &x, &y, &split, &f};
-  RT_CUDA_CHECK(cudaLaunchKernel(elementwise_kernel<T, F>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
-                                 stream));
+  RT_CUDA_CHECK(
+      cudaLaunchKernel(elementwise_kernel<T, F>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream));
 }
 
 // fn(T{}) for every storage type.
@@ -81,15 +82,24 @@ void reduce_with(void* dst, const void* a, const void* b, size_t count, DataType
 void cuda_reduce(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op,
                  cudaStream_t stream) {
   switch (op) {
-    case ReduceOp::Sum: case ReduceOp::Avg: case ReduceOp::PremulSum:
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+    case ReduceOp::PremulSum:
       return reduce_with<cuda::OpSum>(dst, a, b, count, dtype, stream);
-    case ReduceOp::Prod: return reduce_with<cuda::OpProd>(dst, a, b, count, dtype, stream);
-    case ReduceOp::Min: return reduce_with<cuda::OpMin>(dst, a, b, count, dtype, stream);
-    case ReduceOp::Max: return reduce_with<cuda::OpMax>(dst, a, b, count, dtype, stream);
-    case ReduceOp::BitAnd: return reduce_with<cuda::OpBitAnd>(dst, a, b, count, dtype, stream);
-    case ReduceOp::BitOr: return reduce_with<cuda::OpBitOr>(dst, a, b, count, dtype, stream);
-    case ReduceOp::BitXor: return reduce_with<cuda::OpBitXor>(dst, a, b, count, dtype, stream);
-    default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
+    case ReduceOp::Prod:
+      return reduce_with<cuda::OpProd>(dst, a, b, count, dtype, stream);
+    case ReduceOp::Min:
+      return reduce_with<cuda::OpMin>(dst, a, b, count, dtype, stream);
+    case ReduceOp::Max:
+      return reduce_with<cuda::OpMax>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitAnd:
+      return reduce_with<cuda::OpBitAnd>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitOr:
+      return reduce_with<cuda::OpBitOr>(dst, a, b, count, dtype, stream);
+    case ReduceOp::BitXor:
+      return reduce_with<cuda::OpBitXor>(dst, a, b, count, dtype, stream);
+    default:
+      RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
   }
 }
 

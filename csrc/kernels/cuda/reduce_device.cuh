@@ -25,22 +25,29 @@
 namespace ringtree {
 namespace cuda {
 
-struct f16_t { uint16_t bits; };
-struct bf16_t { uint16_t bits; };
+struct f16_t {
+  uint16_t bits;
+};
+struct bf16_t {
+  uint16_t bits;
+};
 
 // ---- widening and narrowing between storage and compute type ------------------------------
 
-template <typename T> struct Arith {
+template <typename T>
+struct Arith {
   using C = T;
   __device__ static C up(T x) { return x; }
   __device__ static T down(C c) { return c; }
 };
-template <> struct Arith<f16_t> {
+template <>
+struct Arith<f16_t> {
   using C = float;
   __device__ static C up(f16_t x) { return __half2float(__ushort_as_half(x.bits)); }
   __device__ static f16_t down(C c) { return f16_t{__half_as_ushort(__float2half_rn(c))}; }  // RNE, as the host
 };
-template <> struct Arith<bf16_t> {
+template <>
+struct Arith<bf16_t> {
   using C = float;
   __device__ static C up(bf16_t x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
   __device__ static bf16_t down(C c) { return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(c))}; }
@@ -49,22 +56,84 @@ template <> struct Arith<bf16_t> {
 // ---- reduce ops -----------------------------------------------------------------------------
 // Same formulas as the host (b < a ? b : a, not fminf), so NaN handling matches too.
 
-struct OpSum { static constexpr bool kWraps = true;  static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a + b; } };
-struct OpProd { static constexpr bool kWraps = true; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a * b; } };
-struct OpMin { static constexpr bool kWraps = false; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return b < a ? b : a; } };
-struct OpMax { static constexpr bool kWraps = false; static constexpr bool kBitwise = false; template <typename C> __device__ static C apply(C a, C b) { return a < b ? b : a; } };
+struct OpSum {
+  static constexpr bool kWraps = true;
+  static constexpr bool kBitwise = false;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a + b;
+  }
+};
+struct OpProd {
+  static constexpr bool kWraps = true;
+  static constexpr bool kBitwise = false;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a * b;
+  }
+};
+struct OpMin {
+  static constexpr bool kWraps = false;
+  static constexpr bool kBitwise = false;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return b < a ? b : a;
+  }
+};
+struct OpMax {
+  static constexpr bool kWraps = false;
+  static constexpr bool kBitwise = false;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a < b ? b : a;
+  }
+};
 // Integer storage types only (for_op_types never instantiates them for the others).
-struct OpBitAnd { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a & b; } };
-struct OpBitOr { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a | b; } };
-struct OpBitXor { static constexpr bool kWraps = false; static constexpr bool kBitwise = true; template <typename C> __device__ static C apply(C a, C b) { return a ^ b; } };
+struct OpBitAnd {
+  static constexpr bool kWraps = false;
+  static constexpr bool kBitwise = true;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a & b;
+  }
+};
+struct OpBitOr {
+  static constexpr bool kWraps = false;
+  static constexpr bool kBitwise = true;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a | b;
+  }
+};
+struct OpBitXor {
+  static constexpr bool kWraps = false;
+  static constexpr bool kBitwise = true;
+  template <typename C>
+  __device__ static C apply(C a, C b) {
+    return a ^ b;
+  }
+};
 
-template <typename T> struct Unsigned { using type = T; };
-template <> struct Unsigned<int8_t> { using type = uint8_t; };
-template <> struct Unsigned<int32_t> { using type = uint32_t; };
-template <> struct Unsigned<int64_t> { using type = uint64_t; };
+template <typename T>
+struct Unsigned {
+  using type = T;
+};
+template <>
+struct Unsigned<int8_t> {
+  using type = uint8_t;
+};
+template <>
+struct Unsigned<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<int64_t> {
+  using type = uint64_t;
+};
 
 // dst = a (op) b for one element.
-template <typename T, typename Op> struct Combine {
+template <typename T, typename Op>
+struct Combine {
   __device__ T operator()(T a, T b) const {
     if constexpr (std::is_integral_v<T> && Op::kWraps) {
       using U = typename Unsigned<T>::type;
@@ -79,9 +148,10 @@ template <typename T, typename Op> struct Combine {
 // Host rules: floating types multiply/divide in double and round to float (then to half);
 // integers multiply by the factor converted to int64 (wrapping) and divide truncating.
 
-template <typename T> struct Scale {
-  double factor;       // floating types
-  uint64_t int_factor; // integer types: (uint64_t)(int64_t)factor, computed on the host
+template <typename T>
+struct Scale {
+  double factor;        // floating types
+  uint64_t int_factor;  // integer types: (uint64_t)(int64_t)factor, computed on the host
   __device__ T operator()(T a, T) const {
     if constexpr (std::is_integral_v<T>) {
       return static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(static_cast<int64_t>(a)) * int_factor));
@@ -93,7 +163,8 @@ template <typename T> struct Scale {
   }
 };
 
-template <typename T> struct Divide {
+template <typename T>
+struct Divide {
   int64_t divisor;
   __device__ T operator()(T a, T) const {
     if constexpr (std::is_integral_v<T>) {
@@ -109,7 +180,8 @@ template <typename T> struct Divide {
 // ---- packs ------------------------------------------------------------------------------------
 
 constexpr size_t kPackBytes = 16;
-template <typename T> struct alignas(kPackBytes) Pack {
+template <typename T>
+struct alignas(kPackBytes) Pack {
   static constexpr int kElems = static_cast<int>(kPackBytes / sizeof(T));
   T v[kElems];
 };
@@ -168,15 +240,24 @@ __device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
 template <typename Fn>
 void with_storage_type(DataType dtype, Fn&& fn) {
   switch (dtype) {
-    case DataType::Int8: return fn(int8_t{});
-    case DataType::Uint8: return fn(uint8_t{});
-    case DataType::Int32: return fn(int32_t{});
-    case DataType::Int64: return fn(int64_t{});
-    case DataType::Float16: return fn(f16_t{});
-    case DataType::BFloat16: return fn(bf16_t{});
-    case DataType::Float32: return fn(float{});
-    case DataType::Float64: return fn(double{});
-    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
+    case DataType::Int8:
+      return fn(int8_t{});
+    case DataType::Uint8:
+      return fn(uint8_t{});
+    case DataType::Int32:
+      return fn(int32_t{});
+    case DataType::Int64:
+      return fn(int64_t{});
+    case DataType::Float16:
+      return fn(f16_t{});
+    case DataType::BFloat16:
+      return fn(bf16_t{});
+    case DataType::Float32:
+      return fn(float{});
+    case DataType::Float64:
+      return fn(double{});
+    default:
+      RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
   }
 }
 
@@ -186,11 +267,16 @@ template <typename Op, typename Fn>
 void for_op_types(DataType dtype, Fn&& fn) {
   if constexpr (Op::kBitwise) {
     switch (dtype) {
-      case DataType::Int8: return fn(int8_t{});
-      case DataType::Uint8: return fn(uint8_t{});
-      case DataType::Int32: return fn(int32_t{});
-      case DataType::Int64: return fn(int64_t{});
-      default: RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(dtype));
+      case DataType::Int8:
+        return fn(int8_t{});
+      case DataType::Uint8:
+        return fn(uint8_t{});
+      case DataType::Int32:
+        return fn(int32_t{});
+      case DataType::Int64:
+        return fn(int64_t{});
+      default:
+        RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(dtype));
     }
   } else {
     with_storage_type(dtype, fn);

@@ -16,8 +16,16 @@ namespace ringtree {
 
 namespace {
 
-inline uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f2u(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float u2f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 }  // namespace
 
@@ -36,13 +44,13 @@ uint16_t float_to_half(float f) {
   uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
   uint32_t out;
-  if (x >= 0x47800000u) {               // >= 65536 after rounding range, inf or nan
+  if (x >= 0x47800000u) {  // >= 65536 after rounding range, inf or nan
     out = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (x < 0x38800000u) {         // result is subnormal or zero: let the FPU round
+  } else if (x < 0x38800000u) {  // result is subnormal or zero: let the FPU round
     out = f2u(u2f(x) + 0.5f) - 0x3f000000u;
-  } else {                              // normal: rebias exponent, round to nearest even
+  } else {  // normal: rebias exponent, round to nearest even
     uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000fffu + odd;             // (15-127)<<23 plus the rounding bias
+    x += 0xc8000fffu + odd;  // (15-127)<<23 plus the rounding bias
     out = x >> 13;
   }
   return static_cast<uint16_t>(out | sign);
@@ -59,19 +67,66 @@ uint16_t float_to_bf16(float f) {
 
 namespace {
 
-struct OpSum { template <typename T> static T apply(T a, T b) { return a + b; } };
-struct OpProd { template <typename T> static T apply(T a, T b) { return a * b; } };
-struct OpMin { template <typename T> static T apply(T a, T b) { return b < a ? b : a; } };
-struct OpMax { template <typename T> static T apply(T a, T b) { return a < b ? b : a; } };
-struct OpBitAnd { template <typename T> static T apply(T a, T b) { return a & b; } };
-struct OpBitOr { template <typename T> static T apply(T a, T b) { return a | b; } };
-struct OpBitXor { template <typename T> static T apply(T a, T b) { return a ^ b; } };
+struct OpSum {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a + b;
+  }
+};
+struct OpProd {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a * b;
+  }
+};
+struct OpMin {
+  template <typename T>
+  static T apply(T a, T b) {
+    return b < a ? b : a;
+  }
+};
+struct OpMax {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a < b ? b : a;
+  }
+};
+struct OpBitAnd {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a & b;
+  }
+};
+struct OpBitOr {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a | b;
+  }
+};
+struct OpBitXor {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a ^ b;
+  }
+};
 
 // Integer sums and products wrap (two's complement), as in NCCL; done in unsigned to avoid UB.
-template <typename T> struct Wide { using type = T; };
-template <> struct Wide<int8_t> { using type = uint8_t; };
-template <> struct Wide<int32_t> { using type = uint32_t; };
-template <> struct Wide<int64_t> { using type = uint64_t; };
+template <typename T>
+struct Wide {
+  using type = T;
+};
+template <>
+struct Wide<int8_t> {
+  using type = uint8_t;
+};
+template <>
+struct Wide<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wide<int64_t> {
+  using type = uint64_t;
+};
 
 template <typename T, typename Op>
 void reduce_plain(void* dst, const void* a, const void* b, size_t n) {
@@ -80,8 +135,7 @@ void reduce_plain(void* dst, const void* a, const void* b, size_t n) {
   const T* y = static_cast<const T*>(b);
   if constexpr (std::is_integral_v<T> && (std::is_same_v<Op, OpSum> || std::is_same_v<Op, OpProd>)) {
     using U = typename Wide<T>::type;
-    for (size_t i = 0; i < n; ++i)
-      d[i] = static_cast<T>(Op::apply(static_cast<U>(x[i]), static_cast<U>(y[i])));
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(static_cast<U>(x[i]), static_cast<U>(y[i])));
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(x[i], y[i]));
   }
@@ -107,11 +161,16 @@ void reduce_half(void* dst, const void* a, const void* b, size_t n) {
 template <typename Op>
 ReduceFn pick_integer(DataType t) {
   switch (t) {
-    case DataType::Int8: return reduce_plain<int8_t, Op>;
-    case DataType::Uint8: return reduce_plain<uint8_t, Op>;
-    case DataType::Int32: return reduce_plain<int32_t, Op>;
-    case DataType::Int64: return reduce_plain<int64_t, Op>;
-    default: return nullptr;
+    case DataType::Int8:
+      return reduce_plain<int8_t, Op>;
+    case DataType::Uint8:
+      return reduce_plain<uint8_t, Op>;
+    case DataType::Int32:
+      return reduce_plain<int32_t, Op>;
+    case DataType::Int64:
+      return reduce_plain<int64_t, Op>;
+    default:
+      return nullptr;
   }
 }
 
@@ -119,11 +178,16 @@ template <typename Op>
 ReduceFn pick(DataType t) {
   if (ReduceFn f = pick_integer<Op>(t)) return f;
   switch (t) {
-    case DataType::Float16: return reduce_half<half_to_float, float_to_half, Op>;
-    case DataType::BFloat16: return reduce_half<bf16_to_float, float_to_bf16, Op>;
-    case DataType::Float32: return reduce_plain<float, Op>;
-    case DataType::Float64: return reduce_plain<double, Op>;
-    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
+    case DataType::Float16:
+      return reduce_half<half_to_float, float_to_half, Op>;
+    case DataType::BFloat16:
+      return reduce_half<bf16_to_float, float_to_bf16, Op>;
+    case DataType::Float32:
+      return reduce_plain<float, Op>;
+    case DataType::Float64:
+      return reduce_plain<double, Op>;
+    default:
+      RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
   }
 }
 
@@ -153,15 +217,26 @@ void map_half(void* dst, const void* src, size_t n, F f) {
 template <typename F>
 void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
   switch (t) {
-    case DataType::Int8: return map_plain<int8_t>(dst, src, n, [&](int8_t v) { return static_cast<int8_t>(f(static_cast<int64_t>(v))); });
-    case DataType::Uint8: return map_plain<uint8_t>(dst, src, n, [&](uint8_t v) { return static_cast<uint8_t>(f(static_cast<int64_t>(v))); });
-    case DataType::Int32: return map_plain<int32_t>(dst, src, n, [&](int32_t v) { return static_cast<int32_t>(f(static_cast<int64_t>(v))); });
-    case DataType::Int64: return map_plain<int64_t>(dst, src, n, [&](int64_t v) { return f(v); });
-    case DataType::Float16: return map_half<half_to_float, float_to_half>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
-    case DataType::BFloat16: return map_half<bf16_to_float, float_to_bf16>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
-    case DataType::Float32: return map_plain<float>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
-    case DataType::Float64: return map_plain<double>(dst, src, n, [&](double v) { return f(v); });
-    default: RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
+    case DataType::Int8:
+      return map_plain<int8_t>(dst, src, n, [&](int8_t v) { return static_cast<int8_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Uint8:
+      return map_plain<uint8_t>(dst, src, n,
+                                [&](uint8_t v) { return static_cast<uint8_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Int32:
+      return map_plain<int32_t>(dst, src, n,
+                                [&](int32_t v) { return static_cast<int32_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Int64:
+      return map_plain<int64_t>(dst, src, n, [&](int64_t v) { return f(v); });
+    case DataType::Float16:
+      return map_half<half_to_float, float_to_half>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::BFloat16:
+      return map_half<bf16_to_float, float_to_bf16>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float32:
+      return map_plain<float>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float64:
+      return map_plain<double>(dst, src, n, [&](double v) { return f(v); });
+    default:
+      RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
   }
 }
 
@@ -201,14 +276,24 @@ ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
   }
 #endif
   switch (op) {
-    case ReduceOp::Sum: case ReduceOp::Avg: case ReduceOp::PremulSum: return pick<OpSum>(dtype);
-    case ReduceOp::Prod: return pick<OpProd>(dtype);
-    case ReduceOp::Min: return pick<OpMin>(dtype);
-    case ReduceOp::Max: return pick<OpMax>(dtype);
-    case ReduceOp::BitAnd: return pick_bitwise<OpBitAnd>(dtype);
-    case ReduceOp::BitOr: return pick_bitwise<OpBitOr>(dtype);
-    case ReduceOp::BitXor: return pick_bitwise<OpBitXor>(dtype);
-    default: RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+    case ReduceOp::PremulSum:
+      return pick<OpSum>(dtype);
+    case ReduceOp::Prod:
+      return pick<OpProd>(dtype);
+    case ReduceOp::Min:
+      return pick<OpMin>(dtype);
+    case ReduceOp::Max:
+      return pick<OpMax>(dtype);
+    case ReduceOp::BitAnd:
+      return pick_bitwise<OpBitAnd>(dtype);
+    case ReduceOp::BitOr:
+      return pick_bitwise<OpBitOr>(dtype);
+    case ReduceOp::BitXor:
+      return pick_bitwise<OpBitXor>(dtype);
+    default:
+      RT_THROW(InvalidArgument, "unsupported reduce op code ", static_cast<int>(op));
   }
 }
 
@@ -221,9 +306,8 @@ void scale_elements(void* dst, const void* src, size_t count, DataType dtype, do
   } else {
     // Integer premul_sum multiplies by the factor converted to the integer type (wrapping).
     const uint64_t f = static_cast<uint64_t>(static_cast<int64_t>(factor));
-    map_elements(dst, src, count, dtype, [f](auto v) {
-      return static_cast<decltype(v)>(static_cast<int64_t>(static_cast<uint64_t>(v) * f));
-    });
+    map_elements(dst, src, count, dtype,
+                 [f](auto v) { return static_cast<decltype(v)>(static_cast<int64_t>(static_cast<uint64_t>(v) * f)); });
   }
 }
 

@@ -9,7 +9,8 @@ namespace ringtree {
 
 using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count);
 
-// For Sum/Prod/Min/Max and the bitwise ops (integer dtypes). Avg and PremulSum reduce with Sum; their scaling is a separate pass.
+// For Sum/Prod/Min/Max and the bitwise ops (integer dtypes). Avg and PremulSum reduce with Sum; their scaling is a
+// separate pass.
 ReduceFn reduce_fn(DataType dtype, ReduceOp op);
 // dst[i] = src[i] * factor (factor converted to the element type's arithmetic).
 void scale_elements(void* dst, const void* src, size_t count, DataType dtype, double factor);

@@ -29,7 +29,9 @@ constexpr size_t kBlock = 16;  // elements per iteration: two __m256 of widened 
 // A 16-element block widened to two float vectors. The lane order is whatever the format's load
 // produces (for bfloat16: even elements in lo, odd in hi); its store undoes it, and all
 // arithmetic is elementwise.
-struct Wide { __m256 lo, hi; };
+struct Wide {
+  __m256 lo, hi;
+};
 
 struct Float16 {
   RT_AVX2 static Wide load(const uint16_t* p) {
@@ -87,8 +89,12 @@ struct Prod {
   }
 };
 // minps/maxps return their second operand when either is NaN: b < a ? b : a and b > a ? b : a.
-struct Min { RT_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_min_ps(b, a); } };
-struct Max { RT_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_max_ps(b, a); } };
+struct Min {
+  RT_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_min_ps(b, a); }
+};
+struct Max {
+  RT_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_max_ps(b, a); }
+};
 
 template <typename Format, typename Op>
 RT_AVX2 inline void reduce_block(uint16_t* d, const uint16_t* x, const uint16_t* y) {
@@ -126,7 +132,9 @@ struct Multiply {
     return r;
   }
 };
-struct Divide { RT_AVX2 static __m256d apply(__m256d v, __m256d k) { return _mm256_div_pd(v, k); } };
+struct Divide {
+  RT_AVX2 static __m256d apply(__m256d v, __m256d k) { return _mm256_div_pd(v, k); }
+};
 
 // float -> double -> (op k) -> float on 8 lanes.
 template <typename Op>
@@ -153,11 +161,16 @@ RT_AVX2 void map_half(void* dst, const void* src, size_t n, double operand) {
 template <typename Format>
 ReduceFn pick(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return reduce_half<Format, Sum>;
-    case ReduceOp::Prod: return reduce_half<Format, Prod>;
-    case ReduceOp::Min: return reduce_half<Format, Min>;
-    case ReduceOp::Max: return reduce_half<Format, Max>;
-    default: return nullptr;
+    case ReduceOp::Sum:
+      return reduce_half<Format, Sum>;
+    case ReduceOp::Prod:
+      return reduce_half<Format, Prod>;
+    case ReduceOp::Min:
+      return reduce_half<Format, Min>;
+    case ReduceOp::Max:
+      return reduce_half<Format, Max>;
+    default:
+      return nullptr;
   }
 }
 
@@ -173,13 +186,17 @@ ReduceFn half_reduce_fn(DataType dtype, ReduceOp op) {
 }
 
 void half_scale(void* dst, const void* src, size_t count, DataType dtype, double factor) {
-  if (dtype == DataType::BFloat16) map_half<BFloat16, Multiply>(dst, src, count, factor);
-  else map_half<Float16, Multiply>(dst, src, count, factor);
+  if (dtype == DataType::BFloat16)
+    map_half<BFloat16, Multiply>(dst, src, count, factor);
+  else
+    map_half<Float16, Multiply>(dst, src, count, factor);
 }
 
 void half_divide(void* dst, size_t count, DataType dtype, double divisor) {
-  if (dtype == DataType::BFloat16) map_half<BFloat16, Divide>(dst, dst, count, divisor);
-  else map_half<Float16, Divide>(dst, dst, count, divisor);
+  if (dtype == DataType::BFloat16)
+    map_half<BFloat16, Divide>(dst, dst, count, divisor);
+  else
+    map_half<Float16, Divide>(dst, dst, count, divisor);
 }
 
 }  // namespace ringtree::x86

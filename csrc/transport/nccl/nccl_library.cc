@@ -37,7 +37,7 @@ std::string bind(void* handle, NcclApi& api) {
   resolve(handle, "ncclGroupStart", api.GroupStart, missing);
   resolve(handle, "ncclGroupEnd", api.GroupEnd, missing);
   std::string optional;
-  resolve(handle, "ncclGetLastError", api.GetLastError, optional);  // absent before 2.13: fine
+  resolve(handle, "ncclGetLastError", api.GetLastError, optional);              // absent before 2.13: fine
   resolve(handle, "ncclCommInitRankConfig", api.CommInitRankConfig, optional);  // before 2.14: no timeout
   if (!missing.empty()) return "it lacks " + missing;
   if (api.GetVersion(&api.version) != kNcclSuccess) return "ncclGetVersion failed";

@@ -19,8 +19,16 @@ constexpr NcclResult kNcclSuccess = 0;
 constexpr NcclResult kNcclInProgress = 7;
 
 // ncclDataType_t and ncclRedOp_t values.
-enum NcclDataType : int { kNcclInt8 = 0, kNcclUint8 = 1, kNcclInt32 = 2, kNcclInt64 = 4, kNcclFloat16 = 6,
-                          kNcclFloat32 = 7, kNcclFloat64 = 8, kNcclBfloat16 = 9 };
+enum NcclDataType : int {
+  kNcclInt8 = 0,
+  kNcclUint8 = 1,
+  kNcclInt32 = 2,
+  kNcclInt64 = 4,
+  kNcclFloat16 = 6,
+  kNcclFloat32 = 7,
+  kNcclFloat64 = 8,
+  kNcclBfloat16 = 9
+};
 enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
 
 // The prefix of ncclConfig_t that NCCL 2.14 defined (nccl.h's NCCL_CONFIG_INITIALIZER): NCCL reads

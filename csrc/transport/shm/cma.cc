@@ -27,19 +27,27 @@ uint64_t cma_read(pid_t pid, void* local, uint64_t remote, uint64_t bytes, int p
     const int e = n < 0 ? errno : EFAULT;
     if (e == EINTR) continue;
     if (e == ESRCH)
-      RT_THROW(PeerFailure, "rank ", peer, " exited while this rank read its buffer (process_vm_readv: ", std::strerror(e), ")");
-    RT_THROW(Error, "single-copy read of ", bytes, " bytes from rank ", peer, " failed: process_vm_readv: ", std::strerror(e));
+      RT_THROW(PeerFailure, "rank ", peer,
+               " exited while this rank read its buffer (process_vm_readv: ", std::strerror(e), ")");
+    RT_THROW(Error, "single-copy read of ", bytes, " bytes from rank ", peer,
+             " failed: process_vm_readv: ", std::strerror(e));
   }
 }
 
 std::string cma_verdict_text(int32_t verdict) {
   switch (verdict) {
-    case 0: return "ok";
-    case kCmaVerdictPending: return "not probed";
-    case kCmaVerdictOff: return "RINGTREE_CMA=0";
-    case kCmaVerdictMismatch: return "the probe read another process's memory (different pid namespaces?)";
-    case kCmaVerdictSimulated: return "probe failure simulated by the test hook RINGTREE_TEST_CMA_PROBE_FAIL";
-    default: break;
+    case 0:
+      return "ok";
+    case kCmaVerdictPending:
+      return "not probed";
+    case kCmaVerdictOff:
+      return "RINGTREE_CMA=0";
+    case kCmaVerdictMismatch:
+      return "the probe read another process's memory (different pid namespaces?)";
+    case kCmaVerdictSimulated:
+      return "probe failure simulated by the test hook RINGTREE_TEST_CMA_PROBE_FAIL";
+    default:
+      break;
   }
   std::string text = str_cat("process_vm_readv: ", std::strerror(verdict));
   if (verdict == EPERM) {
@@ -48,7 +56,8 @@ std::string cma_verdict_text(int32_t verdict) {
       if (std::fscanf(f, "%d", &scope) != 1) scope = -1;
       std::fclose(f);
     }
-    text += scope >= 0 ? str_cat(" (kernel.yama.ptrace_scope is ", scope, ")") : std::string(" (a seccomp profile or capability forbids it)");
+    text += scope >= 0 ? str_cat(" (kernel.yama.ptrace_scope is ", scope, ")")
+                       : std::string(" (a seccomp profile or capability forbids it)");
   }
   return text;
 }

@@ -61,7 +61,7 @@ size_t ShmSegment::oneshot_region_bytes() const { return oneshot_region_bytes_fo
 
 OneShotSlot* ShmSegment::oneshot_slot(int slot) const {
   return reinterpret_cast<OneShotSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
-                                      static_cast<size_t>(slot) * (sizeof(OneShotSlot) + oneshot_bytes_));
+                                        static_cast<size_t>(slot) * (sizeof(OneShotSlot) + oneshot_bytes_));
 }
 
 ShmRing* ShmSegment::ring(int slot) const {
@@ -81,7 +81,8 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes,
     if (base_) munmap(base_, bytes_);
     base_ = nullptr;
     shm_unlink(name.c_str());
-    RT_THROW(Error, "cannot reserve ", bytes_, " bytes of shared memory for ", name, ": ", what, ": ", std::strerror(err),
+    RT_THROW(Error, "cannot reserve ", bytes_, " bytes of shared memory for ", name, ": ", what, ": ",
+             std::strerror(err),
              " (free space in /dev/shm, lower RINGTREE_SHM_RING_BYTES, or set RINGTREE_TRANSPORT=tcp)");
   };
   // Sized and mapped first, so the node policy is set before any page exists (numa.h).
@@ -110,7 +111,8 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
   int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
   // It existed at the barrier before this open, so its owner has since failed set-up (and
   // unlinked it): a failure of the set-up, like a closed connection, not a system error.
-  if (fd < 0 && errno == ENOENT) RT_THROW(BootstrapError, "shared memory segment ", name, " vanished during set-up: its owner failed");
+  if (fd < 0 && errno == ENOENT)
+    RT_THROW(BootstrapError, "shared memory segment ", name, " vanished during set-up: its owner failed");
   if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
   // The peer made it 0600 and sized it before the barrier: anything else was put there by
   // someone else (and a short one would fault on first use).
@@ -121,8 +123,8 @@ void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, u
     ::close(fd);
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    RT_THROW(BootstrapError, "shared memory segment ", name, " is not this job's (owner uid ", st.st_uid, ", mode ", mode,
-             ", ", st.st_size, " bytes; expected uid ", geteuid(), ", mode 0600, ", bytes_, " bytes)");
+    RT_THROW(BootstrapError, "shared memory segment ", name, " is not this job's (owner uid ", st.st_uid, ", mode ",
+             mode, ", ", st.st_size, " bytes; expected uid ", geteuid(), ", mode 0600, ", bytes_, " bytes)");
   }
   map(fd, name);
   RT_CHECK(header()->magic == kSegmentMagic, Error, "shared memory segment ", name, " is not a ringtree segment");
@@ -159,9 +161,15 @@ ShmSegment::~ShmSegment() {
 
 ShmConnection::ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data,
                              uint64_t ring_bytes, std::atomic<uint32_t>* peer_sleeping, Doorbell* bell)
-    : peer_(peer), out_(out_ring), out_data_(out_data), in_(in_ring), in_data_(in_data), cap_(ring_bytes),
+    : peer_(peer),
+      out_(out_ring),
+      out_data_(out_data),
+      in_(in_ring),
+      in_data_(in_data),
+      cap_(ring_bytes),
       piece_(std::max<uint64_t>(64, static_cast<uint64_t>(ShmPieceBytes()) & ~uint64_t{63})),
-      peer_sleeping_(peer_sleeping), bell_(bell) {}
+      peer_sleeping_(peer_sleeping),
+      bell_(bell) {}
 
 void ShmConnection::wake_peer() {
   // Pairs with the fence between a sleeper's flag store and its last look at the rings.
@@ -192,7 +200,8 @@ bool ShmConnection::progress_send(SendCursor& c) {
       left -= sizeof(MsgHeader);
     }
     const uint64_t payload_off = off - sizeof(MsgHeader);
-    if (left > 0 && payload_off < payload) stores_.copy(dst, c.payload + payload_off, std::min(left, payload - payload_off));
+    if (left > 0 && payload_off < payload)
+      stores_.copy(dst, c.payload + payload_off, std::min(left, payload - payload_off));
     out_->head.store(head + n, std::memory_order_release);
     c.done += n;
     moved = true;
@@ -246,7 +255,8 @@ void SharedStores::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 bool SharedStores::streaming_measures_faster() const { return cost_[1] != 0 && cost_[1] * 2 < cost_[0]; }
 
 std::string SharedStores::describe() const {
-  if (setting_ >= 0) return setting_ ? "streaming (RINGTREE_SHM_STREAM_STORES=on)" : "plain (RINGTREE_SHM_STREAM_STORES=off)";
+  if (setting_ >= 0)
+    return setting_ ? "streaming (RINGTREE_SHM_STREAM_STORES=on)" : "plain (RINGTREE_SHM_STREAM_STORES=off)";
   if (cost_[0] == 0) return "plain (auto: nothing of 16 KiB or more copied yet)";
   return str_cat(streaming_measures_faster() ? "streaming" : "plain", " (auto: plain ", cost_[0], ", streaming ",
                  cost_[1] ? std::to_string(cost_[1]) : std::string("not measured yet"), " cycles per KiB)");
@@ -281,7 +291,8 @@ bool ShmConnection::progress_single_copy_recv(RecvCursor& c, uint64_t tail) {
   const uint64_t payload = c.payload_bytes;  // the executor checked the header's against it
   const uint64_t off = c.done - sizeof(MsgHeader);
   if (off < payload) {
-    c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off, std::min(payload - off, kSingleCopyTurnBytes), peer_);
+    c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off, std::min(payload - off, kSingleCopyTurnBytes),
+                       peer_);
     if (c.done - sizeof(MsgHeader) < payload) return true;
   }
   // Consuming the header is the acknowledgement: the sender may now reuse its buffer.
@@ -317,7 +328,8 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     if (c.done == 0) {
       std::memcpy(&c.header, src, sizeof(MsgHeader));
       // A single-copy header stays in the ring until its payload is read (see above).
-      if (c.header.reserved[1] != kSingleCopyMarker) in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
+      if (c.header.reserved[1] != kSingleCopyMarker)
+        in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
       c.done = sizeof(MsgHeader);
       c.header_ready = true;
       moved = true;
@@ -327,9 +339,12 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     const uint64_t payload_off = c.done - sizeof(MsgHeader);
     if (payload_off < c.payload_bytes) {
       const uint64_t bytes = std::min(n, c.payload_bytes - payload_off);
-      if (c.reduce) c.reduce(c.dst + payload_off, c.local + payload_off, src, bytes / c.elem_size);
-      else if (c.stream) streaming_copy(c.dst + payload_off, src, bytes);
-      else std::memcpy(c.dst + payload_off, src, bytes);
+      if (c.reduce)
+        c.reduce(c.dst + payload_off, c.local + payload_off, src, bytes / c.elem_size);
+      else if (c.stream)
+        streaming_copy(c.dst + payload_off, src, bytes);
+      else
+        std::memcpy(c.dst + payload_off, src, bytes);
     }
     in_->tail.store(tail + n, std::memory_order_release);
     c.done += n;

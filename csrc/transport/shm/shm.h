@@ -76,7 +76,8 @@ class ShmSegment {
   static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
   // Creates and allocates the segment, its pages on `node` where the kernel allows (-1: no
   // preference); *placement says how it went ("" done, else why not).
-  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node, std::string* placement);
+  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node,
+              std::string* placement);
   void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
   static void unlink(const std::string& name);
 
@@ -117,16 +118,16 @@ class SharedStores {
 
  private:
   bool streaming_measures_faster() const;
-  int setting_;                 // -1 auto, 0 plain, 1 streaming
-  uint64_t cost_[2] = {0, 0};   // measured ticks per KiB of plain / streaming copies; 0: none yet
+  int setting_;                // -1 auto, 0 plain, 1 streaming
+  uint64_t cost_[2] = {0, 0};  // measured ticks per KiB of plain / streaming copies; 0: none yet
   uint32_t measured_ = 0;
   uint64_t streamed_ = 0;
 };
 
 class ShmConnection : public Connection {
  public:
-  ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data,
-                uint64_t ring_bytes, std::atomic<uint32_t>* peer_sleeping, Doorbell* bell);
+  ShmConnection(int peer, ShmRing* out_ring, uint8_t* out_data, ShmRing* in_ring, uint8_t* in_data, uint64_t ring_bytes,
+                std::atomic<uint32_t>* peer_sleeping, Doorbell* bell);
   bool progress_send(SendCursor& c) override;
   bool progress_recv(RecvCursor& c) override;
   bool send_complete(const SendCursor& c, uint64_t payload_bytes) const override {

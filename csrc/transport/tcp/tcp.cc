@@ -71,7 +71,11 @@ bool TcpConnection::progress_send(SendCursor& c) {
     msg.msg_iov = iov;
     msg.msg_iovlen = n_iov;
     ssize_t n = sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) { c.done += static_cast<uint64_t>(n); moved = true; continue; }
+    if (n > 0) {
+      c.done += static_cast<uint64_t>(n);
+      moved = true;
+      continue;
+    }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
     lost("sending", n < 0 ? errno : 0);
   }

@@ -10,8 +10,8 @@ namespace ringtree {
 // The transport's settings, read and checked once; a bad value throws InvalidArgument. The
 // communicator calls this before bootstrap, so a bad setting fails before any traffic.
 struct TcpSettings {
-  int64_t sockbuf_bytes;   // RINGTREE_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF, 0 = the kernel's autotuning
-  int64_t staging_bytes;   // RINGTREE_TCP_STAGING_BYTES: the reduction staging buffer
+  int64_t sockbuf_bytes;  // RINGTREE_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF, 0 = the kernel's autotuning
+  int64_t staging_bytes;  // RINGTREE_TCP_STAGING_BYTES: the reduction staging buffer
 };
 const TcpSettings& tcp_settings();
 

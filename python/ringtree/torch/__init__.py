@@ -9,6 +9,7 @@ hook, ZeRO-style sharded data parallelism with resharding checkpoints, and DDP c
 
 Importing ringtree alone never imports torch; importing ringtree.torch does.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,17 +17,39 @@ import os
 import torch.distributed as dist
 
 from .checkpoint import ShardedCheckpoint, consolidate_checkpoint, read_checkpoint_metadata
-from .comm_hooks import (AllReduceState, Int8QuantizationState, TopKState, allreduce_hook, bf16_compress_hook,
-                         fp16_compress_hook, int8_quantize_hook, topk_hook)
+from .comm_hooks import (
+    AllReduceState,
+    Int8QuantizationState,
+    TopKState,
+    allreduce_hook,
+    bf16_compress_hook,
+    fp16_compress_hook,
+    int8_quantize_hook,
+    topk_hook,
+)
 from .data_parallel import DataParallelHook
 from .process_group import BACKEND_NAME, DEVICES, ProcessGroupRingtree, RingtreeWork, create_process_group
 from .zero import ShardedDataParallel
 
 __all__ = [
-    "BACKEND_NAME", "ProcessGroupRingtree", "RingtreeWork", "create_process_group", "init_process_group",
-    "DataParallelHook", "ShardedDataParallel", "ShardedCheckpoint", "consolidate_checkpoint",
-    "read_checkpoint_metadata", "AllReduceState", "Int8QuantizationState", "allreduce_hook",
-    "fp16_compress_hook", "bf16_compress_hook", "int8_quantize_hook", "TopKState", "topk_hook",
+    "BACKEND_NAME",
+    "ProcessGroupRingtree",
+    "RingtreeWork",
+    "create_process_group",
+    "init_process_group",
+    "DataParallelHook",
+    "ShardedDataParallel",
+    "ShardedCheckpoint",
+    "consolidate_checkpoint",
+    "read_checkpoint_metadata",
+    "AllReduceState",
+    "Int8QuantizationState",
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "int8_quantize_hook",
+    "TopKState",
+    "topk_hook",
 ]
 
 

@@ -1,4 +1,5 @@
 """Host buffers for FSDP2's all-gather outputs and reduce-scatter inputs, reused step after step."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """torch arguments as the ringtree core takes them: reduce ops, timeouts, tensor lists, and
 tensors staged (made contiguous, or viewed as bytes) for collectives and messages."""
+
 from __future__ import annotations
 
 import datetime
@@ -15,12 +16,10 @@ from ringtree.ops import premul_sum
 # moved as raw bytes.
 NATIVE_DTYPES = {getattr(torch, name.split(".", 1)[1]) for name in TORCH_DTYPES}
 # The core's dtype code of each of them, for calls that hand the core a tensor's pointer directly.
-TORCH_DTYPE_CODES = {getattr(torch, name.split(".", 1)[1]): DTYPE_CODES[code]
-                     for name, code in TORCH_DTYPES.items()}
+TORCH_DTYPE_CODES = {getattr(torch, name.split(".", 1)[1]): DTYPE_CODES[code] for name, code in TORCH_DTYPES.items()}
 
 RED_OP = dist.ReduceOp.RedOpType
-SIMPLE_OPS = {RED_OP.SUM: "sum", RED_OP.PRODUCT: "prod", RED_OP.MIN: "min", RED_OP.MAX: "max",
-               RED_OP.AVG: "avg"}
+SIMPLE_OPS = {RED_OP.SUM: "sum", RED_OP.PRODUCT: "prod", RED_OP.MIN: "min", RED_OP.MAX: "max", RED_OP.AVG: "avg"}
 # Flags: a bool all_reduce with MIN is a logical and, with MAX a logical or: min / max of the
 # flags' bytes (0 or 1), as Gloo accepts them.
 BOOL_OPS = {RED_OP.MIN: "min", RED_OP.MAX: "max"}
@@ -48,13 +47,17 @@ def ringtree_op(op):
         factor = getattr(op, "factor", None)
         if isinstance(factor, torch.Tensor):
             if factor.numel() != 1:
-                raise ValueError(f"ringtree: premul_sum needs a scalar factor, got a tensor of {factor.numel()} elements")
+                raise ValueError(
+                    f"ringtree: premul_sum needs a scalar factor, got a tensor of {factor.numel()} elements"
+                )
             factor = factor.item()
         if factor is None:
             raise ValueError("ringtree: premul_sum without a factor")
         return premul_sum(float(factor))
-    raise ValueError(f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
-                     f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR")
+    raise ValueError(
+        f"ringtree backend does not support ReduceOp.{getattr(kind, 'name', kind)}; "
+        f"supported: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR"
+    )
 
 
 class StagedTensor:
@@ -78,8 +81,10 @@ class StagedTensor:
         self.copied = buffer is not tensor
         if buffer.dtype not in NATIVE_DTYPES:
             if reduction:
-                raise ValueError(f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
-                                 f"reduce; supported: {', '.join(sorted(str(d) for d in NATIVE_DTYPES))}")
+                raise ValueError(
+                    f"ringtree: {what} has dtype {tensor.dtype}, which the ringtree backend cannot "
+                    f"reduce; supported: {', '.join(sorted(str(d) for d in NATIVE_DTYPES))}"
+                )
             buffer = buffer.reshape(-1).view(torch.uint8)
         self.buffer = buffer
 
@@ -91,7 +96,7 @@ class StagedTensor:
 def cuda_device_of(outputs):
     """The CUDA device of a call's outputs (a list of tensors or of tensor lists), or None."""
     for item in outputs:
-        for t in (item if isinstance(item, (list, tuple)) else [item]):
+        for t in item if isinstance(item, (list, tuple)) else [item]:
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                 return t.device
     return None
@@ -141,7 +146,7 @@ def copy_blocks(flat, outputs):
     offset = 0
     for out in outputs:
         n = out.numel()
-        out.copy_(flat[offset:offset + n].view(out.shape))
+        out.copy_(flat[offset : offset + n].view(out.shape))
         offset += n
 
 
@@ -162,7 +167,9 @@ class MessageBuffer:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"ringtree: {what} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.device.type not in ("cpu", "cuda") or tensor.is_sparse:
-            raise ValueError(f"ringtree: {what} must be a dense CPU or CUDA tensor, got {tensor.layout} on {tensor.device}")
+            raise ValueError(
+                f"ringtree: {what} must be a dense CPU or CUDA tensor, got {tensor.layout} on {tensor.device}"
+            )
         host = tensor.detach()
         if host.device.type != "cpu":
             host = host.to("cpu") if copy_in else torch.empty(host.shape, dtype=host.dtype)
@@ -176,8 +183,10 @@ class MessageBuffer:
         """After the receive: the whole tensor must have come (as Gloo demands), then into place."""
         want = self.buffer.numel()
         if message.nbytes != want:
-            raise InvalidArgument(f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
-                                     f"{message.tag}, but the tensor holds {want} bytes")
+            raise InvalidArgument(
+                f"ringtree: recv: rank {message.source} sent {message.nbytes} bytes with tag "
+                f"{message.tag}, but the tensor holds {want} bytes"
+            )
         if self.copied:
             with torch.no_grad():
                 self.tensor.copy_(self.buffer.view(self.tensor.dtype).view(self.tensor.shape))

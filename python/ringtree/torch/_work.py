@@ -1,4 +1,5 @@
 """The torch.distributed Work of ringtree calls, and the threads that complete it."""
+
 from __future__ import annotations
 
 import queue
@@ -87,8 +88,10 @@ class RingtreeWork(dist.Work):
         return self._outputs
 
     def source_rank(self):
-        raise RuntimeError("ringtree: source_rank() is only meaningful for recv from any source, which "
-                           "the ringtree backend does not support")
+        raise RuntimeError(
+            "ringtree: source_rank() is only meaningful for recv from any source, which "
+            "the ringtree backend does not support"
+        )
 
     def synchronize(self):
         # CPU tensors: nothing is queued on a stream. CUDA tensors: the collective was enqueued

@@ -35,6 +35,7 @@ bucket cap and the parameter dtype (hence the bucket layout) may all differ from
 run; the parameters' names and shapes and the optimizer class may not. Each rank reads only
 the shard files that overlap its new shards. Files are read with torch.load(weights_only=True).
 """
+
 from __future__ import annotations
 
 import json
@@ -103,7 +104,7 @@ class _SavedShards:
             at = position - offset - first
             for key, destination in destinations.items():
                 source = saved["master"] if key == "master" else saved["state"][key]
-                destination[at:at + hi - lo].copy_(source[lo:hi])
+                destination[at : at + hi - lo].copy_(source[lo:hi])
             position = piece_end
 
 
@@ -152,16 +153,31 @@ class ShardedCheckpoint:
             part = slice(local_start, local_start + stop - start)
             entries = state.get(bucket.master, {})
             sliced = {k: v.detach()[part].cpu().clone() for k, v in entries.items() if zero._per_element(v, bucket)}
-            buckets.append({"start": start, "stop": stop, "master": bucket.master.detach()[part].cpu().clone(),
-                            "state": sliced})
-            scalars.append({k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
-                            for k, v in entries.items() if k not in sliced})
+            buckets.append(
+                {"start": start, "stop": stop, "master": bucket.master.detach()[part].cpu().clone(), "state": sliced}
+            )
+            scalars.append(
+                {
+                    k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                    for k, v in entries.items()
+                    if k not in sliced
+                }
+            )
             per_element.append(sorted(sliced))
-        _atomic_save({"format": FORMAT, "rank": rank, "world_size": world, "buckets": buckets},
-                     os.path.join(path, shard_file(rank, world)))
+        _atomic_save(
+            {"format": FORMAT, "rank": rank, "world_size": world, "buckets": buckets},
+            os.path.join(path, shard_file(rank, world)),
+        )
         comm.barrier()
-        self.history.append({"event": "save", "world_size": world, "samples": (data or {}).get("samples"),
-                             "lr": zero.optimizer.param_groups[0]["lr"], **(batch or {})})
+        self.history.append(
+            {
+                "event": "save",
+                "world_size": world,
+                "samples": (data or {}).get("samples"),
+                "lr": zero.optimizer.param_groups[0]["lr"],
+                **(batch or {}),
+            }
+        )
         if rank == 0:
             _atomic_save(self._metadata(scalars, per_element, data), os.path.join(path, METADATA))
             _write_summary(path, self.history, data, world)
@@ -172,17 +188,25 @@ class ShardedCheckpoint:
         group = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
         model_state = zero.model.state_dict()
         return {
-            "format": FORMAT, "world_size": zero.world_size, "stage": zero.stage,
-            "param_names": self.param_names, "param_shapes": [list(p.shape) for p in zero.params],
+            "format": FORMAT,
+            "world_size": zero.world_size,
+            "stage": zero.stage,
+            "param_names": self.param_names,
+            "param_shapes": [list(p.shape) for p in zero.params],
             "param_dtype": str(zero.param_dtype).replace("torch.", ""),
-            "buckets": [{"indices": list(b.indices), "offsets": [b.offsets[i] for i in b.indices], "count": b.count}
-                        for b in zero.buckets],
-            "optimizer": type(zero.optimizer).__name__, "param_group": group,
-            "scalar_state": scalars, "per_element_state": per_element,
+            "buckets": [
+                {"indices": list(b.indices), "offsets": [b.offsets[i] for i in b.indices], "count": b.count}
+                for b in zero.buckets
+            ],
+            "optimizer": type(zero.optimizer).__name__,
+            "param_group": group,
+            "scalar_state": scalars,
+            "per_element_state": per_element,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "replicated": {n: model_state[n].detach().cpu().clone() for n in self.replicated_names},
-            "data": data, "history": list(self.history),
+            "data": data,
+            "history": list(self.history),
         }
 
     # --- load ---------------------------------------------------------------------------------
@@ -210,8 +234,12 @@ class ShardedCheckpoint:
                     first, last = max(start, offset), min(stop, offset + numel)
                     if first < last:
                         at = first - start
-                        saved.copy(index, first - offset, last - offset,
-                                   {key: value[at:at + last - first] for key, value in shard.items()})
+                        saved.copy(
+                            index,
+                            first - offset,
+                            last - offset,
+                            {key: value[at : at + last - first] for key, value in shard.items()},
+                        )
                 bucket.master.copy_(shard.pop("master"))
                 # A copy per bucket: optimizers update scalar state in place (Adam's step += 1),
                 # and several new buckets may take it from one saved bucket.
@@ -228,9 +256,15 @@ class ShardedCheckpoint:
             self.scaler.load_state_dict(meta["scaler"])
         if meta["replicated"]:
             zero.model.load_state_dict(meta["replicated"], strict=False)
-        self.history = list(meta["history"]) + [{
-            "event": "resume", "world_size": zero.world_size, "saved_world_size": meta["world_size"],
-            "samples": (meta["data"] or {}).get("samples"), "lr": meta["param_group"].get("lr")}]
+        self.history = list(meta["history"]) + [
+            {
+                "event": "resume",
+                "world_size": zero.world_size,
+                "saved_world_size": meta["world_size"],
+                "samples": (meta["data"] or {}).get("samples"),
+                "lr": meta["param_group"].get("lr"),
+            }
+        ]
         zero._publish_masters()
         zero.synchronize()
         return meta
@@ -239,12 +273,16 @@ class ShardedCheckpoint:
         zero = self.zero
         shapes = [list(p.shape) for p in zero.params]
         if meta["param_names"] != self.param_names or meta["param_shapes"] != shapes:
-            raise ValueError(f"ShardedCheckpoint.load: the checkpoint's parameters "
-                             f"{list(zip(meta['param_names'], meta['param_shapes']))} are not this model's "
-                             f"{list(zip(self.param_names, shapes))}")
+            raise ValueError(
+                f"ShardedCheckpoint.load: the checkpoint's parameters "
+                f"{list(zip(meta['param_names'], meta['param_shapes']))} are not this model's "
+                f"{list(zip(self.param_names, shapes))}"
+            )
         if meta["optimizer"] != type(zero.optimizer).__name__:
-            raise ValueError(f"ShardedCheckpoint.load: saved with optimizer {meta['optimizer']}, "
-                             f"loading into {type(zero.optimizer).__name__}")
+            raise ValueError(
+                f"ShardedCheckpoint.load: saved with optimizer {meta['optimizer']}, "
+                f"loading into {type(zero.optimizer).__name__}"
+            )
         missing = sorted(set(meta["replicated"]) ^ set(self.replicated_names))
         if missing:
             raise ValueError(f"ShardedCheckpoint.load: buffers differ between checkpoint and model: {missing}")

@@ -24,8 +24,17 @@ import torch.distributed as dist
 
 from .process_group import ProcessGroupRingtree, bucket_label
 
-__all__ = ["AllReduceState", "Int8QuantizationState", "TopKState", "allreduce_hook", "fp16_compress_hook",
-           "bf16_compress_hook", "bfloat16_compress_hook", "int8_quantize_hook", "topk_hook"]
+__all__ = [
+    "AllReduceState",
+    "Int8QuantizationState",
+    "TopKState",
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "bfloat16_compress_hook",
+    "int8_quantize_hook",
+    "topk_hook",
+]
 
 _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -174,8 +183,7 @@ class TopKState:
     count this rank's messages and the buckets they stand for, for measuring.
     """
 
-    __slots__ = ("process_group", "_ratio", "warmup_steps", "step", "residuals", "_counts",
-                 "sent_bytes", "dense_bytes")
+    __slots__ = ("process_group", "_ratio", "warmup_steps", "step", "residuals", "_counts", "sent_bytes", "dense_bytes")
 
     def __init__(self, process_group=None, ratio: float = 0.01, warmup_steps: int = 0):
         self.ratio = ratio
@@ -221,7 +229,7 @@ def _select_largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
         return top.indices
     above = (magnitude > threshold).nonzero().squeeze(1)
     ties = (magnitude == threshold).nonzero().squeeze(1)
-    return torch.cat((above, ties[:k - above.numel()]))
+    return torch.cat((above, ties[: k - above.numel()]))
 
 
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -269,8 +277,8 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     index_bytes = _padded(k * index_dtype.itemsize)
     row = index_bytes + _padded(k * buffer.element_size())
     message = torch.zeros(row, dtype=torch.int8, device=buffer.device)
-    message[:k * index_dtype.itemsize] = indices.to(index_dtype).view(torch.int8)
-    message[index_bytes:index_bytes + values.nbytes] = values.view(torch.int8)
+    message[: k * index_dtype.itemsize] = indices.to(index_dtype).view(torch.int8)
+    message[index_bytes : index_bytes + values.nbytes] = values.view(torch.int8)
     gathered = torch.empty(world * row, dtype=torch.int8, device=buffer.device)
     state.sent_bytes += row
     state.dense_bytes += count * buffer.element_size()

@@ -14,6 +14,7 @@ parameters need no special flag) and, by default, all buckets are waited for, so
 optimizer step sees averaged gradients: each .grad becomes a view of its bucket's buffer
 (like DDP's gradient_as_bucket_view), so a gradient is copied once per step, into its bucket.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,10 @@ class BackwardSync:
         self.params = [p for p in model.parameters() if p.requires_grad]
         devices = sorted({str(p.device) for p in self.params})
         if len(devices) > 1 or (devices and not (devices[0] == "cpu" or devices[0].startswith("cuda"))):
-            raise ValueError(f"{type(self).__name__}: parameters must all be on the CPU or all on one CUDA "
-                             f"device, got {', '.join(devices)}")
+            raise ValueError(
+                f"{type(self).__name__}: parameters must all be on the CPU or all on one CUDA "
+                f"device, got {', '.join(devices)}"
+            )
         self.device = devices[0] if devices else None
         self.broadcast_from = broadcast_from
         self._backward_count = 0
@@ -84,6 +87,7 @@ class BackwardSync:
                 self._begin_backward()
             if self._communicating:
                 self._mark_ready(index, param)
+
         return hook
 
     def _begin_backward(self):
@@ -159,12 +163,24 @@ class DataParallelHook(BackwardSync):
         keep each rank's own).
     """
 
-    def __init__(self, model: torch.nn.Module, comm=None, bucket_cap_mb: float = 25.0, accumulation_steps: int = 1,
-                 finish_in_backward: bool = True, broadcast_from: int | None = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        comm=None,
+        bucket_cap_mb: float = 25.0,
+        accumulation_steps: int = 1,
+        finish_in_backward: bool = True,
+        broadcast_from: int | None = 0,
+    ):
         super().__init__(model, comm, accumulation_steps, broadcast_from)
         self.finish_in_backward = bool(finish_in_backward)
-        self.bucketer = Bucketer([p.numel() for p in self.params], dtypes=[p.dtype for p in self.params],
-                                 bucket_cap_mb=bucket_cap_mb, op="avg", device=self.device)
+        self.bucketer = Bucketer(
+            [p.numel() for p in self.params],
+            dtypes=[p.dtype for p in self.params],
+            bucket_cap_mb=bucket_cap_mb,
+            op="avg",
+            device=self.device,
+        )
         self._attach()
 
     def _step_outstanding(self) -> bool:

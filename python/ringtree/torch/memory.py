@@ -17,6 +17,7 @@ With a model, the meter also samples around every module's forward (after its pr
 gather, before its forward hooks release) and after every parameter's gradient is
 accumulated (after hooks registered before the meter, such as a wrapper's).
 """
+
 from __future__ import annotations
 
 import types
@@ -25,8 +26,22 @@ import torch
 
 __all__ = ["storage_bytes", "StorageMeter"]
 
-_OPAQUE = (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType, str, bytes,
-           int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+_OPAQUE = (
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
 
 
 def storage_bytes(roots) -> int:
@@ -69,8 +84,9 @@ class StorageMeter:
         if model is not None:
             for name, module in model.named_modules():
                 self._handles.append(module.register_forward_pre_hook(self._hook(f"before forward {name or 'model'}")))
-                self._handles.append(module.register_forward_hook(self._hook(f"after forward {name or 'model'}"),
-                                                                  prepend=True))
+                self._handles.append(
+                    module.register_forward_hook(self._hook(f"after forward {name or 'model'}"), prepend=True)
+                )
             for name, param in model.named_parameters():
                 if param.requires_grad:
                     self._handles.append(param.register_post_accumulate_grad_hook(self._hook(f"gradient of {name}")))
@@ -78,6 +94,7 @@ class StorageMeter:
     def _hook(self, label):
         def sample(*args):  # returns None: a hook's result would replace the module's inputs or output
             self.sample(label)
+
         return sample
 
     def sample(self, label: str | None = None) -> int:

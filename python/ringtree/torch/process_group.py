@@ -13,6 +13,7 @@ traffic). Timeouts, dead peers and mismatched calls raise ringtree's typed excep
 (rt.Timeout, rt.PeerFailure, rt.CollectiveMismatch) from Work.wait(), from
 get_future().wait(), and so from every blocking torch call.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,9 +30,22 @@ from ringtree.comm import Communicator
 from ringtree.ops import resolve_op
 
 from ._buffer_pool import POOL_BYTES, AllocatingBackend, BufferPool
-from ._convert import (BITWISE_OPS, BOOL_OPS, MessageBuffer, StagedTensor, as_buffer, concatenated, copy_blocks,
-                       cuda_device_of, elements_per_item, host_view, ringtree_op, row_elements, tensor_list,
-                       timeout_seconds)
+from ._convert import (
+    BITWISE_OPS,
+    BOOL_OPS,
+    MessageBuffer,
+    StagedTensor,
+    as_buffer,
+    concatenated,
+    copy_blocks,
+    cuda_device_of,
+    elements_per_item,
+    host_view,
+    ringtree_op,
+    row_elements,
+    tensor_list,
+    timeout_seconds,
+)
 from ._work import Completer, RingtreeMessageWork, RingtreeWork
 
 __all__ = ["ProcessGroupRingtree", "RingtreeWork", "create_process_group", "BACKEND_NAME", "DEVICES", "bucket_label"]
@@ -43,7 +57,11 @@ DEVICES = ("cpu", "cuda")
 
 _COLL_CODE = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 _ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _BROADCAST = (
-    _COLL_CODE["all_reduce"], _COLL_CODE["reduce_scatter"], _COLL_CODE["all_gather"], _COLL_CODE["broadcast"])
+    _COLL_CODE["all_reduce"],
+    _COLL_CODE["reduce_scatter"],
+    _COLL_CODE["all_gather"],
+    _COLL_CODE["broadcast"],
+)
 _AUTO_ALGO = list(_core.ALGOS).index("auto")
 
 
@@ -177,6 +195,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 # On a completion thread the copies go to that thread's stream, which the caller's
                 # stream knows nothing of: they are done before the work counts as complete.
                 torch.cuda.current_stream(device).synchronize()
+
         self._completer.submit(issue(True), finish, work)
         return work
 
@@ -188,9 +207,25 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         blocking = opts is not None and not getattr(opts, "asyncOp", True)
         in_ptr, in_count, dtype = inp if inp is not None else (0, 0, out[2])
         out_ptr, out_count, _ = out if out is not None else (0, 0, 0)
-        core_work = self._comm._core.run(coll, dtype, inp is not None, in_ptr, in_count, False, out is not None,
-                                         out_ptr, out_count, False, op_code, factor, root, -1, _AUTO_ALGO,
-                                         -1.0 if timeout is None else timeout, not blocking)
+        core_work = self._comm._core.run(
+            coll,
+            dtype,
+            inp is not None,
+            in_ptr,
+            in_count,
+            False,
+            out is not None,
+            out_ptr,
+            out_count,
+            False,
+            op_code,
+            factor,
+            root,
+            -1,
+            _AUTO_ALGO,
+            -1.0 if timeout is None else timeout,
+            not blocking,
+        )
         if blocking:
             work = RingtreeWork(outputs)
             work._complete(None)
@@ -213,8 +248,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if kind in BITWISE_OPS:
             for t in tensors:
                 if isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex):
-                    raise ValueError(f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, "
-                                     f"got {t.dtype}")
+                    raise ValueError(
+                        f"ringtree: all_reduce with ReduceOp.{kind.name} needs integer or bool tensors, got {t.dtype}"
+                    )
             op, as_bytes = BITWISE_OPS[kind], True
         elif kind in BOOL_OPS and all(t.dtype == torch.bool for t in tensors):
             op, as_bytes = BOOL_OPS[kind], True
@@ -299,27 +335,36 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 raise ValueError(f"ringtree: allgather needs {P} output tensors (one per rank), got {len(outputs)}")
             for out in outputs:
                 if out.dtype != x.dtype:
-                    raise ValueError(f"ringtree: allgather: output dtype {out.dtype} differs from input dtype {x.dtype}")
+                    raise ValueError(
+                        f"ringtree: allgather: output dtype {out.dtype} differs from input dtype {x.dtype}"
+                    )
             plans.append((outputs, StagedTensor(x, "allgather input")))
 
         even = all(out.numel() == x.numel() for outputs, x in zip(output_tensors, input_tensors) for out in outputs)
-        flats = [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype, device=s.tensor.device)
-                 for _, s in plans] if even else []
-        staged_outputs = [] if even else [[StagedTensor(out, "allgather output") for out in outputs] for outputs, _ in plans]
+        flats = (
+            [torch.empty(P * s.tensor.numel(), dtype=s.tensor.dtype, device=s.tensor.device) for _, s in plans]
+            if even
+            else []
+        )
+        staged_outputs = (
+            [] if even else [[StagedTensor(out, "allgather output") for out in outputs] for outputs, _ in plans]
+        )
 
         def issue(async_op):
             works = []
             if even:
-                for (outputs, s), flat in zip(plans, flats):
+                for (_outputs, s), flat in zip(plans, flats):
                     works.append(self._comm.all_gather(s.buffer, as_buffer(flat), async_op=async_op, timeout=timeout))
                 return works
             # Uneven sizes: one broadcast per rank; ringtree's count check catches ranks whose
             # output sizes disagree with the sender's input.
-            for (outputs, s), outs in zip(plans, staged_outputs):
+            for (_outputs, s), outs in zip(plans, staged_outputs):
                 own = outs[self._comm.rank]
                 if own.buffer.numel() != s.buffer.numel():
-                    raise ValueError(f"ringtree: allgather: output {self._comm.rank} has {own.tensor.numel()} "
-                                     f"elements but this rank's input has {s.tensor.numel()}")
+                    raise ValueError(
+                        f"ringtree: allgather: output {self._comm.rank} has {own.tensor.numel()} "
+                        f"elements but this rank's input has {s.tensor.numel()}"
+                    )
                 own.buffer.view(-1).copy_(s.buffer.view(-1))
                 for r in range(P):
                     works.append(self._comm.broadcast(outs[r].buffer, root=r, async_op=async_op, timeout=timeout))
@@ -341,8 +386,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise ValueError(f"ringtree: {what}: output dtype {output.dtype} differs from input dtype {input.dtype}")
         if output.numel() != P * input.numel():
-            raise ValueError(f"ringtree: {what}: output has {output.numel()} elements, expected {P} x "
-                             f"{input.numel()} (group size x input)")
+            raise ValueError(
+                f"ringtree: {what}: output has {output.numel()} elements, expected {P} x "
+                f"{input.numel()} (group size x input)"
+            )
         out = StagedTensor(output, f"{what} output")
         x = StagedTensor(input, f"{what} input")
         return out, x
@@ -381,16 +428,22 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             StagedTensor(x, "allgather_coalesced input")  # argument checks only
         output_lists = [list(outputs) for outputs in output_lists]
         if len(output_lists) != P:
-            raise ValueError(f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}")
+            raise ValueError(
+                f"ringtree: allgather_coalesced needs {P} output lists (one per rank), got {len(output_lists)}"
+            )
         for outputs in output_lists:
             if len(outputs) != len(inputs):
-                raise ValueError(f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
-                                 f"{len(inputs)} inputs")
+                raise ValueError(
+                    f"ringtree: allgather_coalesced: an output list holds {len(outputs)} tensors for "
+                    f"{len(inputs)} inputs"
+                )
             for out, x in zip(outputs, inputs):
                 StagedTensor(out, "allgather_coalesced output")  # argument checks only
                 if out.dtype != x.dtype or out.numel() != x.numel():
-                    raise ValueError(f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
-                                     f"match its input ({x.numel()} x {x.dtype})")
+                    raise ValueError(
+                        f"ringtree: allgather_coalesced: output ({out.numel()} x {out.dtype}) does not "
+                        f"match its input ({x.numel()} x {x.dtype})"
+                    )
         flat = concatenated(inputs, "allgather_coalesced")
         gathered = torch.empty((P, flat.numel()), dtype=flat.dtype, device=flat.device)
 
@@ -408,8 +461,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise ValueError(f"ringtree: {what}: output dtype {output.dtype} differs from input dtype {input.dtype}")
         if input.numel() != P * output.numel():
-            raise ValueError(f"ringtree: {what}: input has {input.numel()} elements, expected {P} x "
-                             f"{output.numel()} (group size x output)")
+            raise ValueError(
+                f"ringtree: {what}: input has {input.numel()} elements, expected {P} x "
+                f"{output.numel()} (group size x output)"
+            )
         return StagedTensor(output, f"{what} output", reduction), StagedTensor(input, f"{what} input", reduction)
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -434,8 +489,10 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
 
         def issue(async_op):
-            return [self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)
-                    for out, x in pairs]
+            return [
+                self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)
+                for out, x in pairs
+            ]
 
         return self._launch(issue, list(outputs), lambda: [out.write_back() for out, _ in pairs], opts=opts)
 
@@ -452,14 +509,18 @@ class ProcessGroupRingtree(dist.ProcessGroup):
             if len(inputs) != P:
                 raise ValueError(f"ringtree: reduce_scatter needs {P} input tensors (one per rank), got {len(inputs)}")
             if any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
-                raise ValueError("ringtree: reduce_scatter: every input must match the output's size and dtype "
-                                 f"({output.numel()} x {output.dtype})")
+                raise ValueError(
+                    "ringtree: reduce_scatter: every input must match the output's size and dtype "
+                    f"({output.numel()} x {output.dtype})"
+                )
             out = StagedTensor(output, "reduce_scatter output", reduction=True)
             pairs.append((out, torch.cat([t.reshape(-1) for t in inputs])))
 
         def issue(async_op):
-            return [self._comm.reduce_scatter(flat, out.buffer, op=op, async_op=async_op, timeout=timeout)
-                    for out, flat in pairs]
+            return [
+                self._comm.reduce_scatter(flat, out.buffer, op=op, async_op=async_op, timeout=timeout)
+                for out, flat in pairs
+            ]
 
         return self._launch(issue, output_tensors, lambda: [out.write_back() for out, _ in pairs], opts=opts)
 
@@ -472,7 +533,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         timeout = self._call_timeout(opts)
         if output.dtype != input.dtype:
-            raise ValueError(f"ringtree: all_to_all_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
+            raise ValueError(
+                f"ringtree: all_to_all_single: output dtype {output.dtype} differs from input dtype {input.dtype}"
+            )
         send_counts = self._split_counts(input, input_split_sizes, "input")
         recv_counts = self._split_counts(output, output_split_sizes, "output")
         out, x = StagedTensor(output, "all_to_all_single output"), StagedTensor(input, "all_to_all_single input")
@@ -492,22 +555,28 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         if not split_sizes:
             rows = tensor.size(0) if tensor.dim() else 1
             if rows % P:
-                raise ValueError(f"ringtree: all_to_all_single: {what} dim 0 ({rows}) is not divisible by the "
-                                 f"group size {P}; give split sizes")
+                raise ValueError(
+                    f"ringtree: all_to_all_single: {what} dim 0 ({rows}) is not divisible by the "
+                    f"group size {P}; give split sizes"
+                )
             return [tensor.numel() // P] * P
         if len(split_sizes) != P:
             raise ValueError(f"ringtree: all_to_all_single: {len(split_sizes)} {what} split sizes for {P} ranks")
         if sum(split_sizes) != (tensor.size(0) if tensor.dim() else 1):
-            raise ValueError(f"ringtree: all_to_all_single: {what} split sizes {split_sizes} do not add up to "
-                             f"dim 0 ({tensor.size(0) if tensor.dim() else 1})")
+            raise ValueError(
+                f"ringtree: all_to_all_single: {what} split sizes {split_sizes} do not add up to "
+                f"dim 0 ({tensor.size(0) if tensor.dim() else 1})"
+            )
         return [int(s) * row_elements(tensor) for s in split_sizes]
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         P, timeout = self._comm.size, self._call_timeout(opts)
         output_tensors, input_tensors = list(output_tensors), list(input_tensors)
         if len(output_tensors) != P or len(input_tensors) != P:
-            raise ValueError(f"ringtree: alltoall needs {P} input and {P} output tensors, got "
-                             f"{len(input_tensors)} and {len(output_tensors)}")
+            raise ValueError(
+                f"ringtree: alltoall needs {P} input and {P} output tensors, got "
+                f"{len(input_tensors)} and {len(output_tensors)}"
+            )
         for t in output_tensors + input_tensors:
             StagedTensor(t, "alltoall tensor")  # argument checks only
         x = concatenated(input_tensors, "alltoall")
@@ -603,6 +672,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
                 finish(work.messages)
                 if device is not None:  # the copies ran on this thread's stream
                     torch.cuda.current_stream(device).synchronize()
+
         self._completer.submit(work.messages, done, work)
         return work
 
@@ -626,8 +696,11 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def _receive(self, tensors, src, tag):
         staged = [MessageBuffer(t, "recv tensor", copy_in=False) for t in tensors]
-        return self._messages(lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged], tensors,
-                              lambda messages: [s.write_back(m) for s, m in zip(staged, messages)])
+        return self._messages(
+            lambda: [self._comm.irecv(s.buffer, src, tag) for s in staged],
+            tensors,
+            lambda messages: [s.write_back(m) for s, m in zip(staged, messages)],
+        )
 
 
 # --- creation -----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ is released once all its parameters' gradients are in (and at the end of backwar
 Gradients are reduce-scattered as in stage 2. Every rank must therefore run the same modules
 in the same order, as under FSDP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,9 +63,26 @@ _FREED, _GATHERING, _FULL = "freed", "gathering", "full"
 class _Bucket:
     """One bucket: its parameters' places in the flat buffers and this rank's shard."""
 
-    __slots__ = ("indices", "offsets", "count", "shard_size", "flat_params", "flat_grads", "master", "reduced",
-                 "pending", "work", "gather", "shard", "state", "views", "placeholders", "owners", "forward_pending",
-                 "grads_pending")
+    __slots__ = (
+        "indices",
+        "offsets",
+        "count",
+        "shard_size",
+        "flat_params",
+        "flat_grads",
+        "master",
+        "reduced",
+        "pending",
+        "work",
+        "gather",
+        "shard",
+        "state",
+        "views",
+        "placeholders",
+        "owners",
+        "forward_pending",
+        "grads_pending",
+    )
 
     def __init__(self, indices, params, world_size, rank, device, sharded_at_rest=False):
         self.indices = indices
@@ -78,7 +96,7 @@ class _Bucket:
         with torch.no_grad():
             for index in indices:
                 param = params[index]
-                view = self.flat_params[self.offsets[index]:self.offsets[index] + param.numel()]
+                view = self.flat_params[self.offsets[index] : self.offsets[index] + param.numel()]
                 view.copy_(param.detach().reshape(-1))
                 param.data = view.view(param.shape)  # the module now reads the flat buffer
         own = self.own_slice(self.flat_params, rank)
@@ -104,11 +122,11 @@ class _Bucket:
             self.placeholders = {index: nan.expand(params[index].shape) for index in indices}
 
     def own_slice(self, flat, rank):
-        return flat[rank * self.shard_size:(rank + 1) * self.shard_size]
+        return flat[rank * self.shard_size : (rank + 1) * self.shard_size]
 
     def region(self, flat, index, numel):
         start = self.offsets[index]
-        return flat[start:start + numel]
+        return flat[start : start + numel]
 
 
 class ShardedDataParallel(BackwardSync):
@@ -133,16 +151,27 @@ class ShardedDataParallel(BackwardSync):
     broadcast_from: the rank whose parameters and buffers every rank starts from.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer_class, comm=None, *, stage: int = 2,
-                 bucket_cap_mb: float = 25.0, accumulation_steps: int = 1, param_dtype: torch.dtype | None = None,
-                 broadcast_from: int | None = 0, **optimizer_defaults):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer_class,
+        comm=None,
+        *,
+        stage: int = 2,
+        bucket_cap_mb: float = 25.0,
+        accumulation_steps: int = 1,
+        param_dtype: torch.dtype | None = None,
+        broadcast_from: int | None = 0,
+        **optimizer_defaults,
+    ):
         if stage not in (1, 2, 3):
             raise ValueError(f"ShardedDataParallel: stage must be 1, 2 or 3, got {stage!r}")
         if bucket_cap_mb <= 0:
             raise ValueError(f"ShardedDataParallel: bucket_cap_mb must be positive, got {bucket_cap_mb}")
         if param_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"ShardedDataParallel: param_dtype must be float32, float16 or bfloat16, "
-                             f"got {param_dtype}")
+            raise ValueError(
+                f"ShardedDataParallel: param_dtype must be float32, float16 or bfloat16, got {param_dtype}"
+            )
         super().__init__(model, comm, accumulation_steps, broadcast_from)
         if not self.params:
             raise ValueError("ShardedDataParallel: the model has no parameters that require gradients")
@@ -152,16 +181,20 @@ class ShardedDataParallel(BackwardSync):
                     param.data = param.data.to(param_dtype)
         dtypes = sorted({str(p.dtype) for p in self.params})
         if len(dtypes) > 1 or not self.params[0].is_floating_point():
-            raise ValueError(f"ShardedDataParallel: parameters must share one floating dtype, got {', '.join(dtypes)}"
-                             f" (pass param_dtype= to cast them)")
+            raise ValueError(
+                f"ShardedDataParallel: parameters must share one floating dtype, got {', '.join(dtypes)}"
+                f" (pass param_dtype= to cast them)"
+            )
         self.stage = stage
         self.param_dtype = self.params[0].dtype
         self.world_size, self.rank = self.comm.size, self.comm.rank
         self._attach()  # the broadcast comes before the flat buffers copy the parameters
         sizes = [p.numel() for p in self.params]
         itemsizes = [p.element_size() for p in self.params]
-        self.buckets = [_Bucket(indices, self.params, self.world_size, self.rank, self.device, stage == 3)
-                        for indices in assign_buckets(sizes, itemsizes, int(bucket_cap_mb * _MB))]
+        self.buckets = [
+            _Bucket(indices, self.params, self.world_size, self.rank, self.device, stage == 3)
+            for indices in assign_buckets(sizes, itemsizes, int(bucket_cap_mb * _MB))
+        ]
         self.bucket_of = {index: b for b, bucket in enumerate(self.buckets) for index in bucket.indices}
         if stage == 1:
             for bucket in self.buckets:
@@ -186,8 +219,9 @@ class ShardedDataParallel(BackwardSync):
         index_of = {id(param): index for index, param in enumerate(self.params)}
         self._module_buckets = {}  # module -> the buckets holding its own parameters
         for module in self.model.modules():
-            buckets = sorted({self.bucket_of[index_of[id(p)]] for p in module.parameters(recurse=False)
-                              if id(p) in index_of})
+            buckets = sorted(
+                {self.bucket_of[index_of[id(p)]] for p in module.parameters(recurse=False) if id(p) in index_of}
+            )
             if buckets:
                 self._module_buckets[module] = buckets
                 for b in buckets:
@@ -267,7 +301,7 @@ class ShardedDataParallel(BackwardSync):
         b, size, stride, offset = saved
         self._gather(b)
         # Prefetch the last bucket before this one in forward order that backward still needs.
-        for previous in reversed(self._forward_order[:self._forward_order.index(b)]):
+        for previous in reversed(self._forward_order[: self._forward_order.index(b)]):
             if previous in self._saved_buckets and self.buckets[previous].grads_pending:
                 self._gather(previous)
                 break
@@ -325,6 +359,7 @@ class ShardedDataParallel(BackwardSync):
                 pending.discard(index)
                 if not pending:  # backward needs none of this bucket's parameters any more
                     self._release(bucket)
+
         return release_when_done
 
     def _end_backward(self):
@@ -356,7 +391,7 @@ class ShardedDataParallel(BackwardSync):
         param = self.params[index]
         if bucket.flat_grads is None:  # stage 2: made when the bucket's first gradient arrives
             bucket.flat_grads = torch.empty_like(bucket.flat_params)
-            bucket.flat_grads[bucket.count:].zero_()
+            bucket.flat_grads[bucket.count :].zero_()
         region = bucket.region(bucket.flat_grads, index, param.numel())
         grad = param.grad
         with torch.no_grad():
@@ -567,20 +602,28 @@ class ShardedDataParallel(BackwardSync):
         """This rank's part: the optimizer's own state_dict over its shards, the fp32 master
         shards, and the layout it belongs to (load it back at the same world size and model)."""
         self.synchronize()
-        return {"world_size": self.world_size, "rank": self.rank,
-                "bucket_counts": [bucket.count for bucket in self.buckets],
-                # A copy: torch's state_dict() hands out the live state tensors.
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "masters": [bucket.master.detach().clone() for bucket in self.buckets]}
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "bucket_counts": [bucket.count for bucket in self.buckets],
+            # A copy: torch's state_dict() hands out the live state tensors.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "masters": [bucket.master.detach().clone() for bucket in self.buckets],
+        }
 
     def load_sharded_state_dict(self, state: dict):
         """Load what sharded_state_dict() gave on this rank (same world size and model)."""
         counts = [bucket.count for bucket in self.buckets]
-        if state.get("world_size") != self.world_size or state.get("rank") != self.rank or \
-                state.get("bucket_counts") != counts:
-            raise ValueError(f"load_sharded_state_dict: saved for rank {state.get('rank')} of "
-                             f"{state.get('world_size')} with buckets {state.get('bucket_counts')}, but this is rank "
-                             f"{self.rank} of {self.world_size} with buckets {counts}")
+        if (
+            state.get("world_size") != self.world_size
+            or state.get("rank") != self.rank
+            or state.get("bucket_counts") != counts
+        ):
+            raise ValueError(
+                f"load_sharded_state_dict: saved for rank {state.get('rank')} of "
+                f"{state.get('world_size')} with buckets {state.get('bucket_counts')}, but this is rank "
+                f"{self.rank} of {self.world_size} with buckets {counts}"
+            )
         self.synchronize()
         self.optimizer.load_state_dict(state["optimizer"])
         with torch.no_grad():
@@ -606,15 +649,20 @@ class ShardedDataParallel(BackwardSync):
                     self.comm.all_gather(value.contiguous(), full)
                 for index in bucket.indices:
                     param = self.params[index]
-                    piece = bucket.region(full, index, param.numel()).view(param.shape).clone() \
-                        if self._per_element(value, bucket) else (value.clone() if torch.is_tensor(value) else value)
+                    piece = (
+                        bucket.region(full, index, param.numel()).view(param.shape).clone()
+                        if self._per_element(value, bucket)
+                        else (value.clone() if torch.is_tensor(value) else value)
+                    )
                     if key == " master":
                         masters[index] = piece
                     else:
                         state[index][key] = piece
         group = {k: v for k, v in inner["param_groups"][0].items() if k != "params"}
-        full_state = {"state": {i: s for i, s in state.items() if s},
-                      "param_groups": [dict(group, params=list(range(len(self.params))))]}
+        full_state = {
+            "state": {i: s for i, s in state.items() if s},
+            "param_groups": [dict(group, params=list(range(len(self.params))))],
+        }
         if self.param_dtype != _MASTER_DTYPE:
             full_state["master_params"] = masters
         return full_state
@@ -626,8 +674,10 @@ class ShardedDataParallel(BackwardSync):
         are the masters: they stay as they are (load them with gathered_parameters(writeback=True))."""
         groups = full_state["param_groups"]
         if len(groups) != 1 or list(groups[0]["params"]) != list(range(len(self.params))):
-            raise ValueError(f"load_state_dict: expected one param group over {len(self.params)} parameters, got "
-                             f"{[len(g['params']) for g in groups]}")
+            raise ValueError(
+                f"load_state_dict: expected one param group over {len(self.params)} parameters, got "
+                f"{[len(g['params']) for g in groups]}"
+            )
         saved = full_state["state"]
         inner_state = {}
         for b, bucket in enumerate(self.buckets):
@@ -642,8 +692,9 @@ class ShardedDataParallel(BackwardSync):
                 inner_state[b] = shard_state
         group = {k: v for k, v in groups[0].items() if k != "params"}
         self.synchronize()
-        self.optimizer.load_state_dict({"state": inner_state,
-                                        "param_groups": [dict(group, params=list(range(len(self.buckets))))]})
+        self.optimizer.load_state_dict(
+            {"state": inner_state, "param_groups": [dict(group, params=list(range(len(self.buckets))))]}
+        )
         masters = full_state.get("master_params")
         if masters is not None:
             with torch.no_grad():

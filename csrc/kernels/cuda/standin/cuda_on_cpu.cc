@@ -145,8 +145,8 @@ void switch_out() {
 void ensure_fibers(Worker& w, size_t n) {
   const size_t page = static_cast<size_t>(getpagesize());
   while (w.fibers.size() < n) {
-    void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p =
+        mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw standin::Fault{cudaErrorMemoryAllocation, "CUDA-on-CPU: no memory for fiber stacks"};
     mprotect(p, page, PROT_NONE);  // an overflow faults instead of corrupting a neighbour
     auto* f = new Fiber;
@@ -266,8 +266,12 @@ bool run_block(const Block& b, uint3 block_idx, uint3 block_dim, uint3 grid_dim,
     ready.erase(it);
     run_fiber(w, f);
     switch (f->state) {
-      case State::Returned: returned.push_back(f->tid); break;
-      case State::Barrier: waiting.push_back(f); break;
+      case State::Returned:
+        returned.push_back(f->tid);
+        break;
+      case State::Barrier:
+        waiting.push_back(f);
+        break;
       case State::Napping:
         ready.push_back(f);
         ++napping;

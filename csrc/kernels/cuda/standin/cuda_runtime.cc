@@ -69,13 +69,13 @@ struct IpcHeader {
 
 enum class Kind { Device, PeerMapping, Host };
 struct Allocation {
-  size_t bytes = 0;       // as asked for (user-visible)
-  size_t mapped = 0;      // as mapped from `base` (whole pages)
+  size_t bytes = 0;         // as asked for (user-visible)
+  size_t mapped = 0;        // as mapped from `base` (whole pages)
   uint8_t* base = nullptr;  // the mapping (the header page, then the user's bytes)
   Kind kind = Kind::Device;
-  int fd = -1;            // Device: the memfd that IPC handles name
+  int fd = -1;  // Device: the memfd that IPC handles name
   int device = 0;
-  int slot = -1;          // PeerMapping: this process's importer slot in the header
+  int slot = -1;  // PeerMapping: this process's importer slot in the header
 };
 
 std::mutex& memory_mutex() {
@@ -389,12 +389,24 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   STANDIN_FAILS(cudaDeviceGetAttribute);
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount: *value = multiprocessors(); return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; return cudaSuccess;
-    case cudaDevAttrCooperativeLaunch: *value = 1; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = multiprocessors();
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+      *value = 2048;
+      return cudaSuccess;
+    case cudaDevAttrCooperativeLaunch:
+      *value = 1;
+      return cudaSuccess;
   }
   return fail(cudaErrorInvalidValue);
 }
@@ -413,39 +425,67 @@ cudaError_t cudaGetLastError() {
 
 const char* cudaGetErrorName(cudaError_t err) {
   switch (err) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorCooperativeLaunchTooLarge: return "cudaErrorCooperativeLaunchTooLarge";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorMapBufferObjectFailed:
+      return "cudaErrorMapBufferObjectFailed";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorCooperativeLaunchTooLarge:
+      return "cudaErrorCooperativeLaunchTooLarge";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 const char* cudaGetErrorString(cudaError_t err) {
   switch (err) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
-    case cudaErrorNotSupported: return "operation not supported (CUDA stand-in)";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorMapBufferObjectFailed:
+      return "mapping of buffer object failed";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorCooperativeLaunchTooLarge:
+      return "too many blocks in cooperative launch";
+    case cudaErrorNotSupported:
+      return "operation not supported (CUDA stand-in)";
+    default:
+      return "unknown error";
   }
 }
 
@@ -468,8 +508,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   }
   auto* base = static_cast<uint8_t*>(p);
   std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {bytes, mapped, base, Kind::Device, fd,
-                                                                     current_device, -1};
+  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {bytes, mapped,         base, Kind::Device,
+                                                                    fd,    current_device, -1};
   *ptr = base + page_size();
   return cudaSuccess;
 }
@@ -508,7 +548,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   if (posix_memalign(&p, 256, std::max<size_t>(bytes, 1)) != 0) return fail(cudaErrorMemoryAllocation);
   std::memset(p, 0, std::max<size_t>(bytes, 1));
   std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes, bytes, static_cast<uint8_t*>(p), Kind::Host, -1,
+  allocations()[reinterpret_cast<uintptr_t>(p)] = {bytes,          bytes, static_cast<uint8_t*>(p), Kind::Host, -1,
                                                    current_device, -1};
   *ptr = p;
   return cudaSuccess;
@@ -592,7 +632,7 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
   std::memcpy(path, handle.reserved, sizeof(handle.reserved));
   const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return fail(cudaErrorInvalidResourceHandle);
-  struct stat st {};
+  struct stat st{};
   void* p = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) > page_size()
                 ? mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                 : MAP_FAILED;
@@ -609,8 +649,8 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
   }
   const auto mapped = static_cast<size_t>(st.st_size);
   std::lock_guard<std::mutex> lock(memory_mutex());
-  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {mapped - page_size(), mapped, base,
-                                                                     Kind::PeerMapping, -1, current_device, slot};
+  allocations()[reinterpret_cast<uintptr_t>(base + page_size())] = {
+      mapped - page_size(), mapped, base, Kind::PeerMapping, -1, current_device, slot};
   *ptr = base + page_size();
   return cudaSuccess;
 }
