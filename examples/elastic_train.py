@@ -29,6 +29,7 @@ import time
 
 INPUTS, HIDDEN, CLASSES = 32, 64, 8
 FULL_WORLD = 4
+TOKEN_VARIABLE = "ELASTIC_TRAIN_ID"  # the unique id, then the grow token, for the rank processes
 
 
 def parse_args(argv=None):
@@ -39,10 +40,11 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate at 4 ranks")
     p.add_argument("--timeout", type=float, default=10.0)
-    # Set by the launcher for the rank processes.
+    # Set by the launcher for the rank processes. The unique id and the grow token carry the job's
+    # secret, so they travel in the environment (TOKEN_VARIABLE), which other users cannot read,
+    # never on the command line, which any user's ps shows.
     p.add_argument("--rank", type=int)
-    p.add_argument("--token")
-    p.add_argument("--join")
+    p.add_argument("--join", action="store_true")
     p.add_argument("--workdir")
     return p.parse_args(argv)
 
@@ -95,14 +97,14 @@ def rank_main(args):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = 0
     if args.join:
-        comm = rt.join(args.join, timeout=args.timeout)
+        comm = rt.join(os.environ[TOKEN_VARIABLE], timeout=args.timeout)
         state = torch.load(checkpoint)  # written by the members just before they grew
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
         log(comm, f"joined at step {step} from the checkpoint")
     else:
-        comm = rt.init(rank=args.rank, size=FULL_WORLD, unique_id=args.token, timeout=args.timeout)
+        comm = rt.init(rank=args.rank, size=FULL_WORLD, unique_id=os.environ[TOKEN_VARIABLE], timeout=args.timeout)
     group, hook = attach(comm, model, optimizer, step)
     losses = {}
     while step < args.steps:
@@ -203,7 +205,9 @@ def launch(args):
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGTREE_")}
     env["OMP_NUM_THREADS"] = "1"  # 4 ranks on a few cores
-    procs = [subprocess.Popen(common + ["--rank", str(r), "--token", str(uid)], env=env) for r in range(FULL_WORLD)]
+    procs = [
+        subprocess.Popen(common + ["--rank", str(r)], env={**env, TOKEN_VARIABLE: str(uid)}) for r in range(FULL_WORLD)
+    ]
     token_file = os.path.join(workdir, "grow.token")
     deadline = time.monotonic() + 120
     joiner = None
@@ -212,7 +216,7 @@ def launch(args):
             with open(token_file) as f:
                 token = f.read()
             print("[launcher] starting a replacement rank with the grow token", flush=True)
-            joiner = subprocess.Popen(common + ["--join", token], env=env)
+            joiner = subprocess.Popen(common + ["--join"], env={**env, TOKEN_VARIABLE: token})
         time.sleep(0.05)
     everyone = procs + ([joiner] if joiner else [])
     for p in everyone:
