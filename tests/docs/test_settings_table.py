@@ -18,7 +18,10 @@ NAME = re.compile(r"\bRINGTREE_[A-Z0-9_]*[A-Z0-9]\b")
 # Names that are not environment settings read at run time: build options and compile-time macros.
 BUILD_NAMES = {
     "RINGTREE_CUDA": "CMake option (pip install reads it from the environment)",
+    "RINGTREE_TESTING": "CMake option",
     "RINGTREE_HAVE_CUDA": "compile-time macro",
+    "RINGTREE_CUDA_STANDIN": "compile-time macro of the stand-in build",
+    "RINGTREE_DEVICE_PATH": "compile-time macro",
     "RINGTREE_MODULE_NAME": "compile-time macro",
     "RINGTREE_SETTING_GROUPS": "the settings table's own macro",
 }
