@@ -4,7 +4,7 @@
 #include <algorithm>
 #include "algorithms/op_builders.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -25,7 +25,7 @@ std::vector<Algo> supported_algos(Collective coll) {
 
 namespace {
 
-RT_PARAM(TreeSegmentBytes, "RINGTREE_TREE_SEGMENT_BYTES", 128 << 10)
+RT_SETTING(TreeSegmentBytes)
 
 // Elements of input and output buffers, per collective, for a per-rank count N.
 void local_copy_only(Schedule& s, const ScheduleKey& k) {

@@ -7,7 +7,7 @@
 #include "bootstrap/handshake.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -84,7 +84,7 @@ PeerInfo from_wire(const PeerWire& w) {
 
 // A launcher that reserved the port hands its listening socket to rank 0 as RINGTREE_LISTEN_FD.
 int inherited_listener(uint16_t port) {
-  const int64_t fd = env_int("RINGTREE_LISTEN_FD", -1);
+  const int64_t fd = setting_auto_int(Setting::ListenFd).value_or(-1);
   if (fd < 0 || fd > INT32_MAX) return -1;
   try {
     if (socket_local_port(static_cast<int>(fd)) == port) return static_cast<int>(fd);

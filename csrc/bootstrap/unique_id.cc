@@ -7,7 +7,6 @@
 #include "bootstrap/crypto.h"
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
 #include "common/settings.h"
 
 namespace ringtree {
@@ -37,7 +36,7 @@ uint16_t port_setting() {
 
 UniqueId UniqueId::create(const std::string& ip) {
   UniqueId id;
-  id.ip = resolve_ipv4(ip.empty() ? env_str("RINGTREE_ADDR", "127.0.0.1") : ip);
+  id.ip = resolve_ipv4(ip.empty() ? setting_str(Setting::Addr) : ip);
   // Bound, not listening: the port is ours, yet rank 0 may be another process (a launcher that
   // stays alive hands the token on), and nobody's connection lands in a queue no one accepts.
   int fd = tcp_bind(id.ip, port_setting());

@@ -3,14 +3,14 @@
 
 #include <cmath>
 #include "common/check.h"
-#include "common/env.h"
 #include "common/hash.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
 namespace {
 
-RT_PARAM(DeterministicSetting, "RINGTREE_DETERMINISTIC", 0)
+RT_SETTING(Deterministic)
 
 // The buffer-size check of each collective, with the message users have always seen.
 void check_sizes(const CollectiveTraits& t, const Buffer& in, const Buffer& out, uint64_t P, bool is_root) {
@@ -139,7 +139,7 @@ Fingerprint CallPlan::fingerprint(uint64_t seq) const {
   return f;
 }
 
-bool deterministic_setting() { return DeterministicSetting() != 0; }
+bool deterministic_setting() { return Deterministic() != 0; }
 
 bool deterministic_mode(const CollectiveArgs& a) { return a.deterministic || deterministic_setting(); }
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "exec/host/wait_policy.h"
 #include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
@@ -21,17 +21,23 @@ namespace ringtree {
 
 namespace {
 
-// Settings (documented in the README's table).
-RT_PARAM(ShmRingBytes, "RINGTREE_SHM_RING_BYTES", 1 << 20)
-RT_PARAM(SpinMicros, "RINGTREE_SPIN_US", -1)
-RT_PARAM(YieldMicros, "RINGTREE_YIELD_US", -1)
-RT_PARAM(OneShotBytes, "RINGTREE_ONESHOT_BYTES", 64 << 10)
-RT_PARAM(StreamBytes, "RINGTREE_STREAM_BYTES", 4 << 20)
-RT_PARAM(FlightRecorderCalls, "RINGTREE_FLIGHT_RECORDER", 2048)
-RT_PARAM(DumpOnExit, "RINGTREE_DUMP_ON_EXIT", 0)
+RT_SETTING(ShmRingBytes)
+RT_SETTING(OneshotBytes)
+RT_SETTING(StreamBytes)
+RT_SETTING(FlightRecorderCalls)
+RT_SETTING(DumpOnExit)
 // Inter-host link figures for the cost model (the machine probe measures this host only).
-RT_PARAM(TcpHopMicros, "RINGTREE_TCP_HOP_US", 40)
-RT_PARAM(TcpMBps, "RINGTREE_TCP_MBPS", 2000)
+RT_SETTING(TcpHopMicros)
+RT_SETTING(TcpMBps)
+// -1 where the setting is "auto" (or negative): the wait policy picks from the layout.
+int64_t SpinMicros() {
+  static const int64_t value = setting_auto_int(Setting::SpinMicros).value_or(-1);
+  return value;
+}
+int64_t YieldMicros() {
+  static const int64_t value = setting_auto_int(Setting::YieldMicros).value_or(-1);
+  return value;
+}
 
 // Hosts as the data path sees them: ranks that talk over shared memory share a host (the mesh
 // checked that they can), every other pair is between hosts. The mesh is the same on every
@@ -56,7 +62,7 @@ int online_cpus() {
 }
 
 std::string host_identity() {
-  std::string h = env_str("RINGTREE_HOSTNAME", "");
+  std::string h = setting_str(Setting::Hostname);
   if (!h.empty()) return h;
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
@@ -64,7 +70,7 @@ std::string host_identity() {
 }
 
 Algo parse_algo_setting() {
-  std::string v = env_str("RINGTREE_ALGO", "auto");
+  std::string v = setting_str(Setting::Algo);
   if (v == "auto") return Algo::Auto;
   if (v == "ring") return Algo::Ring;
   if (v == "tree") return Algo::Tree;
@@ -95,7 +101,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   kernel_isa_name();           // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   tcp_settings();              // and a bad TCP setting, before bootstrap
   shm_stream_store_setting();  // and a bad RINGTREE_SHM_STREAM_STORES
-  const std::string transport = env_str("RINGTREE_TRANSPORT", "auto");
+  const std::string transport = setting_str(Setting::Transport);
   RT_CHECK(transport == "auto" || transport == "tcp", InvalidArgument, "RINGTREE_TRANSPORT must be auto or tcp, got '",
            transport, "'");
 
@@ -107,7 +113,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
-  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneShotBytes())));
+  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneshotBytes())));
   ctrl_.attach(rank, mesh_);
   std::vector<std::string> names;
   for (int q = 0; q < size; ++q) names.push_back(ctrl_.who(q));
@@ -193,7 +199,7 @@ std::string CommunicatorImpl::address() const {
 void CommunicatorImpl::setup_choice(Bootstrap& boot) {
   MachineCosts costs;
   if (rank_ == 0) {
-    const std::string model = env_str("RINGTREE_COST_MODEL", "measure");
+    const std::string model = setting_str(Setting::CostModel);
     RT_CHECK(model == "measure" || model == "defaults", InvalidArgument,
              "RINGTREE_COST_MODEL must be measure or defaults, got '", model, "'");
     costs = model == "defaults" ? MachineCosts{} : measure_machine(host_identity());

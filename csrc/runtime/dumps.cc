@@ -9,14 +9,14 @@
 #include <mutex>
 #include <thread>
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "runtime/private_files.h"
 
 namespace ringtree {
 
 namespace {
 
-RT_PARAM(DumpSignal, "RINGTREE_DUMP_SIGNAL", SIGUSR1)
+RT_SETTING(DumpSignal)
 
 std::mutex registry_mu;
 std::map<int, DumpSource>& registry() {
@@ -74,7 +74,7 @@ void install_signal_once() {
 
 }  // namespace
 
-std::string dump_dir_setting() { return env_str("RINGTREE_DUMP_DIR", ""); }
+std::string dump_dir_setting() { return setting_str(Setting::DumpDir); }
 
 std::string write_dump_file(const std::string& dir, const std::string& name, const std::string& json) {
   return write_private_file(dir, name, json);

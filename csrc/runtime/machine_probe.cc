@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "common/cpu_relax.h"
 #include "common/env.h"
+#include "common/settings.h"
 #include "kernels/host/reduce.h"
 #include "runtime/private_files.h"
 
@@ -130,7 +131,7 @@ int online_cores() {
 }
 
 std::string cache_path(const std::string& host) {
-  std::string dir = env_str("RINGTREE_CACHE_DIR", "");
+  std::string dir = setting_str(Setting::CacheDir);
   if (dir == "off") return "";
   if (dir.empty()) {
     const std::string xdg = env_str("XDG_CACHE_HOME", ""), home = env_str("HOME", "");

@@ -4,9 +4,7 @@ Each raises InvalidArgument, naming what was wrong, before anything is sent."""
 
 from __future__ import annotations
 
-import os
-
-from . import _core
+from . import _core, _settings
 from ._buffers import DTYPE_CODES
 
 COLL_CODES = {name: code for code, name in enumerate(_core.COLLECTIVES)}
@@ -20,7 +18,7 @@ RESERVED_TAGS = _core.FIRST_RESERVED_TAG  # 2**62
 
 def default_timeout() -> float:
     """RINGTREE_TIMEOUT in seconds (default 300): bounds set-up and every collective."""
-    value = os.environ.get("RINGTREE_TIMEOUT", "300")
+    value = _settings.get("RINGTREE_TIMEOUT")
     try:
         timeout = float(value)
     except ValueError:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from . import _core
+from . import _core, _settings
 
 
 def dump_path(path, name: str) -> str:
     """A dump's file: `path` itself when it names a .json file, else `name` in the directory
     `path` (default RINGTREE_DUMP_DIR, else ./ringtree-dumps)."""
     if path is None:
-        path = os.environ.get("RINGTREE_DUMP_DIR") or "ringtree-dumps"
+        path = _settings.get("RINGTREE_DUMP_DIR") or "ringtree-dumps"
     path = os.fspath(path)
     return path if path.endswith(".json") else os.path.join(path, name)
 

@@ -51,8 +51,8 @@ def _env_int(name):
 
 
 def from_ringtree_env():
-    rank, size = _env_int("RINGTREE_RANK"), _env_int("RINGTREE_WORLD_SIZE")
-    token = os.environ.get("RINGTREE_UNIQUE_ID")
+    rank, size = _settings.get_int("RINGTREE_RANK"), _settings.get_int("RINGTREE_WORLD_SIZE")
+    token = _settings.get("RINGTREE_UNIQUE_ID")
     if rank is None and size is None and not token:
         return None
     missing = [n for n, v in (("RINGTREE_RANK", rank), ("RINGTREE_WORLD_SIZE", size)) if v is None]
@@ -75,7 +75,7 @@ def interface_address(name):
 
 def routable_address():
     """RINGTREE_IFNAME's address, else the first non-loopback interface's (None if none)."""
-    wanted = os.environ.get("RINGTREE_IFNAME")
+    wanted = _settings.get("RINGTREE_IFNAME")
     if wanted:
         addr = interface_address(wanted)
         if addr is None:
@@ -90,10 +90,10 @@ def routable_address():
 
 def create_unique_id(spans_hosts):
     """A fresh unique id for rank 0; on a multi-host job it listens on a routable address."""
-    if spans_hosts and not os.environ.get("RINGTREE_ADDR"):
+    if spans_hosts and not _settings.given("RINGTREE_ADDR"):
         addr = routable_address()
         if addr:
-            os.environ["RINGTREE_ADDR"] = addr  # read by UniqueId.create(); also this rank's later ids
+            _settings.put(os.environ, "RINGTREE_ADDR", addr)  # read by UniqueId.create(); also this rank's later ids
     return _core.UniqueId.create()
 
 
@@ -123,10 +123,6 @@ def first_host(nodelist):
     if not ranges:
         return prefix
     return prefix + ranges.split(",")[0].split("-")[0]
-
-
-def _flag(name):
-    return (_settings.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _port_setting(default):
@@ -261,7 +257,7 @@ def from_slurm():
             token = read_token_file(path, job, _timeout_setting())
         return rank, size, token, "slurm"
     secret = _settings.get("RINGTREE_SECRET")
-    if not secret and not _flag("RINGTREE_SINGLE_USER_CLUSTER"):
+    if not secret and not _settings.get_flag("RINGTREE_SINGLE_USER_CLUSTER"):
         raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import atexit
 import collections
-import os
 import weakref
 
 import numpy as np
 
-from . import _child_ids, _core, elastic, timeline
+from . import _child_ids, _core, _settings, elastic, timeline
 from ._args import ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg, user_tag
 from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._choice import core_hook
@@ -446,7 +445,7 @@ class Communicator(Recording):
         self._core.close()
         self._inflight.clear()  # every message is done or failed now
         first, self._closed = not self._closed, True
-        trace_dir = os.environ.get("RINGTREE_TRACE")
+        trace_dir = _settings.get("RINGTREE_TRACE")
         if trace_dir and first:
             try:
                 timeline.write_rank_trace(self, trace_dir)

@@ -29,12 +29,11 @@ old communicator's (_child_ids).
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from . import _child_ids, _core
+from . import _child_ids, _core, _settings
 from ._args import RESERVED_TAGS, rank_arg, timeout_arg
 
 __all__ = ["Excluded", "shrink", "grow", "grow_token_place"]
@@ -82,7 +81,7 @@ def _rendezvous_ip(comm) -> str:
     """Where this rank listens when it leads a new rendezvous: RINGTREE_ADDR if set, else the
     address its peers already reach it at (loopback would strand peers on other hosts or in
     other network namespaces)."""
-    return os.environ.get("RINGTREE_ADDR") or comm._core.address()
+    return _settings.given("RINGTREE_ADDR") or comm._core.address()
 
 
 def _send(comm, buf, dst, tag):

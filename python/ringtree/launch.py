@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from . import _core
+from . import _core, _settings
 
 
 def _parse(argv):
@@ -39,9 +39,11 @@ def _parse(argv):
 
 def rank_environment(rank: int, size: int, token: str, hosts: int, base=None) -> dict:
     env = dict(os.environ if base is None else base)
-    env.update(RINGTREE_RANK=str(rank), RINGTREE_WORLD_SIZE=str(size), RINGTREE_UNIQUE_ID=token)
+    _settings.put(env, "RINGTREE_RANK", str(rank))
+    _settings.put(env, "RINGTREE_WORLD_SIZE", str(size))
+    _settings.put(env, "RINGTREE_UNIQUE_ID", token)
     if hosts > 1:
-        env["RINGTREE_HOSTNAME"] = f"emulated-host-{rank * hosts // size}"
+        _settings.put(env, "RINGTREE_HOSTNAME", f"emulated-host-{rank * hosts // size}")
     return env
 
 
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
         env = rank_environment(r, args.nproc, str(uid), args.hosts)
         pass_fds = ()
         if r == 0 and listen_fd >= 0:
-            env["RINGTREE_LISTEN_FD"] = str(listen_fd)
+            _settings.put(env, "RINGTREE_LISTEN_FD", str(listen_fd))
             pass_fds = (listen_fd,)
         procs.append(subprocess.Popen(command, env=env, pass_fds=pass_fds))
     if listen_fd >= 0:

@@ -18,7 +18,10 @@ NAME = re.compile(r"\bRINGTREE_[A-Z0-9_]*[A-Z0-9]\b")
 # Names that are not environment settings read at run time: build options and compile-time macros.
 BUILD_NAMES = {
     "RINGTREE_CUDA": "CMake option (pip install reads it from the environment)",
+    "RINGTREE_TESTING": "CMake option",
     "RINGTREE_HAVE_CUDA": "compile-time macro",
+    "RINGTREE_CUDA_STANDIN": "compile-time macro of the stand-in build",
+    "RINGTREE_DEVICE_PATH": "compile-time macro",
     "RINGTREE_MODULE_NAME": "compile-time macro",
     "RINGTREE_SETTING_GROUPS": "the settings table's own macro",
 }
@@ -101,3 +104,34 @@ def test_the_settings_page_is_the_table():
 def test_an_undeclared_name_is_refused_by_get(name):
     with pytest.raises(KeyError, match="not a ringtree setting"):
         settings.get(name)
+
+
+def test_the_python_readers_follow_the_table(monkeypatch):
+    monkeypatch.delenv("RINGTREE_ADDR", raising=False)
+    assert settings.get("RINGTREE_ADDR") == settings.TABLE["RINGTREE_ADDR"]["default"] == "127.0.0.1"
+    assert settings.given("RINGTREE_ADDR") is None  # unset: the launchers pick an address
+    monkeypatch.setenv("RINGTREE_ADDR", "")
+    assert settings.given("RINGTREE_ADDR") is None and settings.get("RINGTREE_ADDR") == "127.0.0.1"
+    monkeypatch.setenv("RINGTREE_ADDR", "10.1.2.3")
+    assert settings.given("RINGTREE_ADDR") == settings.get("RINGTREE_ADDR") == "10.1.2.3"
+
+    monkeypatch.delenv("RINGTREE_RANK", raising=False)
+    assert settings.get_int("RINGTREE_RANK") is None
+    monkeypatch.setenv("RINGTREE_RANK", "3")
+    assert settings.get_int("RINGTREE_RANK") == 3
+    monkeypatch.setenv("RINGTREE_RANK", "three")
+    with pytest.raises(settings._core.InvalidArgument, match="RINGTREE_RANK='three' is not an integer"):
+        settings.get_int("RINGTREE_RANK")
+
+    for value, expected in (("", False), ("0", False), ("no", False), ("1", True), (" Yes ", True), ("ON", True)):
+        monkeypatch.setenv("RINGTREE_SINGLE_USER_CLUSTER", value)
+        assert settings.get_flag("RINGTREE_SINGLE_USER_CLUSTER") is expected, value
+
+
+def test_put_writes_declared_names_only():
+    env = {}
+    settings.put(env, "RINGTREE_HOSTNAME", "emulated-host-1")
+    assert env == {"RINGTREE_HOSTNAME": "emulated-host-1"}
+    with pytest.raises(KeyError, match="not a ringtree setting"):
+        settings.put(env, "RINGTREE_NOT_A_SETTING", "1")
+    assert env == {"RINGTREE_HOSTNAME": "emulated-host-1"}

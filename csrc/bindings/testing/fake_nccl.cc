@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include "common/settings.h"
 
 namespace {
 
@@ -52,10 +53,7 @@ int fail(int code, const std::string& why) {
   return code;
 }
 
-bool told_to_fail() {
-  const char* v = std::getenv("RINGTREE_STANDIN_NCCL_INIT");
-  return v && std::string(v) == "fail";
-}
+bool told_to_fail() { return ringtree::setting_str(ringtree::Setting::StandinNcclInit) == "fail"; }
 
 // Opens the id's file, arrives, and returns the communicator (null: error set).
 Comm* arrive(int nranks, const UniqueId& id, int rank) {

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/reduce.h"
 #include "exec/cuda/call_watch.h"
@@ -39,10 +39,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kStatusRing = 1024;
 constexpr int kMaxIpcRanks = 64;  // 2P+1 ops per step must fit kWalkerMaxStepOps
 
-RT_PARAM(IpcEnabled, "RINGTREE_CUDA_IPC", 1)
-RT_PARAM(IpcSlotBytes, "RINGTREE_CUDA_IPC_SLOT_BYTES", 256 << 10)
-RT_PARAM(IpcSlots, "RINGTREE_CUDA_IPC_SLOTS", 4)
-RT_PARAM(IpcChannels, "RINGTREE_CUDA_IPC_CHANNELS", 4)
+RT_SETTING(CudaIpc)
+RT_SETTING(CudaIpcSlotBytes)
+RT_SETTING(CudaIpcSlots)
+RT_SETTING(CudaIpcChannels)
 constexpr int kMaxChannels = 32;
 
 // A stop word says who stopped the call and why, so the ranks it stops report the same kind of
@@ -187,13 +187,13 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
 };
 
 std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
-  if (!IpcEnabled()) return "RINGTREE_CUDA_IPC=0";
+  if (!CudaIpc()) return "RINGTREE_CUDA_IPC=0";
   if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
   const std::vector<std::string> transports = host_->status().transports;
   for (int q = 0; q < P_; ++q)
     if (q != rank_ && transports[q] != "shm") return str_cat("rank ", q, " is on another host");
-  slot_bytes_ = static_cast<uint64_t>(IpcSlotBytes()) / 16 * 16;
-  slots_ = static_cast<uint32_t>(IpcSlots());
+  slot_bytes_ = static_cast<uint64_t>(CudaIpcSlotBytes()) / 16 * 16;
+  slots_ = static_cast<uint32_t>(CudaIpcSlots());
   if (slot_bytes_ < 16 || slots_ < 1) return "RINGTREE_CUDA_IPC_SLOT_BYTES / RINGTREE_CUDA_IPC_SLOTS are too small";
   try {
     RT_CUDA_CHECK(cudaGetDevice(&device_));
@@ -201,7 +201,7 @@ std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
     RT_CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device_));
     RT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     if (!cooperative) return "the device cannot launch cooperative kernels";
-    const int64_t wanted = IpcChannels() < 1 ? 1 : IpcChannels();
+    const int64_t wanted = CudaIpcChannels() < 1 ? 1 : CudaIpcChannels();
     channels_ = static_cast<uint32_t>(std::min<int64_t>({wanted, kMaxChannels, sms}));
   } catch (const Error& e) {
     return e.what();

@@ -7,7 +7,7 @@
 #include <random>
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "exec/host/executor.h"
 #include "transport/shm/cma.h"
 #include "transport/tcp/tcp.h"
@@ -15,17 +15,17 @@
 namespace ringtree {
 
 namespace {
-RT_PARAM(SingleCopy, "RINGTREE_CMA", 1)
+RT_SETTING(SingleCopy)
 // Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
 // this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
-RT_PARAM(SingleCopyMinBytes, "RINGTREE_CMA_MIN_BYTES", 1 << 20)
+RT_SETTING(SingleCopyMinBytes)
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
-  static const std::string dir = env_str("RINGTREE_TEST_NUMA_NODE_DIR", "/sys/devices/system/node");
+  static const std::string dir = setting_str(Setting::TestNumaNodeDir);
   return dir;
 }
 // A test hook: the rank named here reports its single-copy probe as failed.
-RT_PARAM(TestSingleCopyProbeFail, "RINGTREE_TEST_CMA_PROBE_FAIL", -1)
+RT_SETTING(TestSingleCopyProbeFail)
 }  // namespace
 
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,

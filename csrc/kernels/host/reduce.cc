@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "kernels/host/reduce_x86.h"
 
 namespace ringtree {
@@ -243,7 +243,7 @@ void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
 enum class KernelIsa { Scalar, Avx2F16c };
 
 KernelIsa detect_kernel_isa() {
-  const std::string setting = env_str("RINGTREE_KERNEL_ISA", "auto");
+  const std::string setting = setting_str(Setting::KernelIsa);
   RT_CHECK(setting == "auto" || setting == "scalar", InvalidArgument,
            "RINGTREE_KERNEL_ISA must be auto or scalar, got '", setting, "'");
 #if defined(__x86_64__)

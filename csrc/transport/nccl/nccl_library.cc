@@ -4,7 +4,7 @@
 #include <mutex>
 #include <vector>
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
@@ -62,7 +62,7 @@ Loaded load(const std::string& wheel_hint) {
     const char* label;
   };
   std::vector<Candidate> candidates;
-  const std::string forced = env_str("RINGTREE_NCCL_LIBRARY", "");
+  const std::string forced = setting_str(Setting::NcclLibrary);
   if (!forced.empty()) {
     candidates.push_back({forced, RTLD_NOW | RTLD_LOCAL, "RINGTREE_NCCL_LIBRARY"});
   } else {

@@ -14,7 +14,7 @@
 #include "common/numa.h"
 #include "common/clock.h"
 #include "common/hash.h"
-#include "common/env.h"
+#include "common/settings.h"
 #include "kernels/host/copy.h"
 #include "transport/shm/cma.h"
 
@@ -23,7 +23,7 @@ namespace ringtree {
 namespace {
 constexpr uint64_t kSegmentMagic = 0x5254534547303031ull;
 constexpr size_t kHeaderBytes = 128;
-RT_PARAM(ShmPieceBytes, "RINGTREE_SHM_PIECE_BYTES", 64 << 10)
+RT_SETTING(ShmPieceBytes)
 // Pieces smaller than this always take plain stores: streaming stores drain to memory before the
 // head may move, which costs a small piece more than it saves.
 constexpr uint64_t kStreamMinPiece = 16 << 10;
@@ -38,7 +38,7 @@ constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
 
 int shm_stream_store_setting() {
   static const int setting = [] {
-    const std::string v = env_str("RINGTREE_SHM_STREAM_STORES", "auto");
+    const std::string v = setting_str(Setting::ShmStreamStores);
     if (v == "auto") return -1;
     if (v == "0" || v == "off") return 0;
     if (v == "1" || v == "on") return 1;

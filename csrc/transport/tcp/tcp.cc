@@ -8,17 +8,17 @@
 #include <cstring>
 #include "bootstrap/socket.h"
 #include "common/check.h"
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree {
 
 namespace {
-RT_PARAM(TcpStagingBytes, "RINGTREE_TCP_STAGING_BYTES", 256 << 10)
-RT_PARAM(TcpSockbufBytes, "RINGTREE_TCP_SOCKBUF", 0)
+RT_SETTING(TcpStagingBytes)
+RT_SETTING(TcpSockbuf)
 constexpr int64_t kMaxSockbuf = int64_t{1} << 30;
 
 TcpSettings read_settings() {
-  TcpSettings s{TcpSockbufBytes(), TcpStagingBytes()};
+  TcpSettings s{TcpSockbuf(), TcpStagingBytes()};
   RT_CHECK(s.sockbuf_bytes == 0 || (s.sockbuf_bytes >= 4096 && s.sockbuf_bytes <= kMaxSockbuf), InvalidArgument,
            "RINGTREE_TCP_SOCKBUF must be 0 (the kernel's autotuning) or a byte count in [4096, ", kMaxSockbuf,
            "], got ", s.sockbuf_bytes);

@@ -78,12 +78,13 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
 
     import numpy as np
 
+    from ringtree import _settings
     from ringtree._args import default_timeout
     from ringtree._world import init
 
     world = init()
     try:
-        host = os.environ.get("RINGTREE_ADDR", "127.0.0.1")
+        host = _settings.get("RINGTREE_ADDR")
         store_timeout = timeout or datetime.timedelta(seconds=default_timeout())
         store = None
         port = np.zeros(1, dtype=np.int64)

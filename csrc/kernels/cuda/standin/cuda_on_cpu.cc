@@ -30,7 +30,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree::cuda_on_cpu {
 
@@ -43,8 +43,8 @@ constexpr size_t kStackBytes = 128 << 10;
 
 // The thread order and yields of the blocks launched from now on (set_schedule).
 struct Settings {
-  std::atomic<uint64_t> seed{static_cast<uint64_t>(env_int("RINGTREE_STANDIN_SEED", 0))};
-  std::atomic<unsigned> yield{static_cast<unsigned>(std::clamp<int64_t>(env_int("RINGTREE_STANDIN_YIELD", 0), 0, 100))};
+  std::atomic<uint64_t> seed{static_cast<uint64_t>(setting_int(Setting::StandinSeed))};
+  std::atomic<unsigned> yield{static_cast<unsigned>(std::clamp<int64_t>(setting_int(Setting::StandinYield), 0, 100))};
 };
 Settings& settings() {
   static auto* s = new Settings;

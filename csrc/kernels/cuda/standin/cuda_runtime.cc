@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 #include "common/env.h"
+#include "common/settings.h"
 
 namespace ringtree::standin {
 
@@ -40,12 +41,12 @@ cudaError_t fail(cudaError_t err) {
 }
 
 int device_count() {
-  static const int n = static_cast<int>(std::clamp<int64_t>(env_int("RINGTREE_STANDIN_DEVICES", 1), 1, kMaxDevices));
+  static const int n = static_cast<int>(std::clamp<int64_t>(setting_int(Setting::StandinDevices), 1, kMaxDevices));
   return n;
 }
 
 int multiprocessors() {
-  static const int n = static_cast<int>(std::clamp<int64_t>(env_int("RINGTREE_STANDIN_SMS", 4), 1, 1024));
+  static const int n = static_cast<int>(std::clamp<int64_t>(setting_int(Setting::StandinSms), 1, 1024));
   return n;
 }
 
@@ -335,7 +336,7 @@ cudaError_t load_kernel(const void* kernel, cudaFuncAttributes* attr) {
 }
 
 bool fails(const char* call) {
-  static const std::string failing = env_str("RINGTREE_STANDIN_FAIL", "");
+  static const std::string failing = setting_str(Setting::StandinFail);
   return !failing.empty() && failing == call;
 }
 
