@@ -8,7 +8,7 @@ against that copy, small-message latency, and what NCCL does on this one GPU.
 Reading the all_reduce table. All P ranks share one GPU, so the "bus" is that GPU's memory:
   algbw  = size / time, busbw = algbw * 2(P-1)/P (nccl-tests' all_reduce factor);
   copybw = size / time of one D2D copy of `size` bytes (torch copy_), so busbw/copybw is the
-           ratio the issue's target names;
+           ratio the summary's target (0.90) is stated in;
   hbm    = bytes the executor actually read+wrote (counted from the schedule: a reduction moves
            3x its bytes, a copy 2x) / time, as a fraction of the copy's 2*size / time. This is the
            kernels' efficiency: a ring all_reduce on one GPU must move ~5(P-1)*size bytes, so
@@ -243,7 +243,7 @@ def main() -> int:
     # ---- summary ---------------------------------------------------------------------------------
     if summary:
         print(
-            "\n# summary: largest size per (P, algo): busbw/copybw and HBM efficiency (target in issue 6: >= 0.90 "
+            "\n# summary: largest size per (P, algo): busbw/copybw and HBM efficiency (target: >= 0.90 "
             "of the copy; see the docstring for why busbw/copybw is bounded far below 1 on one shared GPU)"
         )
         big = max(s for _, _, s, _, _, _ in summary)

@@ -41,7 +41,8 @@ class Collective:
         return self.info.blocked
 
     def busbw_factor(self, nranks: int) -> float:
-        """algbw -> busbw: the fraction of the data each rank's link must carry (DESIGN.md)."""
+        """algbw -> busbw: the fraction of the data each rank's link must carry (nccl-tests'
+        factors, as csrc/common/collective.h states them)."""
         return self.info.busbw_factor(nranks)
 
     def count_for_bytes(self, nbytes: int, itemsize: int, nranks: int) -> int:

@@ -39,7 +39,7 @@ def plot_rows(rows, subjects, peers, path, nranks):
     colours = {impl: palette[i % len(palette)] for i, impl in enumerate(subjects + peers)}
     for ax, collective in zip(axes.flat, panels):
         first = next(r for r in rows if r.collective == collective)
-        # One dtype/op per panel: the first measured, as RESULTS.md sweeps float32 sum.
+        # One dtype/op per panel: the first measured (float32 sum unless -d/-o say otherwise).
         for impl in subjects + peers:
             pts = series(rows, impl, collective, first.dtype, first.op)
             if not pts:

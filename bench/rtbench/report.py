@@ -5,7 +5,7 @@ dtype x op x size. Columns are nccl-tests' own, then three per peer:
   time busbw ratio      ratio = ringtree busbw / peer busbw at the same size and the
                         peer's placement (= peer time / ringtree time); > 1: ringtree faster
 Every table starts with a machine-readable line `# Table: key=value ...` so
-parse_tables() (tests, RESULTS.md tooling) can find the columns.
+parse_tables() (the bench tests, scripts reading saved output) can find the columns.
 """
 
 from __future__ import annotations

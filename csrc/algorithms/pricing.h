@@ -1,5 +1,5 @@
-// The cost model behind algo="auto" prices the schedules themselves (DESIGN.md, "Algorithms are
-// schedules"): what a call costs is counted from the ops that build_schedule() produces for
+// The cost model behind algo="auto" prices the schedules themselves (an algorithm is a schedule,
+// schedule.h): what a call costs is counted from the ops that build_schedule() produces for
 // every rank, not written down per algorithm, so a price cannot drift from the schedule it
 // prices. A call is priced as
 //   time = call + hops x hop + sum over op kinds of (bytes of that kind x seconds per byte)

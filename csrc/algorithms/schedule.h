@@ -1,5 +1,5 @@
 // A schedule is one rank's part of a collective, as data: an ordered list of steps, each step a
-// set of ops that run concurrently and touch disjoint memory. Executors (host now, CUDA later)
+// set of ops that run concurrently and touch disjoint memory. Executors (host and CUDA)
 // walk the same schedule; the verifier checks it without any transport.
 //
 // Terms used by every algorithm file:

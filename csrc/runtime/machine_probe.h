@@ -9,7 +9,8 @@
 
 namespace ringtree {
 
-// Measures this machine (about 20 ms) or reads the per-host cache file; see README settings.
+// Measures this machine (about 20 ms) or reads the per-host cache file; its settings are rows of
+// common/settings.def.
 MachineCosts measure_machine(const std::string& host);
 
 }  // namespace ringtree

@@ -25,7 +25,7 @@ class Recording:
 
     def record(self, reason: str = "request") -> dict:
         """This rank's flight record: its last calls (RINGTREE_FLIGHT_RECORDER) with their
-        times, states and errors, and this rank's clock offset to rank 0 (see the README)."""
+        times, states and errors, and this rank's clock offset to rank 0 (see the manual's troubleshooting page)."""
         return json.loads(self._core.dump_json(reason))
 
     def dump(self, path=None, reason: str = "request") -> str:

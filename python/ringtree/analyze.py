@@ -7,12 +7,15 @@ Communicator.dump(), on SIGUSR1, or at exit with RINGTREE_DUMP_ON_EXIT=1) and/or
 (t - offset_ns) and printed in seconds since the communicator's first recorded call.
 
 The report says, in words and then in a table:
+
 - which rank never entered which call while the others wait in it, since when and how long;
 - where ranks left no record: the calls every recorded rank entered and did not finish, and
   which missing rank the survivors' errors and waits name;
 - which ranks called different collectives (or counts, dtypes, ops, roots) at the same seq;
 - which peers a stuck call still waits on (to send to, to receive from);
 - the last call every rank completed, and the failures recorded.
+
+The command line::
 
     python -m ringtree.analyze DIR                 # the diagnosis
     python -m ringtree.analyze DIR --stragglers    # who arrives last at collectives, how late

@@ -103,15 +103,15 @@ class _Bucket:
 class Bucketer:
     """Assigns gradients to buckets and runs one async all_reduce per bucket.
 
-    sizes: element count of each gradient, in parameter registration order.
-    dtypes: one dtype per gradient (numpy or torch dtypes), one dtype for all, or None
-        (float32). Buckets never mix dtypes.
-    bucket_cap_mb: bucket size cap in MiB (25, like DistributedDataParallel).
-    first_bucket_cap_mb: a smaller cap for the first bucket (default: bucket_cap_mb).
-    op: the reduction, any op the communicator accepts ("avg" averages over ranks).
-    device: where a bucket whose gradients never arrived on this rank is made (torch dtypes
-        only; e.g. "cuda:0" when the gradients live there), so every rank's call for that
-        bucket takes the same path. Default: the CPU.
+    - sizes: element count of each gradient, in parameter registration order.
+    - dtypes: one dtype per gradient (numpy or torch dtypes), one dtype for all, or None
+      (float32). Buckets never mix dtypes.
+    - bucket_cap_mb: bucket size cap in MiB (25, like DistributedDataParallel).
+    - first_bucket_cap_mb: a smaller cap for the first bucket (default: bucket_cap_mb).
+    - op: the reduction, any op the communicator accepts ("avg" averages over ranks).
+    - device: where a bucket whose gradients never arrived on this rank is made (torch dtypes
+      only; e.g. "cuda:0" when the gradients live there), so every rank's call for that
+      bucket takes the same path. Default: the CPU.
 
     Each bucket's all_reduce carries its bucket id (its place in launch order) as its label in
     the flight recorder, so dumps and traces say which bucket a call was.

@@ -269,7 +269,7 @@ class Communicator(Recording):
     def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """Reduce x over all ranks into out (in place when out is None). deterministic=True: a
         floating-point reduction in rank order, the same bits whatever the algorithm and layout
-        (see the README's Deterministic mode); every rank must pass the same."""
+        (see the manual's Concepts page, Deterministic mode); every rank must pass the same."""
         out = x if out is None else out
         return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
@@ -421,8 +421,8 @@ class Communicator(Recording):
         return a communicator of them, densely renumbered in old-rank order; this one is closed.
         Every survivor calls it; the ranks in `exclude` (never this rank) and the dead do not.
         A rank the others left out raises rt.Excluded. Each exchange waits at most `timeout`
-        seconds (default: this communicator's) for a peer before leaving it out. See the README
-        (Shrink and grow) for the protocol and what it guarantees."""
+        seconds (default: this communicator's) for a peer before leaving it out. See the manual's
+        Shrink and grow page for the protocol and what it guarantees."""
         return elastic.shrink(self, exclude, timeout)
 
     def grow(self, joiners: int, publish=None, timeout=None) -> Communicator:

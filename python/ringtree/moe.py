@@ -1,5 +1,7 @@
 """Mixture-of-Experts token dispatch over all-to-all.
 
+One MoE layer's exchange, on every rank::
+
     import ringtree.moe as moe
     expert_inputs, handle = moe.dispatch(tokens, expert_ids, expert_weights, num_experts, comm=comm)
     chunks = expert_inputs.split(handle.expert_counts)          # one per local expert
@@ -7,6 +9,7 @@
     y = moe.combine(outputs, handle)                              # [T, H], back at the origin
 
 Terms:
+
 - assignment: one (token, slot) pair of top-k routing; token t's slot j goes to expert
   expert_ids[t, j] with weight expert_weights[t, j]. Its flat index is t * k + j.
 - placement: experts are spread evenly over the communicator's ranks; num_experts must be a
@@ -65,11 +68,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class MoEStats:
     """Kept and dropped assignment counts per expert (int64 tensors).
 
-    capacity: this rank's per-expert capacity (None: no dropping).
-    kept, dropped [num_experts]: this rank's assignments, per expert.
-    expert_kept, expert_dropped [experts per rank]: assignments to this rank's local experts from
-      every rank (kept ones arrived; dropped ones were dropped at their source).
-    global_kept, global_dropped [num_experts]: every rank's assignments, per expert; with
+    - capacity: this rank's per-expert capacity (None: no dropping).
+    - kept, dropped [num_experts]: this rank's assignments, per expert.
+    - expert_kept, expert_dropped [experts per rank]: assignments to this rank's local experts
+      from every rank (kept ones arrived; dropped ones were dropped at their source).
+    - global_kept, global_dropped [num_experts]: every rank's assignments, per expert; with
       dispatch(global_stats=True), else None.
     """
 

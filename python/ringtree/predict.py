@@ -1,11 +1,13 @@
 """Predicted time and bus bandwidth of all_reduce, reduce_scatter and all_gather beyond this
-machine: flat ring, tree and the hierarchical algorithms on hosts x local ranks, from 8 to 4096 ranks.
+machine: flat ring, tree and the hierarchical algorithms on hosts x local ranks, from 8 to 4096 ranks::
 
     python -m ringtree.predict --inter-GBps 25 --inter-hop-us 5 --local 8 --size 256M
     python -m ringtree.predict --machine --plot busbw.png
 
-The prices are the C++ cost model's (csrc/algorithms/pricing.cc), term for term:
+The prices are the C++ cost model's (csrc/algorithms/pricing.cc), term for term::
+
     time = call + hops x hop + bytes of each kind x seconds per byte of that kind
+
 with a hop and a byte priced by link (shared memory inside a host, TCP between hosts) and by the
 working set (in cache or from memory), as rates_for() there prices them. The bytes across hosts
 cost the larger of their CPU time and the link's time, and a link carries both directions at

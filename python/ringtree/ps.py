@@ -1,5 +1,7 @@
 """A parameter server over ringtree's tagged messages.
 
+One script, run on every rank::
+
     tables = [ps.Table("emb", dim=16, init_scale=0.01, optimizer=ps.Adam(lr=1e-2)),
               ps.Table("bias", dim=1, rows=1)]
     node = ps.start(comm, tables, num_servers=2, mode="ssp", staleness=2)
@@ -17,11 +19,13 @@ key, with a value that depends only on the table's seed and the key (so it is th
 the number of servers). Only the rows a worker names travel.
 
 Modes, per table:
-  sync   a step's update is applied once every live worker pushed that step (the mean of their
-         gradients); a worker's pull for step t waits until the t previous steps are applied.
-  async  each push is applied on arrival; pulls never wait.
-  ssp    bounded staleness s: pushes are applied on arrival, and a worker's pull waits while it is
-         more than s pushes ahead of the slowest live worker.
+
+- sync: a step's update is applied once every live worker pushed that step (the mean of their
+  gradients); a worker's pull for step t waits until the t previous steps are applied.
+- async: each push is applied on arrival; pulls never wait.
+- ssp: bounded staleness s: pushes are applied on arrival, and a worker's pull waits while it is
+  more than s pushes ahead of the slowest live worker.
+
 Every pull reports the version (updates applied) of the rows it read; `node.version(table)`.
 
 Failure: a worker that dies (its process ends without `finish`) stops counting: sync steps

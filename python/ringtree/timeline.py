@@ -37,7 +37,7 @@ P2P = ("send", "recv", "sendrecv")
 
 def read_records(directory) -> list:
     """Every flight record in `directory` (a directory or a list of files): dumps
-    (ringtree-*.json) and traces carrying their records; the newest per (comm id, rank)."""
+    (`ringtree-*.json`) and traces carrying their records; the newest per (comm id, rank)."""
     paths = (
         sorted(glob.glob(os.path.join(directory, "*.json")))
         if isinstance(directory, (str, os.PathLike))

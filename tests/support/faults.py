@@ -1,4 +1,4 @@
-"""The fault campaign (issue 14 item 5): seeded trials, each of which starts P real ranks,
+"""The fault campaign: seeded trials, each of which starts P real ranks,
 injects one fault into one of them and checks what the others see.
 
 A trial is a pure function of (seed, index), named "SEED-INDEX", so any one of a thousand can be
@@ -23,7 +23,7 @@ loop, checking every completed result exactly, until the call raises; it reports
 type, message and time. run_trial() launches the ranks, waits for the survivors within a hard
 bound (a survivor still running then is a hang), resumes a stopped victim, and judges the trial
 (see PROBLEMS). After the error the survivors shrink and check an all_reduce on the result:
-shrink_and_check(), skipped with its reason while Communicator has no shrink().
+shrink_and_check().
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ PROBLEMS = (
     "wrong_result",
     "shrink",
 )
-NO_SHRINK = "Communicator has no shrink() yet (issue 14 item 1): the shrink step and shrink-moment trials are skipped"
 
 
 @dataclass(frozen=True)
@@ -409,9 +408,6 @@ def shrink_and_check(comm, t: Trial, rank: int) -> dict:
     exact all_reduce on it. With moment "shrink", the second victim fails during the shrink
     (it never returns a report). The victim never takes part: every survivor expects
     len(t.survivors) ranks, densely renumbered in the old order."""
-    if not hasattr(comm, "shrink"):
-        print("shrink step skipped: " + NO_SHRINK, flush=True)
-        return {"status": "skipped", "reason": NO_SHRINK}
     if t.moment == "shrink" and rank == t.second_victim:
         second = Victim(t)
         second.comm, second.phase = comm, "shrink"
@@ -489,8 +485,6 @@ def run_trial(trial: Trial, namespaces=None) -> dict:
     from harness import spawn_world
 
     t = trial
-    if t.moment == "shrink" and not hasattr(rt.Communicator, "shrink"):
-        return {"trial": asdict(t), "skipped": NO_SHRINK, "problems": []}
     if t.transport == "netns" and namespaces is None:
         return {"trial": asdict(t), "skipped": "no network namespaces here", "problems": []}
     options = dict(
@@ -569,7 +563,7 @@ def judge(t: Trial, world, hung: list, victims_hung: list) -> dict:
                 if entry["detection_s"] > limit:
                     problems.append(("slow", f"rank {r}: {entry['detection_s']} s after the fault (limit {limit} s)"))
         shrink = res.get("shrink") or {}
-        if shrink.get("status") not in (None, "ok", "skipped"):
+        if shrink.get("status") not in (None, "ok"):
             problems.append(("shrink", f"rank {r}: {shrink}"))
         survivors.append(entry)
     victim = world.results[t.victim]
@@ -599,7 +593,7 @@ def problem_kinds(record) -> list:
 
 def summarize(records: list) -> dict:
     """Counts, problems by kind, detection times (median, worst) by fault kind, and for a
-    SIGKILLed peer after rendezvous: the figure issue 14 sets a target for."""
+    SIGKILLed peer after rendezvous: how soon the survivors of a crash learn of it."""
     ran = [r for r in records if "skipped" not in r]
     skipped = {}
     for r in records:

@@ -496,7 +496,7 @@ def test_bad_arguments_are_refused_before_any_traffic(bad, message):
 # --- memory per rank and loss curves against DDP (torch.distributed, P = 2) ------------------
 
 CURVE_STEPS = 50
-CURVE_TOLERANCE = 1e-5  # fp32 loss, absolute: the target
+CURVE_TOLERANCE = 1e-5  # fp32 loss, absolute: the sharded run follows DDP's curve to rounding
 MEMORY_WIDTH, MEMORY_DEPTH, MEMORY_BUCKETS = 32, 8, 8  # 8448 parameters, a bucket per layer
 
 

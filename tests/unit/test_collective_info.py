@@ -1,5 +1,5 @@
 """The one description of each collective (csrc/common/collective.h) as Python sees it, against
-the semantics DESIGN.md states; and every error's kind naming its class."""
+the semantics the manual states (docs/concepts.md); and every error's kind naming its class."""
 
 import pytest
 
@@ -7,7 +7,8 @@ import ringtree as rt
 
 P = 4
 N = 3
-# DESIGN.md "Semantics": (input, output) elements on the root / on another rank, and busbw factor.
+# docs/concepts.md, "Semantics of each collective": (input, output) elements on the root / on
+# another rank, and busbw factor.
 EXPECTED = {
     "all_reduce": ((N, N), (N, N), 2 * (P - 1) / P),
     "reduce_scatter": ((N * P, N), (N * P, N), (P - 1) / P),

@@ -1,5 +1,5 @@
-// The single-process, multi-rank GPU executor: "ranks as threads of one process sharing one GPU"
-// (issue 6), the configuration NCCL refuses. It is also how the GPU path is tested on a machine
+// The single-process, multi-rank GPU executor: ranks as threads of one process sharing one GPU,
+// the configuration NCCL refuses. It is also how the GPU path is tested on a machine
 // with one GPU.
 //
 // Plain C++ header (no CUDA types), so the bindings compile with the host compiler; the

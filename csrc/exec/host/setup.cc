@@ -17,7 +17,7 @@ namespace ringtree {
 namespace {
 RT_SETTING(SingleCopy)
 // Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
-// this VM: process_vm_readv pins the pages it reads, a cost per page (bench/RESULTS.md).
+// the 2-core VM it was measured on: process_vm_readv pins the pages it reads, a cost per page.
 RT_SETTING(SingleCopyMinBytes)
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
@@ -159,7 +159,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 // tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
 // costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
 // single-copy size ran 1.2-1.7x faster than the default's in two interleaved runs here and even
-// in two others, never slower (bench/RESULTS.md). Only where every other rank is a single-copy
+// in two others, never slower. Only where every other rank is a single-copy
 // peer: single copy is then on for every rank or none, so every rank lowers the same schedule.
 uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
   const bool every_peer_single_copy = single_copy_conns_.size() + 1 == static_cast<size_t>(size_);

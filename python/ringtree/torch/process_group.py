@@ -79,7 +79,7 @@ def bucket_label(group, index: int):
 
 class ProcessGroupRingtree(dist.ProcessGroup):
     """torch.distributed ProcessGroup backed by a ringtree Communicator (CPU and CUDA tensors;
-    CUDA collectives are enqueued on the caller's current stream, see the README's GPU section).
+    CUDA collectives are enqueued on the caller's current stream, see the manual's GPU page).
 
     Usually made by torch through the registered creator: dist.init_process_group("ringtree")
     or dist.new_group(backend="ringtree"). It can also wrap an existing communicator:

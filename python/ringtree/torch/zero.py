@@ -133,22 +133,22 @@ class ShardedDataParallel(BackwardSync):
     """Data parallelism with sharded optimizer state (stage 1), gradients (stage 2) and
     parameters (stage 3).
 
-    model: a torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one
-        floating dtype (after param_dtype).
-    optimizer_class: any torch.optim.Optimizer class; it is built over this rank's master
-        shards with **optimizer_defaults (one parameter group). Element-wise optimizers (SGD,
-        Adam, AdamW, RMSprop, Adagrad, ...) step exactly as on the unsharded model; ones
-        that look at whole tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see
-        shards instead and are not supported.
-    comm: a ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
-    stage: 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too: gathered
-        per bucket around each module's forward and backward, see the module doc; between
-        steps read them inside gathered_parameters()).
-    bucket_cap_mb: bucket size cap in MiB (25, like DDP).
-    accumulation_steps: communicate once every this many backward passes (or use no_sync()).
-    param_dtype: run the model in torch.float16 or torch.bfloat16 (its parameters are cast;
-        feed it inputs of that dtype); the optimizer steps fp32 master shards.
-    broadcast_from: the rank whose parameters and buffers every rank starts from.
+    - model: a torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one
+      floating dtype (after param_dtype).
+    - optimizer_class: any torch.optim.Optimizer class; it is built over this rank's master
+      shards with `**optimizer_defaults` (one parameter group). Element-wise optimizers (SGD,
+      Adam, AdamW, RMSprop, Adagrad, ...) step exactly as on the unsharded model; ones
+      that look at whole tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see
+      shards instead and are not supported.
+    - comm: a ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
+    - stage: 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too: gathered
+      per bucket around each module's forward and backward, see the module doc; between
+      steps read them inside gathered_parameters()).
+    - bucket_cap_mb: bucket size cap in MiB (25, like DDP).
+    - accumulation_steps: communicate once every this many backward passes (or use no_sync()).
+    - param_dtype: run the model in torch.float16 or torch.bfloat16 (its parameters are cast;
+      feed it inputs of that dtype); the optimizer steps fp32 master shards.
+    - broadcast_from: the rank whose parameters and buffers every rank starts from.
     """
 
     def __init__(
@@ -462,7 +462,7 @@ class ShardedDataParallel(BackwardSync):
         """Step this rank's shards with the optimizer, then all-gather the updated parameters
         (asynchronously; the next forward pass waits; stage 3 gathers them only when a module
         runs). With a GradScaler, unscale (unless
-        unscale_ ran already), decide on overflow over every rank and let the scaler skip the
+        `unscale_` ran already), decide on overflow over every rank and let the scaler skip the
         step on every rank or on none; call scaler.update() afterwards as usual. Returns what
         the optimizer's step returned (None when skipped)."""
         self.finish()
@@ -546,9 +546,9 @@ class ShardedDataParallel(BackwardSync):
         return scaler._per_optimizer_states[id(self.optimizer)]
 
     def unscale_(self, scaler: torch.amp.GradScaler):
-        """scaler.unscale_ on the master shards, then one all_reduce (max) of the overflow
+        """`scaler.unscale_` on the master shards, then one all_reduce (max) of the overflow
         flag, written back into the scaler's found_inf_per_device: every rank's scaler then
-        skips the step and lowers the scale, or none does. Call before clip_grad_norm_."""
+        skips the step and lowers the scale, or none does. Call before `clip_grad_norm_`."""
         self.finish()
         if not scaler.is_enabled():
             return
@@ -567,7 +567,7 @@ class ShardedDataParallel(BackwardSync):
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale the gradients so that their norm over all ranks' shards is at most max_norm;
-        returns that total norm (the value torch.nn.utils.clip_grad_norm_ gives on the
+        returns that total norm (the value `torch.nn.utils.clip_grad_norm_` gives on the
         unsharded model). One all_reduce of one number."""
         self.finish()
         norm_type = float(norm_type)
