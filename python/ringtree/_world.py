@@ -25,8 +25,8 @@ def init(
 ) -> Communicator:
     """The world communicator.
 
-    With no arguments, rank/size/unique id come from the launcher's environment (see
-    ringtree._launchers for the order). Explicit arguments override it: rank and size together,
+    With no arguments, rank/size/unique id come from the launcher's environment (ringtree's own
+    launcher, mpiexec, torchrun or Slurm; the manual's launching page gives the order). Explicit arguments override it: rank and size together,
     plus unique_id (a UniqueId or its str() token) when size > 1.
     """
     timeout = default_timeout() if timeout is None else float(timeout)
