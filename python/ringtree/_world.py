@@ -26,8 +26,9 @@ def init(
     """The world communicator.
 
     With no arguments, rank/size/unique id come from the launcher's environment (ringtree's own
-    launcher, mpiexec, torchrun or Slurm; the manual's launching page gives the order). Explicit arguments override it: rank and size together,
-    plus unique_id (a UniqueId or its str() token) when size > 1.
+    launcher, mpiexec, torchrun or Slurm; the manual's launching page gives the order). Explicit
+    arguments override it: rank and size together, plus unique_id (a UniqueId or its str() token)
+    when size > 1.
     """
     timeout = default_timeout() if timeout is None else float(timeout)
     if rank is not None or size is not None or unique_id is not None:
