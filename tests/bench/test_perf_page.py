@@ -134,3 +134,11 @@ def test_the_committed_page_is_what_the_committed_summary_renders_to():
     )
     for name in names:
         assert os.path.isfile(os.path.join(perf_page.PLOTS, name)), name
+
+
+def test_the_page_shows_a_command_a_reader_can_retype():
+    here = "python bench/launch_spread.py --sweep --openmpi-venv /srv/me/ompi-5 --thp never -J /srv/me/out/s.json"
+    assert perf_page.portable_command(here) == (
+        "python bench/launch_spread.py --sweep --openmpi-venv /tmp/ompi --thp never -J sweep.json"
+    )
+    assert perf_page.portable_command(None) is None
