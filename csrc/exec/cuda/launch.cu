@@ -12,25 +12,6 @@ namespace {
 
 constexpr int kWalkThreads = 512;
 
-template <size_t N>
-struct RawOf;
-template <>
-struct RawOf<1> {
-  using type = unsigned char;
-};
-template <>
-struct RawOf<2> {
-  using type = unsigned short;
-};
-template <>
-struct RawOf<4> {
-  using type = unsigned int;
-};
-template <>
-struct RawOf<8> {
-  using type = unsigned long long;
-};
-
 // The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
 // Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
 template <typename T, typename F>
@@ -81,33 +62,9 @@ struct DeviceMem {
   // same offset within 16 bytes, one element at a time for the rest (cuda::split_by_phase).
   // Both operands through L2: another channel (block) may have written the local one.
   __device__ void reduce(void* dst, const void* local, const void* incoming, size_t count) const {
-    using Raw = typename RawOf<sizeof(T)>::type;
-    constexpr int E = cuda::Pack<T>::kElems;
-    const cuda::Split split = cuda::split_by_phase<T>(dst, local, incoming, count);
-    T* out = static_cast<T*>(dst);
-    const Raw* mine = static_cast<const Raw*>(local);
-    const Raw* theirs = static_cast<const Raw*>(incoming);
-    auto* out_packs = reinterpret_cast<cuda::Pack<T>*>(out + split.head);
-    const auto* mine_packs = reinterpret_cast<const uint4*>(mine + split.head);
-    const auto* theirs_packs = reinterpret_cast<const uint4*>(theirs + split.head);
-    for (size_t p = threadIdx.x; p < split.packs; p += blockDim.x) {
-      const uint4 a = __ldcg(mine_packs + p), b = __ldcg(theirs_packs + p);
-      cuda::Pack<T> x, y, z;
-      memcpy(&x, &a, sizeof(x));
-      memcpy(&y, &b, sizeof(y));
-#pragma unroll
-      for (int e = 0; e < E; ++e) z.v[e] = f(x.v[e], y.v[e]);
-      out_packs[p] = z;
-    }
-    const size_t scalars = split.head + split.tail, tail_start = split.head + split.packs * E;
-    for (size_t i = threadIdx.x; i < scalars; i += blockDim.x) {
-      const size_t at = i < split.head ? i : tail_start + (i - split.head);
-      const Raw a = __ldcg(mine + at), b = __ldcg(theirs + at);
-      T x, y;
-      memcpy(&x, &a, sizeof(T));
-      memcpy(&y, &b, sizeof(T));
-      out[at] = f(x, y);
-    }
+    cuda::elementwise_strided<cuda::L2Loads>(
+        static_cast<T*>(dst), static_cast<const T*>(local), static_cast<const T*>(incoming),
+        cuda::split_by_phase<T>(dst, local, incoming, count), f, threadIdx.x, blockDim.x);
   }
   __device__ void published() const {
     __threadfence_system();

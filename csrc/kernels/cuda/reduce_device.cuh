@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include "common/check.h"
 #include "ringtree/types.h"
@@ -208,20 +209,69 @@ __host__ __device__ inline Split split_by_phase(const void* dst, const void* a, 
   return Split{head, packs, count - head - packs * E};
 }
 
-// dst[i] = f(a[i], b[i]) for i in [0, count). dst may alias a or b exactly (each element is read
-// before it is written by the same thread), never partially.
-template <typename T, typename F>
-__device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
+// How elementwise reads its operands. DirectLoads: plain loads (the reduce kernels, whose inputs
+// their stream has ordered). L2Loads: through L2 with __ldcg, never a stale L1 line (the walk
+// kernel, whose operands another block or another rank may have just written); __ldcg takes
+// built-in types only, hence the raw words.
+template <size_t N>
+struct RawOf;
+template <>
+struct RawOf<1> {
+  using type = unsigned char;
+};
+template <>
+struct RawOf<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawOf<8> {
+  using type = unsigned long long;
+};
+struct DirectLoads {
+  template <typename T>
+  __device__ static Pack<T> pack(const Pack<T>* p) {
+    return *p;
+  }
+  template <typename T>
+  __device__ static T scalar(const T* p) {
+    return *p;
+  }
+};
+struct L2Loads {
+  template <typename T>
+  __device__ static Pack<T> pack(const Pack<T>* p) {
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p));
+    Pack<T> v;
+    memcpy(&v, &raw, sizeof(v));
+    return v;
+  }
+  template <typename T>
+  __device__ static T scalar(const T* p) {
+    using Raw = typename RawOf<sizeof(T)>::type;
+    const Raw raw = __ldcg(reinterpret_cast<const Raw*>(p));
+    T v;
+    memcpy(&v, &raw, sizeof(T));
+    return v;
+  }
+};
+
+// dst[i] = f(a[i], b[i]) for i in [0, count), this thread taking elements first, first + stride,
+// ... of each part. dst may alias a or b exactly (each element is read before it is written by the
+// same thread), never partially.
+template <typename Loads, typename T, typename F>
+__device__ void elementwise_strided(T* dst, const T* a, const T* b, Split s, F f, size_t first, size_t stride) {
   constexpr int E = Pack<T>::kElems;
-  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   // Body: consecutive threads take consecutive packs, so every warp moves 512 contiguous bytes.
   const Pack<T>* pa = reinterpret_cast<const Pack<T>*>(a + s.head);
   const Pack<T>* pb = reinterpret_cast<const Pack<T>*>(b + s.head);
   Pack<T>* pd = reinterpret_cast<Pack<T>*>(dst + s.head);
-  for (size_t p = tid; p < s.packs; p += stride) {
-    const Pack<T> x = pa[p];
-    const Pack<T> y = pb[p];
+  for (size_t p = first; p < s.packs; p += stride) {
+    const Pack<T> x = Loads::pack(pa + p);
+    const Pack<T> y = Loads::pack(pb + p);
     Pack<T> z;
 #pragma unroll
     for (int e = 0; e < E; ++e) z.v[e] = f(x.v[e], y.v[e]);
@@ -230,10 +280,17 @@ __device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
   // Head and tail: fewer than 2 packs' worth of elements unless the call is all-scalar.
   const size_t scalars = s.head + s.tail;
   const size_t tail_start = s.head + s.packs * E;
-  for (size_t i = tid; i < scalars; i += stride) {
+  for (size_t i = first; i < scalars; i += stride) {
     const size_t idx = i < s.head ? i : tail_start + (i - s.head);
-    dst[idx] = f(a[idx], b[idx]);
+    dst[idx] = f(Loads::scalar(a + idx), Loads::scalar(b + idx));
   }
+}
+
+// The same over the whole grid, with plain loads (one reduce kernel).
+template <typename T, typename F>
+__device__ void elementwise(T* dst, const T* a, const T* b, Split s, F f) {
+  elementwise_strided<DirectLoads>(dst, a, b, s, f, blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x,
+                                   static_cast<size_t>(gridDim.x) * blockDim.x);
 }
 
 // Calls fn(T{}) with the storage type of `dtype` (host side: picks the kernel instance).
