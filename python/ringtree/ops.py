@@ -7,20 +7,20 @@ import math
 
 from . import _core
 
-_OP_CODES = {name: code for code, name in enumerate(_core.OPS)}
+OP_CODES = {name: code for code, name in enumerate(_core.OPS)}
 
 
 class ReduceOp(enum.IntEnum):
-    SUM = _OP_CODES["sum"]
-    PROD = _OP_CODES["prod"]
-    MIN = _OP_CODES["min"]
-    MAX = _OP_CODES["max"]
-    AVG = _OP_CODES["avg"]
-    PREMUL_SUM = _OP_CODES["premul_sum"]
+    SUM = OP_CODES["sum"]
+    PROD = OP_CODES["prod"]
+    MIN = OP_CODES["min"]
+    MAX = OP_CODES["max"]
+    AVG = OP_CODES["avg"]
+    PREMUL_SUM = OP_CODES["premul_sum"]
     # Integer dtypes only (torch's BAND/BOR/BXOR).
-    BAND = _OP_CODES["band"]
-    BOR = _OP_CODES["bor"]
-    BXOR = _OP_CODES["bxor"]
+    BAND = OP_CODES["band"]
+    BOR = OP_CODES["bor"]
+    BXOR = OP_CODES["bxor"]
 
 
 class PremulSum:
@@ -50,8 +50,8 @@ def resolve_op(op) -> tuple[int, float]:
         if op == ReduceOp.PREMUL_SUM:
             raise _core.InvalidArgument("use ringtree.premul_sum(factor) to give premul_sum its factor")
         return int(op), 1.0
-    if isinstance(op, str) and op.lower() in _OP_CODES and op.lower() != "premul_sum":
-        return _OP_CODES[op.lower()], 1.0
+    if isinstance(op, str) and op.lower() in OP_CODES and op.lower() != "premul_sum":
+        return OP_CODES[op.lower()], 1.0
     raise _core.InvalidArgument(
         f"unsupported reduce op {op!r}; expected one of 'sum', 'prod', 'min', 'max', 'avg', 'band', 'bor', "
         f"'bxor', a ringtree.ReduceOp, or ringtree.premul_sum(factor)"

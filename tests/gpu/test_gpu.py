@@ -23,11 +23,14 @@ import pytest
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
+from ringtree._buffers import DTYPE_CODES
+from ringtree.ops import OP_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
-OP = {name: code for code, name in enumerate(_core.OPS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
+DTYPE = DTYPE_CODES
+OP = OP_CODES
 DTYPES = list(_core.DTYPES)
 OPS = list(_core.OPS)
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}

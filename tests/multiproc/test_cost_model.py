@@ -13,9 +13,10 @@ from harness import run_world
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
 SEGMENT = 128 << 10  # RINGTREE_TREE_SEGMENT_BYTES' default, which the price table uses
 
 

@@ -11,12 +11,15 @@ import pytest
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
+from ringtree._buffers import DTYPE_CODES
 from ringtree._choice import core_hook
+from ringtree.ops import OP_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
-OP = {name: code for code, name in enumerate(_core.OPS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
+DTYPE = DTYPE_CODES
+OP = OP_CODES
 PRICED = [
     "all_reduce",
     "reduce_scatter",

@@ -19,11 +19,14 @@ from reference import NUMPY_DTYPES, make_input, mismatches, reduce_reference
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
+from ringtree._buffers import DTYPE_CODES
+from ringtree.ops import OP_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
-OP = {name: code for code, name in enumerate(_core.OPS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
+DTYPE = DTYPE_CODES
+OP = OP_CODES
 ROOTED = {"broadcast", "reduce"}
 CASES = [
     (c, _core.ALGOS[a])

@@ -17,11 +17,14 @@ from reference import NUMPY_DTYPES, rank_order_fold, spread_input
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
+from ringtree._buffers import DTYPE_CODES
+from ringtree.ops import OP_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
-OP = {name: code for code, name in enumerate(_core.OPS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
+DTYPE = DTYPE_CODES
+OP = OP_CODES
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 RO = ALGO["rank_order"]
 

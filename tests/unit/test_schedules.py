@@ -11,9 +11,10 @@ import pytest
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
 CASES = [
     ("all_reduce", "ring"),
     ("all_reduce", "tree"),

@@ -21,11 +21,14 @@ from reference import BITWISE, NUMPY_DTYPES, make_input, mismatches, premul_fact
 
 import ringtree as rt
 from ringtree import _core
+from ringtree._args import ALGO_CODES, COLL_CODES
+from ringtree._buffers import DTYPE_CODES
+from ringtree.ops import OP_CODES
 
-COLL = {name: code for code, name in enumerate(_core.COLLECTIVES)}
-ALGO = {name: code for code, name in enumerate(_core.ALGOS)}
-DTYPE = {name: code for code, name in enumerate(_core.DTYPES)}
-OP = {name: code for code, name in enumerate(_core.OPS)}
+COLL = COLL_CODES
+ALGO = ALGO_CODES
+DTYPE = DTYPE_CODES
+OP = OP_CODES
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 INTEGERS = ("int8", "uint8", "int32", "int64")
 
