@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import ringtree as rt
 
+from .options import COLLECTIVES
+
 OOP, IP = "oop", "ip"
 PLACEMENTS = (OOP, IP)
 
@@ -92,18 +94,7 @@ class Collective:
         )
 
 
-BENCH_COLLECTIVES = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "all_to_all",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "sendrecv",
-)
-COLLECTIVE_SPECS = {name: Collective(name, rt.collective_info(name)) for name in BENCH_COLLECTIVES}
+COLLECTIVE_SPECS = {name: Collective(name, rt.collective_info(name)) for name in COLLECTIVES}
 
 
 def get(name: str) -> Collective:
