@@ -286,7 +286,8 @@ struct Rates {
 // whole-call view: the slowest link sets the pace of every message).
 Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_remote) {
   // Per-byte costs for this working set (input and output), slowed down when the host's ranks
-  // share fewer cores; half types reduce at float32's element rate (twice its cost per byte).
+  // share fewer cores; half and float8 types reduce at float32's element rate (two and four times
+  // its cost per byte).
   const double working_set = 2 * buffer;
   const double cold = working_set <= m.l2_bytes ? 0.0
                       : working_set >= m.l3_bytes
@@ -294,7 +295,9 @@ Rates rates_for(const MachineCosts& m, double buffer, DataType dtype, bool all_r
                           : std::log(working_set / m.l2_bytes) / std::log(m.l3_bytes / m.l2_bytes);
   auto per_byte = [cold](double hot_Bps, double cold_Bps) { return (1 - cold) / hot_Bps + cold / cold_Bps; };
   const double share = m.local_ranks > m.cores ? static_cast<double>(m.local_ranks) / m.cores : 1.0;
-  const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16) ? 2.0 : 1.0;
+  const double half = (dtype == DataType::Float16 || dtype == DataType::BFloat16)        ? 2.0
+                      : (dtype == DataType::Float8E4M3 || dtype == DataType::Float8E5M2) ? 4.0
+                                                                                         : 1.0;
   Rates r;
   r.share = share;
   r.cores = std::max(1, m.cores);

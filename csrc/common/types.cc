@@ -10,29 +10,56 @@ size_t dtype_size(DataType t) {
   switch (t) {
     case DataType::Int8:
     case DataType::Uint8:
+    case DataType::Float8E4M3:
+    case DataType::Float8E5M2:
       return 1;
     case DataType::Float16:
     case DataType::BFloat16:
+    case DataType::Int16:
+    case DataType::Uint16:
       return 2;
     case DataType::Int32:
     case DataType::Float32:
+    case DataType::Uint32:
       return 4;
     case DataType::Int64:
     case DataType::Float64:
+    case DataType::Uint64:
+    case DataType::Complex64:
       return 8;
+    case DataType::Complex128:
+      return 16;
     default:
       return 0;
   }
 }
 
 const char* dtype_name(DataType t) {
-  static const char* names[] = {"int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
+  // numpy's names (ml_dtypes' for the float8 types), which are also torch's.
+  static const char* names[] = {"int8",          "uint8",       "int32",     "int64",     "float16", "bfloat16",
+                                "float32",       "float64",     "int16",     "uint16",    "uint32",  "uint64",
+                                "float8_e4m3fn", "float8_e5m2", "complex64", "complex128"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(DataType::Count), "one name per dtype");
   return t < DataType::Count ? names[static_cast<int>(t)] : "invalid-dtype";
 }
 
 bool dtype_is_floating(DataType t) {
-  return t == DataType::Float16 || t == DataType::BFloat16 || t == DataType::Float32 || t == DataType::Float64;
+  switch (t) {
+    case DataType::Float16:
+    case DataType::BFloat16:
+    case DataType::Float32:
+    case DataType::Float64:
+    case DataType::Float8E4M3:
+    case DataType::Float8E5M2:
+    case DataType::Complex64:
+    case DataType::Complex128:
+      return true;
+    default:
+      return false;
+  }
 }
+
+bool dtype_is_complex(DataType t) { return t == DataType::Complex64 || t == DataType::Complex128; }
 
 bool is_bitwise(ReduceOp op) { return op == ReduceOp::BitAnd || op == ReduceOp::BitOr || op == ReduceOp::BitXor; }
 

@@ -161,6 +161,9 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
              ": premul_sum factor must be finite, got ", a.premul_factor);
     RT_CHECK(!is_bitwise(a.op) || !dtype_is_floating(a.dtype), InvalidArgument, name, ": ", op_name(a.op),
              " needs an integer dtype, got ", dtype_name(a.dtype));
+    RT_CHECK(!dtype_is_complex(a.dtype) || (a.op != ReduceOp::Min && a.op != ReduceOp::Max), InvalidArgument, name,
+             ": ", op_name(a.op), " needs an ordered dtype; complex numbers have no order (got ", dtype_name(a.dtype),
+             ")");
   }
   if (t.rooted)
     RT_CHECK(a.root >= 0 && a.root < nranks, InvalidArgument, name, ": root must be in [0, ", nranks, "), got ",

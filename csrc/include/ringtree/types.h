@@ -6,7 +6,28 @@
 
 namespace ringtree {
 
-enum class DataType : uint8_t { Int8, Uint8, Int32, Int64, Float16, BFloat16, Float32, Float64, Count };
+// The first eight are the first release's codes; later ones are appended so codes stay stable.
+// Float8E4M3 is torch's float8_e4m3fn (no infinities); Float8E5M2 is IEEE-like. Both reduce in float32
+// like the half types; Complex64/Complex128 are (real, imaginary) pairs of float/double.
+enum class DataType : uint8_t {
+  Int8,
+  Uint8,
+  Int32,
+  Int64,
+  Float16,
+  BFloat16,
+  Float32,
+  Float64,
+  Int16,
+  Uint16,
+  Uint32,
+  Uint64,
+  Float8E4M3,
+  Float8E5M2,
+  Complex64,
+  Complex128,
+  Count
+};
 // BitAnd, BitOr, BitXor: integer dtypes only (torch's BAND/BOR/BXOR; bool travels as uint8).
 enum class ReduceOp : uint8_t { Sum, Prod, Min, Max, Avg, PremulSum, BitAnd, BitOr, BitXor, Count };
 enum class Collective : uint8_t {
@@ -40,7 +61,10 @@ const char* dtype_name(DataType t);
 const char* op_name(ReduceOp op);
 const char* collective_name(Collective c);
 const char* algo_name(Algo a);
+// Every dtype that is not an integer: floating types, float8 and complex (what bitwise ops refuse and
+// deterministic mode orders).
 bool dtype_is_floating(DataType t);
+bool dtype_is_complex(DataType t);
 bool is_bitwise(ReduceOp op);
 // all_reduce, reduce_scatter, reduce.
 bool is_reduction(Collective c);

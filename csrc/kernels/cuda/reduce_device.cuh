@@ -2,12 +2,13 @@
 // from .cu files). The host launchers are declared in reduce.h.
 //
 // Terms:
-//   storage type  how an element sits in memory (int8_t ... double; f16_t / bf16_t for the
-//                 half types, kept as raw 16-bit patterns so they are trivially copyable and
-//                 packable like every other type).
-//   compute type  what the arithmetic runs in: the storage type itself, except that half types
-//                 widen to float and integer sum/prod run in the unsigned type of equal width
-//                 (so overflow wraps without undefined behaviour, as in kernels/reduce.cc).
+//   storage type  how an element sits in memory (int8_t ... double; f16_t / bf16_t / f8e4m3_t /
+//                 f8e5m2_t for the narrow floats, kept as raw bit patterns so they are trivially
+//                 copyable and packable like every other type; elements::Complex<float / double>
+//                 for the complex types).
+//   compute type  what the arithmetic runs in: the storage type itself, except that the narrow
+//                 floats widen to float and integer sum/prod run in an unsigned type at least as
+//                 wide (so overflow wraps without undefined behaviour, as in kernels/reduce.cc).
 //   pack          16 bytes of consecutive elements, moved with one 128-bit load or store.
 //
 // Every rule here mirrors csrc/kernels/host/reduce.cc element for element, so a schedule run on the
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <type_traits>
 #include "common/check.h"
+#include "kernels/elements.h"
 #include "ringtree/types.h"
 
 namespace ringtree {
@@ -32,6 +34,14 @@ struct f16_t {
 struct bf16_t {
   uint16_t bits;
 };
+struct f8e4m3_t {
+  uint8_t bits;
+};
+struct f8e5m2_t {
+  uint8_t bits;
+};
+using c64_t = elements::Complex<float>;
+using c128_t = elements::Complex<double>;
 
 // ---- widening and narrowing between storage and compute type ------------------------------
 
@@ -53,6 +63,19 @@ struct Arith<bf16_t> {
   __device__ static C up(bf16_t x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
   __device__ static bf16_t down(C c) { return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(c))}; }
 };
+// float8: the shared bit conversions (kernels/elements.h), not the hardware's saturating ones.
+template <>
+struct Arith<f8e4m3_t> {
+  using C = float;
+  __device__ static C up(f8e4m3_t x) { return elements::E4M3::to_float(x.bits); }
+  __device__ static f8e4m3_t down(C c) { return f8e4m3_t{elements::E4M3::from_float(c)}; }
+};
+template <>
+struct Arith<f8e5m2_t> {
+  using C = float;
+  __device__ static C up(f8e5m2_t x) { return elements::E5M2::to_float(x.bits); }
+  __device__ static f8e5m2_t down(C c) { return f8e5m2_t{elements::E5M2::from_float(c)}; }
+};
 
 // ---- reduce ops -----------------------------------------------------------------------------
 // Same formulas as the host (b < a ? b : a, not fminf), so NaN handling matches too.
@@ -60,6 +83,7 @@ struct Arith<bf16_t> {
 struct OpSum {
   static constexpr bool kWraps = true;
   static constexpr bool kBitwise = false;
+  static constexpr bool kOrdered = false;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a + b;
@@ -68,6 +92,7 @@ struct OpSum {
 struct OpProd {
   static constexpr bool kWraps = true;
   static constexpr bool kBitwise = false;
+  static constexpr bool kOrdered = false;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a * b;
@@ -76,6 +101,7 @@ struct OpProd {
 struct OpMin {
   static constexpr bool kWraps = false;
   static constexpr bool kBitwise = false;
+  static constexpr bool kOrdered = true;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return b < a ? b : a;
@@ -84,6 +110,7 @@ struct OpMin {
 struct OpMax {
   static constexpr bool kWraps = false;
   static constexpr bool kBitwise = false;
+  static constexpr bool kOrdered = true;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a < b ? b : a;
@@ -93,6 +120,7 @@ struct OpMax {
 struct OpBitAnd {
   static constexpr bool kWraps = false;
   static constexpr bool kBitwise = true;
+  static constexpr bool kOrdered = false;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a & b;
@@ -101,6 +129,7 @@ struct OpBitAnd {
 struct OpBitOr {
   static constexpr bool kWraps = false;
   static constexpr bool kBitwise = true;
+  static constexpr bool kOrdered = false;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a | b;
@@ -109,6 +138,7 @@ struct OpBitOr {
 struct OpBitXor {
   static constexpr bool kWraps = false;
   static constexpr bool kBitwise = true;
+  static constexpr bool kOrdered = false;
   template <typename C>
   __device__ static C apply(C a, C b) {
     return a ^ b;
@@ -122,6 +152,15 @@ struct Unsigned {
 template <>
 struct Unsigned<int8_t> {
   using type = uint8_t;
+};
+// 16-bit products would be promoted to (signed) int and could overflow: take 32 bits.
+template <>
+struct Unsigned<int16_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<uint16_t> {
+  using type = uint32_t;
 };
 template <>
 struct Unsigned<int32_t> {
@@ -146,8 +185,9 @@ struct Combine {
 };
 
 // ---- the premul_sum and avg passes (unary: the second operand is ignored) --------------------
-// Host rules: floating types multiply/divide in double and round to float (then to half);
-// integers multiply by the factor converted to int64 (wrapping) and divide truncating.
+// Host rules: floating types multiply/divide in double and round to float (then to the narrow
+// type); complex types treat each part as their real type; integers multiply by the factor
+// converted to int64 (wrapping) and divide truncating (unsigned types as unsigned).
 
 template <typename T>
 struct Scale {
@@ -158,6 +198,11 @@ struct Scale {
       return static_cast<T>(static_cast<int64_t>(static_cast<uint64_t>(static_cast<int64_t>(a)) * int_factor));
     } else if constexpr (std::is_same_v<T, double>) {
       return a * factor;
+    } else if constexpr (std::is_same_v<T, c64_t>) {
+      return c64_t{static_cast<float>(static_cast<double>(a.re) * factor),
+                   static_cast<float>(static_cast<double>(a.im) * factor)};
+    } else if constexpr (std::is_same_v<T, c128_t>) {
+      return c128_t{a.re * factor, a.im * factor};
     } else {
       return Arith<T>::down(static_cast<float>(static_cast<double>(Arith<T>::up(a)) * factor));
     }
@@ -168,10 +213,18 @@ template <typename T>
 struct Divide {
   int64_t divisor;
   __device__ T operator()(T a, T) const {
-    if constexpr (std::is_integral_v<T>) {
+    if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+      return static_cast<T>(static_cast<uint64_t>(a) / static_cast<uint64_t>(divisor));
+    } else if constexpr (std::is_integral_v<T>) {
       return static_cast<T>(static_cast<int64_t>(a) / divisor);
     } else if constexpr (std::is_same_v<T, double>) {
       return a / static_cast<double>(divisor);
+    } else if constexpr (std::is_same_v<T, c64_t>) {
+      const double d = static_cast<double>(divisor);
+      return c64_t{static_cast<float>(static_cast<double>(a.re) / d),
+                   static_cast<float>(static_cast<double>(a.im) / d)};
+    } else if constexpr (std::is_same_v<T, c128_t>) {
+      return c128_t{a.re / static_cast<double>(divisor), a.im / static_cast<double>(divisor)};
     } else {
       return Arith<T>::down(static_cast<float>(static_cast<double>(Arith<T>::up(a)) / static_cast<double>(divisor)));
     }
@@ -212,7 +265,8 @@ __host__ __device__ inline Split split_by_phase(const void* dst, const void* a, 
 // How elementwise reads its operands. DirectLoads: plain loads (the reduce kernels, whose inputs
 // their stream has ordered). L2Loads: through L2 with __ldcg, never a stale L1 line (the walk
 // kernel, whose operands another block or another rank may have just written); __ldcg takes
-// built-in types only, hence the raw words.
+// built-in types only, hence the raw words (as wide as the type's alignment: a complex element is
+// two of them).
 template <size_t N>
 struct RawOf;
 template <>
@@ -251,10 +305,13 @@ struct L2Loads {
   }
   template <typename T>
   __device__ static T scalar(const T* p) {
-    using Raw = typename RawOf<sizeof(T)>::type;
-    const Raw raw = __ldcg(reinterpret_cast<const Raw*>(p));
+    using Raw = typename RawOf<alignof(T)>::type;
+    constexpr int kWords = sizeof(T) / alignof(T);
+    Raw raw[kWords];
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) raw[w] = __ldcg(reinterpret_cast<const Raw*>(p) + w);
     T v;
-    memcpy(&v, &raw, sizeof(T));
+    memcpy(&v, raw, sizeof(T));
     return v;
   }
 };
@@ -313,28 +370,42 @@ void with_storage_type(DataType dtype, Fn&& fn) {
       return fn(float{});
     case DataType::Float64:
       return fn(double{});
+    case DataType::Int16:
+      return fn(int16_t{});
+    case DataType::Uint16:
+      return fn(uint16_t{});
+    case DataType::Uint32:
+      return fn(uint32_t{});
+    case DataType::Uint64:
+      return fn(uint64_t{});
+    case DataType::Float8E4M3:
+      return fn(f8e4m3_t{});
+    case DataType::Float8E5M2:
+      return fn(f8e5m2_t{});
+    case DataType::Complex64:
+      return fn(c64_t{});
+    case DataType::Complex128:
+      return fn(c128_t{});
     default:
       RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(dtype));
   }
 }
 
-// with_storage_type for a reduce op: the bitwise ops exist for the integer types only
-// (validate_call refuses the others before any kernel is chosen).
+// with_storage_type for a reduce op: the bitwise ops exist for the integer types only, min and
+// max for the ordered ones (validate_call refuses the others before any kernel is chosen).
 template <typename Op, typename Fn>
 void for_op_types(DataType dtype, Fn&& fn) {
   if constexpr (Op::kBitwise) {
-    switch (dtype) {
-      case DataType::Int8:
-        return fn(int8_t{});
-      case DataType::Uint8:
-        return fn(uint8_t{});
-      case DataType::Int32:
-        return fn(int32_t{});
-      case DataType::Int64:
-        return fn(int64_t{});
-      default:
-        RT_THROW(InvalidArgument, "bitwise reductions need an integer dtype, got ", dtype_name(dtype));
-    }
+    RT_CHECK(!dtype_is_floating(dtype), InvalidArgument, "bitwise reductions need an integer dtype, got ",
+             dtype_name(dtype));
+    with_storage_type(dtype, [&](auto tag) {
+      if constexpr (std::is_integral_v<decltype(tag)>) fn(tag);
+    });
+  } else if constexpr (Op::kOrdered) {
+    RT_CHECK(!dtype_is_complex(dtype), InvalidArgument, "min and max need an ordered dtype, got ", dtype_name(dtype));
+    with_storage_type(dtype, [&](auto tag) {
+      if constexpr (!std::is_same_v<decltype(tag), c64_t> && !std::is_same_v<decltype(tag), c128_t>) fn(tag);
+    });
   } else {
     with_storage_type(dtype, fn);
   }
@@ -349,6 +420,7 @@ void for_each_op_and_type(Fn&& fn) {
     for (int d = 0; d < static_cast<int>(DataType::Count); ++d) {
       const auto dtype = static_cast<DataType>(d);
       if (Op::kBitwise && dtype_is_floating(dtype)) continue;
+      if (Op::kOrdered && dtype_is_complex(dtype)) continue;
       for_op_types<Op>(dtype, [&](auto tag) { fn(op, tag); });
     }
   };

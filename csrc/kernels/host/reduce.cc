@@ -10,6 +10,7 @@
 #include <string>
 #include "common/check.h"
 #include "common/settings.h"
+#include "kernels/elements.h"
 #include "kernels/host/reduce_x86.h"
 
 namespace ringtree {
@@ -111,6 +112,7 @@ struct OpBitXor {
 };
 
 // Integer sums and products wrap (two's complement), as in NCCL; done in unsigned to avoid UB.
+// 16-bit types take 32 bits: a uint16_t product would be promoted to (signed) int and overflow.
 template <typename T>
 struct Wide {
   using type = T;
@@ -118,6 +120,14 @@ struct Wide {
 template <>
 struct Wide<int8_t> {
   using type = uint8_t;
+};
+template <>
+struct Wide<int16_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wide<uint16_t> {
+  using type = uint32_t;
 };
 template <>
 struct Wide<int32_t> {
@@ -141,11 +151,12 @@ void reduce_plain(void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Op>
-void reduce_half(void* dst, const void* a, const void* b, size_t n) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
+// The narrow float types (float16, bfloat16, float8): widened to float, reduced, rounded back.
+template <typename S, float (*ToFloat)(S), S (*FromFloat)(float), typename Op>
+void reduce_narrow(void* dst, const void* a, const void* b, size_t n) {
+  S* d = static_cast<S*>(dst);
+  const S* x = static_cast<const S*>(a);
+  const S* y = static_cast<const S*>(b);
   // Blocked so the widened values stay in registers / L1 and both loops vectorize.
   constexpr size_t kBlock = 256;
   float fx[kBlock], fy[kBlock];
@@ -169,6 +180,14 @@ ReduceFn pick_integer(DataType t) {
       return reduce_plain<int32_t, Op>;
     case DataType::Int64:
       return reduce_plain<int64_t, Op>;
+    case DataType::Int16:
+      return reduce_plain<int16_t, Op>;
+    case DataType::Uint16:
+      return reduce_plain<uint16_t, Op>;
+    case DataType::Uint32:
+      return reduce_plain<uint32_t, Op>;
+    case DataType::Uint64:
+      return reduce_plain<uint64_t, Op>;
     default:
       return nullptr;
   }
@@ -179,13 +198,26 @@ ReduceFn pick(DataType t) {
   if (ReduceFn f = pick_integer<Op>(t)) return f;
   switch (t) {
     case DataType::Float16:
-      return reduce_half<half_to_float, float_to_half, Op>;
+      return reduce_narrow<uint16_t, half_to_float, float_to_half, Op>;
     case DataType::BFloat16:
-      return reduce_half<bf16_to_float, float_to_bf16, Op>;
+      return reduce_narrow<uint16_t, bf16_to_float, float_to_bf16, Op>;
     case DataType::Float32:
       return reduce_plain<float, Op>;
     case DataType::Float64:
       return reduce_plain<double, Op>;
+    case DataType::Float8E4M3:
+      return reduce_narrow<uint8_t, elements::E4M3::to_float, elements::E4M3::from_float, Op>;
+    case DataType::Float8E5M2:
+      return reduce_narrow<uint8_t, elements::E5M2::to_float, elements::E5M2::from_float, Op>;
+    case DataType::Complex64:
+    case DataType::Complex128:
+      // Complex numbers have no order: validate_call refuses min and max earlier, with the collective's name.
+      if constexpr (std::is_same_v<Op, OpSum> || std::is_same_v<Op, OpProd>) {
+        if (t == DataType::Complex64) return reduce_plain<elements::Complex<float>, Op>;
+        return reduce_plain<elements::Complex<double>, Op>;
+      } else {
+        RT_THROW(InvalidArgument, "min and max need an ordered dtype, got ", dtype_name(t));
+      }
     default:
       RT_THROW(InvalidArgument, "unsupported dtype code ", static_cast<int>(t));
   }
@@ -206,14 +238,16 @@ void map_plain(void* dst, const void* src, size_t n, F f) {
   for (size_t i = 0; i < n; ++i) d[i] = f(s[i]);
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename F>
-void map_half(void* dst, const void* src, size_t n, F f) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* s = static_cast<const uint16_t*>(src);
+template <typename S, float (*ToFloat)(S), S (*FromFloat)(float), typename F>
+void map_narrow(void* dst, const void* src, size_t n, F f) {
+  S* d = static_cast<S*>(dst);
+  const S* s = static_cast<const S*>(src);
   for (size_t i = 0; i < n; ++i) d[i] = FromFloat(f(ToFloat(s[i])));
 }
 
-// Applies an arithmetic map in the dtype's compute type (float for halves).
+// Applies an arithmetic map in the dtype's compute type: int64 for the integers (uint64 itself, so
+// that its division stays unsigned), float for the narrow floats. Complex dtypes map each part as
+// their real type (scale_elements and divide_elements).
 template <typename F>
 void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
   switch (t) {
@@ -227,10 +261,36 @@ void map_elements(void* dst, const void* src, size_t n, DataType t, F f) {
                                 [&](int32_t v) { return static_cast<int32_t>(f(static_cast<int64_t>(v))); });
     case DataType::Int64:
       return map_plain<int64_t>(dst, src, n, [&](int64_t v) { return f(v); });
+    case DataType::Int16:
+      return map_plain<int16_t>(dst, src, n,
+                                [&](int16_t v) { return static_cast<int16_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Uint16:
+      return map_plain<uint16_t>(dst, src, n,
+                                 [&](uint16_t v) { return static_cast<uint16_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Uint32:
+      return map_plain<uint32_t>(dst, src, n,
+                                 [&](uint32_t v) { return static_cast<uint32_t>(f(static_cast<int64_t>(v))); });
+    case DataType::Uint64:
+      return map_plain<uint64_t>(dst, src, n, [&](uint64_t v) { return f(v); });
     case DataType::Float16:
-      return map_half<half_to_float, float_to_half>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+      return map_narrow<uint16_t, half_to_float, float_to_half>(dst, src, n,
+                                                                [&](float v) { return static_cast<float>(f(v)); });
     case DataType::BFloat16:
-      return map_half<bf16_to_float, float_to_bf16>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+      return map_narrow<uint16_t, bf16_to_float, float_to_bf16>(dst, src, n,
+                                                                [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float8E4M3:
+      return map_narrow<uint8_t, elements::E4M3::to_float, elements::E4M3::from_float>(
+          dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Float8E5M2:
+      return map_narrow<uint8_t, elements::E5M2::to_float, elements::E5M2::from_float>(
+          dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
+    case DataType::Complex64:
+      return map_plain<elements::Complex<float>>(dst, src, n, [&](elements::Complex<float> v) {
+        return elements::Complex<float>{static_cast<float>(f(v.re)), static_cast<float>(f(v.im))};
+      });
+    case DataType::Complex128:
+      return map_plain<elements::Complex<double>>(
+          dst, src, n, [&](elements::Complex<double> v) { return elements::Complex<double>{f(v.re), f(v.im)}; });
     case DataType::Float32:
       return map_plain<float>(dst, src, n, [&](float v) { return static_cast<float>(f(v)); });
     case DataType::Float64:
