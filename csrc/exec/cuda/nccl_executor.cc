@@ -15,27 +15,55 @@ namespace ringtree {
 
 namespace {
 
-int nccl_dtype(DataType t) {
+// How a call's elements go to NCCL: as NCCL's type `type`, `per_element` of them per ringtree
+// element. NCCL has no int16, uint16 or complex type: a call that only moves data moves their
+// bytes, a complex sum reduces the real and imaginary parts as two floats (or doubles), and the
+// rest (int16/uint16 reductions, complex products) is refused before any traffic. The float8
+// types need NCCL 2.24 to reduce (`version` 0: not known yet; checked again once loaded).
+struct NcclType {
+  int type;
+  uint64_t per_element;
+};
+
+NcclType nccl_type(DataType t, bool reduction, ReduceOp combine, int version, const char* name) {
   switch (t) {
     case DataType::Int8:
-      return kNcclInt8;
+      return {kNcclInt8, 1};
     case DataType::Uint8:
-      return kNcclUint8;
+      return {kNcclUint8, 1};
     case DataType::Int32:
-      return kNcclInt32;
+      return {kNcclInt32, 1};
+    case DataType::Uint32:
+      return {kNcclUint32, 1};
     case DataType::Int64:
-      return kNcclInt64;
+      return {kNcclInt64, 1};
+    case DataType::Uint64:
+      return {kNcclUint64, 1};
     case DataType::Float16:
-      return kNcclFloat16;
+      return {kNcclFloat16, 1};
     case DataType::BFloat16:
-      return kNcclBfloat16;
+      return {kNcclBfloat16, 1};
     case DataType::Float32:
-      return kNcclFloat32;
+      return {kNcclFloat32, 1};
     case DataType::Float64:
-      return kNcclFloat64;
+      return {kNcclFloat64, 1};
     default:
-      RT_THROW(InvalidArgument, "dtype code ", static_cast<int>(t), " has no NCCL equivalent");
+      break;
   }
+  RT_CHECK(t < DataType::Count, InvalidArgument, "dtype code ", static_cast<int>(t), " has no NCCL equivalent");
+  const bool fp8 = t == DataType::Float8E4M3 || t == DataType::Float8E5M2;
+  if (!reduction) return {kNcclUint8, dtype_size(t)};  // data movement: bytes are bytes
+  if (fp8) {
+    RT_CHECK(version == 0 || version >= kNcclFloat8Version, InvalidArgument, name, ": algo 'nccl' reduces ",
+             dtype_name(t), " from NCCL 2.24 on, and this NCCL is ", version / 10000, ".", version / 100 % 100, ".",
+             version % 100, "; use algo 'auto', which walks ringtree's schedules");
+    return {t == DataType::Float8E4M3 ? kNcclFloat8e4m3 : kNcclFloat8e5m2, 1};
+  }
+  if (dtype_is_complex(t) && combine == ReduceOp::Sum)
+    return {t == DataType::Complex64 ? kNcclFloat32 : kNcclFloat64, 2};
+  RT_THROW(InvalidArgument, name, ": algo 'nccl' cannot reduce ", dtype_name(t), " with ", op_name(combine),
+           " (NCCL has no ", dtype_name(t), " type", dtype_is_complex(t) ? "; complex sums and averages it can" : "",
+           "); use algo 'auto', which walks ringtree's schedules");
 }
 
 // The op NCCL reduces with: the plan's combine (avg and premul_sum are sums between the plan's
@@ -210,7 +238,9 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t str
            op_name(a.op), " (NCCL has no bitwise reductions); use algo 'auto', which walks ringtree's schedules");
   const ValidatedCall v = validate_call(a, host_.rank(), host_.size());
   // A dtype NCCL lacks is refused here, before the first call's set-up traffic.
-  (void)nccl_dtype(a.dtype);
+  const bool reduction = collective_traits(a.coll).reduction;
+  const ReduceOp combine = a.op == ReduceOp::Avg || a.op == ReduceOp::PremulSum ? ReduceOp::Sum : a.op;
+  (void)nccl_type(a.dtype, reduction, combine, api_ ? api_->version : 0, name);
   const int device = current_device();
   check_device_buffers(a, device);
   const double timeout_s = a.timeout_s > 0 ? a.timeout_s : host_.default_timeout();
@@ -230,6 +260,7 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t str
   }
   RT_CHECK(device == device_, InvalidArgument, name, ": the current device is ", device,
            " but this communicator's NCCL communicator lives on device ", device_);
+  (void)nccl_type(a.dtype, reduction, combine, api_->version, name);  // now that the version is known
   Device dev{*this, a, stream};
   run_plan(plan, dev);
   dev.release_temp();
@@ -242,24 +273,28 @@ std::shared_ptr<DeviceWork> NcclPath::run(const CollectiveArgs& a, uintptr_t str
 }
 
 void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t* in, uint8_t* out, cudaStream_t s) {
-  const int dt = nccl_dtype(plan.dtype);
+  const NcclType nt = nccl_type(plan.dtype, collective_traits(plan.key.coll).reduction, plan.combine, api_->version,
+                                collective_name(plan.key.coll));
+  const int dt = nt.type;
+  const uint64_t k = nt.per_element;  // NCCL's counts are in its elements
   const int op = nccl_op(plan.combine);
   const int root = plan.key.root;
   switch (plan.key.coll) {
     case Collective::AllReduce:
-      settle(api_->AllReduce(in, out, plan.output.count, dt, op, comm_, s), "ncclAllReduce", plan.timeout_s);
+      settle(api_->AllReduce(in, out, plan.output.count * k, dt, op, comm_, s), "ncclAllReduce", plan.timeout_s);
       return;
     case Collective::ReduceScatter:
-      settle(api_->ReduceScatter(in, out, plan.output.count, dt, op, comm_, s), "ncclReduceScatter", plan.timeout_s);
+      settle(api_->ReduceScatter(in, out, plan.output.count * k, dt, op, comm_, s), "ncclReduceScatter",
+             plan.timeout_s);
       return;
     case Collective::AllGather:
-      settle(api_->AllGather(in, out, plan.input.count, dt, comm_, s), "ncclAllGather", plan.timeout_s);
+      settle(api_->AllGather(in, out, plan.input.count * k, dt, comm_, s), "ncclAllGather", plan.timeout_s);
       return;
     case Collective::Broadcast:  // one buffer: the plan's input and output
-      settle(api_->Broadcast(in, out, plan.input.count, dt, root, comm_, s), "ncclBroadcast", plan.timeout_s);
+      settle(api_->Broadcast(in, out, plan.input.count * k, dt, root, comm_, s), "ncclBroadcast", plan.timeout_s);
       return;
     case Collective::Reduce:  // out: null off the root (NCCL ignores it there), in place on it
-      settle(api_->Reduce(in, out, plan.input.count, dt, op, root, comm_, s), "ncclReduce", plan.timeout_s);
+      settle(api_->Reduce(in, out, plan.input.count * k, dt, op, root, comm_, s), "ncclReduce", plan.timeout_s);
       return;
     default:
       break;
@@ -288,9 +323,9 @@ void NcclPath::walk(const CallPlan& plan, const CollectiveArgs& a, const uint8_t
       uint8_t* dst = bases[static_cast<int>(o.dst.buf)] + o.dst.offset * esz;
       const uint8_t* src = bases[static_cast<int>(o.src.buf)] + o.src.offset * esz;
       if (o.kind == OpKind::Send)
-        check(api_->Send(src, o.count, dt, o.peer, comm_, s), "ncclSend");
+        check(api_->Send(src, o.count * k, dt, o.peer, comm_, s), "ncclSend");
       else if (o.kind == OpKind::Recv)
-        check(api_->Recv(dst, o.count, dt, o.peer, comm_, s), "ncclRecv");
+        check(api_->Recv(dst, o.count * k, dt, o.peer, comm_, s), "ncclRecv");
       else if (dst != src)
         RT_CUDA_CHECK(cudaMemcpyAsync(dst, src, o.count * esz, cudaMemcpyDeviceToDevice, s));
     }

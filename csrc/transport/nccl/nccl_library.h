@@ -19,16 +19,22 @@ constexpr NcclResult kNcclSuccess = 0;
 constexpr NcclResult kNcclInProgress = 7;
 
 // ncclDataType_t and ncclRedOp_t values.
+// The float8 types exist from NCCL 2.24 (kNcclFloat8Version).
 enum NcclDataType : int {
   kNcclInt8 = 0,
   kNcclUint8 = 1,
   kNcclInt32 = 2,
+  kNcclUint32 = 3,
   kNcclInt64 = 4,
+  kNcclUint64 = 5,
   kNcclFloat16 = 6,
   kNcclFloat32 = 7,
   kNcclFloat64 = 8,
-  kNcclBfloat16 = 9
+  kNcclBfloat16 = 9,
+  kNcclFloat8e4m3 = 10,
+  kNcclFloat8e5m2 = 11
 };
+constexpr int kNcclFloat8Version = 22400;
 enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
 
 // The prefix of ncclConfig_t that NCCL 2.14 defined (nccl.h's NCCL_CONFIG_INITIALIZER): NCCL reads
