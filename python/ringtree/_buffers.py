@@ -27,6 +27,14 @@ TORCH_DTYPES = {
     "torch.bfloat16": "bfloat16",
     "torch.float32": "float32",
     "torch.float64": "float64",
+    "torch.int16": "int16",
+    "torch.uint16": "uint16",
+    "torch.uint32": "uint32",
+    "torch.uint64": "uint64",
+    "torch.float8_e4m3fn": "float8_e4m3fn",
+    "torch.float8_e5m2": "float8_e5m2",
+    "torch.complex64": "complex64",
+    "torch.complex128": "complex128",
 }
 
 
@@ -36,11 +44,17 @@ DEVICE_NAMES = ("host", "CUDA")
 _CAI_DTYPES = {
     ("i", 1): "int8",
     ("u", 1): "uint8",
+    ("i", 2): "int16",
+    ("u", 2): "uint16",
     ("i", 4): "int32",
+    ("u", 4): "uint32",
     ("i", 8): "int64",
+    ("u", 8): "uint64",
     ("f", 2): "float16",
     ("f", 4): "float32",
     ("f", 8): "float64",
+    ("c", 8): "complex64",
+    ("c", 16): "complex128",
 }
 _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
@@ -143,7 +157,7 @@ def _from_cuda_array_interface(x, cai, name: str) -> BufferInfo:
     if dtype is None:
         raise _invalid(
             f"{name}: unsupported dtype {typestr}; supported: {', '.join(_core.DTYPES)} "
-            f"(bfloat16 on CUDA: use a torch tensor)"
+            f"(bfloat16 and float8 on CUDA: use a torch tensor)"
         )
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     strides = cai.get("strides")
