@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from harness import run_world
 from rank_checks import outcome, run_case
-from reference import BITWISE, NUMPY_DTYPES
+from reference import BITWISE, NUMPY_DTYPES, is_int, ops_for
 
 import ringtree as rt
 from ringtree import _core
@@ -232,8 +232,8 @@ def device_sweep(
             if dtype == "bfloat16" and lib != "torch":
                 continue
             for op in ops if coll in ("all_reduce", "reduce_scatter", "reduce") else ("sum",):
-                if op in BITWISE and dtype not in ("int8", "uint8", "int32", "int64"):
-                    continue  # integer dtypes only (refused before any traffic)
+                if op not in ops_for(dtype, [op]) or (op in BITWISE and not is_int(dtype)):
+                    continue  # integer dtypes only; complex has no min/max (refused before any traffic)
                 for n in counts:
                     for in_place in (False, True):
                         root = comm.size - 1

@@ -8,8 +8,9 @@ kernel sources (reduce.cu through the CUDA-on-CPU layer), in its memory. The oth
 check that the CUDA entry points exist and fail clearly when there is no CUDA build or no device.
 
 Expected values are exact: integers wrap as in C (numpy does the same), and floating inputs are
-small integers (products of +-1, +-2) so every partial result is representable in every float
-type, whatever order the schedule reduces in; ranks are powers of two so avg divides exactly.
+small integers (products of +-1, +-2; -1..1 for float8) so every partial result is representable
+in every float type, whatever order the schedule reduces in; ranks are powers of two so avg
+divides exactly. Complex inputs are such integers times 1 or i.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import pytest
 
 import ringtree as rt
 from ringtree import _core
+
+try:
+    import ml_dtypes
+except ImportError:  # the test extra installs it
+    ml_dtypes = None
 from ringtree._args import ALGO_CODES, COLL_CODES
 from ringtree._buffers import DTYPE_CODES
 from ringtree.ops import OP_CODES
@@ -59,7 +65,19 @@ NP_STORAGE = {
     "bfloat16": np.uint16,
     "float32": np.float32,
     "float64": np.float64,
+    "int16": np.int16,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+    "float8_e4m3fn": getattr(ml_dtypes, "float8_e4m3fn", np.uint8),
+    "float8_e5m2": getattr(ml_dtypes, "float8_e5m2", np.uint8),
+    "complex64": np.complex64,
+    "complex128": np.complex128,
 }
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
+COMPLEX = ("complex64", "complex128")
+if ml_dtypes is None:
+    DTYPES = [d for d in DTYPES if d not in FLOAT8]
 PREMUL = {True: 0.5, False: 3.0}  # floating: exact halving; integers: multiply by 3 (wrapping)
 
 
@@ -224,16 +242,53 @@ def _bf16_value(bits: np.ndarray) -> np.ndarray:
 
 
 def _is_float(dtype: str) -> bool:
-    return dtype.startswith("float") or dtype == "bfloat16"
+    """Not an integer: the float, float8 and complex types."""
+    return dtype.startswith("float") or dtype == "bfloat16" or dtype in COMPLEX
+
+
+def _ops_for(dtype: str, ops):
+    """The ops a dtype has: bitwise for integers only, min and max not for complex."""
+    return [
+        op for op in ops if not (op in BITWISE and _is_float(dtype)) and not (dtype in COMPLEX and op in ("min", "max"))
+    ]
+
+
+def _float8_round(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> float8 as the kernels round (to nearest even): ml_dtypes' conversion, except
+    that e4m3fn saturates out-of-range values and infinities to +-448 (as torch), where ml_dtypes
+    gives NaN."""
+    x = np.asarray(x, np.float32)
+    out = x.astype(NP_STORAGE[dtype])
+    if dtype == "float8_e4m3fn":
+        over = ~np.isnan(x) & np.isnan(out.astype(np.float32))
+        out[over] = np.where(x[over] > 0, 448.0, -448.0).astype(out.dtype)
+    return out
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Elementwise: the same bits, or both NaN (a NaN's payload and sign are the hardware's)."""
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    if got.dtype.kind == "c":
+        return _same_bits(got.real, want.real) & _same_bits(got.imag, want.imag)
+    raw = got.view(f"u{got.itemsize}") == want.view(f"u{want.itemsize}")
+    if _is_float(got.dtype.name) or got.dtype.kind == "V":
+        raw |= np.isnan(got.astype(np.float64)) & np.isnan(want.astype(np.float64))
+    return raw
 
 
 def _values(dtype: str, op: str, shape, rng) -> np.ndarray:
     """Inputs as float64 for floating types (small integers, exact everywhere) or the integer type."""
     if _is_float(dtype):
         if op == "prod":
-            return rng.choice(np.array([-2.0, -1.0, 1.0, 2.0]), size=shape)
-        return rng.integers(-4, 5, size=shape).astype(np.float64)
+            v = rng.choice(np.array([-2.0, -1.0, 1.0, 2.0]), size=shape)
+        elif dtype in FLOAT8:  # partial sums of up to 8 ranks within [-8, 8]: exact in both formats
+            v = rng.integers(-1, 2, size=shape).astype(np.float64)
+        else:
+            v = rng.integers(-4, 5, size=shape).astype(np.float64)
+        return v * rng.choice(np.array([1, 1j]), size=shape) if dtype in COMPLEX else v
     info = np.iinfo(NP_STORAGE[dtype])
+    if dtype == "uint64":
+        return rng.integers(0, info.max, size=shape, endpoint=True, dtype=np.uint64)
     return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=np.int64).astype(NP_STORAGE[dtype])
 
 
@@ -248,6 +303,8 @@ def _load(dtype: str, stored: np.ndarray) -> np.ndarray:
     """Device storage -> comparable values (float64 for floating types)."""
     if dtype == "bfloat16":
         return _bf16_value(stored).astype(np.float64)
+    if dtype in COMPLEX:
+        return stored.astype(np.complex128)
     if _is_float(dtype):
         return stored.astype(np.float64)
     return stored
@@ -272,8 +329,14 @@ def _reduce_ranks(dtype: str, op: str, factor: float, xs: list[np.ndarray], P: i
     with np.errstate(over="ignore"):
         acc = functools.reduce(base, xs)
     if op == "avg":
-        if _is_float(dtype):
+        if dtype in COMPLEX:  # part by part (numpy's complex division multiplies by 1/P)
+            out = np.empty_like(acc)
+            out.real, out.imag = acc.real / P, acc.imag / P
+            acc = out
+        elif _is_float(dtype):
             acc = acc / P
+        elif dtype.startswith("uint"):
+            acc = acc // acc.dtype.type(P)
         else:
             s = acc.astype(np.int64)
             acc = np.where(s >= 0, s // P, -((-s) // P)).astype(acc.dtype)  # truncate toward zero
@@ -374,9 +437,7 @@ def _plan(coll, P):
     runs, i = [], 0
     for N in (0, 1, 7, 3 * P + 1):
         for dtype in DTYPES:
-            for op in OPS if coll in REDUCTIONS else ["sum"]:
-                if op in BITWISE and _is_float(dtype):
-                    continue  # integer dtypes only (refused before any traffic)
+            for op in _ops_for(dtype, OPS) if coll in REDUCTIONS else ["sum"]:
                 runs.append((N, dtype, op, roots[i % len(roots)], i % 2 == 1))
                 i += 1
     big_dtypes = ["float32", "bfloat16", "int8", "float16", "int32", "float64", "uint8", "int64"]
@@ -512,27 +573,43 @@ def test_stats_count_the_schedule(dev):
 def _kernel_expect(dtype, op, a, b):
     """a (op) b for storage arrays, computed as the kernels do (halves in float32, RNE)."""
     f = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, **BITWISE}[op]
+    if op in ("min", "max"):  # b < a ? b : a, as the kernels: a NaN operand picks a side, not NaN
+        f = (lambda x, y: np.where(y < x, y, x)) if op == "min" else (lambda x, y: np.where(x < y, y, x))
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "bfloat16":
             return _bf16_bits(f(_bf16_value(a), _bf16_value(b)))
         if dtype == "float16":
             return f(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+        if dtype in FLOAT8:
+            return _float8_round(f(a.astype(np.float32), b.astype(np.float32)), dtype)
+        if dtype in COMPLEX and op == "prod":  # (ac - bd, ad + bc), each step rounded in the part type
+            re = a.real * b.real - a.imag * b.imag
+            im = a.real * b.imag + a.imag * b.real
+            out = np.empty_like(a)
+            out.real, out.imag = re, im
+            return out
         return f(a, b)
 
 
 def _random_storage(dtype, n, rng):
     if dtype == "bfloat16":
         return _bf16_bits(rng.standard_normal(n).astype(np.float32) * 8)
+    if dtype in FLOAT8:  # every bit pattern: subnormals, NaN, e5m2's infinities, near-maxima
+        return rng.integers(0, 256, size=n).astype(np.uint8).view(NP_STORAGE[dtype])
+    if dtype in COMPLEX:
+        return (rng.standard_normal(n) * 8 + 1j * rng.standard_normal(n) * 8).astype(NP_STORAGE[dtype])
     if _is_float(dtype):
         return (rng.standard_normal(n) * 8).astype(NP_STORAGE[dtype])
     info = np.iinfo(NP_STORAGE[dtype])
+    if dtype == "uint64":
+        return rng.integers(0, info.max, size=n, endpoint=True, dtype=np.uint64)
     return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=np.int64).astype(NP_STORAGE[dtype])
 
 
 def check_reduce_kernel(dev, dtype, sizes):
     rng = np.random.default_rng(DTYPE[dtype])
     esz = np.dtype(NP_STORAGE[dtype]).itemsize
-    for op in ("sum", "prod", "min", "max") + (() if _is_float(dtype) else tuple(BITWISE)):
+    for op in _ops_for(dtype, ("sum", "prod", "min", "max", *BITWISE)):
         for n in sizes:
             # (dst, a, b) element offsets: all aligned, equally misaligned (head/packs/tail), unequal (scalar)
             for offs in ((0, 0, 0), (1, 1, 1), (3, 3, 3), (0, 1, 2)):
@@ -552,9 +629,7 @@ def check_reduce_kernel(dev, dtype, sizes):
                 got = dev.download(dd, NP_STORAGE[dtype])
                 want = _kernel_expect(dtype, op, a[offs[1] : offs[1] + n], b[offs[2] : offs[2] + n])
                 seg = got[offs[0] : offs[0] + n]
-                assert np.array_equal(seg.view(np.uint8), np.ascontiguousarray(want).view(np.uint8)), (
-                    f"{dtype} {op} n={n} offsets={offs}"
-                )
+                assert _same_bits(seg, want).all(), f"{dtype} {op} n={n} offsets={offs}"
                 raw = dev.download(dd, np.uint8)
                 assert (raw[: offs[0] * esz] == SENTINEL).all() and (raw[(offs[0] + n) * esz :] == SENTINEL).all(), (
                     f"{dtype} {op} n={n} offsets={offs}: wrote outside the range"
@@ -564,10 +639,9 @@ def check_reduce_kernel(dev, dtype, sizes):
         b = _random_storage(dtype, 4099, rng)
         da, db = dev.upload(a), dev.upload(b)
         dev.core.cuda_kernel_reduce(dev.ptr(da), dev.ptr(da), dev.ptr(db), 4099, DTYPE[dtype], OP[op], dev.stream())
-        assert np.array_equal(
-            dev.download(da, NP_STORAGE[dtype]).view(np.uint8),
-            np.ascontiguousarray(_kernel_expect(dtype, op, a, b)).view(np.uint8),
-        ), f"{dtype} {op} in place"
+        assert _same_bits(dev.download(da, NP_STORAGE[dtype]), _kernel_expect(dtype, op, a, b)).all(), (
+            f"{dtype} {op} in place"
+        )
 
 
 @gpu
@@ -584,22 +658,34 @@ def check_scale_and_divide(dev, dtype, n):
     dev.core.cuda_kernel_scale(dev.ptr(dy), dev.ptr(dx), n, DTYPE[dtype], factor, dev.stream())
     dev.core.cuda_kernel_divide(dev.ptr(dx), n, DTYPE[dtype], 3, dev.stream())
     scaled, divided = dev.download(dy, NP_STORAGE[dtype]), dev.download(dx, NP_STORAGE[dtype])
-    if _is_float(dtype):
+    if dtype in COMPLEX:  # each part as its real type
+        part = np.float32 if dtype == "complex64" else np.float64
+        ws, wd = np.empty_like(x), np.empty_like(x)
+        ws.real = (x.real.astype(np.float64) * factor).astype(part)
+        ws.imag = (x.imag.astype(np.float64) * factor).astype(part)
+        wd.real = (x.real.astype(np.float64) / 3.0).astype(part)
+        wd.imag = (x.imag.astype(np.float64) / 3.0).astype(part)
+    elif _is_float(dtype):
         v = _bf16_value(x).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64)
         # host rule: compute in double, round to float, then to the storage type
         ws, wd = (v * factor).astype(np.float32), (v / 3.0).astype(np.float32)
         if dtype == "bfloat16":
             ws, wd = _bf16_bits(ws), _bf16_bits(wd)
+        elif dtype in FLOAT8:
+            ws, wd = _float8_round(ws, dtype), _float8_round(wd, dtype)
         elif dtype != "float32":
             ws, wd = ws.astype(NP_STORAGE[dtype]), wd.astype(NP_STORAGE[dtype])
         if dtype == "float64":
             ws, wd = v * factor, v / 3.0
+    elif dtype.startswith("uint"):  # unsigned: wraps, divides unsigned
+        ws = (x.astype(np.uint64) * np.uint64(3)).astype(x.dtype)
+        wd = x // x.dtype.type(3)
     else:
         v = x.astype(np.int64)
         ws = (v * 3).astype(x.dtype)
         wd = np.where(v >= 0, v // 3, -((-v) // 3)).astype(x.dtype)
-    assert np.array_equal(scaled.view(np.uint8), np.ascontiguousarray(ws).view(np.uint8)), f"{dtype} scale"
-    assert np.array_equal(divided.view(np.uint8), np.ascontiguousarray(wd).view(np.uint8)), f"{dtype} divide"
+    assert _same_bits(scaled, ws).all(), f"{dtype} scale"
+    assert _same_bits(divided, wd).all(), f"{dtype} divide"
 
 
 @gpu

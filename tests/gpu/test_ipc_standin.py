@@ -38,13 +38,16 @@ def _standin_built():
 
 # Worlds of the sweep: (ranks, channels, seed, yield percent, dtypes, reduce ops, counts). Together
 # they cover every collective with every dtype that reaches the device path as a CUDA array
-# (bfloat16 only does as a torch CUDA tensor: the walker tests cover its kernels), every op, 2 to
+# (bfloat16 and float8 only do as torch CUDA tensors: the kernel tests cover them), every op, 2 to
 # 4 ranks, 1 to 4 channels, thread orders in order and shuffled with yields, in and out of place.
 SWEEP = [
     (2, 1, 1, 5, ["int8", "float32", "float64"], ["sum", "prod", "band", "avg"], [0, 37, 70000]),
     (3, 2, 2, 10, ["uint8", "int32", "float16"], ["max", "premul_sum", "bor", "sum"], [1, 1001]),
     (4, 3, 3, 0, ["int64", "float32", "int8"], ["min", "bxor", "avg", "sum"], [3, 4099]),
     (4, 4, 0, 0, ["float16", "int32", "float64", "uint8"], ["sum", "max", "prod", "min"], [0, 1, 70000]),
+    # The later dtypes (float8 reaches the device path as a torch tensor only: the kernel tests cover it).
+    (3, 2, 4, 5, ["int16", "uint64", "complex64", "complex128"], ["sum", "prod", "avg", "bxor"], [1, 4099]),
+    (2, 3, 5, 0, ["uint16", "uint32"], ["premul_sum", "min", "band"], [0, 70000]),
 ]
 
 

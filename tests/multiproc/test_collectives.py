@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from harness import run_world
 from rank_checks import run_case
-from reference import NUMPY_DTYPES, OPS, make_input
+from reference import NEW_DTYPES, NUMPY_DTYPES, OPS, make_input, ops_for
 
 import ringtree as rt
 
 ALL_DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+# The later dtypes (int16, uint16/32/64, float8, complex) run in sweeps of their own, at fewer sizes.
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"]
 COUNTS = [0, 1, 7, "P-1", "3P+1", "large"]
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
@@ -76,12 +77,12 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
             N = resolve_count(spec, P, coll)
             if spec == "large":
                 combos = [
-                    (d, coll_ops[(i + j) % len(coll_ops)], *v)
+                    (d, ops_for(d, coll_ops)[(i + j) % len(ops_for(d, coll_ops))], *v)
                     for j, v in enumerate(variants[:4])
                     for i, d in enumerate(dtypes)
                 ]
             else:
-                pairs = [(d, op) for d in dtypes for op in coll_ops]
+                pairs = [(d, op) for d in dtypes for op in ops_for(d, coll_ops)]
                 n = max(len(pairs), len(variants))
                 combos = [(*pairs[i % len(pairs)], *variants[i % len(variants)]) for i in range(n)]
             for d, op, algo, in_place, root in combos:
@@ -167,6 +168,26 @@ def test_collectives_tcp_only(nranks):
         timeout=280,
     )
     assert_clean(world)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "nranks,hosts,counts",
+    [
+        (2, 1, [0, 1, 7, "3P+1"]),
+        (3, 1, [0, 7, "3P+1", "large"]),
+        (5, 1, [1, "3P+1"]),
+        (8, 1, [1, "3P+1"]),
+        (4, 2, [0, 7, "3P+1", "large"]),
+    ],
+)
+def test_new_dtypes(nranks, hosts, counts):
+    """int16, uint16/32/64, float8 (e4m3fn, e5m2) and complex64/128: every collective, algorithm,
+    placement and op (complex: no min/max) against numpy, exact (avg: one rounding), over shared
+    memory and TCP between two emulated hosts."""
+    large = "large" in counts
+    args = dict(collectives=COLLECTIVES, counts=counts, dtypes=list(NEW_DTYPES), ops=OPS, large=large, salt=4)
+    assert_clean(run_world(nranks, sweep, args, hosts=hosts, timeout=540))
 
 
 def p2p_and_barrier(rounds=3):
