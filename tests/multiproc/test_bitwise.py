@@ -4,6 +4,7 @@ emulated hosts. Floating dtypes are refused before any traffic and leave the com
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from harness import run_world
@@ -11,6 +12,7 @@ from harness import run_world
 import ringtree as rt
 
 INT_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64}
+NEW_INT_DTYPES = {"int16": np.int16, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 ALGOS = {
     "all_reduce": ["ring", "tree", "oneshot", "rank_order", "auto"],
@@ -26,16 +28,16 @@ def bits(rank, n, dtype_name, op, salt):
     rng = np.random.default_rng([salt, rank, n, len(dtype_name), len(op)])
     raw = rng.integers(0, 1 << 63, size=(n, 3), dtype=np.uint64)
     mixed = {"band": raw[:, 0] | raw[:, 1] | raw[:, 2], "bor": raw[:, 0] & raw[:, 1] & raw[:, 2]}.get(op, raw[:, 0])
-    return (mixed ^ (np.uint64(rank) << np.uint64(61))).astype(INT_DTYPES[dtype_name])
+    return (mixed ^ (np.uint64(rank) << np.uint64(61))).astype({**INT_DTYPES, **NEW_INT_DTYPES}[dtype_name])
 
 
-def bitwise_sweep(counts, hosts_algos, salt):
+def bitwise_sweep(counts, hosts_algos, salt, dtypes=tuple(INT_DTYPES)):
     comm = rt.init()
     P, r = comm.size, comm.rank
     failures, checks = [], 0
     for coll, algos in ALGOS.items():
         for algo in algos + (HIER_ALGOS[coll] if hosts_algos else []):
-            for i, (dtype_name, op) in enumerate((d, o) for d in INT_DTYPES for o in BITWISE):
+            for i, (dtype_name, op) in enumerate((d, o) for d in dtypes for o in BITWISE):
                 for n in counts:
                     in_place = (i + n) % 2 == 1
                     root = (i + n) % P
@@ -92,10 +94,20 @@ def test_bitwise_two_hosts(nranks):
     assert not [f for res in ranks for f in res["failures"]]
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks,hosts", [(3, 1), (4, 2)])
+def test_bitwise_new_integer_dtypes(nranks, hosts):
+    """int16, uint16, uint32 and uint64 on every algorithm (hierarchical ones across hosts)."""
+    args = dict(counts=[1, 7, 70001], hosts_algos=hosts > 1, salt=3, dtypes=tuple(NEW_INT_DTYPES))
+    ranks = run_world(nranks, bitwise_sweep, args, hosts=hosts, timeout=220).check_ok()
+    assert all(res["checks"] > 0 for res in ranks)
+    assert not [f for res in ranks for f in res["failures"]]
+
+
 def refuse_floating_then_work():
     comm = rt.init()
     errors = []
-    for dtype in (np.float32, np.float64, np.float16):
+    for dtype in (np.float32, np.float64, np.float16, ml_dtypes.float8_e4m3fn, np.complex64):
         for op in ("band", rt.ReduceOp.BOR, "bxor"):
             try:
                 comm.all_reduce(np.ones(4, dtype), op=op)
@@ -114,7 +126,7 @@ def test_bitwise_on_floats_is_refused_before_traffic():
     the next call runs normally."""
     ranks = run_world(2, refuse_floating_then_work, timeout=50).check_ok()
     for res in ranks:
-        assert len(res["errors"]) == 9
+        assert len(res["errors"]) == 15
         for msg in res["errors"]:
             assert "needs an integer dtype" in msg and "all_reduce" in msg, msg
         assert res["after"] == [6 & 3] * 3
