@@ -29,6 +29,12 @@ class _Cai:
         ("<f2", "float16"),
         ("<f4", "float32"),
         ("<f8", "float64"),
+        ("<i2", "int16"),
+        ("<u2", "uint16"),
+        ("<u4", "uint32"),
+        ("<u8", "uint64"),
+        ("<c8", "complex64"),
+        ("<c16", "complex128"),
     ],
 )
 def test_cuda_array_interface_is_read_exactly(typestr, dtype):
@@ -56,8 +62,9 @@ def test_cuda_array_interface_is_read_exactly(typestr, dtype):
         ({"shape": (3, 4), "typestr": "<f4", "data": (1 << 40, False), "strides": (4, 12)}, "C-contiguous"),
         ({"shape": (8,), "typestr": "<f4", "data": (1 << 40, False), "strides": (8,)}, "C-contiguous"),
         ({"shape": (8,), "typestr": ">f4", "data": (1 << 40, False)}, "byte-swapped"),
-        ({"shape": (8,), "typestr": "<c8", "data": (1 << 40, False)}, "unsupported dtype"),
-        ({"shape": (8,), "typestr": "<i2", "data": (1 << 40, False)}, "unsupported dtype"),
+        ({"shape": (8,), "typestr": "<c4", "data": (1 << 40, False)}, "unsupported dtype"),
+        ({"shape": (8,), "typestr": "|V1", "data": (1 << 40, False)}, "unsupported dtype"),
+        ({"shape": (8,), "typestr": "<i16", "data": (1 << 40, False)}, "unsupported dtype"),
         ({"typestr": "<f4", "data": (1 << 40, False)}, "malformed"),
     ],
 )
