@@ -63,7 +63,7 @@ def ringtree_op(op):
 class StagedTensor:
     """A tensor as ringtree can take it: contiguous, with a dtype the core knows.
 
-    Data-movement calls pass other dtypes (bool, int16, complex, float8...) as raw bytes;
+    Data-movement calls pass other dtypes (bool, complex32, float8_e4m3fnuz...) as raw bytes;
     reductions refuse them. When a copy was needed, write_back() copies the result back.
     """
 
