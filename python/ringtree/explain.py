@@ -7,7 +7,8 @@ import sys
 from . import _core
 
 _FLOAT_REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-_FLOATS = ("float32", "float64", "float16", "bfloat16")
+# Every dtype that is not an integer: deterministic mode orders their reductions.
+_FLOATS = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex64", "complex128")
 
 
 def _split(formula: str, seconds: float):
