@@ -180,6 +180,7 @@ def test_collectives_tcp_only(nranks):
         (8, 1, [1, "3P+1"]),
         (4, 2, [0, 7, "3P+1", "large"]),
     ],
+    ids=["P2", "P3-large", "P5", "P8", "P4-two-hosts-large"],
 )
 def test_new_dtypes(nranks, hosts, counts):
     """int16, uint16/32/64, float8 (e4m3fn, e5m2) and complex64/128: every collective, algorithm,
