@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import socket
 import stat
 import time
@@ -283,9 +284,13 @@ def test_names_in_shared_places_hold_no_bit_of_the_secret(tmp_path):
     # What was there: the segments under the public id, the doorbells' set-up folders; and once
     # set-up was over, no doorbell a name leads to (the listing keeps the path a socket was bound
     # to, but the path is gone).
+    # Each name is its owner's own random draw: nothing of the public id (which names the dumps),
+    # no rank, so no name can be derived from another.
     comm_id = results[0]["id"]
-    assert {f"rt-{comm_id}-0", f"rt-{comm_id}-1"} <= watcher.created, watcher.created
-    assert sum(n.startswith("ringtree-bell-") for n in watcher.created) >= 2, watcher.created
+    # (Other jobs of the host may make names meanwhile: only this job's form is counted.)
+    assert sum(bool(re.fullmatch(r"rt-[0-9a-f]{32}", n)) for n in watcher.created) >= 2, watcher.created
+    assert sum(bool(re.fullmatch(r"ringtree-bell-[0-9a-f]{32}", n)) for n in watcher.created) >= 2
+    assert not any(comm_id in n for n in watcher.created), watcher.created
     bells = [line.split()[7] for line in unix_now.splitlines()[1:] if "ringtree" in line]
     assert len(bells) >= 2 and not any(os.path.exists(b) or b.startswith("@") for b in bells), bells
     assert sorted(dump_names) == [f"ringtree-{comm_id}-rank0.json", f"ringtree-{comm_id}-rank1.json"]
@@ -356,3 +361,79 @@ def test_another_users_doorbell_flood_is_refused(attacker_user, tmp_path):
     assert results[0]["got"] == [7.0] * 4 and results[0]["transport"] == "shm", results
     # Nothing to ring: no doorbell has a name once set-up is over, and no datagram got through.
     assert flooded["accepted"] == 0, (flooded, results[0]["cpu_s"])
+
+
+# --- names in /dev/shm squatted ahead of the job ----------------------------------------------------
+
+
+def squat_names(ready, stop_file, seconds):
+    """The stranger: watches /dev/shm and, for every name ringtree makes there, creates first
+    every name it could derive from it: the other ranks' names under the same id (the earlier
+    scheme, rt-<id>-<r> and ringtree-bell-<id>-<r>), and the name with a rank appended or with
+    the other kind's prefix."""
+    watcher = stranger.NameWatcher("/dev/shm")
+    made = []
+
+    def plant(name):
+        path = os.path.join("/dev/shm", name)
+        try:
+            if name.startswith("ringtree-bell-"):
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            made.append(path)
+        except OSError:
+            pass
+
+    ready()
+    seen = set()
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(stop_file) and time.monotonic() < deadline:
+        for name in list(watcher.created - seen):
+            seen.add(name)
+            if os.path.join("/dev/shm", name) in made:
+                continue
+            m = re.fullmatch(r"(rt|ringtree-bell)-([0-9a-f]+)(?:-(\d+))?", name)
+            if not m:
+                continue
+            ident = m.group(2)
+            for r in range(8):
+                for prefix in ("rt", "ringtree-bell"):
+                    plant(f"{prefix}-{ident}-{r}")
+            for prefix in ("rt", "ringtree-bell"):
+                plant(f"{prefix}-{ident}")
+        time.sleep(0.001)
+    watcher.close()
+    for path in made:
+        try:
+            os.rmdir(path) if path.startswith("/dev/shm/ringtree-bell-") else os.unlink(path)
+        except OSError:
+            pass
+    return len(made)
+
+
+def form_and_sum_shm():
+    comm = rt.init(timeout=30.0)
+    x = np.full(4, comm.rank + 1, np.int64)
+    comm.all_reduce(x)
+    out = {"sum": int(x[0]), "transports": [t for q, t in enumerate(comm.status().transports) if q != comm.rank]}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_jobs_form_with_another_user_squatting_every_name_they_could_guess(other_user, shared_dir, private_shm):
+    # In a /dev/shm of the test's own: the squatter must not meet other jobs of this host.
+    stop_file = os.path.join(shared_dir, "stop")
+    attacker = stranger.Attacker(other_user, squat_names, stop_file, 240.0, before_drop=private_shm.enter)
+    attacker.wait_ready()
+    try:
+        for size in (4, 2, 4, 2):
+            world = run_world(size, form_and_sum_shm, timeout=120, per_rank_prefix=private_shm.prefix)
+            for res in world.check_ok():
+                assert res["sum"] == size * (size + 1) // 2 and set(res["transports"]) == {"shm"}, res
+    finally:
+        open(stop_file, "w").close()
+        planted = attacker.result(60)
+    assert planted > 0, "the stranger never saw a name to squat"
+
