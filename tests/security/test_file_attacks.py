@@ -437,3 +437,87 @@ def test_jobs_form_with_another_user_squatting_every_name_they_could_guess(other
         planted = attacker.result(60)
     assert planted > 0, "the stranger never saw a name to squat"
 
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+def hostile_folder(ready, shared, victims):
+    """The stranger makes the checkpoint folder first, open to all, with links at the names a
+    save writes (final and the earlier fixed temporary ones) pointing at the victim's files."""
+    folder = os.path.join(shared, "ckpt")
+    os.mkdir(folder)
+    os.chmod(folder, 0o777)
+    names = ["shard-00000-of-00002.pt", "shard-00001-of-00002.pt", "metadata.pt", "metadata.json"]
+    for name, victim in zip(names, victims * 2):
+        os.symlink(victim, os.path.join(folder, name))
+        os.symlink(victim, os.path.join(folder, name + ".tmp"))
+    ready()
+    return folder
+
+
+def save_checkpoint(path):
+    import torch
+    import train_sharded
+
+    torch.set_num_threads(1)
+    comm = rt.init(timeout=60.0)
+    trainer = train_sharded.Trainer(comm, stage=2, hidden=8, global_batch=4)
+    trainer.step()
+    try:
+        trainer.save(path)
+        out = {"raised": None}
+    except rt.Error as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc)}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_a_checkpoint_in_a_folder_another_user_made_is_refused_and_writes_nothing(other_user, shared_dir, tmp_path):
+    pytest.importorskip("torch")
+    victims = [str(tmp_path / "precious-a"), str(tmp_path / "precious-b")]
+    for v in victims:
+        with open(v, "w") as f:
+            f.write("the victim's own\n")
+    attacker = stranger.Attacker(other_user, hostile_folder, shared_dir, victims)
+    attacker.wait_ready()
+    folder = attacker.result(30)
+    world = run_world(2, save_checkpoint, dict(path=folder), timeout=150)
+    for res in world.check_ok():
+        assert res["raised"] == "InvalidArgument" and "belongs to uid" in res["message"], res
+    for v in victims:
+        assert open(v).read() == "the victim's own\n", v
+    assert all(os.path.islink(os.path.join(folder, n)) for n in os.listdir(folder))  # nothing replaced
+
+
+def test_checkpoint_folders_are_refused_when_others_may_swap_their_files(tmp_path, shared_dir):
+    from ringtree._files import safe_folder
+
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    with pytest.raises(rt.InvalidArgument, match="other users may write in it and it is not sticky"):
+        safe_folder(open_folder, "save")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(rt.InvalidArgument, match="symbolic link"):
+        safe_folder(link, "save")
+    # Under a sticky folder everyone writes in (like /tmp), a folder of one's own is fine.
+    made = safe_folder(os.path.join(shared_dir, "mine", "step-1"), "save")
+    assert os.path.isdir(made) and stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
+def test_checkpoint_files_replace_planted_links_and_never_follow_them(tmp_path):
+    from ringtree._files import write_exclusive
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "metadata.pt").symlink_to(target)
+    (folder / "metadata.pt.tmp").symlink_to(target)
+    write_exclusive(str(folder / "metadata.pt"), lambda f: f.write(b"new"))
+    final = folder / "metadata.pt"
+    assert not final.is_symlink() and final.read_bytes() == b"new" and target.read_text() == "keep"
+    assert stat.S_IMODE(final.stat().st_mode) == 0o600
+    assert sorted(os.listdir(folder)) == ["metadata.pt", "metadata.pt.tmp"]  # no temporary left
