@@ -85,6 +85,17 @@ void register_types(py::module_& m) {
       .def_static("from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"),
                   py::arg("salt") = std::string(), py::call_guard<py::gil_scoped_release>(),
                   "A unique id at ip:port whose secret is PBKDF2-HMAC-SHA256 of seed, salted with the port and salt.")
+      .def(
+          "child",
+          [](const UniqueId& u, const std::string& ip, uint16_t port, const py::bytes& nonce) {
+            const std::string raw = nonce;
+            RT_CHECK(raw.size() == 16, InvalidArgument, "UniqueId.child: the nonce must be 16 bytes, got ", raw.size());
+            std::array<uint8_t, 16> n;
+            std::copy(raw.begin(), raw.end(), n.begin());
+            return u.child(ip, port, n);
+          },
+          py::arg("ip"), py::arg("port"), py::arg("nonce"),
+          "The unique id at ip:port whose secret is an HMAC of this one's over the public nonce.")
       .def_readonly("ip", &UniqueId::ip)
       .def_readonly("port", &UniqueId::port)
       .def("__str__", &UniqueId::str)

@@ -284,13 +284,13 @@ _inits_through_store = 0  # rt.init() calls under torchrun in this process: each
 _stores = []  # kept: where rank 0 hosts the c10d store, the others may read the id until they all joined
 _PUBLIC_PREFIX = "rtp1"  # what goes through a store when the secret does not: rtp1:<ip>:<port>:<salt>
 _SALT_HEX = 32
-_job_secret = None  # set by ringtree.torch.init_process_group: derived from its world's secret
+_job_secret = None  # set by ringtree.torch.init_process_group: a UniqueId derived from its world's
 _warned_store_anchor = False
 _log = logging.getLogger("ringtree")
 
 
 def job_secret():
-    """The secret the job's ranks share outside any store, or None: the one a launcher of ours
+    """What the job's ranks share outside any store, or None: the unique id a launcher of ours
     handed the torch backend (use_job_secret), else RINGTREE_SECRET once it passes check_secret."""
     if _job_secret is not None:
         return _job_secret
@@ -298,11 +298,19 @@ def job_secret():
     return check_secret(value) if value else None
 
 
-def use_job_secret(value):
-    """Later stores (the torch backend's groups) carry only public parts, the secret being
-    `value` (None: back to RINGTREE_SECRET)."""
+def use_job_secret(uid):
+    """Later stores (the torch backend's groups) carry only public parts; each group's secret is
+    an HMAC of uid's over its salt (uid's secret is random: no stretching needed). None: back
+    to RINGTREE_SECRET."""
     global _job_secret
-    _job_secret = value
+    _job_secret = uid
+
+
+def _derived(secret, ip, port, salt):
+    """The unique id at ip:port from the job's secret and a salt (32 hex digits)."""
+    if isinstance(secret, str):  # RINGTREE_SECRET: stretched, it may have been chosen by a person
+        return str(_core.UniqueId.from_seed(ip, port, secret, salt))
+    return str(secret.child(ip, port, bytes.fromhex(salt)))
 
 
 def _warn_store_is_the_anchor():
@@ -363,7 +371,7 @@ def unique_id_through_store(store, key, rank, timeout, spans_hosts=False):
             return str(uid)
         salt = secrets.token_hex(_SALT_HEX // 2)
         store.set(key, f"{_PUBLIC_PREFIX}:{uid.ip}:{uid.port}:{salt}")
-        return str(_core.UniqueId.from_seed(uid.ip, uid.port, secret, salt))
+        return _derived(secret, uid.ip, uid.port, salt)
     store.wait([key], datetime.timedelta(seconds=timeout))
     value = store.get(key).decode(errors="replace")
     if secret is None:
@@ -373,7 +381,7 @@ def unique_id_through_store(store, key, rank, timeout, spans_hosts=False):
             raise _bad_store_value(key, "not rt1:<ipv4>:<port>:<32 hex digits>") from None
         return value
     ip, port, salt = _read_public(key, value)
-    return str(_core.UniqueId.from_seed(ip, port, secret, salt))
+    return _derived(secret, ip, port, salt)
 
 
 def _token_through_torch_store(rank, size):

@@ -312,3 +312,21 @@ def test_rt_init_under_torchrun_reads_a_planted_key_as_a_bootstrap_error():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("BootstrapError") and "ringtree/init/0/1" in out.stdout, out.stdout + out.stderr
     assert SECRET not in out.stdout + out.stderr
+
+
+def test_a_launcher_given_secret_derives_each_groups_id_by_hmac(monkeypatch):
+    """Under ringtree's launcher the backend's groups derive their secrets from the world's:
+    the store holds the public parts only, and both sides agree with UniqueId.child."""
+    monkeypatch.delenv("RINGTREE_SECRET", raising=False)
+    world = rt.UniqueId.create()
+    os.close(world.take_listener())
+    monkeypatch.setattr(_launchers, "_job_secret", None)
+    _launchers.use_job_secret(world)
+    store = dist.HashStore()
+    root = _launchers.unique_id_through_store(store, "g1", 0, 5.0)
+    assert _launchers.unique_id_through_store(store, "g1", 1, 5.0) == root
+    _, ip, port, salt = store.get("g1").decode().split(":")
+    assert root == str(world.child(ip, int(port), bytes.fromhex(salt)))
+    assert str(world).rsplit(":", 1)[1] not in store.get("g1").decode()
+    os.close(rt.UniqueId.parse(root).take_listener())
+    _launchers.use_job_secret(None)

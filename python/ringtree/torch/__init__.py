@@ -115,8 +115,7 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
             public[0] = port
             public[1:] = np.frombuffer(os.urandom(16), dtype=np.int64)
         world.broadcast(public, root=0)
-        derived = world._core.child_unique_id("127.0.0.1", int(public[0]), public[1:].tobytes())
-        _launchers.use_job_secret(str(derived).rsplit(":", 1)[1])
+        _launchers.use_job_secret(world._core.child_unique_id("127.0.0.1", int(public[0]), public[1:].tobytes()))
         if store is None:
             store = dist.TCPStore(host, int(public[0]), world.size, is_master=False, timeout=store_timeout)
         kwargs.setdefault("rank", world.rank)
