@@ -6,6 +6,7 @@ there, and what it writes must not make a rank trust it."""
 from __future__ import annotations
 
 import datetime
+import encodings.idna  # noqa: F401 - loaded here: the stranger's sockets need it and cannot read it
 import os
 import socket
 import subprocess
@@ -330,3 +331,56 @@ def test_a_launcher_given_secret_derives_each_groups_id_by_hmac(monkeypatch):
     assert str(world).rsplit(":", 1)[1] not in store.get("g1").decode()
     os.close(rt.UniqueId.parse(root).take_listener())
     _launchers.use_job_secret(None)
+
+
+TORCHRUN_SCRIPT = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+import ringtree.torch  # registers the backend
+dist.init_process_group("ringtree", timeout=datetime.timedelta(seconds=60))
+x = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(x)
+dist.barrier()
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w") as f:
+    f.write(str(float(x[0])))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_under_real_torchrun_with_a_secret_the_store_holds_none(other_user, tmp_path):
+    """torchrun itself (its agent hosts the store at --master-port), another user listing and
+    reading every key while the job runs."""
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    port = free_port()
+    attacker = stranger.Attacker(other_user, read_every_key_of_a_store_to_come, port, 120.0)
+    attacker.wait_ready()
+    ringtree_world = ("RINGTREE_RANK", "RINGTREE_WORLD", "RINGTREE_UNIQ")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ringtree_world)}
+    env.update(RINGTREE_SECRET=SECRET, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    command += ["--master-addr", "127.0.0.1", "--master-port", str(port), str(script), str(tmp_path)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    seen = attacker.result(150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert [open(tmp_path / f"rank{r}").read() for r in range(2)] == ["3.0", "3.0"]
+    published = [v for k, v in seen.items() if "ringtree/uid/" in k]
+    assert published and all(v.startswith("rtp1:") for v in published), seen
+    for value in seen.values():
+        assert SECRET not in value and "rt1:" not in value, value
+    assert "no RINGTREE_SECRET is set" not in run.stderr  # the warning is for jobs without one
+
+
+def read_every_key_of_a_store_to_come(ready, port, seconds):
+    """The stranger: connects to the store as soon as it listens, then reads every key."""
+    ready()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.02)
+    return read_every_key(lambda: None, port, max(1.0, deadline - time.monotonic()))
