@@ -25,6 +25,7 @@ void register_types(py::module_& m) {
   m.attr("ALGOS") = algos;
   // Message tags from here up are ringtree's own (shrink); the messenger's any-tag skips them.
   m.attr("FIRST_RESERVED_TAG") = kFirstReservedTag;
+  m.attr("RESERVED_TAG_END") = kReservedTagEnd;
   // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/oneshot.h).
   m.attr("ONESHOT_RUN_AHEAD") = kOneShotRunAhead;
 
@@ -81,7 +82,20 @@ void register_types(py::module_& m) {
       .def_static("create", &UniqueId::create, py::arg("ip") = std::string(),
                   "Reserve a port on this host (at ip, else RINGTREE_ADDR, else loopback) and make a fresh secret.")
       .def_static("parse", &UniqueId::parse, py::arg("token"), "Read back a token made by str(uid).")
-      .def_static("from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"))
+      .def_static("from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"),
+                  py::arg("salt") = std::string(), py::call_guard<py::gil_scoped_release>(),
+                  "A unique id at ip:port whose secret is PBKDF2-HMAC-SHA256 of seed, salted with the port and salt.")
+      .def(
+          "child",
+          [](const UniqueId& u, const std::string& ip, uint16_t port, const py::bytes& nonce) {
+            const std::string raw = nonce;
+            RT_CHECK(raw.size() == 16, InvalidArgument, "UniqueId.child: the nonce must be 16 bytes, got ", raw.size());
+            std::array<uint8_t, 16> n;
+            std::copy(raw.begin(), raw.end(), n.begin());
+            return u.child(ip, port, n);
+          },
+          py::arg("ip"), py::arg("port"), py::arg("nonce"),
+          "The unique id at ip:port whose secret is an HMAC of this one's over the public nonce.")
       .def_readonly("ip", &UniqueId::ip)
       .def_readonly("port", &UniqueId::port)
       .def("__str__", &UniqueId::str)

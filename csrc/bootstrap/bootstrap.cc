@@ -434,6 +434,20 @@ void Bootstrap::gather_then_release(bool release_may_fail) {
   }
 }
 
+void Bootstrap::all_gather(const void* mine, void* all, size_t bytes) {
+  uint8_t* out = static_cast<uint8_t*>(all);
+  std::memcpy(out + static_cast<size_t>(rank_) * bytes, mine, bytes);
+  if (size_ == 1) return;
+  const size_t total = static_cast<size_t>(size_) * bytes;
+  if (rank_ == 0) {
+    for (int r = 1; r < size_; ++r) recv_sealed(r, out + static_cast<size_t>(r) * bytes, bytes);
+    for (int r = 1; r < size_; ++r) send_sealed(r, out, total);
+  } else {
+    send_sealed(0, mine, bytes);
+    recv_sealed(0, out, total);
+  }
+}
+
 void Bootstrap::broadcast_from_root(void* data, size_t bytes) {
   if (size_ == 1) return;
   if (rank_ == 0) {

@@ -76,6 +76,9 @@ class Bootstrap {
   void barrier();
   // Rank 0's bytes to every rank; only during setup.
   void broadcast_from_root(void* data, size_t bytes);
+  // Every rank's `bytes` bytes to every rank, in rank order into all[size * bytes], sealed like
+  // every star message; only during setup. Also a barrier.
+  void all_gather(const void* mine, void* all, size_t bytes);
   // Every rank's clock offset to rank 0 (a few round trips each); only during setup.
   ClockOffset estimate_clock_offset(int64_t (*now_ns)(), int rounds = 8);
   // The last step of set-up, so that it ends on every rank or on none: every rank tells rank 0

@@ -49,16 +49,18 @@ UniqueId UniqueId::create(const std::string& ip) {
   return id;
 }
 
-UniqueId UniqueId::from_seed(const std::string& ip, uint16_t port, const std::string& seed) {
+UniqueId UniqueId::from_seed(const std::string& ip, uint16_t port, const std::string& seed, const std::string& salt) {
   RT_CHECK(!seed.empty(), InvalidArgument, "UniqueId.from_seed: the seed is empty");
   RT_CHECK(port > 0, InvalidArgument, "UniqueId.from_seed: port must be in 1..65535, got ", port);
   UniqueId id;
   id.ip = resolve_ipv4(ip);
   id.port = port;
-  // Salted with the port, so that one dictionary of stretched guesses does not serve every job.
-  const std::string salt = str_cat("ringtree seeded unique id v1|", port);
+  // Salted with the job's own salt (random where the launcher has a channel for it, else the job's
+  // ids), so that no dictionary of stretched guesses serves two jobs.
+  const std::string full_salt = str_cat("ringtree seeded unique id v2|", port, "|", salt);
   std::array<uint8_t, 32> key;
-  crypto::pbkdf2_sha256(seed.data(), seed.size(), salt.data(), salt.size(), kSeedIterations, key.data(), key.size());
+  crypto::pbkdf2_sha256(seed.data(), seed.size(), full_salt.data(), full_salt.size(), kSeedIterations, key.data(),
+                        key.size());
   std::copy(key.begin(), key.begin() + id.secret.size(), id.secret.begin());
   return id;
 }
@@ -95,9 +97,10 @@ std::string UniqueId::secret_hex() const { return crypto::to_hex(secret.data(), 
 std::string UniqueId::str() const { return "rt1:" + ip + ":" + std::to_string(port) + ":" + secret_hex(); }
 
 UniqueId UniqueId::parse(const std::string& token) {
+  // The text never echoes the token, not even in part: any of it may be a secret.
   auto bad = [&](const char* why) {
-    RT_THROW(InvalidArgument, "invalid ringtree unique id '", token, "': ", why,
-             " (expected rt1:<ipv4>:<port>:<32 hex digits>)");
+    RT_THROW(InvalidArgument, "invalid ringtree unique id (", token.size(),
+             " characters, not shown: it may hold the secret): ", why, " (expected rt1:<ipv4>:<port>:<32 hex digits>)");
   };
   if (token.rfind("rt1:", 0) != 0) bad("wrong prefix");
   size_t c2 = token.rfind(':');

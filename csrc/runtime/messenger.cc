@@ -506,6 +506,9 @@ void Messenger::State::received(int q, uint64_t n) {
   if (link.in.bytes > max_message)
     return protocol_error(q, str_cat("it sent a message header claiming ", link.in.bytes,
                                      " bytes, over RINGTREE_MAX_MESSAGE_BYTES=", max_message, ": a protocol error"));
+  if (link.in.tag < 0 || link.in.tag >= kReservedTagEnd)
+    return protocol_error(q, str_cat("it sent a message with tag ", link.in.tag,
+                                     ", which no send can produce (user tags are 0..2^62-1): a protocol error"));
   header_arrived(q);
 }
 

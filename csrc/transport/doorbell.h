@@ -5,8 +5,9 @@
 // no system call.
 //
 // Nobody else can ring: a rank's socket has a name only during set-up, inside a directory that
-// the rank creates (it must not exist yet) with mode 0700, under the communicator's random
-// public id; every shared-memory peer connects a sender of its own to it then, and the name and
+// the rank creates (it must not exist yet; a name that does is routed around) with mode 0700,
+// under a random name of the rank's own, which its peers learn over the authenticated set-up;
+// every shared-memory peer connects a sender of its own to it then, and the name and
 // its directory are removed. Afterwards no path leads to the socket (/proc/net/unix still shows
 // the one it was bound to, which is gone) and only the connected senders reach it. Set-up takes
 // three steps, between barriers the executor makes anyway: bind, connect, forget the name.
@@ -25,10 +26,12 @@ class Doorbell {
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
 
-  // Names this rank's socket (ranks with shared-memory peers only).
-  void bind(const Mesh& mesh, int rank);
-  // Once every rank has bound its socket: a sender to each shared-memory peer's.
-  void connect(const Mesh& mesh, int rank);
+  // Names this rank's socket (ranks with shared-memory peers only); returns the random part of
+  // its name, for the peers.
+  std::string bind();
+  // Once every rank has bound its socket: a sender to each shared-memory peer's; names[q] is
+  // the random part rank q's bind() returned.
+  void connect(const Mesh& mesh, int rank, const std::vector<std::string>& names);
   // Once every peer has connected: nothing can reach the socket but those senders.
   void forget_name();
   void ring(int peer);

@@ -5,8 +5,8 @@
 3. mpiexec (MPICH or Open MPI, also srun with PMI): rank 0 makes the unique id and mpi4py
    broadcasts it;
 4. torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 makes the unique id and hands
-   it to the others through the c10d store torchrun already runs (only its address when
-   RINGTREE_SECRET is set: the ranks then stretch that secret themselves);
+   it to the others through the c10d store torchrun already runs (only its address and a random
+   salt when RINGTREE_SECRET is set: the ranks then stretch that secret themselves);
 5. Slurm (SLURM_PROCID, SLURM_NTASKS): the token from RINGTREE_UNIQUE_ID_FILE (rank 0 writes
    it there, private to this user; the others wait for it), else rank 0 listens on the first
    host of the step's node list at RINGTREE_PORT (default 29400 + SLURM_STEP_ID % 1000) with
@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -36,6 +37,7 @@ import struct
 import time
 
 from . import _core, _settings
+from .secret import check_secret
 
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 
@@ -234,7 +236,8 @@ def read_token_file(path, job, timeout):
 _SLURM_NEEDS = (
     "ringtree under Slurm without MPI needs a secret that other users cannot compute from the job's "
     "public facts. Give one of: RINGTREE_UNIQUE_ID_FILE=<path every rank can read> (rank 0 writes a "
-    "private token there); RINGTREE_SECRET=<a long random string> in every rank's environment; or "
+    "private token there); RINGTREE_SECRET=<32 random hex digits: python -m ringtree.secret> in every rank's "
+    "environment; or "
     "launch with mpiexec, or srun --mpi=pmi2/pmix with mpi4py installed (MPI hands out the id). "
     "RINGTREE_SINGLE_USER_CLUSTER=1 derives the secret from the job id as before, for clusters where "
     "every user who can reach the nodes is trusted."
@@ -256,7 +259,7 @@ def from_slurm():
         else:
             token = read_token_file(path, job, _timeout_setting())
         return rank, size, token, "slurm"
-    secret = _settings.get("RINGTREE_SECRET")
+    secret = job_secret()
     if not secret and not _settings.get_flag("RINGTREE_SINGLE_USER_CLUSTER"):
         raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
@@ -266,42 +269,133 @@ def from_slurm():
             "RINGTREE_UNIQUE_ID_FILE to a path every rank can read"
         )
     port = _port_setting(29400 + step % 1000)
-    seed = secret or f"slurm|{os.environ.get('SLURM_JOB_ID', '')}|{step}|{size}"
-    uid = _core.UniqueId.from_seed(first_host(nodelist), port, seed)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    seed = secret or f"slurm|{job}|{step}|{size}"
+    # No channel here carries a random salt to every rank: the salt is the job's own ids, which no
+    # two jobs share, so a dictionary stretched for one job serves no other.
+    salt = f"slurm|{job}|{step}|{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    uid = _core.UniqueId.from_seed(first_host(nodelist), port, seed, salt)
     return rank, size, str(uid), "slurm"
 
 
-# --- torchrun -----------------------------------------------------------------------------------
+# --- c10d stores (torchrun, and the torch backend under any launcher) ---------------------------
 
 _inits_through_store = 0  # rt.init() calls under torchrun in this process: each reads its own key
 _stores = []  # kept: where rank 0 hosts the c10d store, the others may read the id until they all joined
+_PUBLIC_PREFIX = "rtp1"  # what goes through a store when the secret does not: rtp1:<ip>:<port>:<salt>
+_SALT_HEX = 32
+_job_secret = None  # set by ringtree.torch.init_process_group: a UniqueId derived from its world's
+_warned_store_anchor = False
+_log = logging.getLogger("ringtree")
+
+
+def job_secret():
+    """What the job's ranks share outside any store, or None: the unique id a launcher of ours
+    handed the torch backend (use_job_secret), else RINGTREE_SECRET once it passes check_secret."""
+    if _job_secret is not None:
+        return _job_secret
+    value = _settings.get("RINGTREE_SECRET")
+    return check_secret(value) if value else None
+
+
+def use_job_secret(uid):
+    """Later stores (the torch backend's groups) carry only public parts; each group's secret is
+    an HMAC of uid's over its salt (uid's secret is random: no stretching needed). None: back
+    to RINGTREE_SECRET."""
+    global _job_secret
+    _job_secret = uid
+
+
+def _derived(secret, ip, port, salt):
+    """The unique id at ip:port from the job's secret and a salt (32 hex digits)."""
+    if isinstance(secret, str):  # RINGTREE_SECRET: stretched, it may have been chosen by a person
+        return str(_core.UniqueId.from_seed(ip, port, secret, salt))
+    return str(secret.child(ip, port, bytes.fromhex(salt)))
+
+
+def _warn_store_is_the_anchor():
+    global _warned_store_anchor
+    if _warned_store_anchor:
+        return
+    _warned_store_anchor = True
+    _log.warning(
+        "ringtree: no RINGTREE_SECRET is set, so the job's unique id (its secret included) goes through "
+        "torch's c10d store, which has no authentication: whoever can reach the store can read it and join, "
+        "or write another and stand in for rank 0. Set RINGTREE_SECRET to the same value on every rank "
+        "(make one with `python -m ringtree.secret`); only rank 0's address then goes through the store."
+    )
+
+
+def _bad_store_value(key, why):
+    return _core.BootstrapError(
+        f"the c10d store's key {key!r} holds no ringtree unique id ({why}; the value is not shown): "
+        f"was it written by something other than this job's rank 0?"
+    )
+
+
+def _read_public(key, value):
+    """(ip, port, salt) from a store value rtp1:<ip>:<port>:<salt>."""
+    parts = value.split(":")
+    if len(parts) != 4 or parts[0] != _PUBLIC_PREFIX:
+        why = "a full token, though the job has a secret" if value.startswith("rt1:") else "not rtp1:<ip>:<port>:<salt>"
+        raise _bad_store_value(key, why)
+    _, ip, port, salt = parts
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _bad_store_value(key, "a bad port")
+    if len(salt) != _SALT_HEX or any(c not in "0123456789abcdef" for c in salt):
+        raise _bad_store_value(key, "a bad salt")
+    return ip, int(port), salt
+
+
+def spans_hosts_under_torch(size):
+    """Whether a torch-launched job runs on more than one host (LOCAL_WORLD_SIZE < WORLD_SIZE)."""
+    local = _env_int("LOCAL_WORLD_SIZE")
+    return local is not None and local < size
+
+
+def unique_id_through_store(store, key, rank, timeout, spans_hosts=False):
+    """The job's unique id through a c10d store, rank 0 publishing it under `key`: the one path
+    of rt.init() under torchrun and of the torch backend under every launcher.
+
+    With a job secret (RINGTREE_SECRET) only rank 0's address, port and a fresh random salt go
+    through the store; every rank stretches the secret with that salt itself, so nothing read
+    from the store is ever the secret, and a value another user writes there cannot make a rank
+    trust an impostor (it would have to prove the secret). Without one, the whole token does:
+    the store is then the job's trust anchor (as for NCCL's unique id), which rank 0 says once."""
+    secret = job_secret()
+    if rank == 0:
+        uid = create_unique_id(spans_hosts)
+        if secret is None:
+            _warn_store_is_the_anchor()
+            store.set(key, str(uid))
+            return str(uid)
+        salt = secrets.token_hex(_SALT_HEX // 2)
+        store.set(key, f"{_PUBLIC_PREFIX}:{uid.ip}:{uid.port}:{salt}")
+        return _derived(secret, uid.ip, uid.port, salt)
+    store.wait([key], datetime.timedelta(seconds=timeout))
+    value = store.get(key).decode(errors="replace")
+    if secret is None:
+        try:
+            _core.UniqueId.parse(value)
+        except _core.InvalidArgument:
+            raise _bad_store_value(key, "not rt1:<ipv4>:<port>:<32 hex digits>") from None
+        return value
+    ip, port, salt = _read_public(key, value)
+    return _derived(secret, ip, port, salt)
 
 
 def _token_through_torch_store(rank, size):
-    """Rank 0 makes the unique id and publishes it in the c10d store torchrun runs (the agent's,
-    or rank 0's own at MASTER_ADDR:MASTER_PORT); the others read it there. With RINGTREE_SECRET
-    set only the address goes through the store."""
+    """rt.init() under torchrun: the unique id through the c10d store torchrun runs (the agent's,
+    or rank 0's own at MASTER_ADDR:MASTER_PORT)."""
     global _inits_through_store
     import torch.distributed as dist  # torchrun comes with torch
 
-    timeout = datetime.timedelta(seconds=_timeout_setting())
-    store = next(dist.rendezvous("env://", rank, size, timeout=timeout))[0]
+    timeout = _timeout_setting()
+    store = next(dist.rendezvous("env://", rank, size, timeout=datetime.timedelta(seconds=timeout)))[0]
     _stores[:] = [store]  # a second rank-0 store in this process shares this one's server (multi-tenant)
     _inits_through_store += 1
     key = f"ringtree/init/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_inits_through_store}"
-    secret = _settings.get("RINGTREE_SECRET")
-    if rank == 0:
-        local = _env_int("LOCAL_WORLD_SIZE")
-        uid = create_unique_id(spans_hosts=local is not None and local < size)
-        published = f"{uid.ip}:{uid.port}" if secret else str(uid)
-        store.set(key, published)
-    else:
-        store.wait([key], timeout)
-        published = store.get(key).decode()
-    if not secret:
-        return published
-    ip, port = published.rsplit(":", 1)
-    return str(_core.UniqueId.from_seed(ip, int(port), secret))
+    return unique_id_through_store(store, key, rank, timeout, spans_hosts_under_torch(size))
 
 
 def from_torchrun():

@@ -95,8 +95,10 @@ def _recv(comm, buf, src, tag):
 def _attempt_tags(comm):
     """(commit tag, first view tag) of a new shrink attempt on comm."""
     attempt = comm._shrink_attempts
-    comm._shrink_attempts = attempt + 1
     base = RESERVED_TAGS + attempt * _ATTEMPT_SPAN
+    if base + _ATTEMPT_SPAN > _core.RESERVED_TAG_END:  # the messenger refuses tags past it
+        raise _core.Error(f"shrink: {attempt} attempts on this communicator already; no tags are left for another")
+    comm._shrink_attempts = attempt + 1
     return base, base + 1
 
 
@@ -270,7 +272,11 @@ def grow_token_place(token: str, index: int) -> tuple:
     (ringtree.join builds it)."""
     parts = str(token).split(":", 3)
     if len(parts) != 4 or parts[0] != _GROW_PREFIX or not parts[1].isdigit() or not parts[2].isdigit():
-        raise _core.InvalidArgument(f"join: {token!r} is not a grow token ({_GROW_PREFIX}:<old size>:<new size>:<id>)")
+        # Not echoed: a grow token carries the new communicator's secret.
+        raise _core.InvalidArgument(
+            f"join: the token ({len(str(token))} characters, not shown: it may hold a secret) is not a grow "
+            f"token ({_GROW_PREFIX}:<old size>:<new size>:<id>)"
+        )
     old, new = int(parts[1]), int(parts[2])
     index = rank_arg(index, "join: index")
     if not 0 <= index < new - old:

@@ -14,6 +14,7 @@ import pytest
 from harness import run_world
 
 import ringtree as rt
+from ringtree.secret import new_secret
 from rtbench import netns
 
 
@@ -100,7 +101,7 @@ def slurm_env(r, nranks, **extra):
 def test_slurm_ranks_on_two_hosts_find_rank_0_from_the_node_list(two_namespaces):
     names, addrs = two_namespaces
     nodelist = ",".join(addrs)  # node names that resolve to the hosts' addresses
-    secret = uuid.uuid4().hex  # without it (or a token file, or MPI) init refuses under Slurm
+    secret = new_secret()  # without it (or a token file, or MPI) init refuses under Slurm
     world = run_world(
         2,
         slurm_rank,

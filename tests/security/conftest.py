@@ -37,3 +37,14 @@ def shared_dir():
     os.chmod(path, 0o1777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def private_shm():
+    """A /dev/shm only the test's ranks and attacker see; skips, saying why, where none can be made."""
+    try:
+        shm = stranger.PrivateShm()
+    except stranger.StrangerUnavailable as exc:
+        pytest.skip(str(exc))
+    yield shm
+    shm.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import socket
 import stat
 import time
@@ -283,9 +284,13 @@ def test_names_in_shared_places_hold_no_bit_of_the_secret(tmp_path):
     # What was there: the segments under the public id, the doorbells' set-up folders; and once
     # set-up was over, no doorbell a name leads to (the listing keeps the path a socket was bound
     # to, but the path is gone).
+    # Each name is its owner's own random draw: nothing of the public id (which names the dumps),
+    # no rank, so no name can be derived from another.
     comm_id = results[0]["id"]
-    assert {f"rt-{comm_id}-0", f"rt-{comm_id}-1"} <= watcher.created, watcher.created
-    assert sum(n.startswith("ringtree-bell-") for n in watcher.created) >= 2, watcher.created
+    # (Other jobs of the host may make names meanwhile: only this job's form is counted.)
+    assert sum(bool(re.fullmatch(r"rt-[0-9a-f]{32}", n)) for n in watcher.created) >= 2, watcher.created
+    assert sum(bool(re.fullmatch(r"ringtree-bell-[0-9a-f]{32}", n)) for n in watcher.created) >= 2
+    assert not any(comm_id in n for n in watcher.created), watcher.created
     bells = [line.split()[7] for line in unix_now.splitlines()[1:] if "ringtree" in line]
     assert len(bells) >= 2 and not any(os.path.exists(b) or b.startswith("@") for b in bells), bells
     assert sorted(dump_names) == [f"ringtree-{comm_id}-rank0.json", f"ringtree-{comm_id}-rank1.json"]
@@ -356,3 +361,163 @@ def test_another_users_doorbell_flood_is_refused(attacker_user, tmp_path):
     assert results[0]["got"] == [7.0] * 4 and results[0]["transport"] == "shm", results
     # Nothing to ring: no doorbell has a name once set-up is over, and no datagram got through.
     assert flooded["accepted"] == 0, (flooded, results[0]["cpu_s"])
+
+
+# --- names in /dev/shm squatted ahead of the job ----------------------------------------------------
+
+
+def squat_names(ready, stop_file, seconds):
+    """The stranger: watches /dev/shm and, for every name ringtree makes there, creates first
+    every name it could derive from it: the other ranks' names under the same id (the earlier
+    scheme, rt-<id>-<r> and ringtree-bell-<id>-<r>), and the name with a rank appended or with
+    the other kind's prefix."""
+    watcher = stranger.NameWatcher("/dev/shm")
+    made = []
+
+    def plant(name):
+        path = os.path.join("/dev/shm", name)
+        try:
+            if name.startswith("ringtree-bell-"):
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            made.append(path)
+        except OSError:
+            pass
+
+    ready()
+    seen = set()
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(stop_file) and time.monotonic() < deadline:
+        for name in list(watcher.created - seen):
+            seen.add(name)
+            if os.path.join("/dev/shm", name) in made:
+                continue
+            m = re.fullmatch(r"(rt|ringtree-bell)-([0-9a-f]+)(?:-(\d+))?", name)
+            if not m:
+                continue
+            ident = m.group(2)
+            for r in range(8):
+                for prefix in ("rt", "ringtree-bell"):
+                    plant(f"{prefix}-{ident}-{r}")
+            for prefix in ("rt", "ringtree-bell"):
+                plant(f"{prefix}-{ident}")
+        time.sleep(0.001)
+    watcher.close()
+    for path in made:
+        try:
+            os.rmdir(path) if path.startswith("/dev/shm/ringtree-bell-") else os.unlink(path)
+        except OSError:
+            pass
+    return len(made)
+
+
+def form_and_sum_shm():
+    comm = rt.init(timeout=30.0)
+    x = np.full(4, comm.rank + 1, np.int64)
+    comm.all_reduce(x)
+    out = {"sum": int(x[0]), "transports": [t for q, t in enumerate(comm.status().transports) if q != comm.rank]}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_jobs_form_with_another_user_squatting_every_name_they_could_guess(other_user, shared_dir, private_shm):
+    # In a /dev/shm of the test's own: the squatter must not meet other jobs of this host.
+    stop_file = os.path.join(shared_dir, "stop")
+    attacker = stranger.Attacker(other_user, squat_names, stop_file, 240.0, before_drop=private_shm.enter)
+    attacker.wait_ready()
+    try:
+        for size in (4, 2, 4, 2):
+            world = run_world(size, form_and_sum_shm, timeout=120, per_rank_prefix=private_shm.prefix)
+            for res in world.check_ok():
+                assert res["sum"] == size * (size + 1) // 2 and set(res["transports"]) == {"shm"}, res
+    finally:
+        open(stop_file, "w").close()
+        planted = attacker.result(60)
+    assert planted > 0, "the stranger never saw a name to squat"
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+def hostile_folder(ready, shared, victims):
+    """The stranger makes the checkpoint folder first, open to all, with links at the names a
+    save writes (final and the earlier fixed temporary ones) pointing at the victim's files."""
+    folder = os.path.join(shared, "ckpt")
+    os.mkdir(folder)
+    os.chmod(folder, 0o777)
+    names = ["shard-00000-of-00002.pt", "shard-00001-of-00002.pt", "metadata.pt", "metadata.json"]
+    for name, victim in zip(names, victims * 2):
+        os.symlink(victim, os.path.join(folder, name))
+        os.symlink(victim, os.path.join(folder, name + ".tmp"))
+    ready()
+    return folder
+
+
+def save_checkpoint(path):
+    import torch
+    import train_sharded
+
+    torch.set_num_threads(1)
+    comm = rt.init(timeout=60.0)
+    trainer = train_sharded.Trainer(comm, stage=2, hidden=8, global_batch=4)
+    trainer.step()
+    try:
+        trainer.save(path)
+        out = {"raised": None}
+    except rt.Error as exc:
+        out = {"raised": type(exc).__name__, "message": str(exc)}
+    comm.close()
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_a_checkpoint_in_a_folder_another_user_made_is_refused_and_writes_nothing(other_user, shared_dir, tmp_path):
+    pytest.importorskip("torch")
+    victims = [str(tmp_path / "precious-a"), str(tmp_path / "precious-b")]
+    for v in victims:
+        with open(v, "w") as f:
+            f.write("the victim's own\n")
+    attacker = stranger.Attacker(other_user, hostile_folder, shared_dir, victims)
+    attacker.wait_ready()
+    folder = attacker.result(30)
+    world = run_world(2, save_checkpoint, dict(path=folder), timeout=150)
+    for res in world.check_ok():
+        assert res["raised"] == "InvalidArgument" and "belongs to uid" in res["message"], res
+    for v in victims:
+        assert open(v).read() == "the victim's own\n", v
+    assert all(os.path.islink(os.path.join(folder, n)) for n in os.listdir(folder))  # nothing replaced
+
+
+def test_checkpoint_folders_are_refused_when_others_may_swap_their_files(tmp_path, shared_dir):
+    from ringtree._files import safe_folder
+
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    with pytest.raises(rt.InvalidArgument, match="other users may write in it and it is not sticky"):
+        safe_folder(open_folder, "save")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(rt.InvalidArgument, match="symbolic link"):
+        safe_folder(link, "save")
+    # Under a sticky folder everyone writes in (like /tmp), a folder of one's own is fine.
+    made = safe_folder(os.path.join(shared_dir, "mine", "step-1"), "save")
+    assert os.path.isdir(made) and stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
+def test_checkpoint_files_replace_planted_links_and_never_follow_them(tmp_path):
+    from ringtree._files import write_exclusive
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "metadata.pt").symlink_to(target)
+    (folder / "metadata.pt.tmp").symlink_to(target)
+    write_exclusive(str(folder / "metadata.pt"), lambda f: f.write(b"new"))
+    final = folder / "metadata.pt"
+    assert not final.is_symlink() and final.read_bytes() == b"new" and target.read_text() == "keep"
+    assert stat.S_IMODE(final.stat().st_mode) == 0o600
+    assert sorted(os.listdir(folder)) == ["metadata.pt", "metadata.pt.tmp"]  # no temporary left

@@ -60,20 +60,30 @@ def message_socket_to(peer_ip, marker_bytes):
     return found[0]
 
 
+MARKER = np.arange(1 << 18, dtype=np.int32)  # 1 MiB: picks out the message connection
+
+
+def inject_after_marker(comm, raw):
+    """Rank 1: sends the marker, then writes `raw` on its message connection behind the
+    messenger's back. Rank 0: receives the marker; returns whether it arrived whole."""
+    if comm.rank == 1:
+        comm.isend(MARKER, 0, tag=1).wait()
+        time.sleep(0.2)  # acknowledged by rank 0's kernel
+        s = message_socket_to("127.0.0.1", MARKER.nbytes)
+        s.sendall(raw)
+        s.close()  # the duplicate; the messenger's own descriptor stays open
+        return None
+    got = np.empty_like(MARKER)
+    comm.irecv(got, 1, tag=1).wait()
+    return bool((got == MARKER).all())
+
+
 def forge_huge_header(claim):
     comm = rt.init(timeout=20.0)
-    marker = np.arange(1 << 18, dtype=np.int32)  # 1 MiB
     out = {}
-    if comm.rank == 1:
-        comm.isend(marker, 0, tag=1).wait()
-        time.sleep(0.2)  # acknowledged by rank 0's kernel
-        s = message_socket_to("127.0.0.1", marker.nbytes)
-        s.sendall(wire.MSG_HEADER.pack(wire.MSG_MAGIC, wire.MSG_KIND, 7, claim))
-        s.close()  # the duplicate; the messenger's own descriptor stays open
-    else:
-        got = np.empty_like(marker)
-        comm.irecv(got, 1, tag=1).wait()
-        out["marker_ok"] = bool((got == marker).all())
+    marker_ok = inject_after_marker(comm, wire.MSG_HEADER.pack(wire.MSG_MAGIC, wire.MSG_KIND, 7, claim))
+    if comm.rank == 0:
+        out["marker_ok"] = marker_ok
         before = vm_size()
         start = time.monotonic()
         try:
@@ -143,3 +153,31 @@ def test_message_caps_refuse_a_big_send_and_drop_a_peer_past_the_unexpected_byte
     # Two fit under the cap and are delivered whole; the third would pass it: its sender is dropped.
     assert r0["received"] == [True, True, "PeerFailure"], r0
     assert "RINGTREE_MAX_UNEXPECTED_BYTES=150000" in r0["message"], r0
+
+
+def forge_tag(tag):
+    """Rank 1 writes a whole message (header and 8 bytes) with `tag` on its message connection;
+    rank 0 waits for any message from anyone."""
+    comm = rt.init(timeout=20.0)
+    out = {}
+    inject_after_marker(comm, wire.MSG_HEADER.pack(wire.MSG_MAGIC, wire.MSG_KIND, tag, 8) + b"injected")
+    if comm.rank == 0:
+        start = time.monotonic()
+        try:
+            work = comm.irecv(np.empty(8, np.uint8))  # any source, any tag
+            work.wait(10.0)
+            out["raised"], out["got_tag"] = None, work.tag
+        except rt.Error as exc:
+            out["raised"], out["message"] = type(exc).__name__, str(exc)
+        out["seconds"] = time.monotonic() - start
+    return close_quietly(comm, out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tag", [-7, rt._core.RESERVED_TAG_END, (1 << 63) - 1])
+def test_a_tag_no_send_can_produce_fails_its_sender_and_is_never_delivered(tag):
+    world = run_world(2, forge_tag, dict(tag=tag), timeout=60)
+    res = world.check_ok()[0]
+    assert res["raised"] == "PeerFailure", res  # not a message with that tag
+    assert f"tag {tag}, which no send can produce" in res["message"] and "rank 1" in res["message"], res
+    assert res["seconds"] < 5, res

@@ -58,9 +58,10 @@ def second_user():
 class Attacker:
     """func(ready, *args) in a forked child, as `user` (None: this user). The child calls
     ready() once it is in place (listening, say); its return value (JSON) comes back through
-    result(). Bounded: a child still running at result()'s timeout is killed."""
+    result(). Bounded: a child still running at result()'s timeout is killed. before_drop() runs
+    in the child before it becomes `user` (PrivateShm.enter, say)."""
 
-    def __init__(self, user: User | None, func, *args):
+    def __init__(self, user: User | None, func, *args, before_drop=None):
         self._ready_r, ready_w = os.pipe()
         self._result_r, result_w = os.pipe()
         self.pid = os.fork()
@@ -69,6 +70,8 @@ class Attacker:
             try:
                 os.close(self._ready_r)
                 os.close(self._result_r)
+                if before_drop is not None:  # what needs this process's privileges (a namespace)
+                    before_drop()
                 if user is not None:
                     os.setgroups([])
                     os.setgid(user.gid)
@@ -121,8 +124,8 @@ class Attacker:
         return self._done["ok"]
 
 
-def listening_ports(pids, ip="127.0.0.1") -> set:
-    """TCP ports on `ip` where any of `pids` listens (their sockets' inodes in /proc/net/tcp)."""
+def socket_inodes(pids) -> set:
+    """The inodes of every socket `pids` hold open (as /proc/net/* lists them)."""
     inodes = set()
     for pid in pids:
         try:
@@ -135,6 +138,12 @@ def listening_ports(pids, ip="127.0.0.1") -> set:
                     inodes.add(target[8:-1])
         except OSError:
             continue
+    return inodes
+
+
+def listening_ports(pids, ip="127.0.0.1") -> set:
+    """TCP ports on `ip` where any of `pids` listens (their sockets' inodes in /proc/net/tcp)."""
+    inodes = socket_inodes(pids)
     want = "".join(f"{int(part):02X}" for part in reversed(ip.split(".")))
     ports = set()
     with open("/proc/net/tcp") as f:
@@ -186,3 +195,44 @@ class NameWatcher:
         self.stop.set()
         self.thread.join()
         os.close(self.fd)
+
+
+class PrivateShm:
+    """A /dev/shm of the test's own (a fresh tmpfs in a mount namespace a holder process keeps),
+    so that an attack on names there meets only the ranks the test starts in it (prefix) and
+    the attacker (Attacker(..., before_drop=enter)), never other processes of the host."""
+
+    CLONE_NEWNS = 0x00020000
+
+    def __init__(self):
+        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+            raise StrangerUnavailable("a private /dev/shm needs root, unshare and nsenter")
+        self.holder = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o mode=1777 none /dev/shm && echo ready && exec sleep 900"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.holder.stdout.readline().strip() != "ready":
+            self.close()
+            raise StrangerUnavailable("cannot mount a private /dev/shm (unshare -m, mount -t tmpfs)")
+        self.ns = f"/proc/{self.holder.pid}/ns/mnt"
+
+    def prefix(self, rank=None):
+        """The command prefix that runs a rank in the namespace."""
+        return ["nsenter", f"--mount={self.ns}", "--"]
+
+    def enter(self):
+        """Moves this (single-threaded) process into the namespace."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(self.ns, os.O_RDONLY)
+        try:
+            if libc.setns(fd, self.CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+        finally:
+            os.close(fd)
+
+    def close(self):
+        self.holder.kill()
+        self.holder.wait()

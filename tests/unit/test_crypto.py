@@ -118,14 +118,17 @@ def secret_of(uid) -> bytes:
     return bytes.fromhex(str(uid).rsplit(":", 1)[1])
 
 
-def test_a_seeded_secret_is_pbkdf2_with_200000_iterations_salted_with_the_port():
+def test_a_seeded_secret_is_pbkdf2_with_200000_iterations_salted_with_the_port_and_the_jobs_salt():
     seed = "correct horse battery staple"
-    uid = rt.UniqueId.from_seed("127.0.0.1", 29411, seed)
-    expected = hashlib.pbkdf2_hmac("sha256", seed.encode(), b"ringtree seeded unique id v1|29411", 200_000, 32)[:16]
+    uid = rt.UniqueId.from_seed("127.0.0.1", 29411, seed, "job-7")
+    salt = b"ringtree seeded unique id v2|29411|job-7"
+    expected = hashlib.pbkdf2_hmac("sha256", seed.encode(), salt, 200_000, 32)[:16]
     assert secret_of(uid) == expected
     assert (uid.ip, uid.port) == ("127.0.0.1", 29411)
-    # Another port, another secret: one dictionary of stretched guesses does not fit every job.
-    assert secret_of(rt.UniqueId.from_seed("127.0.0.1", 29412, seed)) != expected
+    # Another port or another job's salt, another secret: one dictionary of stretched guesses
+    # does not fit two jobs.
+    assert secret_of(rt.UniqueId.from_seed("127.0.0.1", 29412, seed, "job-7")) != expected
+    assert secret_of(rt.UniqueId.from_seed("127.0.0.1", 29411, seed, "job-8")) != expected
     with pytest.raises(rt.InvalidArgument, match="seed is empty"):
         rt.UniqueId.from_seed("127.0.0.1", 29411, "")
 

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include "bootstrap/socket.h"
 #include "common/check.h"
@@ -51,7 +52,6 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
 }
 
 void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes) {
-  const std::string prefix = segment_prefix(mesh.public_id);
   // senders_of[r]: the ranks that write into r's segment, in rank order; slot = position.
   auto senders_of = [&](int r) {
     std::vector<int> v;
@@ -67,14 +67,25 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     ~UnlinkAtExit() {
       if (!name.empty()) ShmSegment::unlink(name);
     }
-  } own_name{have_shm_ ? prefix + std::to_string(rank_) : std::string()};
+  } own_name;
+  // What each rank announces: the random parts of its segment's and its doorbell's names (hex
+  // digits; empty without shared-memory peers).
+  constexpr size_t kPart = kNameBits / 4;
+  struct Names {
+    char segment[kPart];
+    char bell[kPart];
+  } mine{};
   numa_ = numa_placement(NodeDir());
   if (have_shm_) {
-    bell_.bind(mesh, rank_);
+    const std::string bell = bell_.bind();
     own_segment_ = std::make_unique<ShmSegment>();
     // The rings in it are read here: on this rank's node, first touched (allocated) by it.
-    own_segment_->create(prefix + std::to_string(rank_), static_cast<int>(my_senders.size()), ring_bytes,
-                         oneshot_bytes_, numa_.node, &numa_refused_);
+    const std::string segment = own_segment_->create(static_cast<int>(my_senders.size()), ring_bytes, oneshot_bytes_,
+                                                     numa_.node, &numa_refused_);
+    own_name.name = segment_name(segment);
+    RT_CHECK(segment.size() == kPart && bell.size() == kPart, Error, "a fresh name of the wrong length");
+    std::memcpy(mine.segment, segment.data(), kPart);
+    std::memcpy(mine.bell, bell.data(), kPart);
     own_segment_->populate_all();  // its rings are read here, its one-shot slots written
     own_segment_->header()->numa_node = numa_.node;
   }
@@ -88,13 +99,27 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
     h->cma_probe_addr = reinterpret_cast<uint64_t>(&single_copy_probe_word_);
     h->cma_probe_value = single_copy_probe_word_;
   }
-  boot.barrier();  // every segment exists
-  if (have_shm_) bell_.connect(mesh, rank_);
+  std::vector<Names> all(size_);
+  boot.all_gather(&mine, all.data(), sizeof(Names));  // every segment exists; everyone knows its name
+  // The peers' names came sealed from ranks that proved the secret; still, a name is only ever
+  // hex digits, so nothing received can step out of /dev/shm.
+  auto part_of = [&](int q, const char* field) {
+    const std::string part(field, kPart);
+    RT_CHECK(part.find_first_not_of("0123456789abcdef") == std::string::npos, BootstrapError, "rank ", q,
+             " announced a malformed shared-memory name");
+    return part;
+  };
+  if (have_shm_) {
+    std::vector<std::string> bells(size_);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && !mesh.pair_uses_tcp(rank_, q)) bells[q] = part_of(q, all[q].bell);
+    bell_.connect(mesh, rank_, bells);
+  }
   peer_segments_.resize(size_);
   for (int q : my_senders) {
     peer_segments_[q] = std::make_unique<ShmSegment>();
-    peer_segments_[q]->open(prefix + std::to_string(q), static_cast<int>(senders_of(q).size()), ring_bytes,
-                            oneshot_bytes_);
+    peer_segments_[q]->open(segment_name(part_of(q, all[q].segment)), static_cast<int>(senders_of(q).size()),
+                            ring_bytes, oneshot_bytes_);
   }
   boot.barrier();  // every segment is mapped by everyone who needs it
   bell_.forget_name();

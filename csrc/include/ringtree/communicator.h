@@ -98,6 +98,10 @@ constexpr int64_t kAnyTag = -1;
 // Tags from here up belong to ringtree itself (shrink's agreement): users cannot send them and
 // kAnyTag never matches them, so a user's pending any-tag receive cannot take them.
 constexpr int64_t kFirstReservedTag = int64_t{1} << 62;
+// The end of what ringtree's own protocols use (shrink: 2^32 tags per attempt, at most 2^20
+// attempts). A message tagged outside [0, kReservedTagEnd) no send could have produced: its
+// receiver drops the sender as faulty instead of matching it.
+constexpr int64_t kReservedTagEnd = kFirstReservedTag + (int64_t{1} << 52);
 
 // What a receive got, or what a probe found: sender, tag and payload size in bytes.
 struct MessageStatus {

@@ -20,8 +20,10 @@ struct UniqueId {
   static UniqueId create(const std::string& ip = {});
   static UniqueId parse(const std::string& token);
   // A unique id at a fixed address and port with a secret stretched from `seed` (a shared
-  // secret such as RINGTREE_SECRET) by PBKDF2-HMAC-SHA256; nothing is bound.
-  static UniqueId from_seed(const std::string& ip, uint16_t port, const std::string& seed);
+  // secret such as RINGTREE_SECRET) by PBKDF2-HMAC-SHA256, salted with the port and `salt` (the
+  // job's: one dictionary must not serve two jobs); nothing is bound.
+  static UniqueId from_seed(const std::string& ip, uint16_t port, const std::string& seed,
+                            const std::string& salt = {});
   // The unique id of a communicator made from this one's ranks (split, shrink, grow): its
   // secret is an HMAC of this secret over a public nonce and the address, so only the nonce,
   // address and port need to travel between the ranks.

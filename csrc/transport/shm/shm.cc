@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include "bootstrap/crypto.h"
 #include "common/check.h"
 #include "common/numa.h"
 #include "common/clock.h"
@@ -69,13 +70,21 @@ ShmRing* ShmSegment::ring(int slot) const {
                                     static_cast<size_t>(slot) * (sizeof(ShmRing) + ring_bytes_));
 }
 
-void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node,
-                        std::string* placement) {
+std::string ShmSegment::create(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node,
+                               std::string* placement) {
   ring_bytes_ = ring_bytes;
   oneshot_bytes_ = oneshot_bytes;
   bytes_ = bytes_for(slots, ring_bytes, oneshot_bytes);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) throw_system_error("shm_open(" + name + ")", errno);
+  std::string part, name;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < kFreshNameTries; ++attempt) {
+    part = random_name_part();
+    name = segment_name(part);
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) throw_system_error("shm_open(" + name + ")", errno);
+  }
+  RT_CHECK(fd >= 0, BootstrapError, kFreshNameTries, " fresh random names in /dev/shm were all taken already: ",
+           "another process is creating names there as fast as they are drawn");
   auto fail = [&](const std::string& what, int err) {
     if (fd >= 0) ::close(fd);
     if (base_) munmap(base_, bytes_);
@@ -102,6 +111,7 @@ void ShmSegment::create(const std::string& name, int slots, uint64_t ring_bytes,
     ring(s)->head.store(0);
     ring(s)->tail.store(0);
   }
+  return part;
 }
 
 void ShmSegment::open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes) {
@@ -381,7 +391,13 @@ uint64_t cpu_sharing_domain(uint32_t* cpus) {
   return h;
 }
 
-std::string segment_prefix(const std::string& public_id) { return "/rt-" + public_id + "-"; }
+std::string random_name_part() {
+  uint8_t bits[kNameBits / 8];
+  crypto::random_bytes(bits, sizeof(bits));
+  return crypto::to_hex(bits, sizeof(bits));
+}
+
+std::string segment_name(const std::string& random_part) { return "/rt-" + random_part; }
 
 uint64_t shared_memory_domain() {
   uint64_t h = kFnvOffset;

@@ -57,10 +57,15 @@ struct ShmRing {
 // Equal values mean shared memory works between two ranks; a hostname alone does not say so
 // (containers sharing /dev/shm, network namespaces).
 uint64_t shared_memory_domain();
-// The names of a communicator's segments: "/rt-<public id>-" then the owner's rank. The public id
-// is random per set-up (bootstrap.h, Mesh::public_id): a name shows nothing of the secret, and
-// nobody can create a segment ahead of a job whose id they do not know.
-std::string segment_prefix(const std::string& public_id);
+// Names in /dev/shm (segments, the doorbells' set-up directories) are drawn by their owner:
+// 128 random bits in hex, nothing another user can see or derive (not the set-up's public id,
+// not a rank), announced to the peers over the authenticated set-up. A name that exists already
+// is someone else's: its owner draws another (kFreshNameTries in all) instead of using it.
+constexpr int kFreshNameTries = 16;
+constexpr size_t kNameBits = 128;
+std::string random_name_part();  // kNameBits / 4 hex digits
+// A segment's name from its random part.
+std::string segment_name(const std::string& random_part);
 // Ranks that run on one kernel with the same CPUs allowed compete for those CPUs, whatever their
 // network namespace or /dev/shm (containers, emulated hosts): a hash of the boot id and the
 // affinity mask, and the mask's CPU count in *cpus.
@@ -74,10 +79,10 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   static size_t bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
-  // Creates and allocates the segment, its pages on `node` where the kernel allows (-1: no
-  // preference); *placement says how it went ("" done, else why not).
-  void create(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node,
-              std::string* placement);
+  // Creates and allocates the segment under a fresh random name (segment_name; a taken name is
+  // never reused, another is drawn), its pages on `node` where the kernel allows (-1: no
+  // preference); *placement says how it went ("" done, else why not). Returns the random part.
+  std::string create(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes, int node, std::string* placement);
   void open(const std::string& name, int slots, uint64_t ring_bytes, uint64_t oneshot_bytes);
   static void unlink(const std::string& name);
 

@@ -68,17 +68,20 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
     Under torchrun (MASTER_ADDR/MASTER_PORT set), or with init_method= or store= given, this
     is dist.init_process_group. Under `python -m ringtree.launch` or mpiexec, where torch has
     no rendezvous of its own, ringtree's world (ringtree.init()) carries the address of a
-    TCPStore that rank 0 opens on a free port, and torch rendezvouses through that store.
+    TCPStore that rank 0 opens on a free port of the job's address (RINGTREE_ADDR, else
+    loopback), and torch rendezvouses through that store. The backend's groups then take their
+    secrets from the world's, so the store carries none (only addresses, ports and salts).
     """
     launched_by_torch = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
     if launched_by_torch or "init_method" in kwargs or "store" in kwargs:
         return dist.init_process_group(backend, timeout=timeout, **kwargs)
 
     import datetime
+    import socket
 
     import numpy as np
 
-    from ringtree import _settings
+    from ringtree import _launchers, _settings
     from ringtree._args import default_timeout
     from ringtree._world import init
 
@@ -87,13 +90,34 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
         host = _settings.get("RINGTREE_ADDR")
         store_timeout = timeout or datetime.timedelta(seconds=default_timeout())
         store = None
-        port = np.zeros(1, dtype=np.int64)
+        # Rank 0's store port, then a nonce: the backend's groups take their secret from the
+        # world's (an HMAC over the nonce), so no store ever carries one.
+        public = np.zeros(3, dtype=np.int64)
         if world.rank == 0:
-            store = dist.TCPStore(host, 0, world.size, is_master=True, timeout=store_timeout, wait_for_workers=False)
-            port[0] = store.port
-        world.broadcast(port, root=0)
+            # Listening on the job's address only (torch's own TCPStore would take every interface).
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                listener.bind((host, 0))
+                listener.listen(512)
+            except BaseException:
+                listener.close()
+                raise
+            port = listener.getsockname()[1]
+            store = dist.TCPStore(
+                host,
+                port,
+                world.size,
+                is_master=True,
+                timeout=store_timeout,
+                wait_for_workers=False,
+                master_listen_fd=listener.detach(),
+            )
+            public[0] = port
+            public[1:] = np.frombuffer(os.urandom(16), dtype=np.int64)
+        world.broadcast(public, root=0)
+        _launchers.use_job_secret(world._core.child_unique_id("127.0.0.1", int(public[0]), public[1:].tobytes()))
         if store is None:
-            store = dist.TCPStore(host, int(port[0]), world.size, is_master=False, timeout=store_timeout)
+            store = dist.TCPStore(host, int(public[0]), world.size, is_master=False, timeout=store_timeout)
         kwargs.setdefault("rank", world.rank)
         kwargs.setdefault("world_size", world.size)
     finally:

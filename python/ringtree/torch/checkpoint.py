@@ -43,6 +43,8 @@ import os
 
 import torch
 
+from ringtree._files import safe_folder, write_exclusive
+
 __all__ = ["ShardedCheckpoint", "read_checkpoint_metadata", "consolidate_checkpoint"]
 
 FORMAT = "ringtree-sharded-v1"
@@ -137,7 +139,7 @@ class ShardedCheckpoint:
         zero.synchronize()
         zero.finish()
         comm, rank, world = zero.comm, zero.rank, zero.world_size
-        os.makedirs(path, exist_ok=True)
+        path = safe_folder(path, "ShardedCheckpoint.save")
         if rank == 0:
             # Until the new metadata is written the directory holds no complete checkpoint, and
             # shard files of another world size would only confuse a reader.
@@ -304,14 +306,10 @@ def consolidate_checkpoint(path: str) -> dict:
 
 
 def _atomic_save(obj, file):
-    temporary = file + ".tmp"
-    torch.save(obj, temporary)
-    os.replace(temporary, file)
+    write_exclusive(file, lambda out: torch.save(obj, out))
 
 
 def _write_summary(path, history, data, world):
     summary = {"format": FORMAT, "world_size": world, "data": data, "history": history}
-    temporary = os.path.join(path, "metadata.json.tmp")
-    with open(temporary, "w") as out:
-        json.dump(summary, out, indent=1, default=repr)
-    os.replace(temporary, os.path.join(path, "metadata.json"))
+    text = json.dumps(summary, indent=1, default=repr).encode()
+    write_exclusive(os.path.join(path, "metadata.json"), lambda out: out.write(text))

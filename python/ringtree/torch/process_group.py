@@ -17,14 +17,13 @@ get_future().wait(), and so from every blocking torch call.
 from __future__ import annotations
 
 import contextlib
-import datetime
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.distributed.constants import default_pg_timeout
 
-from ringtree import _core
+from ringtree import _core, _launchers
 from ringtree._args import ANY_SOURCE, default_timeout
 from ringtree.comm import Communicator
 from ringtree.ops import resolve_op
@@ -706,22 +705,19 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 # --- creation -----------------------------------------------------------------------------
 
 
-def _unique_id_through_store(store, rank, timeout):
-    """Rank 0 makes a fresh ringtree unique id and publishes it in the store.
+def _unique_id_through_store(store, rank, size, timeout):
+    """The group's unique id through the store, as rt.init() gets one under torchrun (the same
+    code: only public parts when the job has a secret).
 
     torch gives each group its own prefixed store, but the same store may serve several
     groups in a row (an explicit store, or creation retried), so every rank also counts
     its creations on this store: the k-th group each rank builds reads the k-th id.
     """
     generation = store.add(f"ringtree/creations/rank{rank}", 1)
-    key = f"ringtree/uid/{generation}"
-    if rank == 0:
-        token = str(_core.UniqueId.create())
-        store.set(key, token)
-        return token
-    if timeout is not None:
-        store.wait([key], datetime.timedelta(seconds=timeout))
-    return store.get(key).decode()
+    seconds = default_timeout() if timeout is None else timeout
+    return _launchers.unique_id_through_store(
+        store, f"ringtree/uid/{generation}", rank, seconds, _launchers.spans_hosts_under_torch(size)
+    )
 
 
 def create_process_group(store, rank, size, timeout):
@@ -734,6 +730,6 @@ def create_process_group(store, rank, size, timeout):
     seconds = timeout_seconds(timeout)
     if seconds is None or timeout == default_pg_timeout:
         seconds = default_timeout()
-    token = _unique_id_through_store(store, rank, seconds)
+    token = _unique_id_through_store(store, rank, size, seconds)
     comm = Communicator(rank, size, token, seconds)
     return ProcessGroupRingtree(comm, store=store, timeout=seconds)
