@@ -397,3 +397,30 @@ def abort_during_a_device_call(victim=1, n=70000, timeout=20.0):
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     return out
+
+
+def more_calls_in_flight_than_statuses(calls=1100, hold=8.0, odd_rank=1):
+    """More device calls in flight than the CUDA IPC executor keeps status entries for (1024):
+    the caller's stream is held by a slow kernel while the host issues `calls` all_reduces, the
+    last with one element more on odd_rank. The host must wait for room rather than let a later
+    call's status overwrite an earlier one's (so it returns from the calls only once the stream
+    moves); every call before the last is right, and the mismatch names the last call."""
+    arrays = DeviceArrays("standin")
+    # Each call's timeout counts from its issue, with up to a thousand calls ahead of it on a slow
+    # stand-in: long enough that only a hang ends one.
+    comm = rt.init(timeout=200.0)
+    r, P = comm.rank, comm.size
+    comm.all_reduce(arrays.upload(np.zeros(1, np.float32)))  # the executor is set up: call #0
+    arrays.synchronize()
+    xs = [arrays.upload(np.full(1 + (k == calls - 1 and r == odd_rank), r + k, np.float32)) for k in range(calls)]
+    start = time.monotonic()
+    testing.standin_sleep(hold)
+    returned = []  # seconds from the hold's start to each call's return
+    for x in xs[:-1]:
+        comm.all_reduce(x)
+        returned.append(time.monotonic() - start)
+    out = outcome(comm.all_reduce(xs[-1], async_op=True, timeout=150.0), start)
+    arrays.synchronize()
+    wrong = [k for k, x in enumerate(xs[:-1]) if peek(x).tolist() != [sum(q + k for q in range(P))]]
+    # Call #k + 1 is xs[k]: #1024 is the last with a free status entry during the hold, #1025 waits.
+    return {**out, "wrong": wrong[:10], "hold": hold, "returned_1024": returned[1023], "returned_1025": returned[1024]}

@@ -22,6 +22,7 @@ from ipc_standin_workers import (
     deterministic_sums,
     mismatch_in_every_field,
     mismatched_count,
+    more_calls_in_flight_than_statuses,
     setup_refused,
     stream_named_by_the_array,
 )
@@ -197,3 +198,18 @@ def test_one_rank_without_ipc_moves_every_rank_to_staged(refusal, first, words):
             assert res["executor"].startswith(f"staged: rank {first}: ") and words in res["executor"], (rank, res)
         else:
             assert res["executor"] == f"staged: rank {first} cannot (its own error says why)", (rank, res)
+
+
+@pytest.mark.timeout(260)
+def test_more_calls_in_flight_than_status_entries_wait_and_report_the_right_call():
+    calls = 1100  # the executor keeps 1024 status entries (kStatusRing)
+    world = run_world(3, more_calls_in_flight_than_statuses, dict(calls=calls), timeout=240, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["wrong"] == [], (rank, res)
+        # Call #0 set the executor up: the first held call is #1, so #1025 is the first that would
+        # reuse a status entry still in flight. The host issues up to #1024 during the hold, and
+        # returns from #1025 only once the stream moves on.
+        assert res["returned_1024"] < res["hold"] <= res["returned_1025"], (rank, res)
+        assert res["raised"] == "CollectiveMismatch", (rank, res)
+        assert f"all_reduce device call #{calls} " in res["message"], (rank, res)
+        assert res["seconds"] < 140, (rank, res)  # ended by the mismatch, not the 150 s timeout

@@ -157,6 +157,7 @@ void CallWatch::check_oldest() {
       if (hooks_.completed) hooks_.completed(c);
       spare_.push_back(c.ev);
       calls_.pop_front();
+      room_.notify_all();
       continue;
     }
     if (err != cudaErrorNotReady) {
@@ -177,6 +178,7 @@ void CallWatch::finish() {
     stop_ = true;
   }
   wake_.notify_all();
+  room_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   for (const Call& c : calls_) {
