@@ -424,3 +424,43 @@ def more_calls_in_flight_than_statuses(calls=1100, hold=8.0, odd_rank=1):
     wrong = [k for k, x in enumerate(xs[:-1]) if peek(x).tolist() != [sum(q + k for q in range(P))]]
     # Call #k + 1 is xs[k]: #1024 is the last with a free status entry during the hold, #1025 waits.
     return {**out, "wrong": wrong[:10], "hold": hold, "returned_1024": returned[1023], "returned_1025": returned[1024]}
+
+
+def capture_is_refused(n=1000):
+    """A device call on a stream being captured into a CUDA graph (torch.cuda.graph, torch.compile's
+    reduce-overhead mode): refused with InvalidArgument before anything is set up, enqueued or
+    allocated, the first call (which would set the executor up) and a later one alike; the capture
+    stays empty, and the communicator works on once the stream is no longer captured."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    stream = testing.standin_stream_create()
+    out = {}
+
+    def captured_call(label):
+        x = arrays.upload(np.full(n, r + 1, np.float32))
+        x.__cuda_array_interface__["stream"] = stream
+        testing.standin_begin_capture(stream)
+        try:
+            comm.all_reduce(x)
+            out[label] = None
+        except rt.Error as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+        graph = testing.standin_end_capture(stream)
+        out[label + "_nodes"] = testing.standin_graph_nodes(graph)
+        testing.standin_graph_destroy(graph)
+        out[label + "_executor"] = comm.status().cuda_executor
+
+    def plain_call():
+        x = arrays.upload(np.full(n, r + 1, np.float32))
+        x.__cuda_array_interface__["stream"] = stream
+        comm.all_reduce(x)
+        testing.standin_stream_synchronize(stream)
+        return bool(np.all(peek(x) == P * (P + 1) / 2))
+
+    captured_call("first")  # before the executor is set up
+    out["after_first_ok"] = plain_call()
+    captured_call("later")  # with the executor set up
+    out["after_later_ok"] = plain_call()
+    testing.standin_stream_destroy(stream)
+    return out

@@ -19,6 +19,7 @@ from ipc_standin_workers import (
     MISMATCHED_FIELDS,
     abort_during_a_device_call,
     caller_stream_order,
+    capture_is_refused,
     deterministic_sums,
     mismatch_in_every_field,
     mismatched_count,
@@ -29,6 +30,11 @@ from ipc_standin_workers import (
 from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
 
 STANDIN = standin.ENV
+
+
+def executor_env(executor):
+    """The stand-in's environment for ranks that take the CUDA IPC executor or the staged one."""
+    return {**STANDIN, "RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -144,8 +150,7 @@ def test_a_mismatch_in_any_fingerprinted_field_fails_every_rank(executor):
     # Collective, algorithm, dtype, op, root, count, deterministic: each alone must stop every
     # rank with CollectiveMismatch, not mix the ranks' data (the host executor's own tests are
     # multiproc/test_errors.py and test_deterministic.py).
-    env = {**STANDIN, "RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
-    world = run_world(3, mismatch_in_every_field, {}, timeout=140, env=env)
+    world = run_world(3, mismatch_in_every_field, {}, timeout=140, env=executor_env(executor))
     for rank, res in enumerate(world.check_ok()):
         assert sorted(res) == sorted(MISMATCHED_FIELDS), (rank, res)
         for field, out in res.items():
@@ -213,3 +218,16 @@ def test_more_calls_in_flight_than_status_entries_wait_and_report_the_right_call
         assert res["raised"] == "CollectiveMismatch", (rank, res)
         assert f"all_reduce device call #{calls} " in res["message"], (rank, res)
         assert res["seconds"] < 140, (rank, res)  # ended by the mismatch, not the 150 s timeout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["ipc", "staged"])
+def test_a_call_on_a_capturing_stream_is_refused_before_anything_is_enqueued(executor):
+    world = run_world(3, capture_is_refused, {}, timeout=110, env=executor_env(executor))
+    for rank, res in enumerate(world.check_ok()):
+        for label in ("first", "later"):
+            assert res[label].startswith("InvalidArgument: all_reduce: the stream is being captured"), (rank, res)
+            assert res[label + "_nodes"] == 0, (rank, res)  # nothing was captured
+        assert res["first_executor"] == "not set up", (rank, res)  # nor set up
+        assert res["later_executor"].startswith(executor), (rank, res)
+        assert res["after_first_ok"] and res["after_later_ok"], (rank, res)

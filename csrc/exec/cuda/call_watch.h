@@ -42,6 +42,11 @@ bool event_done(cudaEvent_t ev);
 // end the wait with an error). False if the time ran out.
 bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check);
 
+// InvalidArgument when `stream` is being captured into a CUDA graph (or CUDA cannot say whether
+// it is): device calls refuse capture before they enqueue or allocate anything. `what` names the
+// call in the message.
+void refuse_stream_capture(const char* what, uintptr_t stream);
+
 // InvalidArgument unless the call's buffers lie in device memory of `device`.
 void check_device_buffers(const CollectiveArgs& a, int device);
 
