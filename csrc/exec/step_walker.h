@@ -41,6 +41,9 @@
 // ops of one step on the same lane and direction go in schedule order, one after the other:
 // chunks on a lane are matched by order alone.
 //
+// Models of the protocol's patterns (slots through posted and consumed, the call words, the
+// channels' barrier) for the SPIN model checker: exec/cuda/models/*.pml.
+//
 // The Mem policy supplies what differs between the device and the host:
 //   leader()              the one thread that reads and writes flags (all threads on the host)
 //   agree(v)              every thread of the walker gets the leader's v
