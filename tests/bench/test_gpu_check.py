@@ -132,3 +132,15 @@ def test_a_stage_killed_by_its_limit_still_reports_every_test(tmp_path):
     }, summary
     assert "a reason of its own" in summary and "Timeout" in summary, summary
     assert took < 14 + 5 + 30, took  # the stage was ended at its limit (plus the kill's grace)
+
+
+def test_the_env_stage_fails_saying_what_the_check_lacks(tmp_path):
+    # An interpreter without pytest, pytest-timeout or pip (so nothing can be installed either).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    out = check("--standin", "--only", "env", env={"OUT": str(tmp_path / "out"), "PYTHON": bare}, timeout=60)
+    assert out.returncode == 1, out.stdout
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    line = re.search(r"^  env\s+FAILED rc=1 .*$", summary, re.M)
+    assert line and "MISSING: pytest pytest_timeout" in line.group(0), summary
+    assert f"run '{bare} -m pip install pytest pytest-timeout'" in line.group(0), summary
