@@ -18,6 +18,12 @@
 //            slot; the receiver publishes `received` in the sender's memory (recv_consumed)
 //            once it has read a slot. So a slot is never overwritten before it has been read,
 //            each flag has exactly one writer, and calls need no reset in between.
+//   stop     one word per rank in every rank's memory (stop_words[q]: written by rank q alone),
+//            set by a rank that stopped a call: in its own memory, so its other channels end,
+//            and in every peer's, so theirs do. It names the first call it stops (stop_value's
+//            low 40 bits: seq + 1), and a walker obeys only a stop of its own call or an earlier
+//            one: a peer that runs ahead and stops a later call must not end (and be blamed for)
+//            a call this rank can still finish.
 //   call     two words per lane in the peer's memory: this rank's current call, {tag, seq + 1},
 //            written by channel 0's leader as a walk starts (the seq word cleared while the tag
 //            changes). A walker that has nothing to do looks at its peers' words: a peer in the
@@ -35,6 +41,9 @@
 // ops of one step on the same lane and direction go in schedule order, one after the other:
 // chunks on a lane are matched by order alone.
 //
+// Models of the protocol's patterns (slots through posted and consumed, the call words, the
+// channels' barrier) for the SPIN model checker: exec/cuda/models/*.pml.
+//
 // The Mem policy supplies what differs between the device and the host:
 //   leader()              the one thread that reads and writes flags (all threads on the host)
 //   agree(v)              every thread of the walker gets the leader's v
@@ -44,9 +53,10 @@
 //   load / store          flag accesses with acquire / release semantics
 //   stop()                true when the walk must end (abort flag or deadline)
 //   relax()               back off after a round that moved nothing
-//   step_barrier(w)       every thread of this walker is done with the step (the leader may
+//   step_barrier(p)       every thread of this walker is done with the step (the leader may
 //                         rewrite the step's shared progress), and so are this rank's other
-//                         channels; false if *w or stop() ends the wait
+//                         channels; false if a stop of plan p's call (stop_in_force) or stop()
+//                         ends the wait
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -84,11 +94,13 @@ struct WalkPlan {
   uint32_t channel = 0, nchannels = 1;
   const WalkerLane* lanes = nullptr;   // [peer * nchannels + channel]; the rank's own are unused
   WalkerCounters* counters = nullptr;  // same indexing; updated by the walk
-  // In this rank's memory: set by a walker (of any rank) that stopped on a mismatch, so every
-  // walker ends at once rather than at its timeout.
-  uint64_t* stop_word = nullptr;
-  // What such a walker writes into the stop words (nonzero): the executor may encode who found
-  // the mismatch, so the ranks it stops can say so.
+  // In this rank's memory, one word per rank (see "stop" above): stop_words[q] is set by rank q
+  // when it stops a call, so every walker of that call or a later one ends at once rather than
+  // at its timeout. `rank` is this rank: the word it writes, here and in the peers' memory.
+  uint64_t* stop_words = nullptr;
+  uint32_t rank = 0;
+  // What this rank's walker writes into its stop words: nonzero, its low 40 bits this call's
+  // seq + 1 (stop_word_for); the executor may encode in the rest who stopped and why.
   uint64_t stop_value = 1;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
@@ -125,6 +137,24 @@ RT_HOST_DEVICE inline Slice slice_of(uint64_t count, uint32_t c, uint32_t n, uin
   return {first, last - first};
 }
 
+// Stop words: the low 40 bits hold seq + 1 of the first call a stop ends (modulo 2^40; the
+// comparison below is modular, so a long-lived communicator's sequence numbers may wrap).
+constexpr uint64_t kStopSeqMask = (uint64_t{1} << 40) - 1;
+RT_HOST_DEVICE inline uint64_t stop_seq_bits(uint64_t seq) { return (seq + 1) & kStopSeqMask; }
+// Whether stop word `w` ends call `seq`: it is set and stops a call no later than seq.
+RT_HOST_DEVICE inline bool stop_applies(uint64_t w, uint64_t seq) {
+  return w != 0 && ((stop_seq_bits(seq) - (w & kStopSeqMask)) & kStopSeqMask) < (uint64_t{1} << 39);
+}
+// The first of this rank's stop words that ends the plan's call, or 0.
+template <typename Mem>
+RT_HOST_DEVICE uint64_t stop_in_force(const WalkPlan& plan, const Mem& mem) {
+  for (uint32_t q = 0; q < plan.nranks; ++q) {
+    const uint64_t w = mem.load(plan.stop_words + q);
+    if (stop_applies(w, plan.seq)) return w;
+  }
+  return 0;
+}
+
 // Whether every op of `s` is one the walker runs (no one-shot op).
 inline bool walker_can_run(const Schedule& s) {
   for (const Op& op : s.ops)
@@ -141,7 +171,7 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
   // This rank's other channels and every peer end at once rather than at their timeouts.
   auto stop_everyone = [&] {
     if (!mem.leader()) return;
-    mem.store(plan.stop_word, plan.stop_value);
+    mem.store(plan.stop_words + plan.rank, plan.stop_value);
     for (uint32_t q = 0; q < plan.nranks; ++q)
       if (plan.lanes[static_cast<uint64_t>(q) * C].peer_stop)
         mem.store(plan.lanes[static_cast<uint64_t>(q) * C].peer_stop, plan.stop_value);
@@ -261,7 +291,7 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
       if (!moved) {
         bool mismatch = false;
         if (mem.agree(mem.leader() &&
-                      (mem.load(plan.stop_word) != 0 || mem.stop() || (mismatch = peer_in_another_call())))) {
+                      (stop_in_force(plan, mem) != 0 || mem.stop() || (mismatch = peer_in_another_call())))) {
           if (!mem.agree(mismatch)) return WalkResult::Stopped;
           stop_everyone();
           return WalkResult::Mismatch;
@@ -272,7 +302,7 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
     // Every thread of every channel has finished step k before any starts step k + 1: the
     // leader rewrites `progress` for the next step while a lagging thread may still be reading
     // it for this one's last check, and a later step may read what another channel wrote.
-    if (!mem.step_barrier(plan.stop_word)) return WalkResult::Stopped;
+    if (!mem.step_barrier(plan)) return WalkResult::Stopped;
   }
   return WalkResult::Done;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include "common/clock.h"
+#include "exec/step_walker.h"
 #include "kernels/host/reduce.h"
 
 namespace ringtree {
@@ -51,7 +52,8 @@ struct HostMem {
     }
     sched_yield();
   }
-  bool step_barrier(const uint64_t* stop_word) const {
+  template <typename Plan>
+  bool step_barrier(const Plan& plan) const {
     if (barrier->parties == 1) return true;  // one thread walks this rank: nothing to wait for
     const uint32_t gen = barrier->generation.load(std::memory_order_acquire);
     if (barrier->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == barrier->parties) {
@@ -60,7 +62,7 @@ struct HostMem {
       return true;
     }
     while (barrier->generation.load(std::memory_order_acquire) == gen) {
-      if (load(stop_word) != 0 || stop()) return false;
+      if (stop_in_force(plan, *this) != 0 || stop()) return false;
       relax();
     }
     return true;

@@ -16,7 +16,7 @@ struct MailboxLane {
   const uint8_t* recv_slots = nullptr;      // this rank's inbox for the peer's chunks
   const uint64_t* recv_posted = nullptr;    // this rank's memory: chunks the peer has posted
   uint64_t* recv_consumed = nullptr;        // peer's memory: the peer's chunks this rank has read
-  uint64_t* peer_stop = nullptr;            // the peer's stop word (see WalkPlan::stop_word)
+  uint64_t* peer_stop = nullptr;            // peer's memory: this rank's stop word (WalkPlan::stop_words)
   uint64_t* send_call = nullptr;            // peer's memory: the call this rank is in (2 words)
   const uint64_t* recv_call = nullptr;      // this rank's memory: the call the peer is in (2 words)
 };

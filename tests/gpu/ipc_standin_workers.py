@@ -397,3 +397,70 @@ def abort_during_a_device_call(victim=1, n=70000, timeout=20.0):
     arrays.synchronize()
     out["stream_released_after"] = time.monotonic() - start
     return out
+
+
+def more_calls_in_flight_than_statuses(calls=1100, hold=8.0, odd_rank=1):
+    """More device calls in flight than the CUDA IPC executor keeps status entries for (1024):
+    the caller's stream is held by a slow kernel while the host issues `calls` all_reduces, the
+    last with one element more on odd_rank. The host must wait for room rather than let a later
+    call's status overwrite an earlier one's (so it returns from the calls only once the stream
+    moves); every call before the last is right, and the mismatch names the last call."""
+    arrays = DeviceArrays("standin")
+    # Each call's timeout counts from its issue, with up to a thousand calls ahead of it on a slow
+    # stand-in: long enough that only a hang ends one.
+    comm = rt.init(timeout=200.0)
+    r, P = comm.rank, comm.size
+    comm.all_reduce(arrays.upload(np.zeros(1, np.float32)))  # the executor is set up: call #0
+    arrays.synchronize()
+    xs = [arrays.upload(np.full(1 + (k == calls - 1 and r == odd_rank), r + k, np.float32)) for k in range(calls)]
+    start = time.monotonic()
+    testing.standin_sleep(hold)
+    returned = []  # seconds from the hold's start to each call's return
+    for x in xs[:-1]:
+        comm.all_reduce(x)
+        returned.append(time.monotonic() - start)
+    out = outcome(comm.all_reduce(xs[-1], async_op=True, timeout=150.0), start)
+    arrays.synchronize()
+    wrong = [k for k, x in enumerate(xs[:-1]) if peek(x).tolist() != [sum(q + k for q in range(P))]]
+    # Call #k + 1 is xs[k]: #1024 is the last with a free status entry during the hold, #1025 waits.
+    return {**out, "wrong": wrong[:10], "hold": hold, "returned_1024": returned[1023], "returned_1025": returned[1024]}
+
+
+def capture_is_refused(n=1000):
+    """A device call on a stream being captured into a CUDA graph (torch.cuda.graph, torch.compile's
+    reduce-overhead mode): refused with InvalidArgument before anything is set up, enqueued or
+    allocated, the first call (which would set the executor up) and a later one alike; the capture
+    stays empty, and the communicator works on once the stream is no longer captured."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    stream = testing.standin_stream_create()
+    out = {}
+
+    def captured_call(label):
+        x = arrays.upload(np.full(n, r + 1, np.float32))
+        x.__cuda_array_interface__["stream"] = stream
+        testing.standin_begin_capture(stream)
+        try:
+            comm.all_reduce(x)
+            out[label] = None
+        except rt.Error as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+        graph = testing.standin_end_capture(stream)
+        out[label + "_nodes"] = testing.standin_graph_nodes(graph)
+        testing.standin_graph_destroy(graph)
+        out[label + "_executor"] = comm.status().cuda_executor
+
+    def plain_call():
+        x = arrays.upload(np.full(n, r + 1, np.float32))
+        x.__cuda_array_interface__["stream"] = stream
+        comm.all_reduce(x)
+        testing.standin_stream_synchronize(stream)
+        return bool(np.all(peek(x) == P * (P + 1) / 2))
+
+    captured_call("first")  # before the executor is set up
+    out["after_first_ok"] = plain_call()
+    captured_call("later")  # with the executor set up
+    out["after_later_ok"] = plain_call()
+    testing.standin_stream_destroy(stream)
+    return out

@@ -719,6 +719,55 @@ def test_standin_scale_and_divide_kernels(standin, dtype):
     check_scale_and_divide(standin, dtype, 1001)
 
 
+def test_standin_models_stream_capture_and_graph_replay(standin):
+    # What the refusal tests below rely on: work enqueued on a capturing stream is recorded, not
+    # run; a launched graph runs it, as often as it is launched; a synchronization with a
+    # capturing stream fails and invalidates the capture, as CUDA's does.
+    t = standin.testing
+    stream = t.standin_stream_create()
+    src, dst = standin.upload(np.arange(8, dtype=np.int32)), standin.filled(32, 0)
+    t.standin_begin_capture(stream)
+    t.standin_memcpy(standin.ptr(dst), standin.ptr(src), 32, stream=stream, wait=False)
+    graph = t.standin_end_capture(stream)
+    t.standin_stream_synchronize(stream)
+    assert t.standin_graph_nodes(graph) == 1
+    assert standin.download(dst, np.int32).tolist() == [0] * 8  # recorded, not run
+    for k in range(2):  # each replay copies what the source holds then
+        t.standin_memcpy(standin.ptr(src), np.full(8, k + 5, np.int32).ctypes.data, 32)
+        t.standin_graph_launch(graph, stream)
+        t.standin_stream_synchronize(stream)
+        assert standin.download(dst, np.int32).tolist() == [k + 5] * 8
+    t.standin_graph_destroy(graph)
+    t.standin_begin_capture(stream)
+    with pytest.raises(standin.testing.Error, match="capturing"):
+        t.standin_stream_synchronize(stream)
+    with pytest.raises(standin.testing.Error, match="previous error during capture"):
+        t.standin_end_capture(stream)
+    t.standin_stream_destroy(stream)
+
+
+def test_standin_thread_ranks_and_kernels_refuse_stream_capture(standin):
+    # Nothing is enqueued or allocated before the refusal: the capture stays empty and valid, and
+    # the same calls work once the stream is no longer captured.
+    t = standin.testing
+    stream = t.standin_stream_create()
+    x, x2 = standin.upload(np.ones(64, np.float32)), standin.upload(np.ones(64, np.float32))
+    y, y2 = standin.filled(256, 0), standin.filled(256, 0)
+    local_run = [COLL["all_reduce"], ALGO["ring"], DTYPE["float32"], OP["sum"], 1.0, 0, 64]
+    t.standin_begin_capture(stream)
+    with pytest.raises(t.InvalidArgument, match="cuda_local_run: the stream is being captured into a CUDA graph"):
+        t.cuda_local_run(*local_run, [standin.ptr(x), standin.ptr(x2)], [standin.ptr(y), standin.ptr(y2)], stream, 0)
+    with pytest.raises(t.InvalidArgument, match="cuda_kernel_scale: the stream is being captured.*outside the capture"):
+        t.cuda_kernel_scale(standin.ptr(y), standin.ptr(x), 64, DTYPE["float32"], 2.0, stream)
+    graph = t.standin_end_capture(stream)
+    assert t.standin_graph_nodes(graph) == 0
+    t.standin_graph_destroy(graph)
+    t.cuda_kernel_scale(standin.ptr(y), standin.ptr(x), 64, DTYPE["float32"], 2.0, stream)
+    t.standin_stream_synchronize(stream)
+    assert standin.download(y, np.float32).tolist() == [2.0] * 64
+    t.standin_stream_destroy(stream)
+
+
 @gpu
 def test_bad_pointers_are_invalid_arguments(dev):
     host = np.zeros(16, np.float32)

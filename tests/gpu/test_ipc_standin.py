@@ -19,15 +19,22 @@ from ipc_standin_workers import (
     MISMATCHED_FIELDS,
     abort_during_a_device_call,
     caller_stream_order,
+    capture_is_refused,
     deterministic_sums,
     mismatch_in_every_field,
     mismatched_count,
+    more_calls_in_flight_than_statuses,
     setup_refused,
     stream_named_by_the_array,
 )
 from test_device_comm import device_peer_stalls, device_stream_semantics, device_sweep
 
 STANDIN = standin.ENV
+
+
+def executor_env(executor):
+    """The stand-in's environment for ranks that take the CUDA IPC executor or the staged one."""
+    return {**STANDIN, "RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -146,8 +153,7 @@ def test_a_mismatch_in_any_fingerprinted_field_fails_every_rank(executor):
     # Collective, algorithm, dtype, op, root, count, deterministic: each alone must stop every
     # rank with CollectiveMismatch, not mix the ranks' data (the host executor's own tests are
     # multiproc/test_errors.py and test_deterministic.py).
-    env = {**STANDIN, "RINGTREE_CUDA_IPC": "1" if executor == "ipc" else "0"}
-    world = run_world(3, mismatch_in_every_field, {}, timeout=140, env=env)
+    world = run_world(3, mismatch_in_every_field, {}, timeout=140, env=executor_env(executor))
     for rank, res in enumerate(world.check_ok()):
         assert sorted(res) == sorted(MISMATCHED_FIELDS), (rank, res)
         for field, out in res.items():
@@ -200,3 +206,31 @@ def test_one_rank_without_ipc_moves_every_rank_to_staged(refusal, first, words):
             assert res["executor"].startswith(f"staged: rank {first}: ") and words in res["executor"], (rank, res)
         else:
             assert res["executor"] == f"staged: rank {first} cannot (its own error says why)", (rank, res)
+
+
+@pytest.mark.timeout(260)
+def test_more_calls_in_flight_than_status_entries_wait_and_report_the_right_call():
+    calls = 1100  # the executor keeps 1024 status entries (kStatusRing)
+    world = run_world(3, more_calls_in_flight_than_statuses, dict(calls=calls), timeout=240, env=STANDIN)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["wrong"] == [], (rank, res)
+        # Call #0 set the executor up: the first held call is #1, so #1025 is the first that would
+        # reuse a status entry still in flight. The host issues up to #1024 during the hold, and
+        # returns from #1025 only once the stream moves on.
+        assert res["returned_1024"] < res["hold"] <= res["returned_1025"], (rank, res)
+        assert res["raised"] == "CollectiveMismatch", (rank, res)
+        assert f"all_reduce device call #{calls} " in res["message"], (rank, res)
+        assert res["seconds"] < 140, (rank, res)  # ended by the mismatch, not the 150 s timeout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["ipc", "staged"])
+def test_a_call_on_a_capturing_stream_is_refused_before_anything_is_enqueued(executor):
+    world = run_world(3, capture_is_refused, {}, timeout=110, env=executor_env(executor))
+    for rank, res in enumerate(world.check_ok()):
+        for label in ("first", "later"):
+            assert res[label].startswith("InvalidArgument: all_reduce: the stream is being captured"), (rank, res)
+            assert res[label + "_nodes"] == 0, (rank, res)  # nothing was captured
+        assert res["first_executor"] == "not set up", (rank, res)  # nor set up
+        assert res["later_executor"].startswith(executor), (rank, res)
+        assert res["after_first_ok"] and res["after_later_ok"], (rank, res)

@@ -81,6 +81,39 @@ void register_standin_hooks(py::module_& m) {
   m.def(
       "standin_stream_destroy", [](uintptr_t s) { RT_CUDA_CHECK(cudaStreamDestroy(stream_of(s))); }, py::arg("stream"));
   m.def(
+      "standin_begin_capture",
+      [](uintptr_t s) { RT_CUDA_CHECK(cudaStreamBeginCapture(stream_of(s), cudaStreamCaptureModeGlobal)); },
+      py::arg("stream"), "cudaStreamBeginCapture: what is enqueued on `stream` from now on goes into a graph.");
+  m.def(
+      "standin_end_capture",
+      [](uintptr_t s) {
+        cudaGraph_t g = nullptr;
+        RT_CUDA_CHECK(cudaStreamEndCapture(stream_of(s), &g));
+        return reinterpret_cast<uintptr_t>(g);
+      },
+      py::arg("stream"), "cudaStreamEndCapture: the captured graph, as an int.");
+  m.def(
+      "standin_graph_nodes",
+      [](uintptr_t g) {
+        size_t n = 0;
+        RT_CUDA_CHECK(cudaGraphGetNodes(reinterpret_cast<cudaGraph_t>(g), nullptr, &n));
+        return n;
+      },
+      py::arg("graph"), "How many operations the graph holds.");
+  m.def(
+      "standin_graph_launch",
+      [](uintptr_t g, uintptr_t s) {
+        cudaGraphExec_t exec = nullptr;
+        RT_CUDA_CHECK(cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g), 0));
+        const cudaError_t err = cudaGraphLaunch(exec, stream_of(s));
+        (void)cudaGraphExecDestroy(exec);
+        RT_CUDA_CHECK(err);
+      },
+      py::arg("graph"), py::arg("stream"), "Instantiate the graph and launch it on `stream` (a replay).");
+  m.def(
+      "standin_graph_destroy", [](uintptr_t g) { RT_CUDA_CHECK(cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(g))); },
+      py::arg("graph"));
+  m.def(
       "standin_set_device", [](int device) { RT_CUDA_CHECK(cudaSetDevice(device)); }, py::arg("device"),
       "cudaSetDevice for the calling thread (torch.cuda.set_device's equivalent).");
   m.def("standin_get_device", []() {

@@ -79,6 +79,21 @@ bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& c
   }
 }
 
+void refuse_stream_capture(const char* what, uintptr_t stream) {
+  // A captured call would replay with the sequence number, staging and gates of the one call it
+  // was captured from (a use-after-free, a stale copy, a peer waiting on the wrong call), and
+  // its set-up would wait for the host inside the capture.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &status);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  RT_CHECK(err == cudaSuccess && status == cudaStreamCaptureStatusNone, InvalidArgument, what,
+           ": the stream is being captured into a CUDA graph",
+           err != cudaSuccess ? str_cat(" (cudaStreamIsCapturing: ", cudaGetErrorName(err), ")") : std::string(),
+           ", and ringtree's device calls cannot be captured: make the call outside the capture (with torch, "
+           "before or after torch.cuda.graph(...), or torch.compile without mode='reduce-overhead'), or on host "
+           "buffers");
+}
+
 void check_device_buffers(const CollectiveArgs& a, int device) {
   const char* name = collective_name(a.coll);
   const size_t esz = dtype_size(a.dtype);
@@ -157,6 +172,7 @@ void CallWatch::check_oldest() {
       if (hooks_.completed) hooks_.completed(c);
       spare_.push_back(c.ev);
       calls_.pop_front();
+      room_.notify_all();
       continue;
     }
     if (err != cudaErrorNotReady) {
@@ -177,6 +193,7 @@ void CallWatch::finish() {
     stop_ = true;
   }
   wake_.notify_all();
+  room_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   for (const Call& c : calls_) {

@@ -42,6 +42,11 @@ bool event_done(cudaEvent_t ev);
 // end the wait with an error). False if the time ran out.
 bool wait_event(cudaEvent_t ev, double timeout_s, const std::function<void()>& check);
 
+// InvalidArgument when `stream` is being captured into a CUDA graph (or CUDA cannot say whether
+// it is): device calls refuse capture before they enqueue or allocate anything. `what` names the
+// call in the message.
+void refuse_stream_capture(const char* what, uintptr_t stream);
+
 // InvalidArgument unless the call's buffers lie in device memory of `device`.
 void check_device_buffers(const CollectiveArgs& a, int device);
 
@@ -75,6 +80,15 @@ class CallWatch {
   void start(Hooks hooks, int device);
   // Records an event on `stream` after the call just enqueued there, and follows it.
   void track(cudaStream_t stream, uint64_t seq, double timeout_s, std::string what);
+  // With mutex() held: whether call `seq` (tracked) has not yet been reported completed; the seq
+  // of the oldest call still followed, or `otherwise` when none is.
+  bool follows_locked(uint64_t seq) const { return !calls_.empty() && calls_.front().seq <= seq; }
+  uint64_t oldest_locked(uint64_t otherwise) const { return calls_.empty() ? otherwise : calls_.front().seq; }
+  // With mutex() held through `lock`: waits until fewer than `bound` calls before `seq` are still
+  // followed (the oldest ends, or the watch fails it at its deadline, or finish() runs).
+  void wait_until_fewer_locked(std::unique_lock<std::mutex>& lock, uint64_t seq, uint64_t bound) {
+    room_.wait(lock, [&] { return calls_.empty() || calls_.front().seq + bound > seq || stop_; });
+  }
   // Stops the thread, gives every call still running until its deadline, reports those that
   // miss it (failed: the executor ends them), and releases the events. Never throws.
   void finish();
@@ -84,7 +98,7 @@ class CallWatch {
   void check_oldest();  // with mu_ held
 
   std::mutex mu_;
-  std::condition_variable wake_;
+  std::condition_variable wake_, room_;
   Hooks hooks_;
   std::deque<Call> calls_;
   std::vector<cudaEvent_t> spare_;

@@ -180,6 +180,7 @@ class CudaCommImpl : public CudaComm {
                " (one device per rank and communicator, as with NCCL)");
     }
     DeviceGuard guard(device);
+    refuse_stream_capture(collective_name(args.coll), stream);  // before any set-up or enqueue
     load_kernels_once(device);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     if (use_nccl) {

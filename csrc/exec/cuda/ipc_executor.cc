@@ -45,14 +45,16 @@ RT_SETTING(CudaIpcSlots)
 RT_SETTING(CudaIpcChannels)
 constexpr int kMaxChannels = 32;
 
-// A stop word says who stopped the call and why, so the ranks it stops report the same kind of
-// error and name that rank: bits 0-31 the rank + 1, bits 32-39 the ErrorKind. 0: not stopped.
-uint64_t stop_word_value(ErrorKind kind, int rank) {
-  return static_cast<uint64_t>(kind) << 32 | static_cast<uint32_t>(rank + 1);
+// A stop word says which call it stops first, who stopped it and why, so the ranks it stops
+// report the same kind of error, name that rank, and charge it to that call or a later one,
+// never to one they can still finish: bits 0-39 the call's seq + 1 (step_walker.h), bits
+// 40-47 the ErrorKind, bits 48-63 the rank + 1. 0: not stopped.
+uint64_t stop_word_value(ErrorKind kind, int rank, uint64_t seq) {
+  return static_cast<uint64_t>(rank + 1) << 48 | static_cast<uint64_t>(kind) << 40 | stop_seq_bits(seq);
 }
-int stop_word_rank(uint64_t word) { return static_cast<int>(word & 0xffffffffu) - 1; }
+int stop_word_rank(uint64_t word) { return static_cast<int>(word >> 48) - 1; }
 ErrorKind stop_word_kind(uint64_t word) {
-  const auto k = static_cast<uint8_t>(word >> 32);
+  const auto k = static_cast<uint8_t>(word >> 40);
   return k < static_cast<uint8_t>(ErrorKind::Count) ? static_cast<ErrorKind>(k) : ErrorKind::PeerFailure;
 }
 
@@ -138,7 +140,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   // The failure a finished call recorded, if any (the kernel's status for seq).
   void check_finished(uint64_t seq, const std::string& what) {
     std::lock_guard<std::mutex> lock(watch_.mutex());
-    note_status_locked(seq, what);
+    // A call the watch no longer follows has been noted, and its status entry may since hold a
+    // call kStatusRing later: read it only while the call is still followed.
+    if (watch_.follows_locked(seq)) note_status_locked(seq, what);
     throw_failure_locked();
   }
 
@@ -152,7 +156,9 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   }
   void throw_failure_locked() const;
   void note_status_locked(uint64_t seq, const std::string& what);
-  void fail_locked(ErrorKind kind, const std::string& why);
+  // Fails the path; `seq`: the first call the failure stops on the peers (this rank has
+  // finished every call before it).
+  void fail_locked(ErrorKind kind, const std::string& why, uint64_t seq);
   void start_watch();
 
   std::shared_ptr<Communicator> host_;
@@ -237,7 +243,7 @@ void IpcPathImpl::finish_setup() {
   RT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_on_device_), p, 0));
   RT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocPortable));
   stop_value_ = static_cast<uint64_t*>(p);
-  *stop_value_ = stop_word_value(ErrorKind::PeerFailure, rank_);
+  *stop_value_ = 0;
   start_watch();
 }
 
@@ -294,15 +300,25 @@ std::shared_ptr<DeviceWork> IpcPathImpl::run(const CollectiveArgs& a, uintptr_t 
   std::lock_guard<std::mutex> call_lock(call_mu_);
   RT_CHECK(!closed_, Aborted, "the communicator is closed");
   raise_if_failed();
+  const uint64_t seq = seq_;
+  // At most kStatusRing calls in flight: each has its entry in the status ring until the watch
+  // has noted how it ended. Past that, the host waits for the oldest (as NCCL's host waits when
+  // its work queue is full), at most its deadline, after which the watch has failed it.
+  {
+    std::unique_lock<std::mutex> lock(watch_.mutex());
+    watch_.wait_until_fewer_locked(lock, seq, kStatusRing);
+    throw_failure_locked();
+  }
   const DeviceSchedule& ds = schedule_for(plan.key);
-  const uint64_t seq = seq_++;
+  seq_++;
   try {
     enqueue(plan, ds, seq, caller);
   } catch (const Error& e) {
     // This rank's call sequence is now out of step with its peers': nothing more can run here.
     std::lock_guard<std::mutex> lock(watch_.mutex());
     fail_locked(ErrorKind::Error,
-                str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_, ": ", e.what()));
+                str_cat(describe_call(a.coll, seq), " could not be enqueued on rank ", rank_, ": ", e.what()),
+                watch_.oldest_locked(seq));
     throw;
   }
   if (!want_work) return nullptr;
@@ -338,14 +354,15 @@ struct IpcPathImpl::Device {
     w.lanes = path.lanes_on_device_;
     w.nranks = static_cast<uint32_t>(path.P_);
     w.nchannels = path.channels_;
-    w.stop_word = path.mailboxes_.stop_word();
+    w.stop_words = path.mailboxes_.stop_words();
+    w.rank = static_cast<uint32_t>(path.rank_);
     w.counters = path.counters_on_device_;
     w.slot_bytes = path.slot_bytes_ / esz * esz;
     w.slots = path.slots_;
     w.elem_size = static_cast<uint32_t>(esz);
     w.tag = plan.fingerprint(seq).tag();
     w.seq = seq;
-    w.stop_value = stop_word_value(ErrorKind::CollectiveMismatch, path.rank_);
+    w.stop_value = stop_word_value(ErrorKind::CollectiveMismatch, path.rank_, seq);
     WalkStatus* statuses = path.status_ + (seq % kStatusRing) * path.channels_;
     for (uint32_t ch = 0; ch < path.channels_; ++ch) statuses[ch].result = -1;
     WalkLaunch launch{w, path.abort_on_device_, path.status_on_device_ + (seq % kStatusRing) * path.channels_,
@@ -390,7 +407,8 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
                         f.got_bytes || f.want_bytes ? str_cat(", a chunk of ", f.got_bytes, " bytes") : std::string(),
                         "; this call: tag ", f.want_tag,
                         f.got_bytes || f.want_bytes ? str_cat(", ", f.want_bytes, " bytes") : std::string(),
-                        "): the ranks called different collectives, or with different arguments"));
+                        "): the ranks called different collectives, or with different arguments"),
+                seq);
   else if (result == static_cast<int32_t>(WalkResult::Stopped) && stopped_by && stop_word_rank(stopped_by) != rank_)
     // Another rank's error, of the same kind here: a mismatch or a timeout is one on every rank.
     fail_locked(stop_word_kind(stopped_by),
@@ -399,13 +417,16 @@ void IpcPathImpl::note_status_locked(uint64_t seq, const std::string& what) {
                         : stop_word_kind(stopped_by) == ErrorKind::Timeout          ? "timed out"
                         : stop_word_kind(stopped_by) == ErrorKind::Aborted          ? "was aborted"
                                                                                     : "failed",
-                        " (its own error says more)"));
+                        " (its own error says more)"),
+                seq);
   else if (result == static_cast<int32_t>(WalkResult::Stopped))
-    fail_locked(ErrorKind::PeerFailure, str_cat(what, " on rank ", rank_, " was stopped: ",
-                                                *abort_ ? "this rank aborted it" : "a peer stopped on an error"));
+    fail_locked(ErrorKind::PeerFailure,
+                str_cat(what, " on rank ", rank_,
+                        " was stopped: ", *abort_ ? "this rank aborted it" : "a peer stopped on an error"),
+                seq);
 }
 
-void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
+void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why, uint64_t seq) {
   if (!failed_) {
     failed_ = true;
     failure_kind_ = kind;
@@ -415,7 +436,7 @@ void IpcPathImpl::fail_locked(ErrorKind kind, const std::string& why) {
     // End this rank's queued and running walks, and the peers' (their stop words, which say
     // who stopped them and why), so every rank reports instead of waiting out its own timeout.
     __atomic_store_n(abort_, 1u, __ATOMIC_RELEASE);
-    *stop_value_ = stop_word_value(failure_kind_, rank_);
+    *stop_value_ = stop_word_value(failure_kind_, rank_, seq);
     for (int q = 0; q < P_; ++q)
       if (uint64_t* stop = mailboxes_.peer_stop_word(q))
         (void)cudaMemcpyAsync(stop, stop_value_, sizeof(uint64_t), cudaMemcpyHostToDevice, poison_stream_);
@@ -429,10 +450,11 @@ void IpcPathImpl::start_watch() {
   // here and, through the stop words, the peers'.
   hooks.running = [this](const CallWatch::Call& c) {
     if (host_->is_aborted())
-      fail_locked(ErrorKind::Aborted, str_cat(c.what, " on rank ", rank_, ": the communicator was aborted"));
+      fail_locked(ErrorKind::Aborted, str_cat(c.what, " on rank ", rank_, ": the communicator was aborted"), c.seq);
   };
   hooks.failed = [this](const CallWatch::Call& c, const std::string& why, bool timed_out) {
-    fail_locked(timed_out ? ErrorKind::Timeout : ErrorKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why));
+    fail_locked(timed_out ? ErrorKind::Timeout : ErrorKind::Error, str_cat(c.what, " on rank ", rank_, ": ", why),
+                c.seq);
   };
   watch_.start(std::move(hooks), device_);
 }

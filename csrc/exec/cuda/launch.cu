@@ -19,6 +19,7 @@ struct DeviceMem {
   F f;
   const volatile uint32_t* abort;
   ChannelBarrier* barrier;
+  mutable unsigned idle = 0;  // rounds in a row that moved nothing (relax's back-off)
 
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ bool agree(bool v) const {
@@ -67,6 +68,7 @@ struct DeviceMem {
         cuda::split_by_phase<T>(dst, local, incoming, count), f, threadIdx.x, blockDim.x);
   }
   __device__ void published() const {
+    idle = 0;
     __threadfence_system();
     __syncthreads();
   }
@@ -80,7 +82,7 @@ struct DeviceMem {
     *reinterpret_cast<volatile uint64_t*>(p) = v;
   }
   __device__ bool stop() const { return *abort != 0; }
-  __device__ bool step_barrier(const uint64_t* stop_word) const {
+  __device__ bool step_barrier(const WalkPlan& plan) const {
     __shared__ int passed;
     __syncthreads();  // this block's threads are done with the step
     if (gridDim.x == 1) return true;
@@ -95,7 +97,7 @@ struct DeviceMem {
         atomicAdd(&barrier->generation, 1u);
       } else {
         while (*generation == gen) {
-          if (*reinterpret_cast<const volatile uint64_t*>(stop_word) != 0 || stop()) {
+          if (stop_in_force(plan, *this) != 0 || stop()) {
             passed = 0;
             break;
           }
@@ -107,9 +109,13 @@ struct DeviceMem {
     __syncthreads();
     return passed != 0;
   }
+  // A few idle rounds spin (a peer's chunk is usually close); then naps that double up to 8 us,
+  // so that a walker waiting on a peer leaves the multiprocessor's issue slots to the rank's
+  // other work and to other ranks' kernels sharing the GPU. Any progress (published) resets it.
   __device__ void relax() const {
+    ++idle;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(256);
+    if (idle > 4) __nanosleep(32u << (idle - 4 < 8 ? idle - 4 : 8));
 #endif
   }
 };
@@ -126,7 +132,7 @@ __global__ void __launch_bounds__(kWalkThreads)
   WalkStatus* status = statuses + blockIdx.x;
   if (threadIdx.x == 0) {
     status->fault = fault;
-    status->stop_value = *reinterpret_cast<const volatile uint64_t*>(plan.stop_word);
+    status->stop_value = stop_in_force(plan, mem);
     // The last channel out leaves the barrier as the next call needs it: a channel that
     // stopped may have arrived at a barrier that then never released.
     __threadfence();
@@ -156,11 +162,13 @@ void launch_walk_with(const WalkLaunch& l, DataType dtype) {
   });
 }
 
-// The staged path's wait (device_comm.cc, step 3).
+// The staged path's wait (device_comm.cc, step 3): naps that double up to 8 us, as relax().
 __global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
+  unsigned nap = 32;
   while (*released < ticket) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(2000);
+    __nanosleep(nap);
+    if (nap < 8192) nap *= 2;
 #endif
   }
 }

@@ -20,7 +20,7 @@ struct ChannelBarrier {
 struct WalkStatus {
   int32_t result;  // WalkResult, or -1 while running
   WalkFault fault;
-  uint64_t stop_value;  // Stopped: the rank's stop word as the walker left (0: aborted here)
+  uint64_t stop_value;  // Stopped: the stop word that ended this call (0: none; aborted here)
 };
 
 // One rank's walk of one call: plan.nchannels walkers (a cooperative kernel of that many

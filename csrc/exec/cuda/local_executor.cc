@@ -391,6 +391,7 @@ void load_kernels_for_current_device() {
 CudaLocalStats cuda_local_run(const CudaLocalArgs& args) {
   const std::vector<RankCall> calls = lower_ranks(args);
   require_device("cuda_local_run");
+  refuse_stream_capture("cuda_local_run", args.stream);
   load_kernels_for_current_device();
   int dev = 0;
   RT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -426,6 +427,7 @@ void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count,
                         uintptr_t stream) {
   RT_CHECK(op < ReduceOp::Count, InvalidArgument, "cuda_kernel_reduce: unknown reduce op code ", static_cast<int>(op));
   const int dev = kernel_entry("cuda_kernel_reduce", dtype);
+  refuse_stream_capture("cuda_kernel_reduce", stream);
   const uint64_t bytes = count * dtype_size(dtype);
   check_device_pointer(dst, bytes, dev, "dst", 0);
   check_device_pointer(a, bytes, dev, "a", 0);
@@ -436,6 +438,7 @@ void cuda_kernel_reduce(uintptr_t dst, uintptr_t a, uintptr_t b, uint64_t count,
 
 void cuda_kernel_scale(uintptr_t dst, uintptr_t src, uint64_t count, DataType dtype, double factor, uintptr_t stream) {
   const int dev = kernel_entry("cuda_kernel_scale", dtype);
+  refuse_stream_capture("cuda_kernel_scale", stream);
   const uint64_t bytes = count * dtype_size(dtype);
   check_device_pointer(dst, bytes, dev, "dst", 0);
   check_device_pointer(src, bytes, dev, "src", 0);
@@ -445,6 +448,7 @@ void cuda_kernel_scale(uintptr_t dst, uintptr_t src, uint64_t count, DataType dt
 
 void cuda_kernel_divide(uintptr_t dst, uint64_t count, DataType dtype, int64_t divisor, uintptr_t stream) {
   const int dev = kernel_entry("cuda_kernel_divide", dtype);
+  refuse_stream_capture("cuda_kernel_divide", stream);
   check_device_pointer(dst, count * dtype_size(dtype), dev, "dst", 0);
   cuda_divide(reinterpret_cast<void*>(dst), count, dtype, divisor, reinterpret_cast<cudaStream_t>(stream));
 }

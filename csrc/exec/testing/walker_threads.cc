@@ -49,7 +49,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
   const size_t PPC = static_cast<size_t>(P) * P * C;
   std::vector<std::vector<uint8_t>> inbox(PPC);
   std::vector<std::vector<uint64_t>> headers(PPC, std::vector<uint64_t>(2 * a.slots, 0));
-  std::vector<uint64_t> posted(PPC, 0), consumed(PPC, 0), stop_words(P, 0);
+  std::vector<uint64_t> posted(PPC, 0), consumed(PPC, 0), stop_words(static_cast<size_t>(P) * P, 0);
   std::vector<uint64_t> calls(static_cast<size_t>(P) * P * 2, 0);  // calls[x][y]: y's call, in x's memory
   for (auto& box : inbox) box.assign(a.slot_bytes * a.slots, 0);
   auto at = [P, C](int x, int y, uint32_t ch) { return (static_cast<size_t>(x) * P + y) * C + ch; };
@@ -107,7 +107,7 @@ void walk_on_threads(const ThreadWalkArgs& a) {
         lane.recv_slots = inbox[at(r, q, ch)].data();
         lane.recv_posted = &posted[at(r, q, ch)];
         lane.recv_consumed = &consumed[at(q, r, ch)];
-        lane.peer_stop = &stop_words[q];
+        lane.peer_stop = &stop_words[static_cast<size_t>(q) * P + r];  // rank r's word in q's memory
         lane.send_call = &calls[(static_cast<size_t>(q) * P + r) * 2];
         lane.recv_call = &calls[(static_cast<size_t>(r) * P + q) * 2];
       }
@@ -125,7 +125,8 @@ void walk_on_threads(const ThreadWalkArgs& a) {
     st.walk.lanes = st.lanes.data();
     st.walk.nranks = static_cast<uint32_t>(P);
     st.walk.nchannels = C;
-    st.walk.stop_word = &stop_words[r];
+    st.walk.stop_words = &stop_words[static_cast<size_t>(r) * P];
+    st.walk.rank = static_cast<uint32_t>(r);
     st.walk.counters = st.counters.data();
     st.walk.slot_bytes = a.slot_bytes;
     st.walk.slots = a.slots;

@@ -71,7 +71,7 @@ std::vector<MailboxLane> CudaIpcMailboxes::lanes() const {
       l.recv_slots = region_ + inbox_off(q, c);
       l.recv_posted = reinterpret_cast<const uint64_t*>(region_ + posted_off(q, c));
       l.recv_consumed = reinterpret_cast<uint64_t*>(peer + consumed_off(rank_, c));
-      l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off());
+      l.peer_stop = reinterpret_cast<uint64_t*>(peer + stop_off(rank_));
       l.send_call = reinterpret_cast<uint64_t*>(peer + calls_off(rank_));
       l.recv_call = reinterpret_cast<const uint64_t*>(region_ + calls_off(q));
     }
@@ -79,11 +79,11 @@ std::vector<MailboxLane> CudaIpcMailboxes::lanes() const {
   return lanes;
 }
 
-uint64_t* CudaIpcMailboxes::stop_word() const { return reinterpret_cast<uint64_t*>(region_ + stop_off()); }
+uint64_t* CudaIpcMailboxes::stop_words() const { return reinterpret_cast<uint64_t*>(region_ + stop_off(0)); }
 
 uint64_t* CudaIpcMailboxes::peer_stop_word(int q) const {
   if (q == rank_ || q >= static_cast<int>(peer_regions_.size()) || !peer_regions_[q]) return nullptr;
-  return reinterpret_cast<uint64_t*>(peer_regions_[q] + stop_off());
+  return reinterpret_cast<uint64_t*>(peer_regions_[q] + stop_off(rank_));
 }
 
 void CudaIpcMailboxes::use_layout(uint64_t slot_bytes, uint32_t slots, uint32_t channels) {

@@ -8,7 +8,7 @@
 //   headers    P x C x slots x 2 words: tag and byte count of each inbox slot
 //   posted     P x C words: posted[q][c] = chunks rank q has put in inbox[q][c]   (written by q)
 //   consumed   P x C words: consumed[q][c] = this rank's chunks rank q has read    (written by q)
-//   stop       1 word: set by a walker or a watchdog that stopped a call           (written by anyone)
+//   stop       P words: stop[q] set by rank q when it stopped a call                 (written by q)
 //   calls      P x 2 words: the call rank q is in, {tag, seq + 1}                  (written by q)
 #pragma once
 #include <cstdint>
@@ -42,8 +42,9 @@ class CudaIpcMailboxes {
   std::string open_peers(const std::vector<Export>& exports);
   // The lanes to every peer, [peer * channels + channel]; this rank's own are empty.
   std::vector<MailboxLane> lanes() const;
-  // This rank's stop word, and peer q's (null before open_peers, or for this rank).
-  uint64_t* stop_word() const;
+  // This rank's stop words (P of them, one per writer), and this rank's word in peer q's memory
+  // (null before open_peers, or for this rank).
+  uint64_t* stop_words() const;
   uint64_t* peer_stop_word(int q) const;
   // Unmaps the peers' regions. This rank's device work must be done with them.
   void unmap_peers();
@@ -63,8 +64,8 @@ class CudaIpcMailboxes {
   size_t headers_off(int from, uint32_t c) const { return inbox_off(P_, 0) + box(from, c) * slots_ * 16; }
   size_t posted_off(int from, uint32_t c) const { return headers_off(P_, 0) + box(from, c) * 8; }
   size_t consumed_off(int to, uint32_t c) const { return posted_off(P_, 0) + box(to, c) * 8; }
-  size_t stop_off() const { return consumed_off(P_, 0); }
-  size_t calls_off(int from) const { return stop_off() + 8 + static_cast<size_t>(from) * 16; }
+  size_t stop_off(int writer) const { return consumed_off(P_, 0) + static_cast<size_t>(writer) * 8; }
+  size_t calls_off(int from) const { return stop_off(P_) + static_cast<size_t>(from) * 16; }
   size_t region_bytes() const { return calls_off(P_); }
 
   int P_, rank_;

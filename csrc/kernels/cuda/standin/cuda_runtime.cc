@@ -146,8 +146,17 @@ struct CUevent_st {
   int device = 0;
 };
 
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
+
 struct CUstream_st {
   std::deque<std::function<void()>> work;
+  CUgraph_st* capture = nullptr;  // while capturing: where enqueued work goes instead
+  bool capture_invalidated = false;
   bool running = false;  // the worker is inside a closure
   bool closing = false;
   std::thread worker;
@@ -270,6 +279,10 @@ cudaError_t enqueue_on(CUstream_st* s, std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(queue_mutex());
     if (s->closing) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture) {  // recorded into the graph, run when it is launched
+      s->capture->nodes.push_back(std::move(work));
+      return cudaSuccess;
+    }
     s->work.push_back(std::move(work));
   }
   queue_cv().notify_all();
@@ -452,6 +465,10 @@ const char* cudaGetErrorName(cudaError_t err) {
       return "cudaErrorCooperativeLaunchTooLarge";
     case cudaErrorNotSupported:
       return "cudaErrorNotSupported";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
     default:
       return "cudaErrorUnknown";
   }
@@ -485,6 +502,10 @@ const char* cudaGetErrorString(cudaError_t err) {
       return "too many blocks in cooperative launch";
     case cudaErrorNotSupported:
       return "operation not supported (CUDA stand-in)";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
     default:
       return "unknown error";
   }
@@ -693,14 +714,90 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// A capturing stream: invalidates its capture and says so (what CUDA does for an operation that
+// cannot be captured); else cudaSuccess.
+static cudaError_t refuse_in_capture(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(queue_mutex());
+  if (!s->capture) return cudaSuccess;
+  s->capture_invalidated = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  need_context();
+  CUstream_st* s = resolve(stream);
+  if (s == legacy_stream(s->device)) return fail(cudaErrorStreamCaptureUnsupported);  // as CUDA
+  std::lock_guard<std::mutex> lock(queue_mutex());
+  if (s->capture) return fail(cudaErrorInvalidValue);
+  s->capture = new CUgraph_st;
+  s->capture_invalidated = false;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  CUstream_st* s = resolve(stream);
+  std::lock_guard<std::mutex> lock(queue_mutex());
+  if (!s->capture) return fail(cudaErrorInvalidValue);
+  *graph = s->capture;
+  s->capture = nullptr;
+  if (s->capture_invalidated) {
+    delete *graph;
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  CUstream_st* s = resolve(stream);
+  std::lock_guard<std::mutex> lock(queue_mutex());
+  *status = !s->capture              ? cudaStreamCaptureStatusNone
+            : s->capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                     : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  if (!graph || nodes) return fail(cudaErrorInvalidValue);  // the count only
+  *count = graph->nodes.size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  need_context();
+  for (const auto& node : exec->nodes)
+    if (const cudaError_t err = enqueue(stream, node); err != cudaSuccess) return err;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   need_context();
+  if (const cudaError_t err = refuse_in_capture(resolve(stream)); err != cudaSuccess) return err;
   drain(resolve(stream));
   return static_cast<cudaError_t>(sticky_error.load());
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   need_context();
+  // Waiting in a capture on an event from outside it: not modelled (see the header).
+  if (const cudaError_t err = refuse_in_capture(resolve(stream)); err != cudaSuccess) return err;
   uint64_t target = 0;
   {
     std::lock_guard<std::mutex> lock(queue_mutex());
@@ -741,6 +838,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   need_context();
   CUstream_st* s = resolve(stream);
   if (s->device != event->device) return fail(cudaErrorInvalidResourceHandle);  // as CUDA: one device
+  // An event recorded in a capture: not modelled (see the header).
+  if (const cudaError_t err = refuse_in_capture(s); err != cudaSuccess) return err;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(queue_mutex());

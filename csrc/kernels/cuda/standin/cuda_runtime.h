@@ -55,12 +55,27 @@ enum cudaError {
   cudaErrorLaunchFailure = 719,
   cudaErrorCooperativeLaunchTooLarge = 720,
   cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorUnknown = 999,
 };
 typedef enum cudaError cudaError_t;
 
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
+typedef struct CUgraphNode_st* cudaGraphNode_t;
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
 typedef void (*cudaHostFn_t)(void* user_data);
 #define CUDART_CB
 #define cudaStreamLegacy (reinterpret_cast<cudaStream_t>(0x1))
@@ -159,6 +174,21 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data);
+
+// Stream capture and graphs. A capturing stream records what is enqueued on it (kernels, copies,
+// host functions) into its graph instead of running it; a launched graph enqueues the recorded
+// work, in order, on the launch stream, as often as it is launched. Synchronizing with a
+// capturing stream fails and invalidates the capture, as on a GPU. What the stand-in does not
+// model (an event recorded during capture: the fork and join of other streams into it) also
+// fails with cudaErrorStreamCaptureUnsupported and invalidates it, so no test passes by a gap.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
