@@ -66,7 +66,7 @@ def alone(late_s=1.0):
     """Rank 0 makes CALLS_AHEAD count-0 calls while the others sleep; then every rank makes them
     too, and one all_reduce with data. Returns when rank 0 finished and the others began."""
     comm = rt.init(timeout=60)
-    r, P = comm.rank, comm.size
+    r = comm.rank
     comm.barrier()
     if r != 0:
         time.sleep(late_s)
@@ -77,8 +77,15 @@ def alone(late_s=1.0):
     ended = time.monotonic()
     x = np.array([r + 1], np.int64)
     comm.all_reduce(x)
+    # The flight recorder still lists every count-0 call, done, with its place in the order.
+    calls = [c for c in comm.record()["calls"] if c["count"] == 0 and c["coll"] != "barrier"]
+    recorded = {
+        "calls": len(calls),
+        "done": sum(c["state"] == "done" for c in calls),
+        "seqs": sorted(c["seq"] for c in calls) == list(range(1, CALLS_AHEAD + 1)),
+    }
     comm.close()
-    return {"began": began, "ended": ended, "total": int(x[0]), "P": P}
+    return {"began": began, "ended": ended, "total": int(x[0]), "recorded": recorded}
 
 
 @pytest.mark.timeout(150)
@@ -87,6 +94,7 @@ def test_count0_calls_wait_for_no_peer(nranks):
     ranks = run_world(nranks, alone, timeout=120).check_ok()
     for res in ranks:
         assert res["total"] == nranks * (nranks + 1) // 2
+        assert res["recorded"] == {"calls": CALLS_AHEAD, "done": CALLS_AHEAD, "seqs": True}, res["recorded"]
     # Rank 0 finished all its calls before any other rank made its first.
     assert ranks[0]["ended"] < min(res["began"] for res in ranks[1:]), ranks
 
