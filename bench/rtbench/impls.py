@@ -224,7 +224,9 @@ def open_mpi(rank, nranks):
     if world.Get_size() != nranks:
         return None, f"MPI world has {world.Get_size()} ranks, ringtree {nranks}"
     comm = world.Split(0, rank)  # number MPI ranks as ringtree's, whatever the launcher did
-    lib = " ".join(MPI.Get_library_version().split()[:3]).strip()
+    # Its name and version: "MPICH Version: 5.0.2", "Open MPI v5.0.11", "Intel(R) MPI Library 2021.18.1".
+    first = (MPI.Get_library_version().strip().splitlines() or [""])[0]
+    lib = " ".join(first.split(",")[0].split(" for ")[0].split())
     import mpi4py
 
     return MpiImpl(MPI, comm, f"{lib} via mpi4py {mpi4py.__version__}"), None

@@ -100,7 +100,17 @@ bool small_int(PyObject* o, int& v) {
   return true;
 }
 
-bool code_of(PyObject* table, PyObject* name, int& code) {
+// The defaults ("sum", "auto") as interned strings: the Python layer passes its literals, which
+// are these very objects, so most calls find their code by one comparison, not a dict lookup.
+PyObject* g_sum_name = nullptr;
+PyObject* g_auto_name = nullptr;
+
+// `zero_name`: the table's name of code 0.
+bool code_of(PyObject* table, PyObject* zero_name, PyObject* name, int& code) {
+  if (name == zero_name) {
+    code = 0;
+    return true;
+  }
   if (!PyUnicode_CheckExact(name)) return false;
   PyObject* value = PyDict_GetItemWithError(table, name);  // borrowed
   if (!value) {
@@ -168,9 +178,10 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   int coll = 0, op = 0, root = 0, peer = 0, algo = 0, recv_peer = -1;
   double timeout = -1.0;
   bool deterministic = false, async_op = false;
-  if (!small_int(args[0], coll) || !code_of(g_op_codes, args[3], op) || !small_int(args[4], root) ||
-      !small_int(args[5], peer) || !code_of(g_algo_codes, args[6], algo) || !timeout_of(args[7], timeout) ||
-      !flag_of(args[8], deterministic) || !flag_of(args[9], async_op) || !small_int(args[11], recv_peer))
+  if (!small_int(args[0], coll) || !code_of(g_op_codes, g_sum_name, args[3], op) || !small_int(args[4], root) ||
+      !small_int(args[5], peer) || !code_of(g_algo_codes, g_auto_name, args[6], algo) ||
+      !timeout_of(args[7], timeout) || !flag_of(args[8], deterministic) || !flag_of(args[9], async_op) ||
+      !small_int(args[11], recv_peer))
     return Py_NewRef(Py_NotImplemented);
   try {
     CollectiveArgs a = make_args(coll, op, 1.0, root, peer, algo, timeout);
@@ -217,6 +228,10 @@ void register_communicator(py::module_& m) {
     for (int i = 0; i < static_cast<int>(Algo::Count); ++i) algos.emplace_back(algo_name(static_cast<Algo>(i)), i);
     g_op_codes = code_table(ops).release().ptr();  // the module's lifetime: never freed
     g_algo_codes = code_table(algos).release().ptr();
+    static_assert(static_cast<int>(ReduceOp::Sum) == 0 && static_cast<int>(Algo::Auto) == 0, "code_of's shortcut");
+    g_sum_name = PyUnicode_InternFromString(op_name(ReduceOp::Sum));
+    g_auto_name = PyUnicode_InternFromString(algo_name(Algo::Auto));
+    if (!g_sum_name || !g_auto_name) throw py::error_already_set();
   }
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &Work::wait, py::arg("timeout") = -1.0, py::call_guard<py::gil_scoped_release>())

@@ -121,7 +121,8 @@ Algo AlgoChoice::choose(Collective coll, Algo requested, uint64_t bytes, DataTyp
   if (rank_order) return choose_rank_order(coll, is_supported(forced_) ? forced_ : Algo::Auto, bytes, dtype, op);
   if (forced_ != Algo::Auto && is_supported(forced_)) return forced_;  // rule 3
   // Rule 4: a count-0 call moves nothing; in a one-shot call it also waits for nobody (its
-  // fingerprint checks are deferred, oneshot.cc), where any other schedule's rank waits for its peers.
+  // fingerprint checks are deferred, oneshot.cc), where any other schedule's rank waits for its
+  // peers. (The communicator runs no traffic for a count-0 collective; this is its price.)
   if (bytes == 0 && oneshot && coll != Collective::Barrier) return Algo::OneShot;
   // Rule 5: one candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
   if (scheduled.size() == 1 && !oneshot && (!multi_host_ || hier.empty())) return scheduled.front();

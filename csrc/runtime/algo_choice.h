@@ -9,7 +9,8 @@
 //   2. deterministic mode (a floating-point reduction): rank_order, or oneshot (the
 //      same bits) where the call fits them and they are predicted faster (not for min and max);
 //   3. RINGTREE_ALGO, where the collective has it;
-//   4. a count-0 call that fits the one-shot slots runs oneshot: it then waits for no peer;
+//   4. a count-0 call that fits the one-shot slots gets oneshot, which waits for no peer (the
+//      communicator runs no traffic at all for a count-0 collective);
 //   5. one candidate: it runs;
 //   6. otherwise the cheapest prediction, near-ties (within 1%) going to the earlier candidate;
 //      a ChoiceHook, where one is set, makes this last decision instead.

@@ -262,6 +262,15 @@ Prepared CommunicatorImpl::prepare(const CollectiveArgs& a) const {
   return p;
 }
 
+// A call of a collective whose every rank holds the same count N, with N = 0: nothing to send,
+// receive or compute. Point-to-point calls (a zero-length message still matches a receive),
+// all_to_all_v (a rank's counts say nothing of its peers'), barriers and gated calls run.
+bool CommunicatorImpl::moves_nothing(const Prepared& p) {
+  const Collective c = p.args.coll;
+  return p.validated.count == 0 && !p.args.ready && !collective_traits(c).point_to_point && c != Collective::Barrier &&
+         c != Collective::AllToAllV;
+}
+
 std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
   RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
            ": a call that waits for its input (a gate) is always async");
@@ -287,6 +296,25 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   p.record = recorder_.open(p.args.coll, p.args.dtype, p.args.op, p.algo, is_rooted(p.args.coll) ? p.args.root : -1,
                             p.args.peer, p.args.recv_peer, p.validated.count, label_.load(std::memory_order_relaxed),
                             p.seq, p.recv_seq);
+  if (moves_nothing(p)) {
+    // Checked like any call (above), then it takes its place in the order and returns: no
+    // traffic, as MPI does. Its sequence number is spent, so a peer that made a call with data
+    // here meets this rank's next call and raises CollectiveMismatch (docs/getting-started.md).
+    skipped_.coll = p.args.coll;
+    skipped_.dtype = p.args.dtype;
+    skipped_.op = is_reduction(p.args.coll) ? static_cast<uint8_t>(p.args.op) : Fingerprint::kNoOp;
+    skipped_.root = is_rooted(p.args.coll) ? p.args.root : -1;
+    skipped_.algo = p.algo;
+    skipped_.seq = p.seq;
+    any_skipped_ = true;
+    lock.unlock();
+    recorder_.started(p.record, true);
+    recorder_.finished(p.record, nullptr);
+    if (!async) return nullptr;
+    auto work = std::make_shared<Work>();
+    work->finish(nullptr);
+    return work;
+  }
   if (async) {
     auto work = std::make_shared<Work>();
     queue_.push_back({std::move(p), work});
@@ -331,6 +359,23 @@ void CommunicatorImpl::execute(Prepared& p) {
                " s waiting for its own input: the stream it was issued on did not reach it");
     }
     exec_.run(call);
+    if (!collective_traits(p.args.coll).point_to_point) ran_through_ = p.seq + 1;
+  } catch (const CollectiveMismatch& e) {
+    // The peer's call may be meant to pair with a count-0 call this rank made and sent nothing
+    // for: say so, or the message names only the calls after it.
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (any_skipped_ && skipped_.seq >= ran_through_ && skipped_.seq < p.seq)
+        note = str_cat("; before it this rank made ", describe(skipped_),
+                       ", which moves nothing and was compared with no peer");
+    }
+    if (note.empty()) fail(p, e);
+    try {
+      throw_error(e.kind(), e.what() + note);
+    } catch (const Error& noted) {
+      fail(p, noted);
+    }
   } catch (const Aborted& e) {
     recorder_.finished(p.record, &e);
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -340,18 +385,22 @@ void CommunicatorImpl::execute(Prepared& p) {
     }
     throw;
   } catch (const Error& e) {
-    recorder_.finished(p.record, &e);
-    // A failure a peer reported has been told to everyone already.
-    if (!ctrl_.notice_raised()) ctrl_.broadcast_abort(e.kind(), p.seq, e.what());
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      abort_reason_ = e.what();
-      aborted_ = true;
-    }
-    dump_to_setting(error_kind_name(e.kind()));
-    throw;
+    fail(p, e);
   }
   recorder_.finished(p.record, nullptr);
+}
+
+void CommunicatorImpl::fail(Prepared& p, const Error& e) {
+  recorder_.finished(p.record, &e);
+  // A failure a peer reported has been told to everyone already.
+  if (!ctrl_.notice_raised()) ctrl_.broadcast_abort(e.kind(), p.seq, e.what());
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    abort_reason_ = e.what();
+    aborted_ = true;
+  }
+  dump_to_setting(error_kind_name(e.kind()));
+  throw_error(e.kind(), e.what());
 }
 
 void CommunicatorImpl::abort(const std::string& why) {

@@ -79,6 +79,9 @@ class CommunicatorImpl : public Communicator {
   void setup_choice(Bootstrap& boot);
   Prepared prepare(const CollectiveArgs& args) const;
   void execute(Prepared& p);
+  // Records, reports to every peer and raises a failed call's error.
+  [[noreturn]] void fail(Prepared& p, const Error& e);
+  static bool moves_nothing(const Prepared& p);
   void worker_loop();
   // ringtree-<id>-rank<r>.json, the name every dump of this rank's record takes.
   std::string dump_file_name() const;
@@ -99,6 +102,9 @@ class CommunicatorImpl : public Communicator {
   // Call order state (guarded by queue_mu_).
   uint64_t next_seq_ = 0;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
+  Fingerprint skipped_;  // the last count-0 call, which ran no traffic
+  bool any_skipped_ = false;
+  uint64_t ran_through_ = 0;  // 1 + the last collective that ran (guarded by exec_mu_)
   std::atomic<bool> aborted_{false};
   std::atomic<bool> closed_{false};
   std::string abort_reason_;

