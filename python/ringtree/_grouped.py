@@ -74,7 +74,7 @@ class Request:
 
         Parameters
         ----------
-        timeout : float, optional
+        timeout : float or None
             Seconds to wait; None waits for as long as the call's own timeout allows.
 
         Returns
@@ -139,7 +139,7 @@ class Group:
 
         Parameters
         ----------
-        timeout : float, optional
+        timeout : float or None
             Seconds to wait; None: until the group's calls finish or time out.
 
         Returns
@@ -464,7 +464,7 @@ class Grouping:
 
         Parameters
         ----------
-        timeout : float, optional
+        timeout : float or None
             As barrier takes it.
 
         Returns
@@ -543,7 +543,7 @@ class Grouping:
 
         Parameters
         ----------
-        requests : iterable of Request
+        requests : list of Request
             Every rank must start the same requests in the same order.
         async_op : bool
             True: queue each and return their Works (or wait() on each request).
