@@ -105,6 +105,12 @@ class RingtreeImpl(Impl):
     def make_call(self, coll, placement, inp, out, n, op, root):
         if self.persistent:
             try:
+                if self.group:  # one persistent group of N calls
+                    call = self.make_plain_call(coll, placement, inp, out, n, op, root)
+                    with self.comm.group(persistent=True) as group:
+                        for _ in range(self.group):
+                            call()
+                    return group.request.start
                 return self.make_request(coll, placement, inp, out, op, root).start
             except self.skippable as exc:  # raised where a plain call would raise it: at the call
 

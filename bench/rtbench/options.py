@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="time N of each ringtree call issued inside one comm.group() (each row's time is the group's)",
+        help="time N of each ringtree call issued inside one comm.group() (each row's time is the group's); "
+        "with --persistent, a persistent group of them, started",
     )
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
@@ -254,8 +255,8 @@ def parse_args(argv=None) -> Options:
             raise ValueError(f"-w must be >= 0, got {a.warmup_iters}")
         if a.root < 0:
             raise ValueError(f"-r must be >= 0, got {a.root}")
-        if a.group < 0 or (a.group and a.persistent):
-            raise ValueError("--group takes N >= 1 and cannot be combined with --persistent")
+        if a.group < 0:
+            raise ValueError(f"--group takes N >= 1, got {a.group}")
         ops = _split_names(a.op, REDUCE_OPS, "op")
         dtypes = _split_names(a.datatype, DTYPES, "datatype", DTYPE_ALIASES)
         algos = _split_names(a.algo, ALGOS, "algorithm")
