@@ -284,7 +284,16 @@ std::shared_ptr<Request> CommunicatorImpl::persistent(const CollectiveArgs& args
   return make_batch(std::move(calls), false);
 }
 
-void CommunicatorImpl::group_start() { group_depth_.fetch_add(1); }
+void CommunicatorImpl::group_start() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (group_depth_.load() == 0) {
+    group_owner_ = std::this_thread::get_id();
+  } else {
+    RT_CHECK(group_owner_ == std::this_thread::get_id(), InvalidArgument,
+             "group_start(): another thread has a group open on this communicator");
+  }
+  group_depth_.fetch_add(1);
+}
 
 bool CommunicatorImpl::in_group() const { return group_depth_.load() > 0; }
 

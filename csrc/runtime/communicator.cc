@@ -286,7 +286,9 @@ void CommunicatorImpl::order_call(Prepared& p) {
 std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
   RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
            ": a call that waits for its input (a gate) is always async");
-  if (group_depth_.load(std::memory_order_relaxed) > 0) {  // collected: validated now, run at group_end()
+  // Collected (validated now, run at group_end()) when this thread opened a group: a group is
+  // the calls of the thread that started it, as NCCL's are.
+  if (group_depth_.load(std::memory_order_relaxed) > 0 && std::this_thread::get_id() == group_owner_) {
     RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot join a group");
     Prepared p;
     p.validated = validate_call(args, rank_, size_);

@@ -166,6 +166,7 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   // The open group: nesting depth (changed by the issuing thread only, read without a lock on
   // every call), its calls and the Work its async calls got (guarded by queue_mu_).
   std::atomic<int> group_depth_{0};
+  std::thread::id group_owner_;  // the thread that opened the group (set before depth turns 1)
   std::vector<Prepared> group_calls_;
   std::shared_ptr<Work> group_work_;
 

@@ -5,6 +5,8 @@ and an error inside a group's block that leaves the communicator usable.
 
 Expected values are exact integers computed here with numpy from what every rank sent."""
 
+import threading
+
 import numpy as np
 import pytest
 from harness import run_world
@@ -228,6 +230,16 @@ def group_errors():
         comm.group_end()
     except rt.InvalidArgument:
         report["end_without_start"] = True
+    # A group holds the calls of the thread that opened it; another thread's call runs at once.
+    y, seen = np.full(2, r, np.int64), []
+    comm.group_start()
+    comm.all_reduce(y)
+    other = threading.Thread(target=lambda: seen.append(comm.all_reduce(np.full(2, 1, np.int64)).tolist()))
+    other.start()
+    other.join(30)
+    report["other_thread"] = seen == [[P, P]] and y.tolist() == [r, r]
+    comm.group_end()
+    report["other_thread"] = report["other_thread"] and y.tolist() == [P * (P - 1) // 2] * 2
     comm.close()
     return report
 
@@ -273,6 +285,7 @@ def test_an_error_inside_the_block_discards_the_group():
             "after_bad_argument": True,
             "group_after": True,
             "end_without_start": True,
+            "other_thread": True,
         }
 
 

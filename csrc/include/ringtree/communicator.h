@@ -202,7 +202,8 @@ class Communicator {
   // names the call within the group, on every rank), small all_reduces of one dtype and op fused
   // into one call over a staging buffer, the other collectives in issue order, then the sends and
   // receives, each send paired with a receive so that an exchange cannot deadlock. Groups nest;
-  // the outermost group_end() runs them. Call them from the thread that issues the calls.
+  // the outermost group_end() runs them. A group collects the calls of the thread that opened
+  // it (other threads' calls run as usual); start, end and discard it from that thread.
   virtual void group_start() = 0;
   // Blocking: returns nullptr once every call of the group is done, or throws. Async: the Work.
   virtual std::shared_ptr<Work> group_end(bool async) = 0;
