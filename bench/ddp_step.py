@@ -51,20 +51,27 @@ def worker(args):
     x, y = train_ddp.global_batch(0, args.batch)
     x, y = train_ddp.local_slice(x, rank, world), train_ddp.local_slice(y, rank, world)
 
-    def make_step(module):
+    def make_step(module, sync=None):
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
 
         def step():
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(module(x), y).backward()
+            if sync is not None:
+                sync()
             optimizer.step()
 
         return step
 
     local = _step_times(make_step(train_ddp.make_model(args.hidden)), args.steps, args.warmup)
     dist.barrier()
-    ddp_model = DistributedDataParallel(train_ddp.make_model(args.hidden))
-    ddp = _step_times(make_step(ddp_model), args.steps, args.warmup)
+    if args.coalesced:  # no DDP: every parameter's gradient in one all_reduce_coalesced per step
+        ddp_model = train_ddp.make_model(args.hidden)
+        grads = lambda: dist.all_reduce_coalesced([p.grad for p in ddp_model.parameters()])  # noqa: E731
+        ddp = _step_times(make_step(ddp_model, grads), args.steps, args.warmup)
+    else:
+        ddp_model = DistributedDataParallel(train_ddp.make_model(args.hidden))
+        ddp = _step_times(make_step(ddp_model), args.steps, args.warmup)
     # The slowest rank sets the pace.
     medians = torch.tensor([statistics.median(ddp), statistics.median(local)], dtype=torch.float64)
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
@@ -126,7 +133,8 @@ def run_one(backend, ranks, hidden, args):
             args.warmup,
             "--batch",
             args.batch,
-        ],
+        ]
+        + (["--coalesced"] if args.coalesced else []),
         backend,
     )
 
@@ -141,6 +149,11 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3, help="jobs per configuration and backend; the best counts")
     p.add_argument("--job-timeout", type=float, default=300)
+    p.add_argument(
+        "--coalesced",
+        action="store_true",
+        help="instead of DDP, all-reduce the gradients with one dist.all_reduce_coalesced per step",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--backend", default="ringtree", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -17,6 +17,7 @@ version = release
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",  # numpydoc sections (Parameters, Returns, Raises) in docstrings
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown"}

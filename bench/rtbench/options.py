@@ -130,6 +130,8 @@ class Options:
     inject_error: bool = False
     trace_dir: str | None = None
     background_load: int = 0
+    persistent: bool = False
+    group: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -216,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="start N CPU-burning processes beside the job (from rank 0) for its duration",
     )
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="time ringtree's persistent calls (comm.all_reduce_init() ... then start()) instead of plain ones",
+    )
+    p.add_argument(
+        "--group",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time N of each ringtree call issued inside one comm.group() (each row's time is the group's); "
+        "with --persistent, a persistent group of them, started",
+    )
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -240,6 +255,8 @@ def parse_args(argv=None) -> Options:
             raise ValueError(f"-w must be >= 0, got {a.warmup_iters}")
         if a.root < 0:
             raise ValueError(f"-r must be >= 0, got {a.root}")
+        if a.group < 0:
+            raise ValueError(f"--group takes N >= 1, got {a.group}")
         ops = _split_names(a.op, REDUCE_OPS, "op")
         dtypes = _split_names(a.datatype, DTYPES, "datatype", DTYPE_ALIASES)
         algos = _split_names(a.algo, ALGOS, "algorithm")
@@ -273,4 +290,6 @@ def parse_args(argv=None) -> Options:
         inject_error=a.inject_error,
         trace_dir=a.trace,
         background_load=background_load,
+        persistent=a.persistent,
+        group=a.group,
     )

@@ -78,6 +78,37 @@ CollectiveArgs make_args(int coll, int op, double factor, int root, int peer, in
   return a;
 }
 
+void fill_args(CollectiveArgs& a, int dtype, Buffer in, Buffer out, std::vector<uint64_t> send_counts,
+               std::vector<uint64_t> recv_counts, int recv_peer, bool deterministic) {
+  a.deterministic = deterministic;
+  a.dtype = checked_enum(dtype, DataType::Count, "dtype");
+  a.input = in;
+  a.output = out;
+  a.send_counts = std::move(send_counts);
+  a.recv_counts = std::move(recv_counts);
+  a.recv_peer = recv_peer;
+}
+
+// A persistent request's blocking start as one CPython call without arguments (the per-call
+// floor is what persistent calls are for): bound to the request through a capsule.
+constexpr const char* kStartCapsule = "ringtree.request_start";
+
+PyObject* start_call(PyObject* self, PyObject*) {
+  auto* req = static_cast<std::shared_ptr<Request>*>(PyCapsule_GetPointer(self, kStartCapsule));
+  if (!req) return nullptr;
+  try {
+    py::gil_scoped_release release;
+    (*req)->start(false);
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_start_def = {"start", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&start_call)),
+                           METH_NOARGS, "Runs the request once, blocking (Request.start(False))."};
+
 // The collectives' entry from Python, one CPython call with no pybind11 dispatch:
 // fast(coll, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
 // runs the call and returns `result` (blocking) or its Work (async), or returns NotImplemented
@@ -258,6 +289,28 @@ void register_communicator(py::module_& m) {
       .def("open", &Gate::open)
       .def("fail", &Gate::fail, py::arg("why"));
 
+  py::class_<Request, std::shared_ptr<Request>>(m, "Request",
+                                                "A persistent call or group: start() runs it again (Communicator.h).")
+      .def("start", &Request::start, py::arg("async_op") = false, py::call_guard<py::gil_scoped_release>(),
+           "Blocking: runs it and returns None; async_op=True: a Work at once.")
+      .def(
+          "start_function",
+          [](std::shared_ptr<Request> r) {
+            auto* held = new std::shared_ptr<Request>(std::move(r));
+            PyObject* capsule = PyCapsule_New(held, kStartCapsule, [](PyObject* cap) {
+              delete static_cast<std::shared_ptr<Request>*>(PyCapsule_GetPointer(cap, kStartCapsule));
+            });
+            if (!capsule) {
+              delete held;
+              throw py::error_already_set();
+            }
+            PyObject* fn = PyCFunction_NewEx(&g_start_def, capsule, nullptr);
+            Py_DECREF(capsule);
+            if (!fn) throw py::error_already_set();
+            return py::reinterpret_steal<py::object>(fn);
+          },
+          "A function of no arguments that runs the request blocking.");
+
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init([](int rank, int size, const UniqueId& uid, double timeout) {
              return Communicator::create(rank, size, uid, timeout);
@@ -274,13 +327,9 @@ void register_communicator(py::module_& m) {
              int peer, int algo, double timeout, bool async_op, std::vector<uint64_t> send_counts,
              std::vector<uint64_t> recv_counts, int recv_peer, std::shared_ptr<Gate> gate, bool deterministic) {
             CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
-            a.deterministic = deterministic;
-            a.dtype = checked_enum(dtype, DataType::Count, "dtype");
-            a.input = make_buffer(has_in, in_ptr, in_count, in_ro);
-            a.output = make_buffer(has_out, out_ptr, out_count, out_ro);
-            a.send_counts = std::move(send_counts);
-            a.recv_counts = std::move(recv_counts);
-            a.recv_peer = recv_peer;
+            fill_args(a, dtype, make_buffer(has_in, in_ptr, in_count, in_ro),
+                      make_buffer(has_out, out_ptr, out_count, out_ro), std::move(send_counts), std::move(recv_counts),
+                      recv_peer, deterministic);
             a.ready = std::move(gate);
             return c.run(a, async_op);
           },
@@ -291,6 +340,28 @@ void register_communicator(py::module_& m) {
           py::arg("recv_counts") = std::vector<uint64_t>{}, py::arg("recv_peer") = -1,
           py::arg("gate") = std::shared_ptr<Gate>(), py::arg("deterministic") = false,
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "persistent",
+          [](Communicator& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
+             bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
+             int peer, int algo, double timeout, int recv_peer, bool deterministic) {
+            CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
+            fill_args(a, dtype, make_buffer(has_in, in_ptr, in_count, in_ro),
+                      make_buffer(has_out, out_ptr, out_count, out_ro), {}, {}, recv_peer, deterministic);
+            return c.persistent(a);
+          },
+          py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
+          py::arg("in_ro"), py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"),
+          py::arg("op"), py::arg("factor"), py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"),
+          py::arg("recv_peer") = -1, py::arg("deterministic") = false, py::call_guard<py::gil_scoped_release>(),
+          "Validates and plans the call once: a Request that runs it.")
+      .def("group_start", &Communicator::group_start)
+      .def("group_end", &Communicator::group_end, py::arg("async_op") = false, py::call_guard<py::gil_scoped_release>(),
+           "Runs the group's calls as one operation.")
+      .def("group_end_persistent", &Communicator::group_end_persistent, py::call_guard<py::gil_scoped_release>(),
+           "Ends the group without running it: a Request that runs it.")
+      .def("group_discard", &Communicator::group_discard, "Drops the group's calls; nothing was sent.")
+      .def_property_readonly("in_group", &Communicator::in_group)
       .def(
           "fast_call_function",
           [](std::shared_ptr<Communicator> c) {

@@ -271,13 +271,7 @@ bool CommunicatorImpl::moves_nothing(const Prepared& p) {
          c != Collective::AllToAllV;
 }
 
-std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
-  RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
-           ": a call that waits for its input (a gate) is always async");
-  Prepared p = prepare(args);
-  std::unique_lock<std::mutex> lock(queue_mu_);
-  if (closed_) RT_THROW(Aborted, "the communicator is closed");
-  if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
+void CommunicatorImpl::order_call(Prepared& p) {
   switch (p.args.coll) {
     case Collective::Send:
       p.seq = p2p_send_seq_[p.args.peer]++;
@@ -296,6 +290,30 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   p.record = recorder_.open(p.args.coll, p.args.dtype, p.args.op, p.algo, is_rooted(p.args.coll) ? p.args.root : -1,
                             p.args.peer, p.args.recv_peer, p.validated.count, label_.load(std::memory_order_relaxed),
                             p.seq, p.recv_seq);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
+  RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
+           ": a call that waits for its input (a gate) is always async");
+  // Collected (validated now, run at group_end()) when this thread opened a group: a group is
+  // the calls of the thread that started it, as NCCL's are.
+  if (group_depth_.load(std::memory_order_relaxed) > 0 && std::this_thread::get_id() == group_owner_) {
+    RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot join a group");
+    Prepared p;
+    p.validated = validate_call(args, rank_, size_);
+    p.args = args;
+    p.timeout_s = args.timeout_s > 0 ? args.timeout_s : default_timeout_;
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    group_calls_.push_back(std::move(p));
+    if (!async) return nullptr;
+    if (!group_work_) group_work_ = std::make_shared<Work>();
+    return group_work_;
+  }
+  Prepared p = prepare(args);
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  if (closed_) RT_THROW(Aborted, "the communicator is closed");
+  if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
+  order_call(p);
   if (moves_nothing(p)) {
     // Checked like any call (above), then it takes its place in the order and returns: no
     // traffic, as MPI does. Its sequence number is spent, so a peer that made a call with data
@@ -332,10 +350,11 @@ std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool asy
   return nullptr;
 }
 
-void CommunicatorImpl::execute(Prepared& p) {
-  const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
-  const HostCall call{lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_), &p.args, p.seq,
-                      p.recv_seq};
+void CommunicatorImpl::execute(Prepared& p, const CallPlan* plan) {
+  const uint64_t segment =
+      plan ? 0 : exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
+  const HostCall call{plan ? *plan : lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_),
+                      &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);
   try {
@@ -430,10 +449,14 @@ void CommunicatorImpl::worker_loop() {
     std::exception_ptr error;
     try {
       std::lock_guard<std::mutex> exec(exec_mu_);
-      execute(job.prepared);
+      if (job.batch)
+        run_batch(*job.batch);
+      else
+        execute(job.prepared);
     } catch (...) {
       error = std::current_exception();
     }
+    if (job.batch) job.batch->running.store(false);
     // Before finish(): whoever waits on the Work sees the gate's follow-up already done.
     if (job.prepared.args.ready) job.prepared.args.ready->done();
     job.work->finish(error);

@@ -31,7 +31,40 @@ struct Prepared {
   bool starts_at_once = false;  // a blocking call with nothing queued before it
 };
 
-class CommunicatorImpl : public Communicator {
+class CommunicatorImpl;
+
+// What persistent calls and groups run: calls validated and chosen once, lowered at their first
+// run, in the order every rank runs them (runtime/batch.cc). A fused item is one all_reduce over
+// `staging`: its members' inputs are packed there before the call and its result unpacked after.
+struct BatchItem {
+  struct Member {
+    Buffer input, output;
+    uint64_t offset = 0;  // bytes into the fused call's staging buffer
+  };
+  Prepared call;
+  std::vector<Member> members;  // fused all_reduce: the calls it stands for
+  bool lowered = false;
+  CallPlan plan;  // lowered at the first run; call.args stays put (items never move after)
+};
+
+class Batch : public Request, public std::enable_shared_from_this<Batch> {
+ public:
+  explicit Batch(std::shared_ptr<CommunicatorImpl> comm) : comm_(std::move(comm)) {}
+  std::shared_ptr<Work> start(bool async) override;
+
+  std::shared_ptr<CommunicatorImpl> comm_;
+  std::vector<BatchItem> items;
+  // A group's collectives as each rank issued them (every field but the sequence number), for
+  // the group check; checked before the first run (a persistent group) or every run (a group).
+  std::vector<Fingerprint> issued;
+  uint64_t issued_hash = 0;
+  bool check_pending = false, check_every_run = false;
+  uint64_t check_seq = 0;
+  AlignedBuffer staging;
+  std::atomic<bool> running{false};
+};
+
+class CommunicatorImpl : public Communicator, public std::enable_shared_from_this<CommunicatorImpl> {
  public:
   CommunicatorImpl(int rank, int size, const UniqueId& uid, double timeout_s);
   ~CommunicatorImpl() override;
@@ -40,6 +73,12 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return size_; }
   double default_timeout() const override { return default_timeout_; }
   std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) override;
+  std::shared_ptr<Request> persistent(const CollectiveArgs& args) override;
+  void group_start() override;
+  std::shared_ptr<Work> group_end(bool async) override;
+  std::shared_ptr<Request> group_end_persistent() override;
+  void group_discard() override;
+  bool in_group() const override;
   ValidatedCall validate(const CollectiveArgs& args) const override { return validate_call(args, rank_, size_); }
   Algo choose_algo(Collective coll, Algo requested, uint64_t bytes, DataType dtype, ReduceOp op = ReduceOp::Sum,
                    bool deterministic = false) const override {
@@ -78,7 +117,20 @@ class CommunicatorImpl : public Communicator {
   // Rank 0's machine figures, adopted by every rank, and the algorithm choice built from them.
   void setup_choice(Bootstrap& boot);
   Prepared prepare(const CollectiveArgs& args) const;
-  void execute(Prepared& p);
+  // plan: the call's plan when it has one already (a batch's item); else it is lowered here.
+  void execute(Prepared& p, const CallPlan* plan = nullptr);
+  // Its place in the call order (sequence numbers) and its recorder entry; holds queue_mu_.
+  void order_call(Prepared& p);
+  friend class Batch;
+  // Batches (runtime/batch.cc): the calls as a batch runs them; its place in the order (sequence
+  // numbers, recorder entries) under queue_mu_; its run, holding exec_mu_.
+  std::shared_ptr<Batch> make_batch(std::vector<Prepared> calls, bool check);
+  void order_batch(Batch& b);
+  void run_batch(Batch& b);
+  void check_group(Batch& b);
+  std::shared_ptr<Work> start_batch(const std::shared_ptr<Batch>& b, bool async, std::shared_ptr<Work> work);
+  // A failure found outside the executor, alike on every rank: the communicator is aborted.
+  void fail_here(const Error& e);
   // Records, reports to every peer and raises a failed call's error.
   [[noreturn]] void fail(Prepared& p, const Error& e);
   static bool moves_nothing(const Prepared& p);
@@ -117,10 +169,18 @@ class CommunicatorImpl : public Communicator {
   std::atomic<int64_t> clock_offset_ns_{0}, clock_error_ns_{0};
   int dump_source_ = 0;  // registration for dumps on a signal
 
+  // The open group: nesting depth (changed by the issuing thread only, read without a lock on
+  // every call), its calls and the Work its async calls got (guarded by queue_mu_).
+  std::atomic<int> group_depth_{0};
+  std::thread::id group_owner_;  // the thread that opened the group (set before depth turns 1)
+  std::vector<Prepared> group_calls_;
+  std::shared_ptr<Work> group_work_;
+
   // Async queue.
   struct Job {
     Prepared prepared;
     std::shared_ptr<Work> work;
+    std::shared_ptr<Batch> batch;  // non-null: run this batch instead of `prepared`
   };
   mutable std::mutex queue_mu_;
   std::condition_variable queue_cv_;

@@ -11,6 +11,7 @@ from ._args import ANY_SOURCE, ANY_TAG, default_timeout
 from ._buffers import DTYPES
 from ._choice import ChoiceRequest
 from ._core import Aborted, BootstrapError, CollectiveMismatch, Error, InvalidArgument, PeerFailure, Timeout, UniqueId
+from ._grouped import Group, Request
 from ._nccl import nccl_info
 from ._status import Status
 from ._work import MessageWork, Work
@@ -54,5 +55,7 @@ __all__ = [
     "join",
     "Status",
     "ChoiceRequest",
+    "Group",
+    "Request",
 ]
 __version__ = "0.1.0"

@@ -17,18 +17,19 @@ from . import _child_ids, _core, _settings, elastic, timeline
 from ._args import ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg, user_tag
 from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
 from ._choice import core_hook
+from ._grouped import Grouping, Request
 from ._nccl import wheel_library
 from ._recording import Recording
 from ._status import Status
 from ._work import MessageWork, Work
 from .ops import resolve_op
 
-__all__ = ["Communicator", "Work", "MessageWork", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
+__all__ = ["Communicator", "Work", "MessageWork", "Request", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
-class Communicator(Recording):
+class Communicator(Recording, Grouping):
     """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
 
     __slots__ = (
@@ -40,6 +41,7 @@ class Communicator(Recording):
         "_inflight",
         "_inflight_cap",
         "_shrink_attempts",
+        "_grouping",
         "__weakref__",
     )
 
@@ -58,6 +60,7 @@ class Communicator(Recording):
         self._inflight = collections.deque()
         self._inflight_cap = 64
         self._shrink_attempts = 0  # shrink's messages carry the attempt (ringtree.elastic)
+        self._grouping = None  # inside a group: the buffers of its calls, held until it has run
         _LIVE.add(self)
 
     @property
@@ -139,6 +142,8 @@ class Communicator(Recording):
         attribute reads; a named op and algorithm; a bool async_op). Everything else goes
         through _run, which converts, checks and explains."""
         code = COLL_CODES[coll]
+        if self._grouping is not None:
+            self._grouping.append((x, out))
         done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
@@ -213,6 +218,8 @@ class Communicator(Recording):
                 f"host buffers take the ringtree algorithms"
             )
         if on_device:
+            if self._grouping is not None:
+                raise _core.InvalidArgument(f"{coll}: a group runs host buffers only; issue CUDA calls outside it")
             work = self._cuda_comm().run(
                 COLL_CODES[coll],
                 dtype,
@@ -239,6 +246,8 @@ class Communicator(Recording):
                 bool(deterministic),
             )
             return Work(work, keep, result) if async_op else result
+        if self._grouping is not None:
+            self._grouping.append(keep)
         work = self._core.run(
             COLL_CODES[coll],
             dtype,

@@ -91,6 +91,17 @@ class Work {
   std::exception_ptr error_;
 };
 
+// A call, or a group of calls, validated, chosen and planned once, that start() runs again on the
+// same buffers with only the data moving (MPI's persistent collectives; a group's calls once
+// group_end_persistent() has collected them). Every run is fingerprinted and ordered as a call is.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
+  // Throws InvalidArgument while an earlier start of this request is still running.
+  virtual std::shared_ptr<Work> start(bool async) = 0;
+};
+
 // Tagged point-to-point messages (runtime/messenger.h): outside the call order, matched by
 // source and tag as MPI does.
 constexpr int kAnySource = -1;
@@ -185,6 +196,27 @@ class Communicator {
   virtual double default_timeout() const = 0;
   // Blocking (async=false): returns nullptr once done, or throws. Async: returns a Work at once.
   virtual std::shared_ptr<Work> run(const CollectiveArgs& args, bool async) = 0;
+  // A persistent call: the checks, the choice and the plan of run(args) now (InvalidArgument
+  // before any traffic), and a Request whose start() runs it. Gated calls cannot be persistent.
+  virtual std::shared_ptr<Request> persistent(const CollectiveArgs& args) = 0;
+  // Grouped calls (NCCL's ncclGroupStart/End). Between group_start() and group_end(), run()
+  // validates each call (a bad one throws and the group keeps the others) and collects it: a
+  // blocking call returns at once, an async one returns the group's Work. group_end() runs them
+  // as one operation: one check that every rank's group holds the same collectives (a mismatch
+  // names the call within the group, on every rank), small all_reduces of one dtype and op fused
+  // into one call over a staging buffer, the other collectives in issue order, then the sends and
+  // receives, each send paired with a receive so that an exchange cannot deadlock. Groups nest;
+  // the outermost group_end() runs them. A group collects the calls of the thread that opened
+  // it (other threads' calls run as usual); start, end and discard it from that thread.
+  virtual void group_start() = 0;
+  // Blocking: returns nullptr once every call of the group is done, or throws. Async: the Work.
+  virtual std::shared_ptr<Work> group_end(bool async) = 0;
+  // Ends the (outermost) group without running it: a Request that runs it at each start().
+  virtual std::shared_ptr<Request> group_end_persistent() = 0;
+  // Drops the calls collected so far and leaves the group (after an error inside it): nothing was
+  // sent, and the communicator stays usable. A Work the group handed out fails with Aborted.
+  virtual void group_discard() = 0;
+  virtual bool in_group() const = 0;
   // The checks run() makes before any traffic, alone: throws InvalidArgument or returns what
   // they made of the call.
   virtual ValidatedCall validate(const CollectiveArgs& args) const = 0;

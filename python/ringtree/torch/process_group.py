@@ -267,12 +267,34 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
+    def _grouped(self, one, items, tensors):
+        """issue(async_op) of a torch coalesced call: one(item) for each item inside one ringtree
+        group (one check, small calls fused into one) when every tensor is in host memory, which
+        groups need; CUDA tensors take one call each."""
+        if any(t.device.type != "cpu" for t in tensors):
+            return lambda async_op: [one(item, async_op) for item in items]
+
+        def issue(async_op):
+            with self._comm.group(async_op=async_op) as group:
+                for item in items:
+                    one(item, False)
+            return [group.work] if async_op else []
+
+        return issue
+
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = tensor_list(tensors, "allreduce_coalesced")
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
-        for t in tensors:
-            StagedTensor(t, "allreduce_coalesced tensor", reduction=True)  # argument checks only
+        staged = [StagedTensor(t, "allreduce_coalesced tensor", reduction=True) for t in tensors]
+        if all(t.device.type == "cpu" for t in tensors):  # one group: no concatenation, no copies back
+
+            def one(s, async_op):
+                return self._comm.all_reduce(s.buffer, op=op, async_op=async_op, timeout=timeout)
+
+            return self._launch(
+                self._grouped(one, staged, tensors), tensors, lambda: [s.write_back() for s in staged], opts=opts
+            )
         # One call per dtype, in first-appearance order (the same on every rank).
         groups = {}
         for t in tensors:
@@ -412,9 +434,11 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         timeout = self._call_timeout(opts)
         pairs = [self._gather_single(o, i, "all_gather_single_coalesced") for o, i in zip(outputs, inputs)]
 
-        def issue(async_op):
-            return [self._comm.all_gather(x.buffer, out.buffer, async_op=async_op, timeout=timeout) for out, x in pairs]
+        def one(pair, async_op):
+            out, x = pair
+            return self._comm.all_gather(x.buffer, out.buffer, async_op=async_op, timeout=timeout)
 
+        issue = self._grouped(one, pairs, list(outputs) + list(inputs))
         return self._launch(issue, list(outputs), lambda: [out.write_back() for out, _ in pairs], opts=opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -487,12 +511,11 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         timeout = self._call_timeout(opts)
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
 
-        def issue(async_op):
-            return [
-                self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)
-                for out, x in pairs
-            ]
+        def one(pair, async_op):
+            out, x = pair
+            return self._comm.reduce_scatter(x.buffer, out.buffer, op=op, async_op=async_op, timeout=timeout)
 
+        issue = self._grouped(one, pairs, list(outputs) + list(inputs))
         return self._launch(issue, list(outputs), lambda: [out.write_back() for out, _ in pairs], opts=opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced

@@ -1,0 +1,364 @@
+// Grouped and persistent calls. Both become a Batch: calls validated and chosen once, lowered at
+// their first run, and run by the communicator as one job in its call order.
+//
+// Terms. The group's calls are what the user issued between group_start() and group_end(); its
+// items are what runs: a fused all_reduce (several small all_reduces of one dtype, op and mode,
+// packed into one staging buffer, reduced by one call and unpacked), a single call, or a send and
+// a receive paired into one sendrecv. Items run in an order every rank derives alike: the
+// collectives in issue order (a fused item at its first member's place), then the sends and
+// receives. Before a group runs, one all_gather of each rank's (count, hash) of its collectives
+// checks that every rank issued the same ones; only when they differ does a second all_gather of
+// every call's description find the first call that differs, so that every rank names it.
+#include <algorithm>
+#include <cstring>
+#include "common/check.h"
+#include "common/hash.h"
+#include "runtime/communicator_impl.h"
+
+namespace ringtree {
+
+namespace {
+
+// Larger all_reduces gain nothing from fusing (their bandwidth term dominates) and run alone.
+constexpr uint64_t kFuseCallBytes = uint64_t{64} << 10;
+constexpr uint64_t kFuseItemBytes = uint64_t{4} << 20;
+constexpr int kDescribeWords = 8;  // one call in the mismatch exchange: present + the fingerprint
+
+uint64_t bytes_of(const Prepared& p) { return p.validated.count * dtype_size(p.args.dtype); }
+
+bool fusable(const Prepared& p) {
+  return p.args.coll == Collective::AllReduce && p.args.algo == Algo::Auto && p.validated.count > 0 &&
+         bytes_of(p) <= kFuseCallBytes;
+}
+
+// Calls one all_reduce can stand for: the same elementwise reduction with the same limits.
+bool fuse_together(const Prepared& a, const Prepared& b) {
+  return a.args.dtype == b.args.dtype && a.args.op == b.args.op && a.args.premul_factor == b.args.premul_factor &&
+         deterministic_mode(a.args) == deterministic_mode(b.args) && a.timeout_s == b.timeout_s;
+}
+
+// A call as issued, for the group check: every field of its fingerprint but the sequence
+// number, with the algorithm as asked (auto resolves alike on every rank from these fields).
+Fingerprint issued_fingerprint(const Prepared& p) {
+  const CollectiveTraits& t = collective_traits(p.args.coll);
+  Fingerprint f;
+  f.coll = p.args.coll;
+  f.dtype = p.args.coll == Collective::Barrier ? DataType::Int8 : p.args.dtype;
+  f.op = t.reduction ? static_cast<uint8_t>(p.args.op) : Fingerprint::kNoOp;
+  f.algo = p.args.algo;
+  f.root = t.rooted ? p.args.root : -1;
+  f.count = p.validated.count;
+  f.deterministic = t.reduction && deterministic_mode(p.args);
+  return f;
+}
+
+void to_words(const Fingerprint& f, uint64_t* w) {
+  w[0] = 1;
+  w[1] = static_cast<uint64_t>(f.coll);
+  w[2] = static_cast<uint64_t>(f.dtype);
+  w[3] = f.op;
+  w[4] = static_cast<uint64_t>(f.algo);
+  w[5] = static_cast<uint64_t>(static_cast<int64_t>(f.root));
+  w[6] = f.count;
+  w[7] = f.deterministic;
+}
+
+Fingerprint from_words(const uint64_t* w) {
+  Fingerprint f;
+  f.coll = static_cast<Collective>(w[1]);
+  f.dtype = static_cast<DataType>(w[2]);
+  f.op = static_cast<uint8_t>(w[3]);
+  f.algo = static_cast<Algo>(w[4]);
+  f.root = static_cast<int32_t>(static_cast<int64_t>(w[5]));
+  f.count = w[6];
+  f.deterministic = w[7] != 0;
+  return f;
+}
+
+// describe() without the sequence number, which a call in a group does not have yet.
+std::string describe_issued(const Fingerprint& f) {
+  std::string d = describe(f);
+  const size_t hash = d.find(" #");
+  if (hash != std::string::npos) d.erase(hash, d.find(' ', hash + 1) - hash);
+  return d;
+}
+
+}  // namespace
+
+std::shared_ptr<Batch> CommunicatorImpl::make_batch(std::vector<Prepared> calls, bool check) {
+  auto b = std::make_shared<Batch>(shared_from_this());
+  uint64_t hash = kFnvOffset;
+  std::vector<Prepared*> sends, recvs;
+  std::vector<BatchItem>& items = b->items;
+  items.reserve(calls.size());
+  for (Prepared& p : calls) {
+    const Collective c = p.args.coll;
+    if (c == Collective::Send) {
+      sends.push_back(&p);
+      continue;
+    }
+    if (c == Collective::Recv) {
+      recvs.push_back(&p);
+      continue;
+    }
+    if (!collective_traits(c).point_to_point) {
+      b->issued.push_back(issued_fingerprint(p));
+      uint64_t words[kDescribeWords];
+      to_words(b->issued.back(), words);
+      for (uint64_t w : words) hash = fnv1a(hash, w);
+    }
+    if (fusable(p)) {
+      auto into = std::find_if(items.begin(), items.end(), [&](const BatchItem& it) {
+        return !it.members.empty() && fuse_together(it.call, p) && bytes_of(it.call) + bytes_of(p) <= kFuseItemBytes;
+      });
+      if (into != items.end()) {
+        into->members.push_back({p.validated.input, p.validated.output, bytes_of(into->call)});
+        into->call.validated.count += p.validated.count;
+        continue;
+      }
+      items.emplace_back();
+      items.back().members.push_back({p.validated.input, p.validated.output, 0});
+    } else {
+      items.emplace_back();
+    }
+    items.back().call = std::move(p);
+  }
+  // Sends and receives after the collectives: the k-th send with the k-th receive as one
+  // sendrecv (both directions progress together, as a grouped exchange needs), the rest alone.
+  const size_t pairs = std::min(sends.size(), recvs.size());
+  for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
+    items.emplace_back();
+    Prepared& p = items.back().call;
+    if (k < pairs && sends[k]->args.dtype == recvs[k]->args.dtype) {
+      p = std::move(*sends[k]);
+      p.args.coll = Collective::SendRecv;
+      p.args.output = recvs[k]->args.output;
+      p.args.recv_peer = recvs[k]->args.peer;
+      p.timeout_s = std::max(p.timeout_s, recvs[k]->timeout_s);
+      p.validated = validate_call(p.args, rank_, size_);
+    } else {
+      if (k < sends.size()) p = std::move(*sends[k]);
+      if (k < recvs.size()) {
+        if (k < sends.size()) items.emplace_back();
+        items.back().call = std::move(*recvs[k]);
+      }
+    }
+  }
+  // A fused item of one call runs as that call; the others reduce in place in the staging buffer.
+  uint64_t staging_bytes = 0;
+  for (BatchItem& it : items) {
+    if (it.members.size() == 1) it.members.clear();
+    if (!it.members.empty()) staging_bytes += (bytes_of(it.call) + 63) & ~uint64_t{63};
+  }
+  uint8_t* staging = staging_bytes ? b->staging.ensure(staging_bytes) : nullptr;
+  for (BatchItem& it : items) {
+    if (!it.members.empty()) {
+      CollectiveArgs& a = it.call.args;
+      a.input = Buffer{staging, it.call.validated.count, false, true};
+      a.output = a.input;
+      it.call.validated = validate_call(a, rank_, size_);
+      staging += (bytes_of(it.call) + 63) & ~uint64_t{63};
+    }
+    const CollectiveArgs& a = it.call.args;
+    it.call.algo = choose_algo(a.coll, a.algo, bytes_of(it.call), a.dtype, a.op, deterministic_mode(a));
+  }
+  b->issued_hash = hash;
+  b->check_pending = check && !b->issued.empty();
+  return b;
+}
+
+void CommunicatorImpl::order_batch(Batch& b) {
+  if (b.check_pending) b.check_seq = next_seq_++;
+  for (BatchItem& it : b.items) order_call(it.call);
+}
+
+void CommunicatorImpl::fail_here(const Error& e) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!aborted_) {
+      abort_reason_ = e.what();
+      aborted_ = true;
+    }
+  }
+  dump_to_setting(error_kind_name(e.kind()));
+}
+
+// One all_gather of (count, hash) of every rank's collectives; where they differ, a second one of
+// every call's description, from which every rank names the same first difference.
+void CommunicatorImpl::check_group(Batch& b) {
+  auto all_gather = [&](const uint64_t* mine, uint64_t words, uint64_t* all) {
+    CollectiveArgs a;
+    a.coll = Collective::AllGather;
+    a.dtype = DataType::Int64;
+    a.input = Buffer{const_cast<uint64_t*>(mine), words, true, true};
+    a.output = Buffer{all, words * size_, false, true};
+    Prepared p = prepare(a);
+    p.seq = b.check_seq;
+    execute(p);
+  };
+  const uint64_t summary[2] = {b.issued.size(), b.issued_hash};
+  std::vector<uint64_t> summaries(2 * size_);
+  all_gather(summary, 2, summaries.data());
+  uint64_t most = 0;
+  bool same = true;
+  for (int r = 0; r < size_; ++r) {
+    most = std::max(most, summaries[2 * r]);
+    same = same && summaries[2 * r] == summary[0] && summaries[2 * r + 1] == summary[1];
+  }
+  if (same) return;
+  const uint64_t words = most * kDescribeWords;
+  std::vector<uint64_t> mine(words, 0), table(words * size_);
+  for (size_t i = 0; i < b.issued.size(); ++i) to_words(b.issued[i], &mine[i * kDescribeWords]);
+  all_gather(mine.data(), words, table.data());
+  auto row = [&](int r, uint64_t i) { return &table[r * words + i * kDescribeWords]; };
+  auto text = [&](int r, uint64_t i) {
+    return row(r, i)[0] ? describe_issued(from_words(row(r, i))) : std::string("nothing (its group ends before)");
+  };
+  for (uint64_t i = 0; i < most; ++i)
+    for (int r = 1; r < size_; ++r)
+      if (!std::equal(row(0, i), row(0, i) + kDescribeWords, row(r, i))) {
+        const CollectiveMismatch e(str_cat("collective mismatch in a group: its call ", i, " is ", text(0, i),
+                                           " on rank 0 but ", text(r, i), " on rank ", r));
+        fail_here(e);
+        throw e;
+      }
+}
+
+void CommunicatorImpl::run_batch(Batch& b) {
+  if (b.check_pending) {
+    check_group(b);
+    b.check_pending = b.check_every_run;
+  }
+  for (BatchItem& it : b.items) {
+    Prepared& p = it.call;
+    if (!it.lowered) {
+      const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, bytes_of(p));
+      it.plan = lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_);
+      it.lowered = true;
+    }
+    auto* staging = static_cast<uint8_t*>(p.args.input.ptr);
+    const size_t esz = dtype_size(p.args.dtype);
+    for (const BatchItem::Member& m : it.members)
+      if (m.input.ptr != staging + m.offset) std::memcpy(staging + m.offset, m.input.ptr, m.input.count * esz);
+    execute(p, &it.plan);
+    for (const BatchItem::Member& m : it.members) std::memcpy(m.output.ptr, staging + m.offset, m.output.count * esz);
+  }
+}
+
+std::shared_ptr<Work> CommunicatorImpl::start_batch(const std::shared_ptr<Batch>& b, bool async,
+                                                    std::shared_ptr<Work> work) {
+  RT_CHECK(!b->running.exchange(true), InvalidArgument,
+           "start: this request is still running; wait for it before starting it again");
+  struct Release {
+    Batch* b;
+    ~Release() {
+      if (b) b->running.store(false);
+    }
+  } release{b.get()};
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  if (closed_) RT_THROW(Aborted, "the communicator is closed");
+  if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
+  RT_CHECK(group_depth_.load() == 0, InvalidArgument, "start: a request cannot be started inside a group");
+  order_batch(*b);
+  if (async) {
+    if (!work) work = std::make_shared<Work>();
+    queue_.push_back({Prepared{}, work, b});
+    release.b = nullptr;  // the worker lets go of it
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    queue_cv_.notify_all();
+    return work;
+  }
+  if (!queue_.empty() || worker_busy_) queue_cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
+  lock.unlock();
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  run_batch(*b);
+  return nullptr;
+}
+
+std::shared_ptr<Work> Batch::start(bool async) { return comm_->start_batch(shared_from_this(), async, nullptr); }
+
+std::shared_ptr<Request> CommunicatorImpl::persistent(const CollectiveArgs& args) {
+  RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot be persistent");
+  std::vector<Prepared> calls;
+  calls.push_back(prepare(args));
+  return make_batch(std::move(calls), false);
+}
+
+void CommunicatorImpl::group_start() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (group_depth_.load() == 0) {
+    group_owner_ = std::this_thread::get_id();
+  } else {
+    RT_CHECK(group_owner_ == std::this_thread::get_id(), InvalidArgument,
+             "group_start(): another thread has a group open on this communicator");
+  }
+  group_depth_.fetch_add(1);
+}
+
+bool CommunicatorImpl::in_group() const { return group_depth_.load() > 0; }
+
+void CommunicatorImpl::group_discard() {
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    group_depth_.store(0);
+    group_calls_.clear();
+    work = std::move(group_work_);
+  }
+  if (work) work->finish(std::make_exception_ptr(Aborted("the group was discarded before it ran")));
+}
+
+std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
+  std::vector<Prepared> calls;
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    RT_CHECK(group_depth_.load() > 0, InvalidArgument, "group_end() without group_start()");
+    if (group_depth_.fetch_sub(1) > 1) {  // an inner group: the outermost one runs it
+      if (!async) return nullptr;
+      if (!group_work_) group_work_ = std::make_shared<Work>();
+      return group_work_;
+    }
+    calls = std::move(group_calls_);
+    group_calls_.clear();
+    work = std::move(group_work_);
+  }
+  if (async && !work) work = std::make_shared<Work>();
+  try {
+    if (calls.empty()) {
+      if (work) work->finish(nullptr);
+      return async ? work : nullptr;
+    }
+    std::shared_ptr<Batch> b = make_batch(std::move(calls), true);
+    b->check_every_run = true;
+    if (async) return start_batch(b, true, work);
+    start_batch(b, false, nullptr);
+  } catch (...) {
+    if (work) work->finish(std::current_exception());
+    throw;
+  }
+  if (work) work->finish(nullptr);
+  return nullptr;
+}
+
+std::shared_ptr<Request> CommunicatorImpl::group_end_persistent() {
+  std::vector<Prepared> calls;
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    RT_CHECK(group_depth_.load() == 1, InvalidArgument,
+             "group_end_persistent() must end the outermost group, and only that one");
+    group_depth_.store(0);
+    calls = std::move(group_calls_);
+    group_calls_.clear();
+    work = std::move(group_work_);
+  }
+  if (work) {
+    const InvalidArgument e("a persistent group cannot hold async calls: start() it async instead");
+    work->finish(std::make_exception_ptr(e));
+    throw e;
+  }
+  return make_batch(std::move(calls), true);
+}
+
+}  // namespace ringtree

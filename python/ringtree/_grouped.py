@@ -1,0 +1,565 @@
+"""Grouped and persistent calls: what Communicator adds to run many calls as one operation
+(comm.group()) and to plan a call once and run it again (comm.all_reduce_init() and the others).
+
+Both run on host buffers (numpy arrays, torch CPU tensors); the core checks, chooses and plans
+them (runtime/batch.cc).
+"""
+
+from __future__ import annotations
+
+from . import _core
+from ._args import COLL_CODES, algo_code
+from ._buffers import buffer_info
+from ._work import Work
+from .ops import resolve_op
+
+__all__ = ["Group", "Request"]
+
+
+def _device_refused(what):
+    return _core.InvalidArgument(
+        f"{what}: grouped and persistent calls run on host buffers (numpy arrays, torch CPU tensors); "
+        f"issue calls on CUDA buffers one at a time"
+    )
+
+
+class Request:
+    """A persistent call, or a persistent group: validated, chosen and planned once, run again on
+    the same buffers by each start() with only the data moving (MPI's persistent collectives).
+
+    Made by ``comm.all_reduce_init()`` and the other ``*_init`` methods, or by
+    ``comm.group(persistent=True)``. Every start is a call in the communicator's order, with its
+    own sequence number and fingerprint: every rank must start its requests in the same order.
+    The buffers are held until the request is dropped.
+    """
+
+    __slots__ = ("_req", "_run", "_keep", "_result", "_work")
+
+    def __init__(self, req, keep, result):
+        self._req, self._keep, self._result = req, keep, result
+        self._run = req.start_function()
+        self._work = None
+
+    def start(self, async_op: bool = False):
+        """Run the call (or the group) once more.
+
+        Parameters
+        ----------
+        async_op : bool
+            False: run it now and return when it is done. True: queue it behind this
+            communicator's earlier calls and return at once.
+
+        Returns
+        -------
+        object
+            Blocking: the call's output buffer (None for a barrier, a send or a group). Async: a
+            ringtree.Work whose wait() returns it; wait() on the request does the same.
+
+        Raises
+        ------
+        InvalidArgument
+            An async start of this request is still running, or a group is open.
+        CollectiveMismatch, PeerFailure, Timeout, Aborted
+            As the plain call would.
+        """
+        if async_op is False:
+            self._run()
+            return self._result
+        work = Work(self._req.start(True), None, self._result)
+        self._work = work
+        return work
+
+    def wait(self, timeout: float | None = None):
+        """Wait for the last async start.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait; None waits for as long as the call's own timeout allows.
+
+        Returns
+        -------
+        object
+            The output buffer, as start() returns it.
+
+        Raises
+        ------
+        Timeout
+            Still running after `timeout` seconds.
+        """
+        work, self._work = self._work, None
+        return self._result if work is None else work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        """Whether the last start has finished (True when it ran blocking or never ran).
+
+        Returns
+        -------
+        bool
+        """
+        return self._work is None or self._work.is_completed()
+
+
+class Group:
+    """``with comm.group():`` collects the calls made in the block and runs them as one operation
+    when it ends (NCCL's ncclGroupStart/ncclGroupEnd).
+
+    Calls inside the block return at once; their buffers hold results once the block has ended
+    (or, with async_op=True, once wait() returned). An exception inside the block discards the
+    group: nothing was sent and the communicator stays usable. After an async block, the Group
+    is its Work (wait(), is_completed()); after a persistent block, it holds a Request that runs
+    the group at each start().
+    """
+
+    __slots__ = ("_comm", "_async", "_persistent", "work", "request")
+
+    def __init__(self, comm, async_op: bool, persistent: bool):
+        if async_op and persistent:
+            raise _core.InvalidArgument("group: a persistent group is started later; pass async_op to its start()")
+        self._comm, self._async, self._persistent = comm, bool(async_op), bool(persistent)
+        self.work = None
+        self.request = None
+
+    def __enter__(self):
+        self._comm.group_start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self._comm._group_discard()
+            return False
+        if self._persistent:
+            self.request = self._comm._group_end_persistent()
+        else:
+            self.work = self._comm.group_end(async_op=self._async)
+        return False
+
+    def wait(self, timeout: float | None = None):
+        """Wait for an async group (returns at once after a blocking one).
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait; None: until the group's calls finish or time out.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        Timeout
+            Still running after `timeout` seconds.
+        """
+        if self.work is not None:
+            self.work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        """Whether the group has run (always True after a blocking group).
+
+        Returns
+        -------
+        bool
+        """
+        return self.work is None or self.work.is_completed()
+
+    def start(self, async_op: bool = False):
+        """Run a persistent group again (see Request.start)."""
+        if self.request is None:
+            raise _core.InvalidArgument("group: start() needs a group made with persistent=True, after its block")
+        return self.request.start(async_op)
+
+
+class Grouping:
+    """What Communicator adds for grouped and persistent calls (see Group and Request)."""
+
+    __slots__ = ()
+
+    # --- groups -------------------------------------------------------------------------
+
+    def group(self, async_op: bool = False, persistent: bool = False) -> Group:
+        """Collect the calls made inside a ``with`` block and run them as one operation.
+
+        The group is checked once (every rank must issue the same collectives in the same order;
+        a mismatch names the call within the group, on every rank), small all_reduces of one
+        dtype and op are fused into one call, the other collectives run in issue order and the
+        sends and receives after them, paired so that an exchange cannot deadlock. Groups nest;
+        the outermost one runs them.
+
+        Parameters
+        ----------
+        async_op : bool
+            True: the block's end queues the group and returns; the Group is then its Work.
+        persistent : bool
+            True: the block's end runs nothing; the Group's start() (or .request) runs it, again
+            and again, on the same buffers.
+
+        Returns
+        -------
+        Group
+            The context manager.
+
+        Raises
+        ------
+        InvalidArgument
+            Both async_op and persistent were given, or a call in the block was bad (the group
+            is then discarded).
+        """
+        return Group(self, async_op, persistent)
+
+    def group_start(self) -> None:
+        """Start collecting calls (the explicit form of ``with comm.group():``).
+
+        Returns
+        -------
+        None
+        """
+        if self._grouping is None:
+            self._grouping = []
+        self._core.group_start()
+
+    def group_end(self, async_op: bool = False):
+        """Run the calls collected since group_start() as one operation.
+
+        Parameters
+        ----------
+        async_op : bool
+            True: queue the group and return its Work at once.
+
+        Returns
+        -------
+        ringtree.Work or None
+            The group's Work (async_op=True), else None once every call is done.
+
+        Raises
+        ------
+        InvalidArgument
+            No group is open.
+        CollectiveMismatch
+            The ranks' groups differ; the message names the first call that differs.
+        PeerFailure, Timeout, Aborted
+            As the calls would.
+        """
+        try:
+            work = self._core.group_end(bool(async_op))
+        finally:
+            keep = self._leave_group()
+        return Work(work, keep, None) if async_op else None
+
+    def _group_end_persistent(self) -> Request:
+        try:
+            req = self._core.group_end_persistent()
+        finally:
+            keep = self._leave_group()
+        return Request(req, keep, None)
+
+    def _group_discard(self) -> None:
+        self._core.group_discard()
+        self._grouping = None
+
+    def _leave_group(self):
+        keep = self._grouping
+        if not self._core.in_group:
+            self._grouping = None
+        return keep
+
+    # --- persistent calls ---------------------------------------------------------------
+
+    def _init(self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False):
+        inb = None if x is None else buffer_info(x, f"{coll}_init: input")
+        outb = None if out is None else buffer_info(out, f"{coll}_init: output")
+        if (inb and inb.device) or (outb and outb.device):
+            raise _device_refused(f"{coll}_init")
+        if inb and outb and inb.dtype != outb.dtype:
+            raise _core.InvalidArgument(
+                f"{coll}_init: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}"
+            )
+        if timeout is not None and not float(timeout) > 0:
+            raise _core.InvalidArgument(f"{coll}_init: timeout must be positive, got {timeout}")
+        op_code, factor = resolve_op(op)
+        req = self._core.persistent(
+            COLL_CODES[coll],
+            (inb or outb).dtype if (inb or outb) else 0,
+            inb is not None,
+            inb.ptr if inb else 0,
+            inb.count if inb else 0,
+            inb.readonly if inb else False,
+            outb is not None,
+            outb.ptr if outb else 0,
+            outb.count if outb else 0,
+            outb.readonly if outb else False,
+            op_code,
+            factor,
+            int(root),
+            int(peer),
+            algo_code(algo),
+            -1.0 if timeout is None else float(timeout),
+            int(recv_peer),
+            bool(det),
+        )
+        result = out if coll not in ("broadcast", "send", "barrier") else (x if coll == "broadcast" else None)
+        return Request(req, (x, out), result)
+
+    def all_reduce_init(self, x, out=None, op="sum", algo="auto", timeout=None, deterministic=False) -> Request:
+        """A persistent all_reduce (see all_reduce): checked, chosen and planned now.
+
+        Parameters
+        ----------
+        x, out, op, algo, timeout, deterministic
+            As all_reduce takes them; out=None reduces in place.
+
+        Returns
+        -------
+        Request
+            Its start() runs the all_reduce on these buffers and returns out.
+
+        Raises
+        ------
+        InvalidArgument
+            As all_reduce would, now, before any traffic; CUDA buffers.
+        """
+        return self._init("all_reduce", x, x if out is None else out, op, algo=algo, timeout=timeout, det=deterministic)
+
+    def reduce_scatter_init(self, x, out, op="sum", algo="auto", timeout=None, deterministic=False) -> Request:
+        """A persistent reduce_scatter (see reduce_scatter and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, op, algo, timeout, deterministic
+            As reduce_scatter takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As reduce_scatter would; CUDA buffers.
+        """
+        return self._init("reduce_scatter", x, out, op, algo=algo, timeout=timeout, det=deterministic)
+
+    def all_gather_init(self, x, out, algo="auto", timeout=None) -> Request:
+        """A persistent all_gather (see all_gather and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, algo, timeout
+            As all_gather takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As all_gather would; CUDA buffers.
+        """
+        return self._init("all_gather", x, out, algo=algo, timeout=timeout)
+
+    def all_to_all_init(self, x, out, algo="auto", timeout=None) -> Request:
+        """A persistent all_to_all (see all_to_all and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, algo, timeout
+            As all_to_all takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As all_to_all would; CUDA buffers.
+        """
+        return self._init("all_to_all", x, out, algo=algo, timeout=timeout)
+
+    def broadcast_init(self, x, root=0, algo="auto", timeout=None) -> Request:
+        """A persistent broadcast (see broadcast and all_reduce_init).
+
+        Parameters
+        ----------
+        x, root, algo, timeout
+            As broadcast takes them.
+
+        Returns
+        -------
+        Request
+            Its start() returns x.
+
+        Raises
+        ------
+        InvalidArgument
+            As broadcast would; CUDA buffers.
+        """
+        return self._init("broadcast", x, None, root=root, algo=algo, timeout=timeout)
+
+    def reduce_init(self, x, out=None, root=0, op="sum", algo="auto", timeout=None, deterministic=False) -> Request:
+        """A persistent reduce (see reduce and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, root, op, algo, timeout, deterministic
+            As reduce takes them.
+
+        Returns
+        -------
+        Request
+            Its start() returns the root's result (None elsewhere).
+
+        Raises
+        ------
+        InvalidArgument
+            As reduce would; CUDA buffers.
+        """
+        if out is None and self.rank == root:
+            out = x
+        if self.rank != root:
+            out = None
+        return self._init("reduce", x, out, op, root, algo=algo, timeout=timeout, det=deterministic)
+
+    def gather_init(self, x, out=None, root=0, algo="auto", timeout=None) -> Request:
+        """A persistent gather (see gather and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, root, algo, timeout
+            As gather takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As gather would; CUDA buffers.
+        """
+        return self._init("gather", x, out if self.rank == root else None, root=root, algo=algo, timeout=timeout)
+
+    def scatter_init(self, x, out, root=0, algo="auto", timeout=None) -> Request:
+        """A persistent scatter (see scatter and all_reduce_init).
+
+        Parameters
+        ----------
+        x, out, root, algo, timeout
+            As scatter takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As scatter would; CUDA buffers.
+        """
+        return self._init("scatter", x if self.rank == root else None, out, root=root, algo=algo, timeout=timeout)
+
+    def barrier_init(self, timeout=None) -> Request:
+        """A persistent barrier (see barrier and all_reduce_init).
+
+        Parameters
+        ----------
+        timeout : float or None
+            As barrier takes it.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            A bad timeout.
+        """
+        return self._init("barrier", None, None, timeout=timeout)
+
+    def send_init(self, x, peer, timeout=None) -> Request:
+        """A persistent send (see send and all_reduce_init); the peer receives each start with a
+        recv (persistent or not).
+
+        Parameters
+        ----------
+        x, peer, timeout
+            As send takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As send would; CUDA buffers.
+        """
+        return self._init("send", x, None, peer=peer, timeout=timeout)
+
+    def recv_init(self, x, peer, timeout=None) -> Request:
+        """A persistent recv (see recv and all_reduce_init).
+
+        Parameters
+        ----------
+        x, peer, timeout
+            As recv takes them.
+
+        Returns
+        -------
+        Request
+            Its start() returns x.
+
+        Raises
+        ------
+        InvalidArgument
+            As recv would; CUDA buffers.
+        """
+        return self._init("recv", None, x, peer=peer, timeout=timeout)
+
+    def sendrecv_init(self, x, dst, out, src, timeout=None) -> Request:
+        """A persistent sendrecv (see sendrecv and all_reduce_init).
+
+        Parameters
+        ----------
+        x, dst, out, src, timeout
+            As sendrecv takes them.
+
+        Returns
+        -------
+        Request
+            Its start() returns out.
+
+        Raises
+        ------
+        InvalidArgument
+            As sendrecv would; CUDA buffers.
+        """
+        return self._init("sendrecv", x, out, peer=dst, timeout=timeout, recv_peer=src)
+
+    def start_all(self, requests, async_op: bool = False) -> list:
+        """Start several requests, in order (MPI_Startall).
+
+        Parameters
+        ----------
+        requests : list of Request
+            Every rank must start the same requests in the same order.
+        async_op : bool
+            True: queue each and return their Works (or wait() on each request).
+
+        Returns
+        -------
+        list
+            What each start() returned: output buffers, or Works with async_op=True.
+
+        Raises
+        ------
+        InvalidArgument
+            An item is not a Request, or one of them is still running.
+        """
+        requests = list(requests)
+        for r in requests:
+            if not isinstance(r, Request):
+                raise _core.InvalidArgument(f"start_all: expected ringtree Requests, got {type(r).__name__}")
+        return [r.start(async_op) for r in requests]

@@ -1,0 +1,300 @@
+"""Grouped and persistent calls across real processes: every collective persistent, a persistent
+all_reduce reused 1,000 times with changing data, groups that mix collectives with sends and
+receives (blocking, async, nested, persistent), a mismatch inside a group named on every rank,
+and an error inside a group's block that leaves the communicator usable.
+
+Expected values are exact integers computed here with numpy from what every rank sent."""
+
+import threading
+
+import numpy as np
+import pytest
+from harness import run_world
+
+import ringtree as rt
+
+N = 5  # elements per rank's block
+
+
+def persistent_every_collective(reuses):
+    """Each collective as a persistent request, started `reuses` times with new data each time;
+    returns the collectives whose result was ever wrong."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    ar = np.arange(N * P, dtype=np.int64)
+    wrong = []
+
+    def check(name, got, want):
+        if not np.array_equal(got, want):
+            wrong.append(f"{name}: got {got.tolist()} want {np.asarray(want).tolist()}")
+
+    bufs = {name: (np.zeros(N * P, np.int64), np.zeros(N * P, np.int64)) for name in ("rs", "ag", "a2a", "sc")}
+    x_ar, out_ar = np.zeros(N, np.int64), np.zeros(N, np.int64)
+    x_bc = np.zeros(N, np.int64)
+    x_red, out_red = np.zeros(N, np.int64), np.zeros(N, np.int64)
+    x_ga, out_ga = np.zeros(N, np.int64), np.zeros(N * P, np.int64)
+    out_sc = np.zeros(N, np.int64)
+    x_sr, out_sr = np.zeros(N, np.int64), np.zeros(N, np.int64)
+    x_s, x_r = np.zeros(N, np.int64), np.zeros(N, np.int64)
+    root = P - 1
+    reqs = {
+        "all_reduce": comm.all_reduce_init(x_ar, out_ar),
+        "reduce_scatter": comm.reduce_scatter_init(bufs["rs"][0], bufs["rs"][1][:N]),
+        "all_gather": comm.all_gather_init(bufs["ag"][0][:N], bufs["ag"][1]),
+        "all_to_all": comm.all_to_all_init(bufs["a2a"][0], bufs["a2a"][1]),
+        "broadcast": comm.broadcast_init(x_bc, root=root),
+        "reduce": comm.reduce_init(x_red, out_red, root=root, op="max"),
+        "gather": comm.gather_init(x_ga, out_ga, root=0),
+        "scatter": comm.scatter_init(bufs["sc"][0], out_sc, root=0),
+        "barrier": comm.barrier_init(),
+        "sendrecv": comm.sendrecv_init(x_sr, (r + 1) % P, out_sr, (r - 1) % P),
+        "send": comm.send_init(x_s, (r + 1) % P),
+        "recv": comm.recv_init(x_r, (r - 1) % P),
+    }
+    for k in range(reuses):
+        x_ar[:] = 1000 * r + k + ar[:N]
+        bufs["rs"][0][:] = (r + 1) * k + ar
+        bufs["ag"][0][:N] = r + 10 * k
+        bufs["a2a"][0][:] = 100 * r + ar + k
+        x_bc[:] = 7 * k + 3 if r == root else -1
+        x_red[:] = r * k - ar[:N]
+        x_ga[:] = r + k
+        bufs["sc"][0][:] = ar + k if r == 0 else -1
+        x_sr[:] = r * 11 + k
+        x_s[:] = r * 13 + k
+        comm.start_all(reqs[name] for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"))
+        for name in ("broadcast", "reduce", "gather", "scatter", "barrier", "sendrecv"):
+            reqs[name].start()
+        work = reqs["send"].start(async_op=True)
+        reqs["recv"].start()
+        work.wait(timeout=60)
+        prev = (r - 1) % P
+        check("all_reduce", out_ar, sum(1000 * q + k for q in range(P)) + P * ar[:N])
+        check("reduce_scatter", bufs["rs"][1][:N], k * P * (P + 1) // 2 + P * ar[r * N : (r + 1) * N])
+        check("all_gather", bufs["ag"][1], np.repeat(np.arange(P) + 10 * k, N))
+        check("all_to_all", bufs["a2a"][1], np.concatenate([100 * q + ar[r * N : (r + 1) * N] + k for q in range(P)]))
+        check("broadcast", x_bc, np.full(N, 7 * k + 3))
+        if r == root:
+            check("reduce", out_red, np.max([q * k - ar[:N] for q in range(P)], axis=0))
+        if r == 0:
+            check("gather", out_ga, np.repeat(np.arange(P) + k, N))
+        check("scatter", out_sc, ar[r * N : (r + 1) * N] + k)
+        check("sendrecv", out_sr, np.full(N, prev * 11 + k))
+        check("recv", x_r, np.full(N, prev * 13 + k))
+    comm.close()
+    return {"wrong": wrong[:5], "starts": reuses}
+
+
+def persistent_reused(reuses):
+    """One persistent all_reduce started `reuses` times with new data; async starts too."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    x = np.zeros(3, np.int64)
+    req = comm.all_reduce_init(x)
+    bad = 0
+    for k in range(reuses):
+        x[:] = [r * k, k * k + r, -r - k]
+        if k % 10 == 0:
+            res = req.start(async_op=True).wait(timeout=60)
+        else:
+            res = req.start()
+        want = [k * P * (P - 1) // 2, P * k * k + P * (P - 1) // 2, -P * (P - 1) // 2 - P * k]
+        bad += res is not x or x.tolist() != want
+    comm.close()
+    return {"bad": bad}
+
+
+def grouped_mix():
+    """Groups mixing many small all_reduces (fused), a large one, other collectives and a ring of
+    sends and receives: blocking, async, explicit, nested and persistent."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+    small = [np.full(2, r + i, np.int32) for i in range(64)]
+    maxed = np.array([r, -r, 5 * r], np.int64)
+    big = np.full(300_000, r + 1, np.int64)  # 2.4 MB: runs alone, not fused
+    rs_in, rs_out = np.arange(N * P, dtype=np.int64) * (r + 1), np.zeros(N, np.int64)
+    ag_out = np.zeros(N * P, np.int64)
+    bc = np.full(N, r, np.int64)
+    sent, got = np.full(N, 100 + r, np.int64), np.zeros(N, np.int64)
+    first = comm.record()["recorded"]
+    with comm.group():
+        for a in small:
+            comm.all_reduce(a)
+        comm.send(sent, (r + 1) % P)  # before the receive on every rank: the group pairs them
+        comm.all_reduce(maxed, op="max")
+        comm.all_reduce(big)
+        comm.reduce_scatter(rs_in, rs_out)
+        comm.all_gather(np.full(N, r * 3, np.int64), ag_out)
+        comm.broadcast(bc, root=P - 1)
+        comm.barrier()
+        comm.recv(got, (r - 1) % P)
+    calls = [c["coll"] for c in comm.record()["calls"] if c["id"] > first]
+    # The 64 small all_reduces of one dtype and op ran as one call; the max and the large one alone.
+    report["fused"] = calls.count("all_reduce") == 3 and calls.count("sendrecv") == 1 and len(calls) == 8
+    report["small"] = all(np.array_equal(a, np.full(2, sum(q + i for q in range(P)))) for i, a in enumerate(small))
+    report["max"] = maxed.tolist() == [P - 1, 0, 5 * (P - 1)]
+    report["big"] = bool(np.all(big == P * (P + 1) // 2))
+    report["reduce_scatter"] = rs_out.tolist() == (np.arange(N * P)[r * N : (r + 1) * N] * P * (P + 1) // 2).tolist()
+    report["all_gather"] = ag_out.tolist() == np.repeat(np.arange(P) * 3, N).tolist()
+    report["broadcast"] = bc.tolist() == [P - 1] * N
+    report["p2p"] = got.tolist() == [100 + (r - 1) % P] * N
+    # Async: the block's end returns at once; the Group is the group's Work; an async call inside
+    # it returns the same group's Work.
+    xs = [np.full(4, r * 2 + i, np.int64) for i in range(8)]
+    with comm.group(async_op=True) as g:
+        inner = [comm.all_reduce(x, async_op=True) for x in xs[:4]]
+        for x in xs[4:]:
+            comm.all_reduce(x, op="min")
+    g.wait(timeout=60)
+    report["async"] = g.is_completed() and all(w.is_completed() for w in inner)
+    report["async_values"] = all(xs[i].tolist() == [sum(2 * q + i for q in range(P))] * 4 for i in range(4)) and all(
+        xs[i].tolist() == [i] * 4 for i in range(4, 8)
+    )
+    # Explicit and nested: the outermost end runs them.
+    a, b = np.full(3, r, np.int64), np.full(3, 2 * r, np.int64)
+    comm.group_start()
+    comm.all_reduce(a)
+    with comm.group():
+        comm.all_reduce(b)
+    report["nested_waits"] = a.tolist() == [r] * 3 and b.tolist() == [2 * r] * 3
+    comm.group_end()
+    report["nested"] = a.tolist() == [P * (P - 1) // 2] * 3 and b.tolist() == [P * (P - 1)] * 3
+    # Persistent group: collected once, started with new data.
+    ys = [np.zeros(2, np.int64) for _ in range(10)]
+    z = np.zeros(N * P, np.int64)
+    with comm.group(persistent=True) as pg:
+        for y in ys:
+            comm.all_reduce(y)
+        comm.all_gather(np.full(N, r, np.int64)[:N], z)
+    ok = True
+    for k in range(20):
+        for i, y in enumerate(ys):
+            y[:] = r * k + i
+        pg.start(async_op=k % 2 == 1)
+        pg.request.wait(timeout=60)
+        ok = ok and all(y.tolist() == [k * P * (P - 1) // 2 + P * i] * 2 for i, y in enumerate(ys))
+        ok = ok and z.tolist() == np.repeat(np.arange(P), N).tolist()
+    report["persistent_group"] = ok
+    comm.close()
+    return report
+
+
+def group_mismatch():
+    """The last rank's group differs in its third call: every rank names that call."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    try:
+        with comm.group():
+            comm.all_reduce(np.ones(2))
+            comm.broadcast(np.ones(4), root=0)
+            comm.all_reduce(np.ones(3), op="max" if r == P - 1 else "sum")
+            comm.barrier()
+    except rt.CollectiveMismatch as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def group_errors():
+    """A user exception and a bad argument inside a block discard the group; the communicator
+    stays usable (the next calls agree on every rank)."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+    x = np.full(2, r, np.int64)
+    try:
+        with comm.group():
+            comm.all_reduce(x)
+            raise ValueError("the user's own error")
+    except ValueError:
+        report["user_error"] = x.tolist() == [r, r]
+    report["after_user_error"] = comm.all_reduce(np.full(2, r + 1, np.int64)).tolist() == [P * (P + 1) // 2] * 2
+    work = None
+    try:
+        with comm.group():
+            work = comm.all_reduce(x, async_op=True)
+            comm.all_gather(x, np.zeros(3, np.int64))  # wrong output size: rejected at once
+    except rt.InvalidArgument as e:
+        report["bad_argument"] = "all_gather" in str(e)
+    try:
+        work.wait(timeout=10)
+        report["discarded_work"] = "completed"
+    except rt.Aborted as e:
+        report["discarded_work"] = "discarded" in str(e)
+    report["not_in_group"] = not comm._core.in_group
+    report["after_bad_argument"] = comm.all_reduce(np.full(2, r, np.int64)).tolist() == [P * (P - 1) // 2] * 2
+    with comm.group():
+        comm.all_reduce(x)
+    report["group_after"] = x.tolist() == [P * (P - 1) // 2] * 2
+    try:
+        comm.group_end()
+    except rt.InvalidArgument:
+        report["end_without_start"] = True
+    # A group holds the calls of the thread that opened it; another thread's call runs at once.
+    y, seen = np.full(2, r, np.int64), []
+    comm.group_start()
+    comm.all_reduce(y)
+    other = threading.Thread(target=lambda: seen.append(comm.all_reduce(np.full(2, 1, np.int64)).tolist()))
+    other.start()
+    other.join(30)
+    report["other_thread"] = seen == [[P, P]] and y.tolist() == [r, r]
+    comm.group_end()
+    report["other_thread"] = report["other_thread"] and y.tolist() == [P * (P - 1) // 2] * 2
+    comm.close()
+    return report
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_every_collective_persistent(nranks):
+    for res in run_world(nranks, persistent_every_collective, {"reuses": 4}, timeout=200).check_ok():
+        assert res["wrong"] == [] and res["starts"] == 4, res
+
+
+@pytest.mark.timeout(240)
+def test_persistent_all_reduce_reused_1000_times():
+    for res in run_world(2, persistent_reused, {"reuses": 1000}, timeout=200).check_ok():
+        assert res["bad"] == 0, res
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_groups_mix_collectives_and_messages(nranks):
+    for res in run_world(nranks, grouped_mix, timeout=200).check_ok():
+        assert all(res.values()) and len(res) == 13, res  # every check ran and held
+
+
+@pytest.mark.timeout(120)
+def test_mismatch_inside_a_group_names_the_call_on_every_rank():
+    results = run_world(3, group_mismatch, timeout=100).check_ok()
+    for res in results:
+        assert "its call 2 is all_reduce (count=3, dtype=float64, op=sum" in res["error"], res
+        assert "op=max, algo=auto) on rank 2" in res["error"], res
+    assert len({res["error"] for res in results}) == 1
+
+
+@pytest.mark.timeout(120)
+def test_an_error_inside_the_block_discards_the_group():
+    for res in run_world(2, group_errors, timeout=100).check_ok():
+        assert res == {
+            "user_error": True,
+            "after_user_error": True,
+            "bad_argument": True,
+            "discarded_work": True,
+            "not_in_group": True,
+            "after_bad_argument": True,
+            "group_after": True,
+            "end_without_start": True,
+            "other_thread": True,
+        }
+
+
+def test_persistent_and_group_arguments_are_checked_before_any_traffic():
+    comm = rt.Communicator(0, 1, rt.UniqueId.create(), 10.0)
+    with pytest.raises(rt.InvalidArgument, match="all_reduce"):
+        comm.all_reduce_init(np.ones(3), np.ones(4))
+    with pytest.raises(rt.InvalidArgument, match="persistent group"):
+        comm.group(async_op=True, persistent=True)
+    with pytest.raises(rt.InvalidArgument, match="expected ringtree Requests"):
+        comm.start_all([object()])
+    comm.close()
