@@ -164,7 +164,23 @@ class Group:
         return self.work is None or self.work.is_completed()
 
     def start(self, async_op: bool = False):
-        """Run a persistent group again (see Request.start)."""
+        """Run a persistent group once more (Request.start of its request).
+
+        Parameters
+        ----------
+        async_op : bool
+            True: queue it and return a Work at once.
+
+        Returns
+        -------
+        ringtree.Work or None
+            The Work with async_op=True, else None once the group has run.
+
+        Raises
+        ------
+        InvalidArgument
+            The group was not made with persistent=True, or its block has not ended.
+        """
         if self.request is None:
             raise _core.InvalidArgument("group: start() needs a group made with persistent=True, after its block")
         return self.request.start(async_op)
