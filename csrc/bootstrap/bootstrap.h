@@ -39,8 +39,8 @@ struct PeerInfo {
 
 struct Mesh {
   std::vector<PeerInfo> peers;
-  // Random, made by rank 0 for this set-up and the same on every rank: names what others on the
-  // host can see (shared-memory segments, dump files) without a bit of the secret.
+  // Random, made by rank 0 for this set-up and the same on every rank: names dump files without a
+  // bit of the secret. Not names in /dev/shm: those each rank draws itself (transport/shm/shm.h).
   std::string public_id;
   std::vector<int> ctrl_fd;  // per peer, -1 for self
   std::vector<int> data_fd;  // per peer, -1 where the pair uses shared memory

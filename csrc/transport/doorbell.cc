@@ -46,7 +46,7 @@ std::string Doorbell::bind() {
   // Made here, now: one that exists already is someone else's, so another name is drawn.
   std::string part, dir;
   for (int attempt = 0; dir_.empty() && attempt < kFreshNameTries; ++attempt) {
-    part = random_name_part();
+    part = random_name_part(attempt);
     dir = bell_dir(part);
     if (mkdir(dir.c_str(), 0700) == 0)
       dir_ = dir;

@@ -259,7 +259,7 @@ def from_slurm():
         else:
             token = read_token_file(path, job, _timeout_setting())
         return rank, size, token, "slurm"
-    secret = job_secret()
+    secret = env_secret()
     if not secret and not _settings.get_flag("RINGTREE_SINGLE_USER_CLUSTER"):
         raise _core.InvalidArgument(_SLURM_NEEDS)
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
@@ -292,8 +292,11 @@ _log = logging.getLogger("ringtree")
 def job_secret():
     """What the job's ranks share outside any store, or None: the unique id a launcher of ours
     handed the torch backend (use_job_secret), else RINGTREE_SECRET once it passes check_secret."""
-    if _job_secret is not None:
-        return _job_secret
+    return _job_secret if _job_secret is not None else env_secret()
+
+
+def env_secret():
+    """RINGTREE_SECRET once it passes check_secret, else None."""
     value = _settings.get("RINGTREE_SECRET")
     return check_secret(value) if value else None
 

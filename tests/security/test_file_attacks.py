@@ -521,3 +521,53 @@ def test_checkpoint_files_replace_planted_links_and_never_follow_them(tmp_path):
     assert not final.is_symlink() and final.read_bytes() == b"new" and target.read_text() == "keep"
     assert stat.S_IMODE(final.stat().st_mode) == 0o600
     assert sorted(os.listdir(folder)) == ["metadata.pt", "metadata.pt.tmp"]  # no temporary left
+
+
+def hold_names(ready, names, stop_file, seconds):
+    """The stranger: creates `names` in /dev/shm and holds them until told to stop."""
+    made = []
+    for name in names:
+        path = os.path.join("/dev/shm", name)
+        if name.startswith("ringtree-bell-"):
+            os.mkdir(path, 0o777)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        made.append(path)
+    ready()
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(stop_file) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for path in made:
+        os.rmdir(path) if "ringtree-bell-" in path else os.unlink(path)
+    return len(made)
+
+
+def form_or_fail():
+    try:
+        return {"raised": None, **form_and_sum_shm()}
+    except rt.Error as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
+
+
+@pytest.mark.timeout(200)
+def test_a_name_that_exists_is_never_used_set_up_draws_another(other_user, shared_dir, private_shm):
+    zeros = "0" * 32
+    stop_file = os.path.join(shared_dir, "stop")
+    held = [f"rt-{zeros}", f"ringtree-bell-{zeros}"]
+    attacker = stranger.Attacker(other_user, hold_names, held, stop_file, 150.0, before_drop=private_shm.enter)
+    attacker.wait_ready()
+    try:
+        # Every rank's first two draws of each name are the held ones: it routes around them
+        # (and around its peers' names too, drawn the same).
+        taken = {"RINGTREE_TEST_SHM_NAMES_TAKEN": "2"}
+        world = run_world(3, form_or_fail, env=taken, per_rank_prefix=private_shm.prefix, timeout=120)
+        for res in world.check_ok():
+            assert res["raised"] is None and res["sum"] == 6 and set(res["transports"]) == {"shm"}, res
+        # Every draw taken: a clear error, not a name of someone else's.
+        taken = {"RINGTREE_TEST_SHM_NAMES_TAKEN": "99"}
+        world = run_world(2, form_or_fail, env=taken, per_rank_prefix=private_shm.prefix, timeout=120)
+        for res in world.check_ok():
+            assert res["raised"] == "BootstrapError" and "were all taken already" in res["message"], res
+    finally:
+        open(stop_file, "w").close()
+        assert attacker.result(60) == 2

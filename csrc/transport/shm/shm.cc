@@ -25,6 +25,7 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x5254534547303031ull;
 constexpr size_t kHeaderBytes = 128;
 RT_SETTING(ShmPieceBytes)
+RT_SETTING(TestShmNamesTaken)
 // Pieces smaller than this always take plain stores: streaming stores drain to memory before the
 // head may move, which costs a small piece more than it saves.
 constexpr uint64_t kStreamMinPiece = 16 << 10;
@@ -78,7 +79,7 @@ std::string ShmSegment::create(int slots, uint64_t ring_bytes, uint64_t oneshot_
   std::string part, name;
   int fd = -1;
   for (int attempt = 0; fd < 0 && attempt < kFreshNameTries; ++attempt) {
-    part = random_name_part();
+    part = random_name_part(attempt);
     name = segment_name(part);
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) throw_system_error("shm_open(" + name + ")", errno);
@@ -391,7 +392,8 @@ uint64_t cpu_sharing_domain(uint32_t* cpus) {
   return h;
 }
 
-std::string random_name_part() {
+std::string random_name_part(int attempt) {
+  if (attempt < TestShmNamesTaken()) return std::string(kNameBits / 4, '0');
   uint8_t bits[kNameBits / 8];
   crypto::random_bytes(bits, sizeof(bits));
   return crypto::to_hex(bits, sizeof(bits));

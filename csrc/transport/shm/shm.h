@@ -63,7 +63,9 @@ uint64_t shared_memory_domain();
 // is someone else's: its owner draws another (kFreshNameTries in all) instead of using it.
 constexpr int kFreshNameTries = 16;
 constexpr size_t kNameBits = 128;
-std::string random_name_part();  // kNameBits / 4 hex digits
+// kNameBits / 4 hex digits; `attempt` counts the draws for one name (a test hook fixes the first
+// few, RINGTREE_TEST_SHM_NAMES_TAKEN).
+std::string random_name_part(int attempt);
 // A segment's name from its random part.
 std::string segment_name(const std::string& random_part);
 // Ranks that run on one kernel with the same CPUs allowed compete for those CPUs, whatever their

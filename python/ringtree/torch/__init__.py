@@ -87,13 +87,14 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
 
     world = init()
     try:
-        host = _settings.get("RINGTREE_ADDR")
         store_timeout = timeout or datetime.timedelta(seconds=default_timeout())
         store = None
-        # Rank 0's store port, then a nonce: the backend's groups take their secret from the
-        # world's (an HMAC over the nonce), so no store ever carries one.
-        public = np.zeros(3, dtype=np.int64)
+        # Rank 0's store port, a nonce and its address (the world's: the one its peers reach): the
+        # backend's groups take their secret from the world's (an HMAC over the nonce), so no
+        # store ever carries one.
+        public = np.zeros(4, dtype=np.int64)
         if world.rank == 0:
+            host = socket.gethostbyname(_settings.given("RINGTREE_ADDR") or world._core.address())
             # Listening on the job's address only (torch's own TCPStore would take every interface).
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
@@ -113,9 +114,11 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
                 master_listen_fd=listener.detach(),
             )
             public[0] = port
-            public[1:] = np.frombuffer(os.urandom(16), dtype=np.int64)
+            public[1:3] = np.frombuffer(os.urandom(16), dtype=np.int64)
+            public[3] = int.from_bytes(socket.inet_aton(host), "big")
         world.broadcast(public, root=0)
-        _launchers.use_job_secret(world._core.child_unique_id("127.0.0.1", int(public[0]), public[1:].tobytes()))
+        _launchers.use_job_secret(world._core.child_unique_id("127.0.0.1", int(public[0]), public[1:3].tobytes()))
+        host = socket.inet_ntoa(int(public[3]).to_bytes(4, "big"))
         if store is None:
             store = dist.TCPStore(host, int(public[0]), world.size, is_master=False, timeout=store_timeout)
         kwargs.setdefault("rank", world.rank)
