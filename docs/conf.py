@@ -6,6 +6,8 @@ cross-references: python -m sphinx -W --keep-going -n -b html docs docs/_build/h
 
 from __future__ import annotations
 
+import re
+
 import ringtree
 
 project = "ringtree"
@@ -35,6 +37,11 @@ nitpick_ignore_regex = [
     (r"py:.*", r"c10d::.*"),
 ]
 
+# The PyTorch parts are documented without torch installed (the docs extra does not pull a
+# multi-GB wheel): autodoc imports them against a stand-in torch. Always, so that a machine with
+# torch renders the same page.
+autodoc_mock_imports = ["torch"]
+
 autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
 autodoc_typehints = "signature"
 # The torch backend's classes subclass torch's; their docs are torch's, not ours.
@@ -43,6 +50,21 @@ autodoc_inherit_docstrings = False
 default_role = "code"
 autodoc_class_signature = "separated"
 add_module_names = False
+
+
+# The stand-in torch spells a subscripted annotation (Future[Tensor]) as an attribute path;
+# write it back as the subscript it is.
+_MOCK_SUBSCRIPT = re.compile(r"(torch(?:\.\w+)*\.Future)\.(torch(?:\.\w+)+)")
+
+
+def _mock_subscripts(app, what, name, obj, options, signature, return_annotation):
+    fix = lambda text: _MOCK_SUBSCRIPT.sub(r"\1[\2]", text) if text else text
+    return fix(signature), fix(return_annotation)
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", _mock_subscripts)
+
 
 html_theme = "furo"
 html_title = f"ringtree {release}"

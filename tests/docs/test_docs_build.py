@@ -1,25 +1,54 @@
 """The manual builds with Sphinx with warnings as errors and every cross-reference resolved
-(nitpicky), as CI builds it; its generated pages match what their generators make now."""
+(nitpicky), as CI builds it, on a machine without torch (the docs extra does not install it);
+its generated pages match what their generators make now."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
+import pytest
 from markdown_examples import REPO
 
+# Warnings are errors, and every cross-reference must resolve.
+STRICT = ("-W", "--keep-going", "-n")
+# What the README and the development page tell a user to run, which is what this test runs.
+COMMAND = f"python -m sphinx {' '.join(STRICT)} -b html docs docs/_build/html"
 
-def test_the_manual_builds_without_a_warning(tmp_path):
+
+def test_the_pages_give_the_command_ci_runs():
+    for page in ("README.md", "docs/development.md", "docs/conf.py", "pyproject.toml"):
+        with open(os.path.join(REPO, page)) as f:
+            assert COMMAND in f.read(), f"{page} does not give the strict docs command: {COMMAND}"
+
+
+# Runs Sphinx as `python -m sphinx` does, in a process where `import torch` fails as it does where
+# torch is not installed: the PyTorch pages must come from the docstrings alone.
+_WITHOUT_TORCH = """
+import importlib.abc, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+from sphinx.cmd.build import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_manual_builds_without_a_warning_and_without_torch(tmp_path):
     out = tmp_path / "html"
     done = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "sphinx",
-            "-W",
-            "--keep-going",
-            "-n",
+            "-c",
+            _WITHOUT_TORCH,
+            *STRICT,
             "-q",
             "-b",
             "html",
@@ -35,3 +64,11 @@ def test_the_manual_builds_without_a_warning(tmp_path):
     assert done.returncode == 0, f"sphinx-build failed:\n{done.stdout}\n{done.stderr}"
     for page in ("index", "api", "settings", "performance"):
         assert (out / f"{page}.html").is_file(), page
+    # Complete: every public name of the package and of its PyTorch part has its entry.
+    import ringtree
+
+    torch_part = pytest.importorskip("ringtree.torch")
+    entries = set(re.findall(r'<dt class="sig sig-object py" id="([^"]+)"', (out / "api.html").read_text()))
+    public = [f"ringtree.{n}" for n in ringtree.__all__] + [f"ringtree.torch.{n}" for n in torch_part.__all__]
+    missing = [name for name in public if name not in entries]
+    assert not missing, f"public names without an entry on the API page: {missing}"
