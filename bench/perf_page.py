@@ -123,6 +123,18 @@ def ratio(libs: dict):
     return best[1] / libs["ringtree"][1]
 
 
+def small_call_range(run: dict, ranks: str, largest: int = 512) -> str:
+    """ringtree's median times over every collective at sizes 1..`largest` bytes on `ranks`
+    ("P2"), as "lo-hi" microseconds: the figure the README quotes for small calls."""
+    got = [
+        libs["ringtree"][1]
+        for rows in run["cells"][ranks].values()
+        for size, libs in rows
+        if 0 < size <= largest and "ringtree" in libs
+    ]
+    return f"{min(got):.1f}-{max(got):.1f}"
+
+
 def ranks_of(run: dict) -> list:
     return sorted(run["cells"], key=lambda p: int(p[1:]))
 

@@ -1,0 +1,71 @@
+"""Statements of fact the README and the manual make, checked against the code and the measured
+summary they describe, so that a change to either shows up here rather than on the page."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import perf_page
+from markdown_examples import REPO
+
+
+def read(page: str) -> str:
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        return f.read()
+
+
+def flat(text: str) -> str:
+    """Prose with its line breaks folded, so a phrase can be found across them."""
+    return re.sub(r"\s+", " ", text)
+
+
+def test_the_small_call_figures_of_the_readme_are_the_measured_ones():
+    with open(os.path.join(REPO, "bench", "results", "summary.json")) as f:
+        run = json.load(f)["runs"][0]
+    p2, p4 = perf_page.small_call_range(run, "P2"), perf_page.small_call_range(run, "P4")
+    claim = f"small calls (up to 512 B) in {p2} us on two ranks and {p4} us on four ranks sharing two CPUs"
+    assert claim in flat(read("README.md")), f"the README should say: {claim}"
+    assert run["machine"]["cpus"] == 2
+
+
+# Rank 1's view under Slurm with a secret: the unique id it builds from the node list.
+_SLURM_PORT = """
+import os
+os.environ.update(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_STEP_ID="1234", SLURM_JOB_ID="7",
+                  SLURM_STEP_NODELIST="127.0.0.1", RINGTREE_SECRET="a long random secret")
+os.environ.pop("RINGTREE_PORT", None)
+from ringtree import _core, _launchers
+rank, size, token, source = _launchers.from_slurm()
+print(_core.UniqueId.parse(token).port)
+"""
+
+
+def test_the_slurm_port_default_is_what_every_page_says():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RINGTREE_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", _SLURM_PORT], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert int(done.stdout) == 29400 + 1234 % 1000
+    said = "29400 + the step id modulo 1000"
+    pages = ["docs/settings.md", "docs/launching.md", "docs/security.md"]
+    for page in pages:
+        text = flat(read(page))
+        assert said in text, f"{page} does not give RINGTREE_PORT's Slurm default as {said!r}"
+    # Outside Slurm, 0 (the default) is any free port: no page may give another number.
+    for page in [*pages, "docs/troubleshooting.md", "README.md"]:
+        for m in re.finditer(r"RINGTREE_PORT[^.|]*?default[^.|]*", flat(read(page))):
+            assert said in m.group(0) or "0" in m.group(0), f"{page}: {m.group(0)}"
+
+
+def test_the_readme_tells_a_mismatch_from_a_bad_argument():
+    text = flat(read("README.md"))
+    assert "leaves the communicator usable" in text
+    assert "`CollectiveMismatch` on every rank and abort the communicator" in text
+    # The example behind the sentence: a bad argument leaves the communicator usable, a mismatch
+    # aborts it (getting-started.md runs it on two ranks).
+    guide = read("docs/getting-started.md")
+    assert "# still usable" in guide and "assert comm.is_aborted" in guide
