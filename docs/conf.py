@@ -62,8 +62,48 @@ def _mock_subscripts(app, what, name, obj, options, signature, return_annotation
     return fix(signature), fix(return_annotation)
 
 
+def _unlinkable(env) -> set:
+    """(module, name) of the code viewcode would link back to nowhere: a module without Python
+    source (the compiled `_core`), and names documented under another module than the first one
+    viewcode met in the same file (it keeps one per file: `Bucketer` as `ringtree.Bucketer` makes
+    `ringtree.bucketing.assign_buckets` link to `ringtree.assign_buckets`)."""
+    documented = env.domains["py"].objects
+    gone = set()
+    for module, entry in getattr(env, "_viewcode_modules", {}).items():
+        if not entry:
+            gone.add((module, None))
+            continue
+        code, tags, used, refname = entry
+        gone |= {(module, n) for n in used if f"{refname}.{n}" not in documented}
+    return gone
+
+
+def _viewcode_links_that_exist(app):
+    """Before viewcode writes its pages: no index entry and no back-link that leads nowhere."""
+    modules = getattr(app.env, "_viewcode_modules", {})
+    for module, name in _unlinkable(app.env):
+        if name is None:
+            del modules[module]
+        else:
+            del modules[module][2][name]
+    return []
+
+
+def _source_links_that_exist(app, doctree, docname):
+    """The [source] links to code whose page or anchor viewcode will not write."""
+    from docutils import nodes
+
+    gone = {f"{m.replace('.', '/')}.html#{n}" for m, n in _unlinkable(app.env) if n}
+    for ref in list(doctree.findall(nodes.reference)):
+        uri = ref.get("refuri", "")
+        if "_modules/" in uri and uri.split("_modules/", 1)[1] in gone:
+            ref.parent.remove(ref)
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _mock_subscripts)
+    app.connect("html-collect-pages", _viewcode_links_that_exist, priority=400)
+    app.connect("doctree-resolved", _source_links_that_exist)
 
 
 html_theme = "furo"

@@ -72,3 +72,23 @@ def test_the_manual_builds_without_a_warning_and_without_torch(tmp_path):
     public = [f"ringtree.{n}" for n in ringtree.__all__] + [f"ringtree.torch.{n}" for n in torch_part.__all__]
     missing = [name for name in public if name not in entries]
     assert not missing, f"public names without an entry on the API page: {missing}"
+    broken = broken_links(out)
+    assert not broken, f"links to pages or anchors that do not exist: {broken[:20]}"
+
+
+def broken_links(site) -> list:
+    """(page, href) of every link within the built site whose page or anchor is missing."""
+    ids, links = {}, []
+    for path in site.rglob("*.html"):
+        text = path.read_text(errors="replace")
+        ids[path.resolve()] = set(re.findall(r'\bid="([^"]+)"', text))
+        links += [(path, href) for href in re.findall(r'href="([^"]+)"', text)]
+    broken = []
+    for page, href in links:
+        if re.match(r"[a-z]+:", href) or not (href.split("#")[0].endswith(".html") or href.startswith("#")):
+            continue  # another site, or a file that is not a page (sources, images)
+        target, _, anchor = href.partition("#")
+        dest = (page.parent / target).resolve() if target else page.resolve()
+        if dest not in ids or (anchor and anchor not in ids[dest]):
+            broken.append((str(page.relative_to(site)), href))
+    return broken
