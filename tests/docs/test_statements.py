@@ -69,3 +69,21 @@ def test_the_readme_tells_a_mismatch_from_a_bad_argument():
     # aborts it (getting-started.md runs it on two ranks).
     guide = read("docs/getting-started.md")
     assert "# still usable" in guide and "assert comm.is_aborted" in guide
+
+
+def _bytes(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    m = re.fullmatch(r"(\d+)([KMG]?)", text)
+    return int(m.group(1)) * units[m.group(2)]
+
+
+def test_the_readme_bench_sweeps_reach_their_largest_size():
+    """-b B -e E -f F runs B, B*F, ... up to E: E must be one of those steps, or the sweep stops
+    short of the size the command names (nccl-tests' rule)."""
+    commands = re.findall(r"-b (\S+) -e (\S+) -f (\d+)", read("README.md"))
+    assert len(commands) >= 2
+    for b, e, f in commands:
+        size, largest = _bytes(b), _bytes(e)
+        while size < largest:
+            size *= int(f)
+        assert size == largest, f"-b {b} -e {e} -f {f} stops below {e}"
