@@ -57,8 +57,16 @@ add_module_names = False
 _MOCK_SUBSCRIPT = re.compile(r"(torch(?:\.\w+)*\.Future)\.(torch(?:\.\w+)+)")
 
 
-def _mock_subscripts(app, what, name, obj, options, signature, return_annotation):
-    fix = lambda text: _MOCK_SUBSCRIPT.sub(r"\1[\2]", text) if text else text
+# The compiled module's classes are public under `ringtree` (ringtree.UniqueId, not
+# ringtree._core.UniqueId).
+_CORE = re.compile(r"\bringtree\._core\.")
+
+
+def _clean_signatures(app, what, name, obj, options, signature, return_annotation):
+    fix = lambda text: _CORE.sub("ringtree.", _MOCK_SUBSCRIPT.sub(r"\1[\2]", text)) if text else text
+    if signature == "(*args, **kwargs)" and name.endswith(".__init__"):
+        # pybind11's placeholder for a class built by its factories: no constructor to show.
+        return "", None
     return fix(signature), fix(return_annotation)
 
 
@@ -101,10 +109,13 @@ def _source_links_that_exist(app, doctree, docname):
 
 
 def setup(app):
-    app.connect("autodoc-process-signature", _mock_subscripts)
+    app.connect("autodoc-process-signature", _clean_signatures)
     app.connect("html-collect-pages", _viewcode_links_that_exist, priority=400)
     app.connect("doctree-resolved", _source_links_that_exist)
 
+
+# Docstrings and pages quote code as typed (algo="auto"); curly quotes would change it.
+smartquotes = False
 
 html_theme = "furo"
 html_title = f"ringtree {release}"

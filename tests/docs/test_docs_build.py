@@ -4,6 +4,7 @@ its generated pages match what their generators make now."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -72,6 +73,10 @@ def test_the_manual_builds_without_a_warning_and_without_torch(tmp_path):
     public = [f"ringtree.{n}" for n in ringtree.__all__] + [f"ringtree.torch.{n}" for n in torch_part.__all__]
     missing = [name for name in public if name not in entries]
     assert not missing, f"public names without an entry on the API page: {missing}"
+    # Signatures as a user types them: public names, no pybind11 placeholders, straight quotes.
+    text = html.unescape(re.sub(r"<[^>]+>", "", (out / "api.html").read_text()))
+    for leak in ("ringtree._core.", "*args, **kwargs", "\u201c", "\u201d", "\u2018", "\u2019"):
+        assert leak not in text, f"the API page shows {leak!r}"
     broken = broken_links(out)
     assert not broken, f"links to pages or anchors that do not exist: {broken[:20]}"
 
