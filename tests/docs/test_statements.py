@@ -87,3 +87,14 @@ def test_the_readme_bench_sweeps_reach_their_largest_size():
         while size < largest:
             size *= int(f)
         assert size == largest, f"-b {b} -e {e} -f {f} stops below {e}"
+
+
+def test_prose_links_to_settings_name_declared_settings():
+    from markdown_examples import markdown_pages
+
+    import ringtree._settings as settings
+
+    links = [(page, a) for page in markdown_pages() for a in re.findall(r"settings\.md#([a-z0-9_]+)", read(page))]
+    assert len({a for _, a in links}) >= 20, "the pages should link the settings they name"
+    for page, anchor in links:
+        assert anchor.upper() in settings.TABLE, f"{page} links to settings.md#{anchor}, which is no setting"
