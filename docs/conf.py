@@ -19,6 +19,7 @@ version = release
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown"}
@@ -41,6 +42,9 @@ nitpick_ignore_regex = [
 # multi-GB wheel): autodoc imports them against a stand-in torch. Always, so that a machine with
 # torch renders the same page.
 autodoc_mock_imports = ["torch"]
+
+# The API page's summary table links to the entries the page itself makes: no stub pages.
+autosummary_generate = False
 
 autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
 autodoc_typehints = "signature"
@@ -108,7 +112,34 @@ def _source_links_that_exist(app, doctree, docname):
             ref.parent.remove(ref)
 
 
+def _public_names() -> list:
+    """ringtree.__all__ and ringtree.torch.__all__ as they stand, read from the sources (so
+    without importing torch)."""
+    import ast
+    import os
+
+    names = [f"ringtree.{n}" for n in ringtree.__all__]
+    with open(os.path.join(os.path.dirname(ringtree.__file__), "torch", "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            names += [f"ringtree.torch.{n}" for n in ast.literal_eval(node.value)]
+    return names
+
+
+_SUMMARY_MARK = "<!-- public names: docs/conf.py puts the summary table of __all__ here -->"
+
+
+def _summary_table(app, docname, source):
+    """The API page's summary table, made from __all__ at build time so it never lags a new
+    public name."""
+    if docname == "api" and _SUMMARY_MARK in source[0]:
+        rows = "".join(f"   {name}\n" for name in _public_names())
+        source[0] = source[0].replace(_SUMMARY_MARK, f"```{{eval-rst}}\n.. autosummary::\n\n{rows}```")
+
+
 def setup(app):
+    app.connect("source-read", _summary_table)
     app.connect("autodoc-process-signature", _clean_signatures)
     app.connect("html-collect-pages", _viewcode_links_that_exist, priority=400)
     app.connect("doctree-resolved", _source_links_that_exist)

@@ -71,6 +71,8 @@ def test_the_manual_builds_without_a_warning_and_without_torch(tmp_path):
     torch_part = pytest.importorskip("ringtree.torch")
     entries = set(re.findall(r'<dt class="sig sig-object py" id="([^"]+)"', (out / "api.html").read_text()))
     public = [f"ringtree.{n}" for n in ringtree.__all__] + [f"ringtree.torch.{n}" for n in torch_part.__all__]
+    summary = (out / "api.html").read_text().split('class="autosummary', 1)[-1].split("</table>", 1)[0]
+    assert all(f'href="#{name}"' in summary for name in public), "the summary table misses names"
     missing = [name for name in public if name not in entries]
     assert not missing, f"public names without an entry on the API page: {missing}"
     # Signatures as a user types them: public names, no pybind11 placeholders, straight quotes.
@@ -97,3 +99,18 @@ def broken_links(site) -> list:
         if dest not in ids or (anchor and anchor not in ids[dest]):
             broken.append((str(page.relative_to(site)), href))
     return broken
+
+
+def test_the_api_summary_lists_every_public_name_once():
+    import ringtree
+
+    torch_part = pytest.importorskip("ringtree.torch")
+    sys.path.insert(0, os.path.join(REPO, "docs"))
+    try:
+        import conf
+    finally:
+        sys.path.pop(0)
+    public = [f"ringtree.{n}" for n in ringtree.__all__] + [f"ringtree.torch.{n}" for n in torch_part.__all__]
+    assert conf._public_names() == public
+    with open(os.path.join(REPO, "docs", "api.md")) as f:
+        assert conf._SUMMARY_MARK in f.read()
