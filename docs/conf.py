@@ -20,6 +20,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown"}
@@ -36,12 +37,18 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|os|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
     (r"py:.*", r"c10d::.*"),
+    # Types named in numpydoc sections: builtins, and "buffer" (any array the call accepts).
+    (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer)"),
 ]
 
 # The PyTorch parts are documented without torch installed (the docs extra does not pull a
 # multi-GB wheel): autodoc imports them against a stand-in torch. Always, so that a machine with
 # torch renders the same page.
 autodoc_mock_imports = ["torch"]
+
+# Docstrings use numpydoc sections (Parameters, Returns, Raises) only.
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
 
 # The API page's summary table links to the entries the page itself makes: no stub pages.
 autosummary_generate = False
