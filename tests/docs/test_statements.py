@@ -98,3 +98,34 @@ def test_prose_links_to_settings_name_declared_settings():
     assert len({a for _, a in links}) >= 20, "the pages should link the settings they name"
     for page, anchor in links:
         assert anchor.upper() in settings.TABLE, f"{page} links to settings.md#{anchor}, which is no setting"
+
+
+def _cell_count(cell: str, n: int, p: int, is_root: bool):
+    """A count the semantics table writes ("N", "N·P", "—", "x", "N·P, root only") as elements
+    for block size n on p ranks; "x" (the input itself) holds no buffer of its own."""
+    words = cell.split(",")
+    if "root only" in cell and not is_root:
+        return 0
+    first = words[0].split(" (")[0].strip()
+    return {"N": n, "N·P": n * p, "—": 0, "x": 0}[first]
+
+
+def test_the_semantics_table_is_the_cores_description():
+    import ringtree as rt
+
+    rows = re.findall(r"^\| `(\w+)\(.*?\| (.*?) \| (.*?) \| .*\|$", read("docs/concepts.md"), re.M)
+    checked = set()
+    for name, inp, out in rows:
+        if name in ("all_to_all_v", "send"):
+            continue  # counts given per call; point to point
+        info = rt.collective_info(name)
+        for is_root in (True, False):
+            want = (_cell_count(inp, 5, 3, is_root), _cell_count(out, 5, 3, is_root))
+            assert tuple(info.buffer_sizes(5, 3, is_root)) == want, (name, is_root)
+        checked.add(name)
+    assert checked >= {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"} | {
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+    }, checked
