@@ -103,6 +103,7 @@ def launched_result(script, ranks, job_timeout, worker_args, what):
         "ringtree.launch",
         "-n",
         str(ranks),
+        "--no-label",
         "--timeout",
         str(job_timeout),
         os.path.abspath(script),

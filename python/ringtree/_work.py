@@ -14,15 +14,49 @@ class Work:
         self._work, self._keepalive, self._result = work, keepalive, result
 
     def wait(self, timeout: float | None = None):
+        """Wait for the collective and hand back its output.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait; None waits until the collective completes or fails (it is bounded
+            by the call's own timeout).
+
+        Returns
+        -------
+        buffer
+            The output buffer the call was given (the input, for an in-place call).
+
+        Raises
+        ------
+        Timeout
+            `timeout` passed first; the collective keeps running, so wait again.
+        Error
+            The collective's own error (CollectiveMismatch, PeerFailure, ...).
+        """
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise _core.Timeout(f"Work.wait: not completed within {timeout} s (the collective is still running)")
         self._keepalive = None
         return self._result
 
     def is_completed(self) -> bool:
+        """Whether the collective has finished, without waiting.
+
+        Returns
+        -------
+        bool
+            True once it completed or failed (wait() then returns or raises at once).
+        """
         return self._work.is_completed()
 
     def result(self):
+        """The output buffer, as wait() returns it, without waiting (read it after wait()).
+
+        Returns
+        -------
+        buffer
+            The output buffer the call was given.
+        """
         return self._result
 
 
@@ -51,6 +85,13 @@ class MessageWork:
         return self._buffer
 
     def is_completed(self) -> bool:
+        """Whether the message has completed (or failed), without waiting.
+
+        Returns
+        -------
+        bool
+            True once wait() would return or raise at once.
+        """
         return self._work.is_completed()
 
     def cancel(self) -> bool:
@@ -60,10 +101,12 @@ class MessageWork:
 
     @property
     def source(self) -> int:
+        """The rank the message came from (a receive from ANY_SOURCE learns it here)."""
         return self._work.status()[0]
 
     @property
     def tag(self) -> int:
+        """The message's tag (a receive with ANY_TAG learns it here)."""
         return self._work.status()[1]
 
     @property

@@ -65,14 +65,17 @@ class Communicator(Recording, Grouping):
 
     @property
     def rank(self) -> int:
+        """This process's rank in the communicator, 0 to size - 1."""
         return self._core.rank
 
     @property
     def size(self) -> int:
+        """The number of ranks."""
         return self._core.size
 
     @property
     def timeout(self) -> float:
+        """Seconds that bound each call unless the call gives its own `timeout=`."""
         return self._core.default_timeout
 
     def __repr__(self):
@@ -468,6 +471,8 @@ class Communicator(Recording, Grouping):
 
     @property
     def is_aborted(self) -> bool:
+        """Whether the communicator was aborted (by a mismatch, a timeout, a peer's failure or
+        abort()); later calls then raise Aborted."""
         return self._core.is_aborted
 
 

@@ -37,7 +37,7 @@ needs_ringtree = pytest.mark.skipif(
 
 
 def launch(nranks, args, timeout=120):
-    cmd = [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--timeout", "90", DRIVER] + args
+    cmd = [sys.executable, "-m", "ringtree.launch", "-n", str(nranks), "--no-label", "--timeout", "90", DRIVER] + args
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 

@@ -227,6 +227,7 @@ def test_rt_bench_background_load_is_gone_after_the_run():
         "ringtree.launch",
         "-n",
         "2",
+        "--no-label",
         "--timeout",
         "90",
         DRIVER,

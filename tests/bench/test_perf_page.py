@@ -81,17 +81,20 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
     # P=2 all_reduce 8 B: best peer Open MPI at 2.0 us over ringtree's 1.0 -> 2.00, bold; 1 MiB: Intel MPI
     # 250 / 200 (a peer only some cells have still counts where it runs).
     row_8 = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 8 B |"))
-    assert row_8 == "| 8 B | 1.00 | 2.00 (Open MPI) | **2.00** | 3.00 | 6.00 (MPICH) | **2.00** |"
+    # busbw (GB/s) = size / time x factor, all_reduce's 2(P-1)/P: 8 B / 1 us x 1 = 0.008;
+    # 8 B / 3 us x 1.5 = 0.004; 1 MiB / 200 us x 1 = 5.24; 1 MiB / 400 us x 1.5 = 3.93.
+    assert row_8 == "| 8 B | 1.00 | 0.008 | 2.00 (Open MPI) | **2.00** | 3.00 | 0.004 | 6.00 (MPICH) | **2.00** |"
     row_1m = next(line for line in lines[lines.index("## all_reduce") :] if line.startswith("| 1 MiB |"))
-    assert row_1m == "| 1 MiB | 200 | 250 (Intel MPI) | **1.25** | 400 | 800 (Open MPI) | **2.00** |"
+    assert row_1m == "| 1 MiB | 200 | 5.24 | 250 (Intel MPI) | **1.25** | 400 | 3.93 | 800 (Open MPI) | **2.00** |"
     # broadcast has no P=4 cells; at 1 MiB MPICH is faster: 80 / 100 = 0.80, not bold.
     row_b = next(line for line in lines[lines.index("## broadcast") :] if line.startswith("| 1 MiB |"))
-    assert row_b == "| 1 MiB | 100 | 80.0 (MPICH) | 0.80 |"
+    assert row_b == "| 1 MiB | 100 | 10.5 | 80.0 (MPICH) | 0.80 |"  # broadcast's factor is 1
     # Overview: broadcast at P=2, small sizes 1.0/2.0 = 0.50 (0 of 1 at or above 1), large 0.80.
     assert "| 2 | broadcast | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) | 0.50-0.50 (0/1) | 0.80-0.80 (0/1) |" in lines
     assert "- Machine: Test CPU, 2 logical CPUs, 24 GiB, 1 NUMA node(s), Linux 6.1." in lines
     peers = next(line for line in lines if line.startswith("- Peers: "))
     assert all(f"{name}: " in peers for name in ("MPICH", "Open MPI", "Intel MPI", "Gloo")), peers
+    assert any(line.startswith("- Ranks: 2 and 4 on this one machine's 2 logical CPUs; at P=4 ") for line in lines)
     assert "![ringtree over the best peer, P4](_static/performance/ratio-P4.png)" in lines
 
 

@@ -4,6 +4,7 @@ Every fenced ```python block of README.md and docs/*.md is an example, and every
 runs. An HTML comment on the line before a block (invisible on the rendered page) says how:
 
     <!-- example: ranks=2 -->          under `python -m ringtree.launch -n 2` (hosts=H adds --hosts H)
+    <!-- example: ranks=2 alone -->    that, and also as a one-process program (a world of one)
     <!-- example: continue -->         appended to the page's previous example: one program told in parts
     <!-- example: skip: REASON -->     not run; the reason is printed by the test
     (no comment)                       run once as a one-process program
@@ -31,6 +32,7 @@ class Example:
     hosts: int = 1
     timeout: float = 60.0
     skip: str | None = None
+    alone: bool = False  # also run as a one-process program
     parts: list = field(default_factory=list)  # lines of every block joined into it
 
     @property
@@ -58,9 +60,12 @@ def _options(body: str, where: str) -> dict:
         return {"continue": True}
     options = {}
     for word in body.split():
+        if word == "alone":
+            options["alone"] = True
+            continue
         key, sep, value = word.partition("=")
         if not sep or key not in ("ranks", "hosts", "timeout"):
-            raise ValueError(f"{where}: unknown example option {word!r} (ranks=N, hosts=H, timeout=S)")
+            raise ValueError(f"{where}: unknown example option {word!r} (ranks=N, hosts=H, timeout=S, alone)")
         options[key] = float(value) if key == "timeout" else int(value)
     return options
 

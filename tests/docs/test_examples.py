@@ -18,19 +18,23 @@ def test_the_readme_and_the_manual_have_examples():
     assert "README.md" in pages and any(p.startswith("docs/") for p in pages), pages
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
-def test_example_runs(example, tmp_path):
+# Each example at its rank count, and those marked `alone` once more as a one-process program.
+RUNS = [(e, e.ranks) for e in EXAMPLES] + [(e, 1) for e in EXAMPLES if e.alone]
+
+
+@pytest.mark.parametrize(("example", "ranks"), RUNS, ids=[e.id + ("" if n == e.ranks else ":alone") for e, n in RUNS])
+def test_example_runs(example, ranks, tmp_path):
     if example.skip:
         pytest.skip(example.skip)
     script = tmp_path / "example.py"
     script.write_text(example.code)
-    if example.ranks > 1 or example.hosts > 1:
+    if ranks > 1 or example.hosts > 1:
         command = [
             sys.executable,
             "-m",
             "ringtree.launch",
             "-n",
-            str(example.ranks),
+            str(ranks),
             "--hosts",
             str(example.hosts),
             "--timeout",
@@ -55,7 +59,7 @@ def test_markers_are_read_as_documented():
             "```python",
             "print(1)",
             "```",
-            "<!-- example: ranks=3 hosts=2 timeout=5 -->",
+            "<!-- example: ranks=3 hosts=2 timeout=5 alone -->",
             "```python",
             "a = 1",
             "```",
@@ -77,6 +81,7 @@ def test_markers_are_read_as_documented():
     assert (one.ranks, one.code) == (1, "print(1)\n")
     assert (two.ranks, two.hosts, two.timeout, two.code) == (3, 2, 5.0, "a = 1\n\nprint(a)\n")
     assert two.parts == [5, 10]
+    assert two.alone and not one.alone
     assert three.skip == "needs a GPU"
     with pytest.raises(ValueError, match="unknown example option"):
         examples_in("page.md", "<!-- example: rank=2 -->\n```python\npass\n```")

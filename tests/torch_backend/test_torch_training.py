@@ -229,7 +229,9 @@ def _run_example(launcher, extra=()):
 
 @pytest.mark.timeout(120)
 def test_example_runs_under_ringtree_launch():
-    _run_example([sys.executable, "-m", "ringtree.launch", "-n", "2", "--timeout", "90"], ["--hook", "int8"])
+    _run_example(
+        [sys.executable, "-m", "ringtree.launch", "-n", "2", "--no-label", "--timeout", "90"], ["--hook", "int8"]
+    )
 
 
 @pytest.mark.timeout(120)
