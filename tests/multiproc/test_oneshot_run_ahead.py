@@ -62,6 +62,40 @@ def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks):
     assert done[AHEAD] > last_first_call, (done[: AHEAD + 1], last_first_call)
 
 
+def late_messages_between_oneshot_calls(rounds):
+    """Each round: two one-shot collectives, then rank k % P sends to its right neighbour after a
+    pause, so the receiver waits in its recv while the sender's one-shot slots hold collectives
+    numbered like the recv's message. Returns every value received that was wrong."""
+    comm = rt.init(timeout=30)
+    r, P = comm.rank, comm.size
+    wrong = []
+    for k in range(rounds):
+        x = np.full(5, r + k, np.int64)
+        comm.all_reduce(x, algo="oneshot")
+        g = comm.all_gather(np.full(2, r * k, np.int64), np.zeros(2 * P, np.int64), algo="oneshot")
+        if x.tolist() != [sum(q + k for q in range(P))] * 5 or g.tolist() != np.repeat(np.arange(P) * k, 2).tolist():
+            wrong.append(f"collectives in round {k}")
+        sender = k % P
+        if r == sender:
+            time.sleep(0.15)  # long enough for the receiver to stop spinning and block
+            comm.send(np.full(3, 100 * k + r, np.int64), (r + 1) % P)
+        elif r == (sender + 1) % P:
+            got = comm.recv(np.zeros(3, np.int64), sender)
+            if got.tolist() != [100 * k + sender] * 3:
+                wrong.append(f"message in round {k}: {got.tolist()}")
+    comm.close()
+    return wrong
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_receive_waiting_beside_oneshot_calls_is_no_mismatch(nranks):
+    """A blocked receive looks for a peer in a one-shot call for its own call; a point-to-point
+    call's number counts messages with one peer, so it must not match the peer's collectives."""
+    for rank, wrong in enumerate(run_world(nranks, late_messages_between_oneshot_calls, {"rounds": 12}).check_ok()):
+        assert wrong == [], (rank, wrong)
+
+
 def root_alone(fate):
     """Rank 0 broadcasts on its own; rank 1 never calls: it sleeps (fate 'stalls') or dies
     ('dies', after rank 0 has run ahead)."""

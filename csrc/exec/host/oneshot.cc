@@ -214,7 +214,10 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
 }
 
 void HostExecutor::check_oneshot_mismatch() const {
-  if (!oneshot_usable_ || !current_) return;
+  // A point-to-point call's seq counts its messages with one peer, not collectives: a peer's
+  // one-shot slot with the same number is an unrelated collective, never this call.
+  const auto p2p = static_cast<uint8_t>(Collective::Send);
+  if (!oneshot_usable_ || !current_ || current_fp_.coll == p2p) return;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     for (int slot_index = 0; slot_index < kOneShotSlots; ++slot_index) {
@@ -224,8 +227,7 @@ void HostExecutor::check_oneshot_mismatch() const {
       const MsgHeader h = slot->fp;
       std::atomic_thread_fence(std::memory_order_acquire);
       if (slot->gen.load(std::memory_order_relaxed) != before) continue;  // being rewritten
-      if (h.seq == current_fp_.seq && h.coll != static_cast<uint8_t>(Collective::Send))
-        check_header(h, current_fp_, h.payload_bytes, q);
+      if (h.seq == current_fp_.seq) check_header(h, current_fp_, h.payload_bytes, q);
     }
   }
 }
