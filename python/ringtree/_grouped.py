@@ -111,14 +111,26 @@ class Group:
     the group at each start().
     """
 
-    __slots__ = ("_comm", "_async", "_persistent", "work", "request")
+    __slots__ = ("_comm", "_async", "_persistent", "_work", "_request")
 
     def __init__(self, comm, async_op: bool, persistent: bool):
         if async_op and persistent:
             raise _core.InvalidArgument("group: a persistent group is started later; pass async_op to its start()")
         self._comm, self._async, self._persistent = comm, bool(async_op), bool(persistent)
-        self.work = None
-        self.request = None
+        self._work = None
+        self._request = None
+
+    @property
+    def work(self):
+        """The group's Work after an ``async_op=True`` block (None before the block ends, and for
+        a blocking or persistent group)."""
+        return self._work
+
+    @property
+    def request(self):
+        """The group's Request after a ``persistent=True`` block: ``start()`` runs the group again
+        on the same buffers (None otherwise)."""
+        return self._request
 
     def __enter__(self):
         self._comm.group_start()
@@ -129,9 +141,9 @@ class Group:
             self._comm._group_discard()
             return False
         if self._persistent:
-            self.request = self._comm._group_end_persistent()
+            self._request = self._comm._group_end_persistent()
         else:
-            self.work = self._comm.group_end(async_op=self._async)
+            self._work = self._comm.group_end(async_op=self._async)
         return False
 
     def wait(self, timeout: float | None = None):

@@ -36,7 +36,7 @@ def test_the_small_call_figures_of_the_readme_are_the_measured_ones():
 _SLURM_PORT = """
 import os
 os.environ.update(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_STEP_ID="1234", SLURM_JOB_ID="7",
-                  SLURM_STEP_NODELIST="127.0.0.1", RINGTREE_SECRET="a long random secret")
+                  SLURM_STEP_NODELIST="127.0.0.1", RINGTREE_SECRET="9f3c1a7e5b2d8046c1e9a3f7b5d2086e")
 os.environ.pop("RINGTREE_PORT", None)
 from ringtree import _core, _launchers
 rank, size, token, source = _launchers.from_slurm()

@@ -205,9 +205,9 @@ def device_arguments_without_a_device():
         expect("strided", lambda: comm.all_reduce(FakeCudaArray(4, strides=(8,))), "InvalidArgument", ["C-contiguous"])
         expect(
             "dtype",
-            lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c8")),
+            lambda: comm.all_reduce(FakeCudaArray(4, typestr="<c32")),
             "InvalidArgument",
-            ["unsupported dtype <c8"],
+            ["unsupported dtype <c32"],
         )
     x = np.arange(10, dtype=np.int64) + r
     comm.all_reduce(x)

@@ -27,7 +27,7 @@ def invalid_arguments():
     ro = np.zeros(8, np.float32)
     ro.flags.writeable = False
     cases = [
-        ("dtype", lambda: comm.all_reduce(np.zeros(4, np.complex64)), "unsupported dtype complex64"),
+        ("dtype", lambda: comm.all_reduce(np.zeros(4, np.clongdouble)), "unsupported dtype complex256"),
         ("op", lambda: comm.all_reduce(f32, op="xor"), "unsupported reduce op 'xor'"),
         ("count", lambda: comm.all_reduce(f32, np.zeros(7, np.float32)), "expected 8, got 7"),
         ("dtype pair", lambda: comm.all_reduce(f32, np.zeros(8, np.float64)), "float32 vs float64"),

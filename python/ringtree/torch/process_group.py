@@ -283,6 +283,9 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return issue
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """All-reduce each tensor of ``tensors`` in place, as one ringtree group (one check, small
+        tensors fused into one call); what ``dist.all_reduce_coalesced`` and the coalescing
+        manager call. Returns one Work for the whole list."""
         tensors = tensor_list(tensors, "allreduce_coalesced")
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
@@ -431,6 +434,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     _allgather_base = all_gather_single  # the name torch used before 2.12
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """All-gather each ``inputs[i]`` into ``outputs[i]`` (P times its size), as one ringtree
+        group; torch's ``allgather_into_tensor_coalesced``. Returns one Work for the whole list."""
         timeout = self._call_timeout(opts)
         pairs = [self._gather_single(o, i, "all_gather_single_coalesced") for o, i in zip(outputs, inputs)]
 
@@ -507,6 +512,8 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """Reduce-scatter each ``inputs[i]`` (P times the output's size) into ``outputs[i]``, as
+        one ringtree group; torch's ``reduce_scatter_tensor_coalesced``. Returns one Work."""
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
