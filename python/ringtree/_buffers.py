@@ -236,3 +236,37 @@ def host_bytes(x, name: str):
         raise _invalid(f"{name}: array must be C-contiguous (got strides {arr.strides} for shape {arr.shape})")
     ptr, readonly = arr.__array_interface__["data"]
     return ptr, arr.nbytes, bool(readonly), arr
+
+
+def call_buffers(x, out, label: str):
+    """A call's input and output buffers (None where absent), checked against each other before
+    any traffic: one dtype, and both in host memory or both in CUDA memory. label names the call."""
+    inb = None if x is None else buffer_info(x, f"{label}: input")
+    outb = None if out is None else buffer_info(out, f"{label}: output")
+    if inb and outb and inb.dtype != outb.dtype:
+        raise _core.InvalidArgument(
+            f"{label}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}"
+        )
+    if inb and outb and inb.device != outb.device:
+        raise _core.InvalidArgument(
+            f"{label}: the input is in {DEVICE_NAMES[inb.device]} memory but the output "
+            f"in {DEVICE_NAMES[outb.device]} memory; give both on one side"
+        )
+    return inb, outb
+
+
+def call_fields(inb, outb) -> tuple:
+    """The dtype and the eight buffer arguments (present, pointer, count, read-only for the input,
+    then the output) that the core's run, persistent and device run entries take, in that order."""
+    some = inb or outb
+    return (
+        some.dtype if some else 0,
+        inb is not None,
+        inb.ptr if inb else 0,
+        inb.count if inb else 0,
+        inb.readonly if inb else False,
+        outb is not None,
+        outb.ptr if outb else 0,
+        outb.count if outb else 0,
+        outb.readonly if outb else False,
+    )

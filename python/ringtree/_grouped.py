@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import _core
 from ._args import COLL_CODES, algo_code
-from ._buffers import buffer_info
+from ._buffers import call_buffers, call_fields
 from ._work import Work
 from .ops import resolve_op
 
@@ -294,28 +294,15 @@ class Grouping:
     # --- persistent calls ---------------------------------------------------------------
 
     def _init(self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False):
-        inb = None if x is None else buffer_info(x, f"{coll}_init: input")
-        outb = None if out is None else buffer_info(out, f"{coll}_init: output")
+        inb, outb = call_buffers(x, out, f"{coll}_init")
         if (inb and inb.device) or (outb and outb.device):
             raise _device_refused(f"{coll}_init")
-        if inb and outb and inb.dtype != outb.dtype:
-            raise _core.InvalidArgument(
-                f"{coll}_init: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}"
-            )
         if timeout is not None and not float(timeout) > 0:
             raise _core.InvalidArgument(f"{coll}_init: timeout must be positive, got {timeout}")
         op_code, factor = resolve_op(op)
         req = self._core.persistent(
             COLL_CODES[coll],
-            (inb or outb).dtype if (inb or outb) else 0,
-            inb is not None,
-            inb.ptr if inb else 0,
-            inb.count if inb else 0,
-            inb.readonly if inb else False,
-            outb is not None,
-            outb.ptr if outb else 0,
-            outb.count if outb else 0,
-            outb.readonly if outb else False,
+            *call_fields(inb, outb),
             op_code,
             factor,
             int(root),

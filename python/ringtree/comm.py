@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _child_ids, _core, _settings, elastic, timeline
 from ._args import ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg, user_tag
-from ._buffers import DEVICE_NAMES, buffer_info, host_bytes, torch_host_view
+from ._buffers import call_buffers, call_fields, host_bytes, torch_host_view
 from ._choice import core_hook
 from ._grouped import Grouping, Request
 from ._nccl import wheel_library
@@ -191,20 +191,7 @@ class Communicator(Recording, Grouping):
         deterministic=False,
     ):
         keep = []
-        has_in = x is not None
-        has_out = out is not None
-        inb = buffer_info(x, f"{coll}: input") if has_in else None
-        outb = buffer_info(out, f"{coll}: output") if has_out else None
-        if inb and outb and inb.dtype != outb.dtype:
-            raise _core.InvalidArgument(
-                f"{coll}: input and output dtypes differ: {_core.DTYPES[inb.dtype]} vs {_core.DTYPES[outb.dtype]}"
-            )
-        if inb and outb and inb.device != outb.device:
-            raise _core.InvalidArgument(
-                f"{coll}: the input is in {DEVICE_NAMES[inb.device]} memory but the output "
-                f"in {DEVICE_NAMES[outb.device]} memory; give both on one side"
-            )
-        dtype = (inb or outb).dtype if (inb or outb) else 0
+        inb, outb = call_buffers(x, out, coll)
         op_code, factor = resolve_op(op)
         if inb:
             keep.append(inb.keepalive)
@@ -225,15 +212,7 @@ class Communicator(Recording, Grouping):
                 raise _core.InvalidArgument(f"{coll}: a group runs host buffers only; issue CUDA calls outside it")
             work = self._cuda_comm().run(
                 COLL_CODES[coll],
-                dtype,
-                has_in,
-                inb.ptr if inb else 0,
-                inb.count if inb else 0,
-                inb.readonly if inb else False,
-                has_out,
-                outb.ptr if outb else 0,
-                outb.count if outb else 0,
-                outb.readonly if outb else False,
+                *call_fields(inb, outb),
                 op_code,
                 factor,
                 int(root),
@@ -253,15 +232,7 @@ class Communicator(Recording, Grouping):
             self._grouping.append(keep)
         work = self._core.run(
             COLL_CODES[coll],
-            dtype,
-            has_in,
-            inb.ptr if inb else 0,
-            inb.count if inb else 0,
-            inb.readonly if inb else False,
-            has_out,
-            outb.ptr if outb else 0,
-            outb.count if outb else 0,
-            outb.readonly if outb else False,
+            *call_fields(inb, outb),
             op_code,
             factor,
             int(root),
