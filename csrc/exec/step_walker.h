@@ -61,13 +61,8 @@
 #include <cstddef>
 #include <cstdint>
 #include "algorithms/schedule.h"
+#include "common/host_device.h"
 #include "transport/mailbox_lane.h"
-
-#if defined(__CUDACC__)
-#define RT_HOST_DEVICE __host__ __device__
-#else
-#define RT_HOST_DEVICE
-#endif
 
 namespace ringtree {
 

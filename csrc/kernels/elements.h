@@ -15,12 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-
-#if defined(__CUDACC__)
-#define RT_HOST_DEVICE __host__ __device__
-#else
-#define RT_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace ringtree {
 namespace elements {
@@ -126,6 +121,34 @@ template <typename R>
 RT_HOST_DEVICE inline Complex<R> scaled(Complex<R> a, R factor) {
   return {mul_rn(a.re, factor), mul_rn(a.im, factor)};
 }
+
+// The unsigned type an integer sum or product is computed in, so that it wraps (two's
+// complement, as NCCL's does) without undefined behaviour. 16-bit types take 32 bits: their
+// product would otherwise be promoted to (signed) int and could overflow.
+template <typename T>
+struct Wrapping {
+  using type = T;
+};
+template <>
+struct Wrapping<int8_t> {
+  using type = uint8_t;
+};
+template <>
+struct Wrapping<int16_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wrapping<uint16_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wrapping<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wrapping<int64_t> {
+  using type = uint64_t;
+};
 
 }  // namespace elements
 }  // namespace ringtree

@@ -145,38 +145,12 @@ struct OpBitXor {
   }
 };
 
-template <typename T>
-struct Unsigned {
-  using type = T;
-};
-template <>
-struct Unsigned<int8_t> {
-  using type = uint8_t;
-};
-// 16-bit products would be promoted to (signed) int and could overflow: take 32 bits.
-template <>
-struct Unsigned<int16_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<uint16_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<int32_t> {
-  using type = uint32_t;
-};
-template <>
-struct Unsigned<int64_t> {
-  using type = uint64_t;
-};
-
 // dst = a (op) b for one element.
 template <typename T, typename Op>
 struct Combine {
   __device__ T operator()(T a, T b) const {
     if constexpr (std::is_integral_v<T> && Op::kWraps) {
-      using U = typename Unsigned<T>::type;
+      using U = typename elements::Wrapping<T>::type;
       return static_cast<T>(Op::apply(static_cast<U>(a), static_cast<U>(b)));
     } else {
       return Arith<T>::down(Op::apply(Arith<T>::up(a), Arith<T>::up(b)));

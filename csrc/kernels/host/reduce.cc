@@ -111,40 +111,13 @@ struct OpBitXor {
   }
 };
 
-// Integer sums and products wrap (two's complement), as in NCCL; done in unsigned to avoid UB.
-// 16-bit types take 32 bits: a uint16_t product would be promoted to (signed) int and overflow.
-template <typename T>
-struct Wide {
-  using type = T;
-};
-template <>
-struct Wide<int8_t> {
-  using type = uint8_t;
-};
-template <>
-struct Wide<int16_t> {
-  using type = uint32_t;
-};
-template <>
-struct Wide<uint16_t> {
-  using type = uint32_t;
-};
-template <>
-struct Wide<int32_t> {
-  using type = uint32_t;
-};
-template <>
-struct Wide<int64_t> {
-  using type = uint64_t;
-};
-
 template <typename T, typename Op>
 void reduce_plain(void* dst, const void* a, const void* b, size_t n) {
   T* d = static_cast<T*>(dst);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
   if constexpr (std::is_integral_v<T> && (std::is_same_v<Op, OpSum> || std::is_same_v<Op, OpProd>)) {
-    using U = typename Wide<T>::type;
+    using U = typename elements::Wrapping<T>::type;
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(static_cast<U>(x[i]), static_cast<U>(y[i])));
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(Op::apply(x[i], y[i]));
