@@ -48,7 +48,8 @@ struct MachineCosts {
   int32_t cores = 1;           // cores available to this host's ranks
   int32_t local_ranks = 1;     // ranks on this host
   int32_t any_tcp = 0;         // some pair talks over TCP
-  int32_t measured = 0;        // 0: defaults, 1: measured now, 2: read from the cache file
+  int32_t measured = 0;        // 0: defaults, 1: measured now, 2: read from the cache file,
+                               // 3: measured now beside other work (not cached)
 };
 
 // What a collective's schedules do, counted over every rank's schedule. Amounts are in

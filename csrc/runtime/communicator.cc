@@ -231,7 +231,10 @@ CommStatus CommunicatorImpl::status() const {
   s.numa_nodes = exec_.numa_nodes();
   s.shm_stores = exec_.shm_stores();
   const MachineCosts& m = choice_.costs();
-  s.cost_source = m.measured == 1 ? "measured" : m.measured == 2 ? "cached" : "defaults";
+  s.cost_source = m.measured == 1   ? "measured"
+                  : m.measured == 2 ? "cached"
+                  : m.measured == 3 ? "measured (busy)"
+                                    : "defaults";
   s.machine = {{"call_us", m.call_s * 1e6},
                {"hop_us", m.hop_s * 1e6},
                {"switch_us", m.switch_s * 1e6},

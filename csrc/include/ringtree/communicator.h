@@ -177,7 +177,7 @@ struct CommStatus {
   std::string numa;                     // this rank's node and where its shared memory was placed
   std::vector<int> numa_nodes;          // each rank's node as seen from here (-1: not known here)
   std::string shm_stores;               // which stores each shared-memory writer uses, and why
-  std::string cost_source;              // where the cost model's figures came from: measured, cached, defaults
+  std::string cost_source;  // the cost model's figures: measured, cached, "measured (busy)" (not cached), defaults
   std::vector<std::pair<std::string, double>> machine;  // those figures (call_us, hop_us, ...)
   bool algo_hook = false;                               // a ChoiceHook makes auto's last decision
   uint64_t shared_cpu_waits = 0;      // waits that skipped spinning: a peer they needed was on this CPU
