@@ -167,3 +167,25 @@ def test_a_wrong_cell_is_caught():
 def test_the_committed_page_is_the_scripts():
     with open(os.path.join(REPO, "docs", "capabilities.md")) as f:
         assert f.read() == page.page(), "docs/capabilities.md is stale: python docs/capabilities_page.py"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    "hosts,algo,want",
+    [(1, "ring", "ok"), (1, "tree", "ok"), (1, "oneshot", "ok staged"), (3, None, "ok staged")],
+    ids=["ring", "tree", "oneshot", "across-hosts"],
+)
+def test_what_the_page_says_of_the_ipc_executor(hosts, algo, want):
+    # "takes the calls marked IPC kernel with algo ring, tree...; oneshot is staged", and
+    # "across hosts CUDA buffers take the staged path".
+    _, env, _, _ = WORLDS["ipc"]
+    args = dict(rows=["all_reduce", "broadcast"], device=True, algo=algo)
+    results = run_world(3, probe_column, args, hosts=hosts, env=env, timeout=180).check_ok()
+    for row in ("all_reduce", "broadcast"):
+        assert merged(results, row) == want, (row, results)
+    executors = {res["executor"] for res in results}
+    if hosts > 1:
+        assert all(e.startswith("staged:") for e in executors), executors
+        assert any("is on another host" in e for e in executors), executors  # the rank that saw why
+    else:
+        assert executors == {"ipc"}, executors
