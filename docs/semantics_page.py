@@ -216,7 +216,18 @@ def _origin(value: int) -> int:
     return (value - 1) // 10
 
 
-def _cells(values, x0: float, y: float, reduced: bool) -> list:
+def _blocks_of(pic: Picture, r: int, side: int) -> list:
+    """The block sizes of rank r's input (side 0) or output (side 1): a bold line between
+    blocks shows which rank each block belongs to."""
+    values = (pic.before, pic.after)[side][r]
+    if not values:
+        return []
+    if pic.send_counts:  # all_to_all_v: rank r's sends, or what each rank sends it
+        return list(pic.send_counts[r]) if side == 0 else [pic.send_counts[i][r] for i in range(P)]
+    return [N] * P if len(values) == N * P else [len(values)]
+
+
+def _cells(values, x0: float, y: float, reduced: bool, blocks=()) -> list:
     if values is None:
         return [f'<text x="{x0 + 4}" y="{y + 16}" class="none">no buffer</text>']
     if not values:
@@ -227,12 +238,18 @@ def _cells(values, x0: float, y: float, reduced: bool) -> list:
         x = x0 + k * CELL_W
         parts.append(f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" fill="{fill}" stroke="#555"/>')
         parts.append(f'<text x="{x + CELL_W / 2}" y="{y + 16}" class="v">{v}</text>')
+    at = 0
+    for n in list(blocks)[:-1]:
+        at += n
+        x = x0 + at * CELL_W
+        parts.append(f'<path d="M{x} {y - 3} v{CELL_H + 6}" stroke="#000" stroke-width="3"/>')
     return parts
 
 
 def svg(pic: Picture) -> str:
     """The picture as a standalone SVG: a row per rank, its buffer before the call on the left and
-    after it on the right; each value is coloured by the rank it started on (reductions grey)."""
+    after it on the right; each value is coloured by the rank it started on (reductions grey),
+    and bold lines part a buffer's per-rank blocks."""
     width_in = max([len(v) for v in pic.before if v] + [3]) * CELL_W
     width_out = max([len(v) for v in pic.after if v] + [3]) * CELL_W
     x_in = PAD + LABEL_W
@@ -251,12 +268,12 @@ def svg(pic: Picture) -> str:
         y = HEAD + r * (CELL_H + 8)
         label = f"rank {r}" + ("*" if r == ROOT and "root" in pic.call else "")
         parts.append(f'<text x="{PAD}" y="{y + 16}">{label}</text>')
-        parts += _cells(pic.before[r], x_in, y, False)
+        parts += _cells(pic.before[r], x_in, y, False, _blocks_of(pic, r, 0))
         mid = y + CELL_H / 2
         parts.append(
             f'<path d="M{x_in + width_in + 12} {mid} h{GAP - 24} l-6 -4 m6 4 l-6 4" stroke="#555" fill="none"/>'
         )
-        parts += _cells(pic.after[r], x_out, y, pic.reduced)
+        parts += _cells(pic.after[r], x_out, y, pic.reduced, _blocks_of(pic, r, 1))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -287,8 +304,9 @@ def page() -> str:
         f"Each picture shows {P} ranks' buffers before a call and after it, with a count of {N}.",
         "Rank r's input starts as `10 r + 1, 10 r + 2, ...`, so a value says where it came from,",
         "and its colour is that rank's; reduced values (sums here; any reduce op works the same",
-        'way) are grey. The root, where there is one, is rank 0 (marked `*`). "no buffer" means',
-        "the rank passes none (`None`, or nothing). The sizes are the ones",
+        "way) are grey. Bold lines part a buffer's blocks, block r being rank r's. The root, where",
+        'there is one, is rank 0 (marked `*`). "no buffer" means the rank passes none (`None`,',
+        "or nothing). The sizes are the ones",
         "`rt.collective_info(name).buffer_sizes(count, P)` reports",
         "({py:func}`ringtree.collective_info`), and the tests run every call on 3 ranks with these",
         "inputs and compare the outputs with the pictures.",
