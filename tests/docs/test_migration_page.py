@@ -136,6 +136,17 @@ def test_every_ringtree_name_on_the_page_exists_and_takes_what_is_shown():
     assert len(set(bound)) > 30, sorted(set(bound))
 
 
+def test_the_prose_names_only_what_exists():
+    # Outside the tables (whose other columns name other libraries' comm.Allreduce and such),
+    # every `rt.` and `comm.` in code font is ringtree's.
+    with open(PAGE) as f:
+        prose = [line for line in f.read().split("\n") if not line.startswith("|")]
+    named = [c for line in prose for c in spans(line) if c.startswith(("rt.", "comm."))]
+    assert "rt.CollectiveMismatch" in named, named
+    problems = [p for code in named for p in check_span(code)]
+    assert not problems, problems
+
+
 def test_the_ops_named_are_the_cores():
     ops = [c for _, row, cell in ringtree_cells() if row == "reduce ops" for c in spans(cell)]
     named = {c.removeprefix("op=").strip('"') for c in ops if c.startswith(("op=", '"'))}
