@@ -121,6 +121,11 @@ def run_row(comm, row, mem, algo):
         return mem.download(dout, out).tolist(), "sendrecv"
     x, out = _x("all_reduce", r), _zeros(N)
     dx, dout = mem.upload(x), mem.upload(out)
+    if row == "deterministic":  # a floating-point all_reduce in rank order (integers: any order)
+        x, out = x.astype(np.float32), out.astype(np.float32)
+        dx, dout = mem.upload(x), mem.upload(out)
+        comm.all_reduce(dx, dout, deterministic=True, **kw)
+        return [int(v) for v in mem.download(dout, out)], "all_reduce"
     if row == "grouped":
         with comm.group():
             comm.all_reduce(dx, dout, **kw)

@@ -189,3 +189,18 @@ def test_what_the_page_says_of_the_ipc_executor(hosts, algo, want):
         assert any("is on another host" in e for e in executors), executors  # the rank that saw why
     else:
         assert executors == {"ipc"}, executors
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("column,want", [("ipc", "ok"), ("staged", "ok staged"), ("nccl", "InvalidArgument")])
+def test_deterministic_mode_where_the_page_says(column, want):
+    # "Deterministic mode is refused by algo='nccl'"; the ipc kernel walks rank_order.
+    hosts, env, device, algo = WORLDS[column]
+    args = dict(rows=["deterministic"], device=device, algo=algo)
+    results = run_world(3, probe_column, args, hosts=hosts, env=env, timeout=180).check_ok()
+    outcome = merged(results, "deterministic")
+    if want == "InvalidArgument":
+        assert outcome.startswith("InvalidArgument:") and "deterministic" in outcome, outcome
+        assert "(aborted)" not in outcome, outcome
+    else:
+        assert outcome == want, outcome
