@@ -113,8 +113,8 @@ NCCL_OPS = {
     "float8_e5m2": _ARITH,
     **{d: _SUMS for d in COMPLEX},
 }
-# Dtypes that reach a path only as torch tensors: host ones are checked with torch CPU tensors
-# where torch is installed; CUDA ones need torch on a GPU, which the stand-in has not.
+# Dtypes numpy lacks: on the host they come as torch CPU tensors or ml_dtypes arrays (checked
+# with the latter); on CUDA as torch tensors only, which need torch on a GPU to check.
 TORCH_ONLY = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
@@ -144,8 +144,8 @@ def page() -> str:
         "Which call runs on which buffers, and how: host buffers (numpy arrays, torch CPU tensors)",
         "over shared memory within a host and TCP between hosts, and CUDA buffers (torch CUDA",
         "tensors, cupy and anything with `__cuda_array_interface__`) through the executors of the",
-        "[GPU page](gpu.md#executors). The tests run every cell of both tables (but the torch-only",
-        "dtypes on CUDA buffers, as said below) and fail when one stops being true; the last lines",
+        "[GPU page](gpu.md#executors). The tests run every cell of both tables (but bfloat16 and",
+        "float8 on CUDA buffers, as said below) and fail when one stops being true; the last lines",
         "say how far each column has been run.",
         "",
         "- **yes: IPC kernel**: each rank's schedule is walked by a kernel over CUDA IPC mailboxes.",
@@ -182,15 +182,20 @@ def page() -> str:
         "|---|---|---|",
     ]
     for dtype in INTEGERS + FLOATS + COMPLEX:
-        mark = " (torch tensors)" if dtype in TORCH_ONLY else ""
+        mark = " *" if dtype in TORCH_ONLY else ""
         lines.append(f"| `{dtype}`{mark} | {ops_text(HOST_OPS[dtype])} | {ops_text(NCCL_OPS[dtype])} |")
     lines += [
         "",
         "`avg` and `premul_sum` are sums with a scaling before or after, on every path; NCCL takes",
         "complex sums as pairs of reals, and reduces float8 from NCCL 2.24 on (an older NCCL refuses",
-        "the call, saying so). bfloat16 and float8 come as torch tensors only; the host column is",
-        "checked with torch CPU tensors where torch is installed, the CUDA columns for them need",
-        "torch on a GPU and are not checked here. A floating-point reduction in deterministic mode",
+        "the call, saying so).",
+        "",
+        "\\* numpy has no such dtype: on the host, pass torch CPU tensors or `ml_dtypes` arrays (the",
+        "tests use the latter); on CUDA, torch tensors only (an array offering",
+        "`__cuda_array_interface__` cannot say it holds bfloat16 or float8, and is refused with",
+        "`InvalidArgument`). Those CUDA cells need torch on a GPU and are not checked here.",
+        "",
+        "A floating-point reduction in deterministic mode",
         '(`deterministic=True`) is refused by `algo="nccl"`, which has no fixed reduction order;',
         "the IPC kernel and the staged path walk `rank_order`.",
         "",

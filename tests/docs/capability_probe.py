@@ -168,15 +168,18 @@ def probe_column(rows, device=False, algo=None) -> dict:
 REDUCED = {"sum": 6, "prod": 6, "min": 1, "max": 3, "avg": 2, "premul_sum": 12, "band": 0, "bor": 3, "bxor": 0}
 
 
-def _torch_host(dtype, value):
-    import torch
+def _numpy_dtype(name):
+    """numpy's dtype of that name; bfloat16 and float8 are ml_dtypes' (the test extra's)."""
+    if name in capabilities_page.TORCH_ONLY:
+        import ml_dtypes
 
-    return torch.full((4,), value, dtype=getattr(torch, dtype))
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
 
 
 def probe_reductions(dtypes, ops, device=False, algo=None) -> dict:
     """Rank body: all_reduce of every dtype with every op ("dtype op" -> outcome, as probe_column).
-    Dtypes numpy lacks (bfloat16, float8) go as torch CPU tensors, on the host only."""
+    Dtypes numpy lacks (bfloat16, float8) are ml_dtypes' numpy dtypes."""
     comm = rt.init()
     mem = Device() if device else Host()
     kw = {} if algo is None else {"algo": algo}
@@ -185,15 +188,11 @@ def probe_reductions(dtypes, ops, device=False, algo=None) -> dict:
         for op in ops:
             value = comm.rank + 1
             try:
-                if dtype in capabilities_page.TORCH_ONLY:
-                    x = _torch_host(dtype, value)
-                    comm.all_reduce(x, op=rt.premul_sum(2.0) if op == "premul_sum" else op, **kw)
-                    got = [float(v) for v in x.float().tolist()]
-                else:
-                    host = np.full(4, value, np.dtype(dtype))
-                    x = mem.upload(host)
-                    comm.all_reduce(x, op=rt.premul_sum(2.0) if op == "premul_sum" else op, **kw)
-                    got = [complex(v).real if np.iscomplexobj(host) else float(v) for v in mem.download(x, host)]
+                host = np.full(4, value, _numpy_dtype(dtype))
+                x = mem.upload(host)
+                comm.all_reduce(x, op=rt.premul_sum(2.0) if op == "premul_sum" else op, **kw)
+                back = mem.download(x, host)
+                got = [complex(v).real if np.iscomplexobj(host) else float(v) for v in back]
                 want = float(REDUCED[op])
                 found[f"{dtype} {op}"] = "ok" if got == [want] * 4 else f"wrong: {got} != {want}"
             except rt.Error as e:

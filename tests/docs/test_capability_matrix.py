@@ -6,7 +6,6 @@ must be what the script prints, so a cell that stops being true fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 import sys
@@ -106,10 +105,10 @@ def test_calls_the_page_says_take_no_algo_have_none():
                 assert has_algo == (cells["nccl"] != "staged-noalgo"), (name, method)
 
 
-def _dtypes(torch_too: bool) -> list:
+def _dtypes(numpy_lacks: bool) -> list:
     every = page.INTEGERS + page.FLOATS + page.COMPLEX
     assert sorted(every) == sorted(rt._core.DTYPES), "the page's dtypes are the core's"
-    return [d for d in every if torch_too or d not in page.TORCH_ONLY]
+    return [d for d in every if numpy_lacks or d not in page.TORCH_ONLY]
 
 
 def check_reductions(results, table, dtypes, nccl=False):
@@ -134,8 +133,7 @@ def check_reductions(results, table, dtypes, nccl=False):
 
 @pytest.mark.timeout(200)
 def test_every_dtype_and_op_on_the_host():
-    torch_too = importlib.util.find_spec("torch") is not None
-    dtypes = _dtypes(torch_too)
+    dtypes = _dtypes(True)
     args = dict(dtypes=dtypes, ops=list(page.OPS))
     results = run_world(3, probe_reductions, args, timeout=180).check_ok()
     check_reductions(results, page.HOST_OPS, dtypes)
@@ -204,3 +202,13 @@ def test_deterministic_mode_where_the_page_says(column, want):
         assert "(aborted)" not in outcome, outcome
     else:
         assert outcome == want, outcome
+
+
+@pytest.mark.timeout(200)
+def test_bfloat16_and_float8_cuda_arrays_are_refused_as_the_page_says():
+    _, env, _, _ = WORLDS["ipc"]
+    args = dict(dtypes=list(page.TORCH_ONLY), ops=["sum"], device=True)
+    results = run_world(2, probe_reductions, args, env=env, timeout=180).check_ok()
+    for dtype in page.TORCH_ONLY:
+        outcome = merged(results, f"{dtype} sum")
+        assert outcome.startswith("InvalidArgument:") and "use a torch tensor" in outcome, outcome
