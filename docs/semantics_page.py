@@ -260,6 +260,7 @@ def svg(pic: Picture) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="12">',
         "<style>.v{text-anchor:middle}.h{font-weight:bold}.none{fill:#888;font-style:italic}</style>",
+        '<rect width="100%" height="100%" fill="#fff"/>',  # readable on a dark theme too
         f"<title>{pic.name}: {pic.call}</title>",
         f'<text x="{x_in}" y="15" class="h">before: input</text>',
         f'<text x="{x_out}" y="15" class="h">after: output</text>',
