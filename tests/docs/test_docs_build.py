@@ -63,7 +63,7 @@ def test_the_manual_builds_without_a_warning_and_without_torch(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, f"sphinx-build failed:\n{done.stdout}\n{done.stderr}"
-    for page in ("index", "api", "settings", "performance"):
+    for page in ("index", "api", "settings", "performance", "capabilities", "semantics", "migrating"):
         assert (out / f"{page}.html").is_file(), page
     # Complete: every public name of the package and of its PyTorch part has its entry.
     import ringtree
