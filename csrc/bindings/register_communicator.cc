@@ -225,7 +225,9 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       return Py_NewRef(Py_NotImplemented);
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
     std::shared_ptr<Work> work;
-    {
+    if ((*comm)->in_group()) {
+      work = (*comm)->run(a, async_op);  // only collected: nothing blocks, so the GIL stays
+    } else {
       py::gil_scoped_release release;
       work = (*comm)->run(a, async_op);
     }
