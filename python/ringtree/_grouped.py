@@ -11,7 +11,7 @@ checked once and enqueued again at each start.
 from __future__ import annotations
 
 from . import _core
-from ._args import COLL_CODES, algo_code
+from ._args import COLL_CODES, algo_code, counts
 from ._buffers import call_buffers, call_fields
 from ._work import Work
 from .ops import resolve_op
@@ -416,7 +416,9 @@ class Grouping:
 
     # --- persistent calls ---------------------------------------------------------------
 
-    def _init(self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False):
+    def _init(
+        self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False, vc=None
+    ):
         inb, outb = call_buffers(x, out, f"{coll}_init")
         if timeout is not None and not float(timeout) > 0:
             raise _core.InvalidArgument(f"{coll}_init: timeout must be positive, got {timeout}")
@@ -425,6 +427,7 @@ class Grouping:
         fields = call_fields(inb, outb)
         # The core checks the call here either way (no traffic, and it reads no buffer); a call
         # on CUDA buffers then runs on the device path at each start, on the stream it has now.
+        send_counts, recv_counts = (counts(c, n) for c, n in zip(vc or ((), ()), ("send_counts", "recv_counts")))
         req = self._core.persistent(
             COLL_CODES[coll],
             *fields,
@@ -436,12 +439,14 @@ class Grouping:
             t,
             int(recv_peer),
             bool(det),
+            send_counts,
+            recv_counts,
         )
         some = inb or outb
         if some and some.device:
             head = (COLL_CODES[coll], *fields, op_code, factor, int(root), int(peer), int(recv_peer))
             head += (algo_code(algo), t, some.stream, False)
-            req = DeviceRequest(None, [DeviceCall(self._cuda_comm, head, [], [], bool(det))])
+            req = DeviceRequest(None, [DeviceCall(self._cuda_comm, head, send_counts, recv_counts, bool(det))])
         result = out if coll not in ("broadcast", "send", "barrier") else (x if coll == "broadcast" else None)
         return Request(req, (x, out), result)
 
@@ -521,6 +526,26 @@ class Grouping:
             As all_to_all would.
         """
         return self._init("all_to_all", x, out, algo=algo, timeout=timeout)
+
+    def all_to_all_v_init(self, x, out, send_counts, recv_counts, timeout=None) -> Request:
+        """A persistent all_to_all_v (see all_to_all_v and all_reduce_init): the counts are fixed
+        with the buffers.
+
+        Parameters
+        ----------
+        x, out, send_counts, recv_counts, timeout
+            As all_to_all_v takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As all_to_all_v would, now, before any traffic.
+        """
+        return self._init("all_to_all_v", x, out, timeout=timeout, vc=(send_counts, recv_counts))
 
     def broadcast_init(self, x, root=0, algo="auto", timeout=None) -> Request:
         """A persistent broadcast (see broadcast and all_reduce_init).

@@ -15,7 +15,8 @@ N = 5  # elements per rank's block
 
 
 def device_groups_and_requests(reuses):
-    """Persistent device calls started `reuses` times with new data, blocking and async; groups of
+    """Persistent device calls started `reuses` times with new data, blocking and async, and a
+    persistent all_to_all_v; groups of
     device calls (fused-size all_reduces, an all_gather, a send/recv exchange), a group mixing host
     and device calls, an async group, a persistent device group; the refusals. Returns what went
     wrong."""
@@ -74,6 +75,16 @@ def device_groups_and_requests(reuses):
         check(f"all_gather {k}", ag_out, np.repeat([q + 10 * k for q in range(P)], N))
         check(f"all_to_all {k}", a2a_out, np.concatenate([100 * q + ar[r * N : (r + 1) * N] + k for q in range(P)]))
         check(f"broadcast {k}", bc, np.full(N, 7 * k + 3))
+
+    # A persistent all_to_all_v with uneven counts: rank i sends i + j + 1 elements to rank j.
+    send_counts, recv_counts = [r + j + 1 for j in range(P)], [i + r + 1 for i in range(P)]
+    v_in, v_out = zeros(sum(send_counts)), zeros(sum(recv_counts))
+    v_req = comm.all_to_all_v_init(v_in, v_out, send_counts, recv_counts)
+    for k in range(3):
+        fill(v_in, np.concatenate([1000 * k + 100 * r + 10 * j + np.arange(c) for j, c in enumerate(send_counts)]))
+        v_req.start()
+        want = np.concatenate([1000 * k + 100 * i + 10 * r + np.arange(c) for i, c in enumerate(recv_counts)])
+        check(f"all_to_all_v {k}", v_out, want)
 
     # A group of device calls: small all_reduces, an all_gather, an exchange around the ring.
     grads = [arrays.upload(np.full(3, r + i, np.int64)) for i in range(8)]
