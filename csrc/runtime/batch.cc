@@ -38,8 +38,7 @@ bool fuse_together(const Prepared& a, const CollectiveArgs& b, double timeout_s)
 
 // A call as issued, for the group check: every field of its fingerprint but the sequence
 // number, with the algorithm as asked (auto resolves alike on every rank from these fields).
-Fingerprint issued_fingerprint(const CollectiveArgs& a, uint64_t count) {
-  const CollectiveTraits& t = collective_traits(a.coll);
+Fingerprint issued_fingerprint(const CollectiveArgs& a, const CollectiveTraits& t, uint64_t count, bool det_setting) {
   Fingerprint f;
   f.coll = a.coll;
   f.dtype = a.coll == Collective::Barrier ? DataType::Int8 : a.dtype;
@@ -47,7 +46,7 @@ Fingerprint issued_fingerprint(const CollectiveArgs& a, uint64_t count) {
   f.algo = a.algo;
   f.root = t.rooted ? a.root : -1;
   f.count = count;
-  f.deterministic = t.reduction && deterministic_mode(a);
+  f.deterministic = t.reduction && (a.deterministic || det_setting);
   return f;
 }
 
@@ -105,7 +104,10 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<Collective
   std::vector<Prepared> sends, recvs;
   std::vector<BatchItem>& items = b->items;
   b->issued.reserve(calls.size());
-  size_t fusing = SIZE_MAX;  // the fused item the last fusable call joined: the next most likely joins it too
+  // The fused item the last fusable call joined (the next most likely joins it too), its bytes.
+  size_t fusing = SIZE_MAX;
+  uint64_t fusing_bytes = 0;
+  const bool det_setting = deterministic_setting();
   for (size_t i = 0; i < calls.size(); ++i) {
     const CollectiveArgs& a = calls[i];
     ValidatedCall v;
@@ -124,27 +126,31 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<Collective
       p.timeout_s = timeout_s;
       continue;
     }
-    if (!collective_traits(c).point_to_point) {
-      b->issued.push_back(issued_fingerprint(a, v.count));
+    const CollectiveTraits& t = collective_traits(c);
+    if (!t.point_to_point) {
+      b->issued.push_back(issued_fingerprint(a, t, v.count, det_setting));
       hash = hash_issued(hash, b->issued.back());
     }
     const uint64_t bytes = v.count * dtype_size(a.dtype);
     if (fusable(a, bytes)) {
-      auto joins = [&](const BatchItem& it) {
-        return !it.members.empty() && fuse_together(it.call, a, timeout_s) &&
-               bytes_of(it.call) + bytes <= kFuseItemBytes;
+      auto joins = [&](const BatchItem& it, uint64_t it_bytes) {
+        return !it.members.empty() && fuse_together(it.call, a, timeout_s) && it_bytes + bytes <= kFuseItemBytes;
       };
-      if (fusing == SIZE_MAX || !joins(items[fusing])) {
-        auto into = std::find_if(items.begin(), items.end(), joins);
+      if (fusing == SIZE_MAX || !joins(items[fusing], fusing_bytes)) {
+        auto into =
+            std::find_if(items.begin(), items.end(), [&](const BatchItem& it) { return joins(it, bytes_of(it.call)); });
         fusing = into == items.end() ? SIZE_MAX : static_cast<size_t>(into - items.begin());
+        if (fusing != SIZE_MAX) fusing_bytes = bytes_of(into->call);
       }
       if (fusing != SIZE_MAX) {
         BatchItem& it = items[fusing];
-        it.members.push_back({v.input, v.output, bytes_of(it.call)});
+        it.members.push_back({v.input, v.output, fusing_bytes});
         it.call.validated.count += v.count;
+        fusing_bytes += bytes;
         continue;
       }
       fusing = items.size();
+      fusing_bytes = bytes;
       items.emplace_back();
       items.back().members.reserve(calls.size() - i);
       items.back().members.push_back({v.input, v.output, 0});
