@@ -150,7 +150,7 @@ class Communicator(Recording, Grouping):
         done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
-            vout = None if out is None else torch_host_view(out)
+            vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
             if (vin or vout) and (x is None or vin) and (out is None or vout):
                 done = self._fast(
                     code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
