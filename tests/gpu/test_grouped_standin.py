@@ -126,12 +126,17 @@ def device_groups_and_requests(reuses):
 
     # Refusals, before any traffic; the communicator stays usable.
     refused = {}
+    work = None
     try:
         with comm.group():
-            comm.all_reduce(dev)
+            work = comm.all_reduce(dev, async_op=True)
             comm.all_gather(ag_in, zeros(N * P + 1))  # wrong output size: refused at the call
     except rt.InvalidArgument as e:
         refused["bad argument"] = "all_gather" in str(e)
+    try:
+        work.wait()
+    except rt.Aborted as e:
+        refused["discarded work"] = "has not run" in str(e)
     try:
         with comm.group():
             comm.all_to_all_v(zeros(P), zeros(P), [1] * P, [1] * P)
@@ -152,4 +157,4 @@ def test_device_groups_and_persistent_calls_match_numpy(executor, nranks):
     world = run_world(nranks, device_groups_and_requests, {"reuses": 6}, timeout=260, env=executor_env(executor))
     for res in world.check_ok():
         assert res["wrong"] == [], res["wrong"][:5]
-        assert res["refused"] == {"bad argument": True, "all_to_all_v": True}, res
+        assert res["refused"] == {"bad argument": True, "discarded work": True, "all_to_all_v": True}, res
