@@ -28,23 +28,29 @@ class DeviceBuffers:
         self.torch = torch
         torch.cuda.set_device(rank % torch.cuda.device_count())
 
+    # ml_dtypes' types (bfloat16, float8) travel as their bit patterns; torch reads the rest directly.
+    _BITS = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
     def _raw(self, arr: np.ndarray) -> np.ndarray:
-        # bfloat16 (ml_dtypes) travels as its 16-bit pattern; torch reads the rest directly.
-        return arr.view(np.int16) if arr.dtype.name == "bfloat16" else arr
+        bits = self._BITS.get(arr.dtype.name)
+        return arr if bits is None else arr.view(bits)
+
+    def _bits(self, dev, host: np.ndarray):
+        """dev as the integer tensor _raw(host) matches."""
+        bits = self._BITS.get(host.dtype.name)
+        return dev if bits is None else dev.view(self.torch.int16 if bits is np.int16 else self.torch.uint8)
 
     def like(self, host: np.ndarray):
         """A device tensor with host's size and dtype."""
         t = self.torch.from_numpy(self._raw(host)).to("cuda")
-        return t.view(self.torch.bfloat16) if host.dtype.name == "bfloat16" else t
+        name = host.dtype.name
+        return t.view(getattr(self.torch, name)) if name in self._BITS else t
 
     def upload(self, dev, host: np.ndarray):
-        src = self.torch.from_numpy(self._raw(host))
-        target = dev.view(self.torch.int16) if host.dtype.name == "bfloat16" else dev
-        target.copy_(src)
+        self._bits(dev, host).copy_(self.torch.from_numpy(self._raw(host)))
 
     def download(self, host: np.ndarray, dev):
-        src = dev.view(self.torch.int16) if host.dtype.name == "bfloat16" else dev
-        self._raw(host)[...] = src.cpu().numpy()
+        self._raw(host)[...] = self._bits(dev, host).cpu().numpy()
 
     def synchronize(self):
         self.torch.cuda.synchronize()

@@ -28,7 +28,24 @@ ALGOS = ("ring", "tree", "direct", "oneshot", "hier", "hier_tree", "rank_order",
 PEERS = ("mpi", "gloo", "nccl", "memcpy", "raw", "rawbuf")
 
 # Canonical dtype names are numpy's; nccl-tests spellings are accepted on input.
-DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+DTYPES = (
+    "int8",
+    "uint8",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int16",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "complex64",
+    "complex128",
+)
 DTYPE_ALIASES = {
     "half": "float16",
     "fp16": "float16",
@@ -37,6 +54,10 @@ DTYPE_ALIASES = {
     "fp32": "float32",
     "double": "float64",
     "fp64": "float64",
+    "fp8_e4m3": "float8_e4m3fn",
+    "f8e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "f8e5m2": "float8_e5m2",
 }
 
 # -a as in nccl-tests: how the per-rank average iteration times become one number.
@@ -164,8 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-d",
         "--datatype",
         default="float32",
-        help="int8, uint8, int32, int64, float16, bfloat16, float32, float64 "
-        "(nccl-tests names half/float/double too), comma list, or all",
+        help="int8, uint8, int32, int64, float16, bfloat16, float32, float64, int16, uint16, uint32, uint64, "
+        "float8_e4m3fn, float8_e5m2, complex64, complex128 (nccl-tests names half/float/double/f8e4m3/f8e5m2 "
+        "too), comma list, or all",
     )
     p.add_argument("-r", "--root", type=int, default=0, help="root of rooted collectives")
     p.add_argument(

@@ -10,10 +10,13 @@ gives the same bits, and a result is either exactly right or wrong. The bounds:
   min/max  values in 0..16
   avg   a(i) + d(r, i) where the d's of one element add to 0, so the sum is P*a(i)
         and the average a(i) is exact; float avg may be computed as sum * (1/P) or
-        by pre-multiplying, so floats get a tolerance of (P+1) ulp there (ints none)
+        by pre-multiplying, so floats get a tolerance of (P+1) ulp there (ints none;
+        float8, which ringtree divides and rounds once and no peer runs, 1 ulp)
   copy (non-reductions)  (29 r + 7 i + 3) mod 97: differs between ranks and offsets
 Values are generated in int64 and cast once, so the expected result is computed in
-exact integer arithmetic.
+exact integer arithmetic. Where a value is not exact in the dtype (copies and min/max in
+float8), input and expected round alike, and min/max commute with rounding. Complex values
+are v - v i (both parts checked), real for prod.
 """
 
 from __future__ import annotations
@@ -39,9 +42,27 @@ EXACT_CAP = {
     "bfloat16": 256,
     "float32": 2**24,
     "float64": 2**53,
+    "int16": 2**15 - 1,
+    "uint16": 2**16 - 1,
+    "uint32": 2**32 - 1,
+    "uint64": 2**63 - 1,  # values are made in int64
+    "float8_e4m3fn": 16,
+    "float8_e5m2": 8,
+    "complex64": 2**24,  # each part as float32
+    "complex128": 2**53,
 }
 # Spacing of floats at 1.0, for the avg tolerance.
-FLOAT_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+FLOAT_EPS = {
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float32": 2.0**-23,
+    "float64": 2.0**-52,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+    "complex64": 2.0**-23,
+    "complex128": 2.0**-52,
+}
+ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # numpy has them through ml_dtypes
 # nccl-tests' names for the type column.
 NCCL_TYPE_NAMES = {
     "int8": "int8",
@@ -52,15 +73,34 @@ NCCL_TYPE_NAMES = {
     "bfloat16": "bfloat16",
     "float32": "float",
     "float64": "double",
+    "int16": "int16",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float8_e4m3fn": "f8e4m3",
+    "float8_e5m2": "f8e5m2",
+    "complex64": "cfloat",
+    "complex128": "cdouble",
 }
 
 
 def np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
+    if name in ML_DTYPES:
         if ml_dtypes is None:
-            raise RuntimeError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
-        return np.dtype(ml_dtypes.bfloat16)
+            raise RuntimeError(f"{name} needs the ml_dtypes package (pip install ml_dtypes)")
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
+
+
+def to_dtype(vals: np.ndarray, kind: str, dtype_name: str) -> np.ndarray:
+    """Exact int64 values in the dtype. Complex values carry -v in the imaginary part, so both
+    parts are moved and reduced (not for prod, where (1+i)(1+i) leaves the integers' grid)."""
+    dt = np_dtype(dtype_name)
+    if dt.kind == "c":
+        return (vals if kind == "prod" else vals - 1j * vals).astype(dt)
+    if dtype_name in ML_DTYPES:
+        return vals.astype(np.float32).astype(dt)  # small integers: exact in float32, then in the dtype
+    return vals.astype(dt)
 
 
 def is_float(dtype_name: str) -> bool:
@@ -116,8 +156,8 @@ def value_kind(coll: colls.Collective, op: str | None) -> str:
 def make_input(coll: colls.Collective, rank: int, n: int, nranks: int, op: str | None, dtype_name: str) -> np.ndarray:
     """This rank's whole input buffer (send count elements), in the dtype."""
     count = coll.send_count(n, nranks)
-    vals = input_values(value_kind(coll, op), rank, np.arange(count), nranks, dtype_name)
-    return vals.astype(np_dtype(dtype_name))
+    kind = value_kind(coll, op)
+    return to_dtype(input_values(kind, rank, np.arange(count), nranks, dtype_name), kind, dtype_name)
 
 
 def make_expected(
@@ -150,11 +190,13 @@ def make_expected(
         vals = block_of((rank - 1) % nranks, first)
     else:
         raise ValueError(f"no expected result for {name!r}")
-    return vals.astype(np_dtype(dtype_name))
+    return to_dtype(vals, kind, dtype_name)
 
 
 def tolerance(op: str | None, dtype_name: str, nranks: int) -> float:
     """Relative tolerance: 0 (exact) except float avg, see the module docstring."""
+    if op == "avg" and dtype_name in ML_DTYPES[1:]:
+        return FLOAT_EPS[dtype_name]  # float8: one rounding, after the division (no peer runs it)
     if op == "avg" and is_float(dtype_name):
         return (nranks + 1) * FLOAT_EPS[dtype_name]
     return 0.0
@@ -168,8 +210,10 @@ def count_wrong(got: np.ndarray, expected: np.ndarray, rel_tol: float = 0.0) -> 
         return 0
     if got.dtype.kind in "iu":
         return int(np.count_nonzero(got != expected))
-    # float16/bfloat16 compare through float64, which holds their values exactly.
-    g, e = got.astype(np.float64), expected.astype(np.float64)
+    # 8- and 16-bit floats compare through float64, which holds their values exactly; complex
+    # values through complex128.
+    wide = np.complex128 if got.dtype.kind == "c" else np.float64
+    g, e = got.astype(wide), expected.astype(wide)
     if rel_tol == 0.0:
         return int(np.count_nonzero(~(g == e)))
     allowed = rel_tol * np.maximum(1.0, np.abs(e))
@@ -187,6 +231,7 @@ def corrupt(out: np.ndarray, expected: np.ndarray | None) -> bool:
     """Make out[0] wrong by 5 (well beyond any tolerance). For the --inject-error hook."""
     if expected is None or expected.size == 0:
         return False
-    exp0 = float(expected.astype(np.float64)[0])
-    out[0] = exp0 - 5 if exp0 >= 5 else exp0 + 5
+    exp0 = float(expected[:1].real.astype(np.float64)[0]) if expected.dtype.kind == "c" else None
+    exp0 = float(expected[:1].astype(np.float64)[0]) if exp0 is None else exp0
+    out[:1] = np.asarray([exp0 - 5 if exp0 >= 5 else exp0 + 5], np.float32).astype(out.dtype)
     return True

@@ -225,7 +225,9 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       return Py_NewRef(Py_NotImplemented);
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
     std::shared_ptr<Work> work;
-    {
+    if ((*comm)->in_group()) {
+      work = (*comm)->run(a, async_op);  // only collected: nothing blocks, so the GIL stays
+    } else {
       py::gil_scoped_release release;
       work = (*comm)->run(a, async_op);
     }
@@ -344,16 +346,19 @@ void register_communicator(py::module_& m) {
           "persistent",
           [](Communicator& c, int coll, int dtype, bool has_in, uintptr_t in_ptr, uint64_t in_count, bool in_ro,
              bool has_out, uintptr_t out_ptr, uint64_t out_count, bool out_ro, int op, double factor, int root,
-             int peer, int algo, double timeout, int recv_peer, bool deterministic) {
+             int peer, int algo, double timeout, int recv_peer, bool deterministic, std::vector<uint64_t> send_counts,
+             std::vector<uint64_t> recv_counts) {
             CollectiveArgs a = make_args(coll, op, factor, root, peer, algo, timeout);
             fill_args(a, dtype, make_buffer(has_in, in_ptr, in_count, in_ro),
-                      make_buffer(has_out, out_ptr, out_count, out_ro), {}, {}, recv_peer, deterministic);
+                      make_buffer(has_out, out_ptr, out_count, out_ro), std::move(send_counts), std::move(recv_counts),
+                      recv_peer, deterministic);
             return c.persistent(a);
           },
           py::arg("coll"), py::arg("dtype"), py::arg("has_in"), py::arg("in_ptr"), py::arg("in_count"),
           py::arg("in_ro"), py::arg("has_out"), py::arg("out_ptr"), py::arg("out_count"), py::arg("out_ro"),
           py::arg("op"), py::arg("factor"), py::arg("root"), py::arg("peer"), py::arg("algo"), py::arg("timeout"),
-          py::arg("recv_peer") = -1, py::arg("deterministic") = false, py::call_guard<py::gil_scoped_release>(),
+          py::arg("recv_peer") = -1, py::arg("deterministic") = false, py::arg("send_counts") = std::vector<uint64_t>{},
+          py::arg("recv_counts") = std::vector<uint64_t>{}, py::call_guard<py::gil_scoped_release>(),
           "Validates and plans the call once: a Request that runs it.")
       .def("group_start", &Communicator::group_start)
       .def("group_end", &Communicator::group_end, py::arg("async_op") = false, py::call_guard<py::gil_scoped_release>(),

@@ -26,30 +26,43 @@ constexpr int kDescribeWords = 8;  // one call in the mismatch exchange: present
 
 uint64_t bytes_of(const Prepared& p) { return p.validated.count * dtype_size(p.args.dtype); }
 
-bool fusable(const Prepared& p) {
-  return p.args.coll == Collective::AllReduce && p.args.algo == Algo::Auto && p.validated.count > 0 &&
-         bytes_of(p) <= kFuseCallBytes;
+bool fusable(const CollectiveArgs& a, uint64_t bytes) {
+  return a.coll == Collective::AllReduce && a.algo == Algo::Auto && bytes > 0 && bytes <= kFuseCallBytes;
 }
 
 // Calls one all_reduce can stand for: the same elementwise reduction with the same limits.
-bool fuse_together(const Prepared& a, const Prepared& b) {
-  return a.args.dtype == b.args.dtype && a.args.op == b.args.op && a.args.premul_factor == b.args.premul_factor &&
-         deterministic_mode(a.args) == deterministic_mode(b.args) && a.timeout_s == b.timeout_s;
+bool fuse_together(const Prepared& a, const CollectiveArgs& b, double timeout_s) {
+  return a.args.dtype == b.dtype && a.args.op == b.op && a.args.premul_factor == b.premul_factor &&
+         a.args.deterministic == b.deterministic && a.timeout_s == timeout_s;
 }
 
 // A call as issued, for the group check: every field of its fingerprint but the sequence
 // number, with the algorithm as asked (auto resolves alike on every rank from these fields).
-Fingerprint issued_fingerprint(const Prepared& p) {
-  const CollectiveTraits& t = collective_traits(p.args.coll);
+Fingerprint issued_fingerprint(const CollectiveArgs& a, const CollectiveTraits& t, uint64_t count, bool det_setting) {
   Fingerprint f;
-  f.coll = p.args.coll;
-  f.dtype = p.args.coll == Collective::Barrier ? DataType::Int8 : p.args.dtype;
-  f.op = t.reduction ? static_cast<uint8_t>(p.args.op) : Fingerprint::kNoOp;
-  f.algo = p.args.algo;
-  f.root = t.rooted ? p.args.root : -1;
-  f.count = p.validated.count;
-  f.deterministic = t.reduction && deterministic_mode(p.args);
+  f.coll = a.coll;
+  f.dtype = a.coll == Collective::Barrier ? DataType::Int8 : a.dtype;
+  f.op = t.reduction ? static_cast<uint8_t>(a.op) : Fingerprint::kNoOp;
+  f.algo = a.algo;
+  f.root = t.rooted ? a.root : -1;
+  f.count = count;
+  f.deterministic = t.reduction && (a.deterministic || det_setting);
   return f;
+}
+
+// The group hash: a word-wise multiply-xorshift over each call's fingerprint packed in three
+// words. Every rank computes it alike; a difference it misses is still caught by the calls'
+// own fingerprints as they run, only named less well.
+uint64_t hash_issued(uint64_t h, const Fingerprint& f) {
+  const uint64_t words[3] = {static_cast<uint64_t>(f.coll) | static_cast<uint64_t>(f.dtype) << 8 |
+                                 static_cast<uint64_t>(f.op) << 16 | static_cast<uint64_t>(f.algo) << 24 |
+                                 static_cast<uint64_t>(f.deterministic) << 32,
+                             static_cast<uint32_t>(f.root), f.count};
+  for (uint64_t w : words) {
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  return h;
 }
 
 void to_words(const Fingerprint& f, uint64_t* w) {
@@ -85,43 +98,69 @@ std::string describe_issued(const Fingerprint& f) {
 
 }  // namespace
 
-std::shared_ptr<Batch> CommunicatorImpl::make_batch(std::vector<Prepared> calls, bool check) {
+std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<CollectiveArgs>& calls, bool group) {
   auto b = std::make_shared<Batch>(shared_from_this());
   uint64_t hash = kFnvOffset;
-  std::vector<Prepared*> sends, recvs;
+  std::vector<Prepared> sends, recvs;
   std::vector<BatchItem>& items = b->items;
-  items.reserve(calls.size());
-  for (Prepared& p : calls) {
-    const Collective c = p.args.coll;
-    if (c == Collective::Send) {
-      sends.push_back(&p);
+  b->issued.reserve(calls.size());
+  // The fused item the last fusable call joined (the next most likely joins it too), its bytes.
+  size_t fusing = SIZE_MAX;
+  uint64_t fusing_bytes = 0;
+  const bool det_setting = deterministic_setting();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const CollectiveArgs& a = calls[i];
+    ValidatedCall v;
+    try {
+      v = validate_call(a, rank_, size_);
+    } catch (const Error& e) {
+      if (!group) throw;
+      throw_error(e.kind(), str_cat("in a group, its call ", i, ": ", e.what()));
+    }
+    const double timeout_s = a.timeout_s > 0 ? a.timeout_s : default_timeout_;
+    const Collective c = a.coll;
+    if (c == Collective::Send || c == Collective::Recv) {
+      Prepared& p = (c == Collective::Send ? sends : recvs).emplace_back();
+      p.args = a;
+      p.validated = v;
+      p.timeout_s = timeout_s;
       continue;
     }
-    if (c == Collective::Recv) {
-      recvs.push_back(&p);
-      continue;
+    const CollectiveTraits& t = collective_traits(c);
+    if (!t.point_to_point) {
+      b->issued.push_back(issued_fingerprint(a, t, v.count, det_setting));
+      hash = hash_issued(hash, b->issued.back());
     }
-    if (!collective_traits(c).point_to_point) {
-      b->issued.push_back(issued_fingerprint(p));
-      uint64_t words[kDescribeWords];
-      to_words(b->issued.back(), words);
-      for (uint64_t w : words) hash = fnv1a(hash, w);
-    }
-    if (fusable(p)) {
-      auto into = std::find_if(items.begin(), items.end(), [&](const BatchItem& it) {
-        return !it.members.empty() && fuse_together(it.call, p) && bytes_of(it.call) + bytes_of(p) <= kFuseItemBytes;
-      });
-      if (into != items.end()) {
-        into->members.push_back({p.validated.input, p.validated.output, bytes_of(into->call)});
-        into->call.validated.count += p.validated.count;
+    const uint64_t bytes = v.count * dtype_size(a.dtype);
+    if (fusable(a, bytes)) {
+      auto joins = [&](const BatchItem& it, uint64_t it_bytes) {
+        return !it.members.empty() && fuse_together(it.call, a, timeout_s) && it_bytes + bytes <= kFuseItemBytes;
+      };
+      if (fusing == SIZE_MAX || !joins(items[fusing], fusing_bytes)) {
+        auto into =
+            std::find_if(items.begin(), items.end(), [&](const BatchItem& it) { return joins(it, bytes_of(it.call)); });
+        fusing = into == items.end() ? SIZE_MAX : static_cast<size_t>(into - items.begin());
+        if (fusing != SIZE_MAX) fusing_bytes = bytes_of(into->call);
+      }
+      if (fusing != SIZE_MAX) {
+        BatchItem& it = items[fusing];
+        it.members.push_back({v.input, v.output, fusing_bytes});
+        it.call.validated.count += v.count;
+        fusing_bytes += bytes;
         continue;
       }
+      fusing = items.size();
+      fusing_bytes = bytes;
       items.emplace_back();
-      items.back().members.push_back({p.validated.input, p.validated.output, 0});
+      items.back().members.reserve(calls.size() - i);
+      items.back().members.push_back({v.input, v.output, 0});
     } else {
       items.emplace_back();
     }
-    items.back().call = std::move(p);
+    Prepared& p = items.back().call;
+    p.args = a;
+    p.validated = v;
+    p.timeout_s = timeout_s;
   }
   // Sends and receives after the collectives: the k-th send with the k-th receive as one
   // sendrecv (both directions progress together, as a grouped exchange needs), the rest alone.
@@ -129,18 +168,18 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(std::vector<Prepared> calls,
   for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
     items.emplace_back();
     Prepared& p = items.back().call;
-    if (k < pairs && sends[k]->args.dtype == recvs[k]->args.dtype) {
-      p = std::move(*sends[k]);
+    if (k < pairs && sends[k].args.dtype == recvs[k].args.dtype) {
+      p = std::move(sends[k]);
       p.args.coll = Collective::SendRecv;
-      p.args.output = recvs[k]->args.output;
-      p.args.recv_peer = recvs[k]->args.peer;
-      p.timeout_s = std::max(p.timeout_s, recvs[k]->timeout_s);
+      p.args.output = recvs[k].args.output;
+      p.args.recv_peer = recvs[k].args.peer;
+      p.timeout_s = std::max(p.timeout_s, recvs[k].timeout_s);
       p.validated = validate_call(p.args, rank_, size_);
     } else {
-      if (k < sends.size()) p = std::move(*sends[k]);
+      if (k < sends.size()) p = std::move(sends[k]);
       if (k < recvs.size()) {
         if (k < sends.size()) items.emplace_back();
-        items.back().call = std::move(*recvs[k]);
+        items.back().call = std::move(recvs[k]);
       }
     }
   }
@@ -163,7 +202,7 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(std::vector<Prepared> calls,
     it.call.algo = choose_algo(a.coll, a.algo, bytes_of(it.call), a.dtype, a.op, deterministic_mode(a));
   }
   b->issued_hash = hash;
-  b->check_pending = check && !b->issued.empty();
+  b->check_pending = group && !b->issued.empty();
   return b;
 }
 
@@ -279,15 +318,15 @@ std::shared_ptr<Work> Batch::start(bool async) { return comm_->start_batch(share
 
 std::shared_ptr<Request> CommunicatorImpl::persistent(const CollectiveArgs& args) {
   RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot be persistent");
-  std::vector<Prepared> calls;
-  calls.push_back(prepare(args));
-  return make_batch(std::move(calls), false);
+  return make_batch({args}, false);
 }
 
 void CommunicatorImpl::group_start() {
   std::lock_guard<std::mutex> lock(queue_mu_);
   if (group_depth_.load() == 0) {
     group_owner_ = std::this_thread::get_id();
+    group_args_.clear();
+    group_args_.reserve(last_group_calls_);
   } else {
     RT_CHECK(group_owner_ == std::this_thread::get_id(), InvalidArgument,
              "group_start(): another thread has a group open on this communicator");
@@ -295,21 +334,23 @@ void CommunicatorImpl::group_start() {
   group_depth_.fetch_add(1);
 }
 
-bool CommunicatorImpl::in_group() const { return group_depth_.load() > 0; }
+bool CommunicatorImpl::in_group() const {
+  return group_depth_.load() > 0 && group_owner_ == std::this_thread::get_id();
+}
 
 void CommunicatorImpl::group_discard() {
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     group_depth_.store(0);
-    group_calls_.clear();
+    group_args_.clear();
     work = std::move(group_work_);
   }
   if (work) work->finish(std::make_exception_ptr(Aborted("the group was discarded before it ran")));
 }
 
 std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
-  std::vector<Prepared> calls;
+  std::vector<CollectiveArgs> calls;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -319,17 +360,24 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
       if (!group_work_) group_work_ = std::make_shared<Work>();
       return group_work_;
     }
-    calls = std::move(group_calls_);
-    group_calls_.clear();
+    calls.swap(group_args_);
+    last_group_calls_ = calls.size();
     work = std::move(group_work_);
   }
   if (async && !work) work = std::make_shared<Work>();
+  std::shared_ptr<Batch> b;
   try {
-    if (calls.empty()) {
+    if (!calls.empty()) b = make_batch(calls, true);
+  } catch (const Error& e) {  // a bad call: nothing was sent, as for a discarded group
+    if (work)
+      work->finish(std::make_exception_ptr(Aborted(str_cat("the group was discarded before it ran: ", e.what()))));
+    throw;
+  }
+  try {
+    if (!b) {
       if (work) work->finish(nullptr);
       return async ? work : nullptr;
     }
-    std::shared_ptr<Batch> b = make_batch(std::move(calls), true);
     b->check_every_run = true;
     if (async) return start_batch(b, true, work);
     start_batch(b, false, nullptr);
@@ -342,15 +390,14 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
 }
 
 std::shared_ptr<Request> CommunicatorImpl::group_end_persistent() {
-  std::vector<Prepared> calls;
+  std::vector<CollectiveArgs> calls;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     RT_CHECK(group_depth_.load() == 1, InvalidArgument,
              "group_end_persistent() must end the outermost group, and only that one");
     group_depth_.store(0);
-    calls = std::move(group_calls_);
-    group_calls_.clear();
+    calls.swap(group_args_);
     work = std::move(group_work_);
   }
   if (work) {
@@ -358,7 +405,7 @@ std::shared_ptr<Request> CommunicatorImpl::group_end_persistent() {
     work->finish(std::make_exception_ptr(e));
     throw e;
   }
-  return make_batch(std::move(calls), true);
+  return make_batch(calls, true);
 }
 
 }  // namespace ringtree

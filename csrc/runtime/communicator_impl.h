@@ -124,7 +124,9 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   friend class Batch;
   // Batches (runtime/batch.cc): the calls as a batch runs them; its place in the order (sequence
   // numbers, recorder entries) under queue_mu_; its run, holding exec_mu_.
-  std::shared_ptr<Batch> make_batch(std::vector<Prepared> calls, bool check);
+  // Validates every call (a bad one throws InvalidArgument naming it; with `group`, its place in
+  // the group), fuses and orders them, and chooses each item's algorithm.
+  std::shared_ptr<Batch> make_batch(const std::vector<CollectiveArgs>& calls, bool group);
   void order_batch(Batch& b);
   void run_batch(Batch& b);
   void check_group(Batch& b);
@@ -170,10 +172,12 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   int dump_source_ = 0;  // registration for dumps on a signal
 
   // The open group: nesting depth (changed by the issuing thread only, read without a lock on
-  // every call), its calls and the Work its async calls got (guarded by queue_mu_).
+  // every call), its calls as issued (appended by that thread alone, without a lock; taken under
+  // queue_mu_ by group_end) and the Work its async calls got.
   std::atomic<int> group_depth_{0};
   std::thread::id group_owner_;  // the thread that opened the group (set before depth turns 1)
-  std::vector<Prepared> group_calls_;
+  std::vector<CollectiveArgs> group_args_;
+  size_t last_group_calls_ = 0;  // the capacity the next group starts with
   std::shared_ptr<Work> group_work_;
 
   // Async queue.

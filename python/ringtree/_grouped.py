@@ -1,26 +1,122 @@
 """Grouped and persistent calls: what Communicator adds to run many calls as one operation
 (comm.group()) and to plan a call once and run it again (comm.all_reduce_init() and the others).
 
-Both run on host buffers (numpy arrays, torch CPU tensors); the core checks, chooses and plans
-them (runtime/batch.cc).
+On host buffers (numpy arrays, torch CPU tensors) the core checks, chooses and plans them
+(runtime/batch.cc). Calls on CUDA buffers are enqueued on their stream by the device path
+(CudaComm), one by one: a group issues its device calls when it ends, after its host calls, in
+issue order with each send paired with a receive; a persistent device call is converted and
+checked once and enqueued again at each start.
 """
 
 from __future__ import annotations
 
 from . import _core
-from ._args import COLL_CODES, algo_code
+from ._args import COLL_CODES, algo_code, counts
 from ._buffers import call_buffers, call_fields
 from ._work import Work
 from .ops import resolve_op
 
-__all__ = ["Group", "Request"]
+__all__ = ["Group", "Request", "DeviceCall"]
+
+_SEND, _RECV, _SENDRECV = COLL_CODES["send"], COLL_CODES["recv"], COLL_CODES["sendrecv"]
 
 
-def _device_refused(what):
-    return _core.InvalidArgument(
-        f"{what}: grouped and persistent calls run on host buffers (numpy arrays, torch CPU tensors); "
-        f"issue calls on CUDA buffers one at a time"
-    )
+class DeviceCall:
+    """A call on CUDA buffers, converted and checked: run() enqueues it on its stream.
+
+    `head` is the device path's argument list up to use_nccl: (coll, the nine buffer fields of
+    call_fields, op, factor, root, peer, recv_peer, algo, timeout, stream, use_nccl)."""
+
+    __slots__ = ("_cuda", "head", "send_counts", "recv_counts", "deterministic")
+
+    def __init__(self, cuda, head, send_counts, recv_counts, deterministic):
+        self._cuda, self.head = cuda, head
+        self.send_counts, self.recv_counts, self.deterministic = send_counts, recv_counts, deterministic
+
+    def run(self, async_op):
+        return self._cuda().run(*self.head, bool(async_op), self.send_counts, self.recv_counts, self.deterministic)
+
+    def paired(self, recv):
+        """This send and `recv` as one sendrecv (both directions progress together), or None
+        when they cannot be one call (other dtypes or streams)."""
+        s, r = self.head, recv.head
+        if s[1] != r[1] or s[17] != r[17] or s[18] != r[18]:
+            return None
+        head = (_SENDRECV, *s[1:6], *r[6:10], *s[10:14], r[13], s[15], max(s[16], r[16], key=_timeout_key), *s[17:])
+        return DeviceCall(self._cuda, head, [], [], False)
+
+
+def _timeout_key(t):
+    return float("inf") if t < 0 else t  # < 0: the communicator's default, which bounds nothing tighter
+
+
+def run_device_calls(calls, async_op):
+    """Enqueue a group's device calls: the collectives in issue order, then the sends and receives,
+    the k-th send with the k-th receive as one sendrecv (as the host path runs a group). Returns
+    their works (async_op) or an empty list."""
+    collectives = [c for c in calls if c.head[0] not in (_SEND, _RECV)]
+    sends = [c for c in calls if c.head[0] == _SEND]
+    recvs = [c for c in calls if c.head[0] == _RECV]
+    ordered = list(collectives)
+    for k in range(max(len(sends), len(recvs))):
+        pair = sends[k].paired(recvs[k]) if k < len(sends) and k < len(recvs) else None
+        if pair is not None:
+            ordered.append(pair)
+            continue
+        ordered.extend(c[k] for c in (sends, recvs) if k < len(c))
+    works = [c.run(async_op) for c in ordered]
+    return [w for w in works if w is not None]
+
+
+class AllWorks:
+    """Several works in flight as one (a group's host part and its device calls)."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works):
+        self._works = [w for w in works if w is not None]
+
+    def wait(self, timeout=-1.0):
+        return all(w.wait(timeout) is not False for w in self._works)
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+
+class PendingWork:
+    """What an async call on CUDA buffers inside a group returns: the group's device work, once
+    the group has ended."""
+
+    __slots__ = ("works",)
+
+    def __init__(self):
+        self.works = None
+
+    def wait(self, timeout=-1.0):
+        if self.works is None:
+            raise _core.Aborted("this call's group has not run: it has not ended, or it was discarded")
+        return self.works.wait(timeout)
+
+    def is_completed(self):
+        return self.works is not None and self.works.is_completed()
+
+
+class DeviceRequest:
+    """What Request runs for persistent calls with device buffers: the host part (a core Request,
+    or None) and then the device calls, in that order, at each start."""
+
+    __slots__ = ("_host", "_calls")
+
+    def __init__(self, host, calls):
+        self._host, self._calls = host, calls
+
+    def start(self, async_op):
+        works = [self._host.start(async_op)] if self._host is not None else []
+        works += run_device_calls(self._calls, async_op)
+        return AllWorks(works) if async_op else None
+
+    def start_function(self):
+        return lambda: self.start(False)
 
 
 class Request:
@@ -272,6 +368,12 @@ class Grouping:
             work = self._core.group_end(bool(async_op))
         finally:
             keep = self._leave_group()
+        device = [] if self._grouping is not None else [k for k in keep if type(k) is DeviceCall]
+        if device:  # the outermost end: its device calls follow its host calls
+            pending = [k for k in keep if type(k) is PendingWork]
+            work = AllWorks([work, *run_device_calls(device, async_op or pending)])
+            for p in pending:
+                p.works = work
         return Work(work, keep, None) if async_op else None
 
     def _group_end_persistent(self) -> Request:
@@ -279,7 +381,28 @@ class Grouping:
             req = self._core.group_end_persistent()
         finally:
             keep = self._leave_group()
+        if any(type(k) is PendingWork for k in keep):
+            raise _core.InvalidArgument("a persistent group cannot hold async calls: start() it async instead")
+        device = [k for k in keep if type(k) is DeviceCall]
+        if device:
+            req = DeviceRequest(req, device)
         return Request(req, keep, None)
+
+    def _collect_device(self, call, keep, async_op, result):
+        """A call on CUDA buffers inside a group: checked now by the core (no traffic), enqueued
+        on its stream when the group ends."""
+        h = call.head
+        if h[0] == COLL_CODES["all_to_all_v"]:
+            raise _core.InvalidArgument(
+                "all_to_all_v: on CUDA buffers it runs outside a group; issue it after the group"
+            )
+        self._core.persistent(*h[:14], h[15], h[16], h[14], call.deterministic)
+        self._grouping += (keep, call)
+        if async_op is False:
+            return result
+        pending = PendingWork()
+        self._grouping.append(pending)
+        return Work(pending, keep, result)
 
     def _group_discard(self) -> None:
         self._core.group_discard()
@@ -293,25 +416,37 @@ class Grouping:
 
     # --- persistent calls ---------------------------------------------------------------
 
-    def _init(self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False):
+    def _init(
+        self, coll, x, out, op="sum", root=0, peer=-1, algo="auto", timeout=None, recv_peer=-1, det=False, vc=None
+    ):
         inb, outb = call_buffers(x, out, f"{coll}_init")
-        if (inb and inb.device) or (outb and outb.device):
-            raise _device_refused(f"{coll}_init")
         if timeout is not None and not float(timeout) > 0:
             raise _core.InvalidArgument(f"{coll}_init: timeout must be positive, got {timeout}")
         op_code, factor = resolve_op(op)
+        t = -1.0 if timeout is None else float(timeout)
+        fields = call_fields(inb, outb)
+        # The core checks the call here either way (no traffic, and it reads no buffer); a call
+        # on CUDA buffers then runs on the device path at each start, on the stream it has now.
+        send_counts, recv_counts = (counts(c, n) for c, n in zip(vc or ((), ()), ("send_counts", "recv_counts")))
         req = self._core.persistent(
             COLL_CODES[coll],
-            *call_fields(inb, outb),
+            *fields,
             op_code,
             factor,
             int(root),
             int(peer),
             algo_code(algo),
-            -1.0 if timeout is None else float(timeout),
+            t,
             int(recv_peer),
             bool(det),
+            send_counts,
+            recv_counts,
         )
+        some = inb or outb
+        if some and some.device:
+            head = (COLL_CODES[coll], *fields, op_code, factor, int(root), int(peer), int(recv_peer))
+            head += (algo_code(algo), t, some.stream, False)
+            req = DeviceRequest(None, [DeviceCall(self._cuda_comm, head, send_counts, recv_counts, bool(det))])
         result = out if coll not in ("broadcast", "send", "barrier") else (x if coll == "broadcast" else None)
         return Request(req, (x, out), result)
 
@@ -331,7 +466,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As all_reduce would, now, before any traffic; CUDA buffers.
+            As all_reduce would, now, before any traffic.
         """
         return self._init("all_reduce", x, x if out is None else out, op, algo=algo, timeout=timeout, det=deterministic)
 
@@ -350,7 +485,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As reduce_scatter would; CUDA buffers.
+            As reduce_scatter would.
         """
         return self._init("reduce_scatter", x, out, op, algo=algo, timeout=timeout, det=deterministic)
 
@@ -369,7 +504,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As all_gather would; CUDA buffers.
+            As all_gather would.
         """
         return self._init("all_gather", x, out, algo=algo, timeout=timeout)
 
@@ -388,9 +523,29 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As all_to_all would; CUDA buffers.
+            As all_to_all would.
         """
         return self._init("all_to_all", x, out, algo=algo, timeout=timeout)
+
+    def all_to_all_v_init(self, x, out, send_counts, recv_counts, timeout=None) -> Request:
+        """A persistent all_to_all_v (see all_to_all_v and all_reduce_init): the counts are fixed
+        with the buffers.
+
+        Parameters
+        ----------
+        x, out, send_counts, recv_counts, timeout
+            As all_to_all_v takes them.
+
+        Returns
+        -------
+        Request
+
+        Raises
+        ------
+        InvalidArgument
+            As all_to_all_v would, now, before any traffic.
+        """
+        return self._init("all_to_all_v", x, out, timeout=timeout, vc=(send_counts, recv_counts))
 
     def broadcast_init(self, x, root=0, algo="auto", timeout=None) -> Request:
         """A persistent broadcast (see broadcast and all_reduce_init).
@@ -408,7 +563,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As broadcast would; CUDA buffers.
+            As broadcast would.
         """
         return self._init("broadcast", x, None, root=root, algo=algo, timeout=timeout)
 
@@ -428,7 +583,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As reduce would; CUDA buffers.
+            As reduce would.
         """
         if out is None and self.rank == root:
             out = x
@@ -451,7 +606,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As gather would; CUDA buffers.
+            As gather would.
         """
         return self._init("gather", x, out if self.rank == root else None, root=root, algo=algo, timeout=timeout)
 
@@ -470,7 +625,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As scatter would; CUDA buffers.
+            As scatter would.
         """
         return self._init("scatter", x if self.rank == root else None, out, root=root, algo=algo, timeout=timeout)
 
@@ -509,7 +664,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As send would; CUDA buffers.
+            As send would.
         """
         return self._init("send", x, None, peer=peer, timeout=timeout)
 
@@ -529,7 +684,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As recv would; CUDA buffers.
+            As recv would.
         """
         return self._init("recv", None, x, peer=peer, timeout=timeout)
 
@@ -549,7 +704,7 @@ class Grouping:
         Raises
         ------
         InvalidArgument
-            As sendrecv would; CUDA buffers.
+            As sendrecv would.
         """
         return self._init("sendrecv", x, out, peer=dst, timeout=timeout, recv_peer=src)
 

@@ -17,7 +17,7 @@ from . import _child_ids, _core, _settings, elastic, timeline
 from ._args import ANY_SOURCE, ANY_TAG, COLL_CODES, algo_code, coll_code, counts, dtype_code, rank_arg, user_tag
 from ._buffers import call_buffers, call_fields, host_bytes, torch_host_view
 from ._choice import core_hook
-from ._grouped import Grouping, Request
+from ._grouped import DeviceCall, Grouping, Request
 from ._nccl import wheel_library
 from ._recording import Recording
 from ._status import Status
@@ -150,7 +150,7 @@ class Communicator(Recording, Grouping):
         done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
-            vout = None if out is None else torch_host_view(out)
+            vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
             if (vin or vout) and (x is None or vin) and (out is None or vout):
                 done = self._fast(
                     code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
@@ -208,25 +208,18 @@ class Communicator(Recording, Grouping):
                 f"host buffers take the ringtree algorithms"
             )
         if on_device:
-            if self._grouping is not None:
-                raise _core.InvalidArgument(f"{coll}: a group runs host buffers only; issue CUDA calls outside it")
-            work = self._cuda_comm().run(
-                COLL_CODES[coll],
-                *call_fields(inb, outb),
-                op_code,
-                factor,
-                int(root),
-                int(peer),
-                int(recv_peer),
-                0 if use_nccl else algo_code(algo),
-                t,
-                (inb or outb).stream,
-                use_nccl,
-                bool(async_op),
+            head = (COLL_CODES[coll], *call_fields(inb, outb), op_code, factor, int(root), int(peer), int(recv_peer))
+            head += (0 if use_nccl else algo_code(algo), t, (inb or outb).stream, use_nccl)
+            call = DeviceCall(
+                self._cuda_comm,
+                head,
                 counts(send_counts, "send_counts"),
                 counts(recv_counts, "recv_counts"),
                 bool(deterministic),
             )
+            if self._grouping is not None:  # enqueued when the group ends (see group_end)
+                return self._collect_device(call, keep, async_op, result)
+            work = call.run(async_op)
             return Work(work, keep, result) if async_op else result
         if self._grouping is not None:
             self._grouping.append(keep)

@@ -136,8 +136,31 @@ def test_every_dtype_and_op_one_size():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = all_rows(report.parse_tables(proc.stdout))
-    assert len(rows) == 2 * 8 * 5
-    assert all(r["oop_wrong"] == 0 for r in rows)
+    assert len(rows) == 2 * 16 * 5
+    # complex numbers have no order: min and max are refused (n/a), everything else is exact
+    unordered = [r for r in rows if r["type"] in ("cfloat", "cdouble") and r["redop"] in ("min", "max")]
+    assert len(unordered) == 2 * 2 * 2 and all(r["oop_wrong"] == "n/a" for r in unordered)
+    assert all(r["oop_wrong"] == 0 for r in rows if r not in unordered)
+
+
+NEW_DTYPES = "int16,uint16,uint32,uint64,float8_e4m3fn,float8_e5m2,complex64,complex128"
+
+
+@needs_ringtree
+@pytest.mark.timeout(150)
+def test_the_newer_dtypes_check_results_and_catch_a_corrupted_one():
+    args = ["-b", "8", "-e", "1K", "-f", "32", "-n", "1", "-w", "0", "--no-progress", "-d", NEW_DTYPES, "-o", "all"]
+    proc = launch(2, args + ["--collective", "all"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = all_rows(report.parse_tables(proc.stdout))
+    types = {"int16", "uint16", "uint32", "uint64", "f8e4m3", "f8e5m2", "cfloat", "cdouble"}
+    assert {r["type"] for r in rows} == types
+    measured = [r for r in rows if r["oop_wrong"] != "n/a"]
+    assert len(measured) > len(rows) // 2 and all(r["oop_wrong"] == 0 for r in measured)
+    proc = launch(2, args + ["--collective", "all_reduce,all_gather", "--inject-error"])
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = all_rows(report.parse_tables(proc.stdout))
+    assert {r["type"] for r in rows if r["count"] > 0 and r["oop_wrong"] != "n/a" and r["oop_wrong"] >= 1} == types
 
 
 @pytest.mark.skipif(

@@ -96,7 +96,7 @@ def test_lists_aliases_and_spellings():
     "argv",
     [
         ["-o", "xor"],
-        ["-d", "complex64"],
+        ["-d", "complex32"],
         ["--algo", "butterfly"],
         ["--collective", "allreduce2"],
         ["--vs", "ucc"],

@@ -85,15 +85,19 @@ def test_inplace_views_follow_nccl_aliasing():
 
 
 def model(coll, inputs, nranks, n, root, op, dtype_name):
-    """Outputs of each rank, by definition of the collective (exact int64 arithmetic)."""
-    ints = [x.astype(np.int64) for x in inputs]
+    """Outputs of each rank, by definition of the collective (exact int64 arithmetic; complex128
+    for complex dtypes, whose parts hold small integers)."""
+    cplx = verify.np_dtype(dtype_name).kind == "c"
+    ints = [x.astype(np.complex128 if cplx else np.int64) for x in inputs]
     combine = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
     def reduced():
         acc = ints[0].copy()
         for x in ints[1:]:
             acc = combine[op](acc, x)
-        return acc // nranks if op == "avg" else acc
+        if op == "avg":
+            return acc / nranks if cplx else acc // nranks
+        return acc
 
     outs = []
     for r in range(nranks):
@@ -206,7 +210,8 @@ def test_count_wrong_catches_a_corrupted_element(dtype_name):
         assert verify.count_wrong(got, exp, tol) == 0
         assert verify.corrupt(got, exp)
         assert verify.count_wrong(got, exp, tol) == 1, (dtype_name, op)
-        got[50] = got[51] + 1 if got[51] < 100 else 0
+        # 3 more: a different value in every dtype here, float8's coarse spacing included
+        got[50:51] = (np.real(exp[50:51]).astype(np.float32) + 3).astype(got.dtype)
         assert verify.count_wrong(got, exp, tol) == 2
 
 

@@ -215,7 +215,7 @@ def group_errors():
             work = comm.all_reduce(x, async_op=True)
             comm.all_gather(x, np.zeros(3, np.int64))  # wrong output size: rejected at once
     except rt.InvalidArgument as e:
-        report["bad_argument"] = "all_gather" in str(e)
+        report["bad_argument"] = "its call 1: all_gather" in str(e)
     try:
         work.wait(timeout=10)
         report["discarded_work"] = "completed"
@@ -298,3 +298,63 @@ def test_persistent_and_group_arguments_are_checked_before_any_traffic():
     with pytest.raises(rt.InvalidArgument, match="expected ringtree Requests"):
         comm.start_all([object()])
     comm.close()
+
+
+def cpp_group_bench():
+    """The C++ entry alone (group_start, 64 calls, group_end) on a communicator made in C++: the
+    hook checks every all_reduce's result (the max over ranks) and raises otherwise."""
+    import os
+
+    import _ringtree_testing
+
+    plain_us, group_us = _ringtree_testing.bench_group(
+        int(os.environ["RINGTREE_RANK"]),
+        int(os.environ["RINGTREE_WORLD_SIZE"]),
+        os.environ["RINGTREE_UNIQUE_ID"],
+        calls=64,
+        count=3,
+        blocks=3,
+        reps=5,
+    )
+    return {"plain_us": plain_us, "group_us": group_us}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_cpp_group_of_64_calls_runs_with_exact_results(nranks):
+    pytest.importorskip("_ringtree_testing")
+    for res in run_world(nranks, cpp_group_bench, timeout=100).check_ok():
+        assert res["plain_us"] > 0 and res["group_us"] > 0, res
+
+
+def persistent_all_to_all_v(reuses):
+    """all_to_all_v_init with uneven counts (rank i sends i + j + 1 elements to rank j), started
+    `reuses` times with new data; then a request whose counts disagree with its buffers."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    send_counts = [r + j + 1 for j in range(P)]
+    recv_counts = [i + r + 1 for i in range(P)]
+    x, out = np.zeros(sum(send_counts), np.int64), np.zeros(sum(recv_counts), np.int64)
+    req = comm.all_to_all_v_init(x, out, send_counts, recv_counts)
+    bad = 0
+    for k in range(reuses):
+        # element e of the block for rank j: 1000 * k + 100 * r + 10 * j + e
+        x[:] = np.concatenate([1000 * k + 100 * r + 10 * j + np.arange(c) for j, c in enumerate(send_counts)])
+        req.start(async_op=k % 2 == 1)
+        req.wait()
+        want = np.concatenate([1000 * k + 100 * i + 10 * r + np.arange(c) for i, c in enumerate(recv_counts)])
+        bad += int(not np.array_equal(out, want))
+    try:
+        comm.all_to_all_v_init(x, out, send_counts, [c + 1 for c in recv_counts])
+        refused = False
+    except rt.InvalidArgument as e:
+        refused = "all_to_all_v" in str(e)
+    comm.close()
+    return {"bad": bad, "refused": refused}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_persistent_all_to_all_v_with_uneven_counts(nranks):
+    for res in run_world(nranks, persistent_all_to_all_v, {"reuses": 50}, timeout=100).check_ok():
+        assert res == {"bad": 0, "refused": True}, res

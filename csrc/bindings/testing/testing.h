@@ -7,4 +7,6 @@ namespace ringtree {
 void register_test_hooks(pybind11::module_& m);
 // The CUDA stand-in: device memory, streams, devices, contexts, violations.
 void register_standin_hooks(pybind11::module_& m);
+// A group's cost timed from C++ (bench_group).
+void register_bench_hooks(pybind11::module_& m);
 }  // namespace ringtree

@@ -27,6 +27,7 @@ PYBIND11_MODULE(_ringtree_testing, m) {
   ringtree::register_errors(m);  // the hooks raise these (testing.Error, ...)
   ringtree::register_test_hooks(m);
   ringtree::register_standin_hooks(m);
+  ringtree::register_bench_hooks(m);
   ringtree::register_thread_ranks(m);
   m.def("fake_nccl_aborts", &ringtree::fake_nccl_aborts,
         "How often the fake NCCL this module exports (RINGTREE_NCCL_LIBRARY=<this file>) was aborted.");

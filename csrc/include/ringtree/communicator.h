@@ -200,8 +200,9 @@ class Communicator {
   // before any traffic), and a Request whose start() runs it. Gated calls cannot be persistent.
   virtual std::shared_ptr<Request> persistent(const CollectiveArgs& args) = 0;
   // Grouped calls (NCCL's ncclGroupStart/End). Between group_start() and group_end(), run()
-  // validates each call (a bad one throws and the group keeps the others) and collects it: a
-  // blocking call returns at once, an async one returns the group's Work. group_end() runs them
+  // collects each call as issued: a blocking call returns at once, an async one returns the
+  // group's Work. group_end() validates them all first (a bad one throws InvalidArgument naming
+  // its place in the group, before any traffic, and the group is dropped), then runs them
   // as one operation: one check that every rank's group holds the same collectives (a mismatch
   // names the call within the group, on every rank), small all_reduces of one dtype and op fused
   // into one call over a staging buffer, the other collectives in issue order, then the sends and
@@ -216,6 +217,7 @@ class Communicator {
   // Drops the calls collected so far and leaves the group (after an error inside it): nothing was
   // sent, and the communicator stays usable. A Work the group handed out fails with Aborted.
   virtual void group_discard() = 0;
+  // Whether this thread has a group open (its calls are being collected).
   virtual bool in_group() const = 0;
   // The checks run() makes before any traffic, alone: throws InvalidArgument or returns what
   // they made of the call.
