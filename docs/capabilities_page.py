@@ -49,8 +49,6 @@ CELL_TEXT = {
 # Refusals: InvalidArgument before any traffic, with these words (the footnotes quote them).
 REFUSALS = {
     "messages": "messages take host buffers",
-    "group": "a group runs host buffers only",
-    "persistent": "grouped and persistent calls run on host buffers",
 }
 
 HOST = {"shm": "yes", "tcp": "yes"}
@@ -79,12 +77,12 @@ ROWS = (
     (
         "grouped",
         "grouped: `with comm.group():`",
-        {**HOST, "ipc": "refused:group", "staged": "refused:group", "nccl": "refused:group"},
+        IPC_KERNEL,
     ),
     (
         "persistent",
         "persistent: `all_reduce_init`",
-        {**HOST, "ipc": "refused:persistent", "staged": "refused:persistent", "nccl": "refused:persistent"},
+        IPC_KERNEL,
     ),
 )
 

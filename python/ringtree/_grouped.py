@@ -428,6 +428,14 @@ class Grouping:
         # The core checks the call here either way (no traffic, and it reads no buffer); a call
         # on CUDA buffers then runs on the device path at each start, on the stream it has now.
         send_counts, recv_counts = (counts(c, n) for c, n in zip(vc or ((), ()), ("send_counts", "recv_counts")))
+        some = inb or outb
+        use_nccl = isinstance(algo, str) and algo.lower() == "nccl"
+        if use_nccl and not (some and some.device):
+            raise _core.InvalidArgument(
+                f"{coll}_init: algo='nccl' needs CUDA buffers (torch CUDA tensors, cupy arrays); "
+                f"host buffers take the ringtree algorithms"
+            )
+        code = 0 if use_nccl else algo_code(algo)  # the core checks the rest as an auto call
         req = self._core.persistent(
             COLL_CODES[coll],
             *fields,
@@ -435,17 +443,16 @@ class Grouping:
             factor,
             int(root),
             int(peer),
-            algo_code(algo),
+            code,
             t,
             int(recv_peer),
             bool(det),
             send_counts,
             recv_counts,
         )
-        some = inb or outb
         if some and some.device:
             head = (COLL_CODES[coll], *fields, op_code, factor, int(root), int(peer), int(recv_peer))
-            head += (algo_code(algo), t, some.stream, False)
+            head += (code, t, some.stream, use_nccl)
             req = DeviceRequest(None, [DeviceCall(self._cuda_comm, head, send_counts, recv_counts, bool(det))])
         result = out if coll not in ("broadcast", "send", "barrier") else (x if coll == "broadcast" else None)
         return Request(req, (x, out), result)

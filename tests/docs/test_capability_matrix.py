@@ -154,7 +154,7 @@ def test_a_wrong_cell_is_caught():
     with pytest.raises(AssertionError):
         check("ok staged", "ipc", "ipc", "all_reduce")
     with pytest.raises(AssertionError):
-        check("ok", "refused:group", "ipc", "grouped")
+        check("ok", "refused:messages", "ipc", "grouped")
     with pytest.raises(AssertionError):
         check("InvalidArgument: x: messages take host buffers (aborted)", "refused:messages", "ipc", "isend")
     check("InvalidArgument: irecv: messages take host buffers; got ...", "refused:messages", "ipc", "isend")
