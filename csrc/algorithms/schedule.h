@@ -164,10 +164,11 @@ Schedule build_schedule(const ScheduleKey& key);
 // the same schedule for the same call.
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes = 0);
 
-// Children per node of a flat broadcast or reduce tree (algo tree or ring; ring is a chain).
-int rooted_tree_arity(Algo algo);
+// Children per node of a broadcast or reduce tree over nranks ranks: ring is a chain (1), tree
+// binary (2), and direct (broadcast only) flat: every other rank a child of the root.
+int rooted_tree_arity(Algo algo, int nranks);
 // Whether every rank of that tree over nranks ranks receives straight from the root.
-inline bool rooted_tree_is_flat(Algo algo, int nranks) { return nranks - 1 <= rooted_tree_arity(algo); }
+inline bool rooted_tree_is_flat(Algo algo, int nranks) { return nranks - 1 <= rooted_tree_arity(algo, nranks); }
 
 // Per-algorithm generators (one file each).
 void ring_all_reduce(Schedule& s, int nranks, int rank, uint64_t count);

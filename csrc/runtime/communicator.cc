@@ -74,12 +74,13 @@ Algo parse_algo_setting() {
   if (v == "auto") return Algo::Auto;
   if (v == "ring") return Algo::Ring;
   if (v == "tree") return Algo::Tree;
+  if (v == "direct") return Algo::Direct;
   if (v == "oneshot") return Algo::OneShot;
   if (v == "hier") return Algo::Hier;
   if (v == "hier_tree") return Algo::HierTree;
   if (v == "rank_order") return Algo::RankOrder;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier, hier_tree or rank_order, got '", v,
-           "'");
+  RT_THROW(InvalidArgument,
+           "RINGTREE_ALGO must be auto, ring, tree, direct, oneshot, hier, hier_tree or rank_order, got '", v, "'");
 }
 
 }  // namespace
@@ -209,6 +210,8 @@ void CommunicatorImpl::setup_choice(Bootstrap& boot) {
     costs.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
     costs.tcp_hop_s = std::max<int64_t>(1, TcpHopMicros()) * 1e-6;
     costs.tcp_Bps = std::max<int64_t>(1, TcpMBps()) * 1e6;
+    // One host: single copy is on for every rank or none (the probe's verdicts are shared).
+    costs.single_copy_bytes = static_cast<double>(exec_.single_copy_bytes());
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs, sizeof(costs));
