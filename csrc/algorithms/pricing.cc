@@ -44,7 +44,7 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
          line(a.remote_reduced, b.remote_reduced, c.remote_reduced) &&
          line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published) &&
          line(a.host_net, b.host_net, c.host_net) && line(a.host_reduced, b.host_reduced, c.host_reduced) &&
-         line(a.host_copied, b.host_copied, c.host_copied) && line(a.receiving, b.receiving, c.receiving);
+         line(a.host_copied, b.host_copied, c.host_copied);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -175,7 +175,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
   // bounds the call; the critical path adds the latency. Busiest means the most bytes of all
   // kinds together (a byte across hosts weighing w.byte); of two ranks that tie, the one that
   // reduces more (a reduction costs more than a copy), then the lower rank.
-  double most = -1, most_reduced = -1, published = 0, receiving = 0;
+  double most = -1, most_reduced = -1, published = 0;
   // Per host label (rank 0's host alone without a topology): ranks, then the work of each kind.
   struct HostWork {
     int ranks = 0;
@@ -219,7 +219,6 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
       mine.remote_link += std::max(step_out, step_in);
     }
     out.steps = std::max(out.steps, mine.steps);
-    receiving = std::max(receiving, mine.received + mine.copied);
     HostWork& hw = hosts[topo ? topo->host_of[r] : 0];
     // Inside the host only: bytes across hosts are priced by the busiest rank's link term.
     ++hw.ranks, hw.net += mine.sent + mine.received - mine.remote_sent - mine.remote_received;
@@ -235,7 +234,6 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
     }
   }
   out.published = published;
-  out.receiving = receiving;
   const HostWork* big = &hosts[0];
   for (const HostWork& h : hosts) {
     const double work = h.net + h.reduced + h.copied, most_work = big->net + big->reduced + big->copied;
@@ -264,8 +262,7 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
           mix(a.published, b.published),
           mix(a.host_net, b.host_net),
           mix(a.host_reduced, b.host_reduced),
-          mix(a.host_copied, b.host_copied),
-          mix(a.receiving, b.receiving)};
+          mix(a.host_copied, b.host_copied)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -325,19 +322,13 @@ double remote_seconds(const ScheduleCounts& k, const Rates& r) {
   return std::max(cpu, k.remote_link * r.link);
 }
 
-// single_copy: every message of the call is read by its receiver straight out of its sender
-// (single_copy_call), so a byte costs the receiver one copy and the sender nothing: the busiest
-// rank is the one that receives and copies the most, and the host pays for half its messages'
-// bytes (one host, each message sent and received there). Such calls reduce nothing.
-double data_seconds(const ScheduleCounts& k, const Rates& r, bool single_copy) {
-  const double local = single_copy ? k.receiving * r.copy
-                                   : (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
-                                         (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy;
+double data_seconds(const ScheduleCounts& k, const Rates& r) {
+  const double local = (k.sent + k.received - k.remote_sent - k.remote_received) * r.net +
+                       (k.reduced - k.remote_reduced) * r.reduce + k.copied * r.copy;
   if (r.share <= 1) return local + remote_seconds(k, r);
   // Ranks outnumber cores: the busiest rank's own work at a core's pace, or the host's work
   // over its cores, whichever is longer (the rates carry the share: take it out).
-  const double host_net = single_copy ? k.host_net / 2 : k.host_net;
-  const double host = (host_net * r.net + k.host_reduced * r.reduce + k.host_copied * r.copy) / r.cores;
+  const double host = (k.host_net * r.net + k.host_reduced * r.reduce + k.host_copied * r.copy) / r.cores;
   return std::max(local, host) / r.share + remote_seconds(k, r);
 }
 
@@ -444,20 +435,6 @@ ScheduleCounts PriceTable::counts(Collective c, Algo a, uint64_t bytes, uint64_t
   return lerp(t.at[lo], t.at[lo + 1], (static_cast<double>(bytes) - x0) / (x1 - x0));
 }
 
-// Whether the host executor sends every message of such a call single-copy: a collective that
-// neither reduces nor gathers (exec/host/progress.cc), messages of at least m.single_copy_bytes.
-// A broadcast over a flat tree moves segments of that size (HostExecutor::segment_bytes_for),
-// over a deeper one the pipeline's segments; the others move per-rank blocks of `bytes`.
-static bool single_copy_call(const MachineCosts& m, Collective c, Algo a, int P, uint64_t bytes) {
-  if (m.single_copy_bytes <= 0 || a == Algo::OneShot || is_hier(a) || c >= Collective::Count) return false;
-  const CollectiveTraits& t = collective_traits(c);
-  if (t.reduction || t.point_to_point || c == Collective::Gather) return false;
-  double message = static_cast<double>(bytes);
-  if (c == Collective::Broadcast && !rooted_tree_is_flat(a, P))
-    message = std::min(message, static_cast<double>(pipeline_segment(c, a, 1)));
-  return message >= m.single_copy_bytes;
-}
-
 double predict(const MachineCosts& m, const PriceTable& table, Collective c, Algo a, uint64_t bytes, DataType dtype,
                std::string* formula) {
   const int P = table.nranks();
@@ -471,8 +448,7 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const Rates r = rates_for(m, buffer, dtype, !table.topology() && m.any_tcp);
   const double hops = handshake + k.hops;
   const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);
-  const bool single_copy = single_copy_call(m, c, a, P, bytes);
-  const double data = data_seconds(k, r, single_copy);
+  const double data = data_seconds(k, r);
   const double publish = k.published * r.copy;  // the one-shot publication, before any read
   const double t = r.call + (hops - remote_hops) * r.hop + remote_hops * r.remote_hop + publish + data;
   if (formula) {  // explain() only: choosing must stay cheap (it runs on every call)
@@ -493,7 +469,7 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
                 count_text(k.hops), oneshot ? " hop (one-shot publications)" : " hops", " on the critical path",
                 remote_hops > 0 ? str_cat(" (", count_text(remote_hops), " of ", count_text(hops), " across hosts)")
                                 : std::string(),
-                "; busiest rank ", data_text(k), single_copy ? " (single-copy: the receivers copy)" : "", where, sum);
+                "; busiest rank ", data_text(k), where, sum);
   }
   return t;
 }

@@ -49,9 +49,6 @@ struct MachineCosts {
   int32_t local_ranks = 1;     // ranks on this host
   int32_t any_tcp = 0;         // some pair talks over TCP
   int32_t measured = 0;        // 0: defaults, 1: measured now, 2: read from the cache file
-  // Messages of at least this many bytes go single-copy (transport/shm/cma.h) between every pair
-  // of ranks, all on one host; 0: none do. Not measured: the communicator states it.
-  double single_copy_bytes = 0;
 };
 
 // What a collective's schedules do, counted over every rank's schedule. Amounts are in
@@ -79,10 +76,6 @@ struct ScheduleCounts {
   // own work (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound either way; a
   // tree's leaves and a chain's ends, which do less, leave cores to the others.
   double host_net = 0, host_reduced = 0, host_copied = 0;
-  // The most any one rank receives and copies locally: the busiest rank's bytes when every
-  // message goes single-copy (transport/shm/cma.h), which costs its receiver one copy and its
-  // sender nothing.
-  double receiving = 0;
 };
 
 // How much an inter-host hop and byte weigh against a local one, to find the critical path and

@@ -29,8 +29,7 @@ void register_policies(py::module_& m) {
       .def_readwrite("l3_bytes", &MachineCosts::l3_bytes)
       .def_readwrite("cores", &MachineCosts::cores)
       .def_readwrite("local_ranks", &MachineCosts::local_ranks)
-      .def_readwrite("any_tcp", &MachineCosts::any_tcp)
-      .def_readwrite("single_copy_bytes", &MachineCosts::single_copy_bytes);
+      .def_readwrite("any_tcp", &MachineCosts::any_tcp);
 
   py::class_<AlgoChoice>(m, "AlgoChoice",
                          "algo='auto' for a stated machine and topology, without ranks (runtime/algo_choice.h).")

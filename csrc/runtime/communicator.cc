@@ -210,8 +210,6 @@ void CommunicatorImpl::setup_choice(Bootstrap& boot) {
     costs.any_tcp = size_ > 1 && !mesh_.no_pair_uses_tcp();
     costs.tcp_hop_s = std::max<int64_t>(1, TcpHopMicros()) * 1e-6;
     costs.tcp_Bps = std::max<int64_t>(1, TcpMBps()) * 1e6;
-    // One host: single copy is on for every rank or none (the probe's verdicts are shared).
-    costs.single_copy_bytes = static_cast<double>(exec_.single_copy_bytes());
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs, sizeof(costs));

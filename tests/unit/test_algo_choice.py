@@ -247,38 +247,16 @@ def test_a_hook_that_answers_wrong_fails_the_call_with_a_clear_error():
     assert choose(choice, "all_reduce", 1 << 20) == expected(choice, "all_reduce", 1 << 20)
 
 
-def flat_costs(single_copy_bytes=0, cores=4, ranks=4):
-    """1 GB/s copies at every size (no cache blend), a core per rank, single copy as stated."""
-    m = _core.MachineCosts()
-    m.copy_hot_Bps = m.copy_cold_Bps = 1e9
-    m.l2_bytes = m.l3_bytes = 1
-    m.cores, m.local_ranks = cores, ranks
-    m.single_copy_bytes = single_copy_bytes
-    return m
-
-
-def test_single_copy_messages_cost_their_receiver_one_copy_and_their_sender_none():
-    MiB = 1 << 20
-    two, one = make("P4", costs=flat_costs(0)), make("P4", costs=flat_costs(MiB))
-
-    def price(choice, coll, nbytes, algo):
-        return dict(candidates(choice, coll, nbytes))[algo]
-
-    # A flat broadcast of 8 MiB: the root sends it three times; single-copy it sends nothing and
-    # the busiest rank is a receiver, which copies it once. 2 x 8 MiB at 1 GB/s less.
-    n = 8 * MiB
-    assert price(two, "broadcast", n, "direct") - price(one, "broadcast", n, "direct") == pytest.approx(2 * n / 1e9)
-    # The binary tree pipelines 128 KiB segments, below the single-copy size: priced alike.
-    assert price(one, "broadcast", n, "tree") == pytest.approx(price(two, "broadcast", n, "tree"))
-    # A ring all_gather of 1 MiB blocks: each rank sends 3 blocks and receives 3; single-copy,
-    # only the receiving copies remain. Blocks of 64 KiB stay two-copy.
-    assert price(two, "all_gather", MiB, "ring") - price(one, "all_gather", MiB, "ring") == pytest.approx(3 * MiB / 1e9)
-    assert price(one, "all_gather", 64 << 10, "ring") == pytest.approx(price(two, "all_gather", 64 << 10, "ring"))
-    # Reductions combine what they receive: never single-copy.
-    assert price(one, "all_reduce", n, "ring") == pytest.approx(price(two, "all_reduce", n, "ring"))
-    # So at P=4 a large broadcast goes flat, every rank reading the root's buffer once, and the
-    # explanation says why.
-    assert choose(one, "broadcast", n) == "direct"
-    formula = [f for a, _, f in one.estimate(COLL["broadcast"], n, DTYPE["float32"]) if _core.ALGOS[a] == "direct"]
-    assert "single-copy" in formula[0]
-    assert choose(two, "broadcast", n) == "tree"
+def test_broadcast_runs_direct_only_when_named():
+    # The flat broadcast is a schedule like any other, but auto does not weigh it (its gain, the
+    # single-copy reads of the root's buffer, is not priced): never a candidate, never chosen,
+    # and it runs when named or set, at every size and layout.
+    for layout in LAYOUTS:
+        choice = make(layout)
+        for nbytes in SIZES:
+            assert "direct" not in [a for a, _ in candidates(choice, "broadcast", nbytes)]
+            assert choose(choice, "broadcast", nbytes) != "direct"
+            assert choose(choice, "broadcast", nbytes, algo="direct") == "direct"
+        assert choose(make(layout, forced="direct"), "broadcast", 1 << 20) == "direct"
+    with pytest.raises(rt.InvalidArgument, match="not available for reduce; choose from tree, ring, .*auto"):
+        choose(make("P4"), "reduce", 1 << 20, algo="direct")

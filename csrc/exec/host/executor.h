@@ -85,10 +85,6 @@ class HostExecutor {
   // Whether large collective messages between ranks on this host go single-copy (cma.h), and why
   // not where they do not: "on: ..." or "off: ...".
   const std::string& single_copy_status() const { return single_copy_status_; }
-  // Messages this large go single-copy to every peer (0: single copy is off for some peer).
-  uint64_t single_copy_bytes() const {
-    return single_copy_conns_.size() + 1 == static_cast<size_t>(size_) ? single_copy_min_bytes_ : 0;
-  }
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
   // The pipeline segment for a call of `bytes` (0: RINGTREE_TREE_SEGMENT_BYTES), the same on every
