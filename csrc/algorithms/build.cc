@@ -16,6 +16,7 @@ std::vector<Algo> supported_algos(Collective coll) {
     case Collective::AllGather:
       return {Algo::Ring};
     case Collective::Broadcast:
+      return {Algo::Tree, Algo::Ring, Algo::Direct};
     case Collective::Reduce:
       return {Algo::Tree, Algo::Ring};
     default:
@@ -50,7 +51,10 @@ void local_copy_only(Schedule& s, const ScheduleKey& k) {
 
 }  // namespace
 
-int rooted_tree_arity(Algo algo) { return algo == Algo::Ring ? 1 : 2; }
+int rooted_tree_arity(Algo algo, int nranks) {
+  if (algo == Algo::Direct) return std::max(1, nranks - 1);  // flat: every rank a child of the root
+  return algo == Algo::Ring ? 1 : 2;
+}
 
 uint64_t pipeline_segment(Collective coll, Algo algo, size_t elem_size, uint64_t segment_bytes) {
   const bool pipelined = coll == Collective::Broadcast || coll == Collective::Reduce || algo == Algo::RankOrder ||
@@ -92,7 +96,7 @@ Schedule build_schedule(const ScheduleKey& k) {
     rank_order_schedule(s, k);
     return s;
   }
-  const int arity = rooted_tree_arity(k.algo);
+  const int arity = rooted_tree_arity(k.algo, P);
   switch (k.coll) {
     case Collective::AllReduce:
       if (k.algo == Algo::Tree)

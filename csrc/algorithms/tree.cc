@@ -3,9 +3,11 @@
 // Terms: ranks are renumbered relative to the root (rel = r - root mod P) and arranged as a
 // complete k-ary tree in heap order: the parent of rel is (rel-1)/k, its children are
 // k*rel+1 .. k*rel+k. Arity 2 is the binary tree; arity 1 is a chain (root -> 1 -> 2 -> ...),
-// which is what "ring" means for broadcast and reduce. The buffer is cut into S segments of
-// `segment` elements (the last may be shorter); segments stream through the tree so that a
-// node forwards segment t-1 while it receives segment t.
+// which is what "ring" means for broadcast and reduce; arity P-1 is flat, what "direct" means for
+// broadcast: the root sends every segment to every rank, which over single-copy shared memory
+// means each rank reads it once straight from the root's buffer and the root copies nothing. The buffer is cut into S
+// segments of `segment` elements (the last may be shorter); segments stream through the tree so that a node forwards
+// segment t-1 while it receives segment t.
 //
 // An interior node reduces its children one after another (child 1 into the accumulator from
 // the input, child 2.. into the accumulator from itself): two children never write the same

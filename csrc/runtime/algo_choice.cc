@@ -18,6 +18,9 @@ void AlgoChoice::configure(const ChoiceSetup& setup) {
   forced_ = setup.forced;
   for (int c = 0; c < static_cast<int>(Collective::Count); ++c) {
     scheduled_[c] = supported_algos(static_cast<Collective>(c));
+    weighed_[c].clear();
+    for (Algo a : scheduled_[c])
+      if (auto_weighs(static_cast<Collective>(c), a)) weighed_[c].push_back(a);
     hier_[c] = hier_algos(static_cast<Collective>(c));
   }
   // The schedules' counts depend only on P, the hosts and the segment setting (and the figures
@@ -37,7 +40,7 @@ void AlgoChoice::set_hook(std::shared_ptr<ChoiceHook> hook) {
 }
 
 std::vector<Algo> AlgoChoice::available(Collective coll, uint64_t bytes) const {
-  std::vector<Algo> algos = scheduled_[static_cast<int>(coll)];
+  std::vector<Algo> algos = weighed_[static_cast<int>(coll)];
   if (oneshot_fits(coll, bytes)) algos.push_back(Algo::OneShot);
   if (multi_host_)
     for (Algo a : hier_[static_cast<int>(coll)]) algos.push_back(a);
@@ -60,6 +63,8 @@ Algo AlgoChoice::choose_rank_order(Collective coll, Algo wanted, uint64_t bytes,
 void AlgoChoice::refuse(Collective coll, Algo requested, uint64_t bytes) const {
   std::string names;
   for (Algo a : available(coll, bytes)) names += std::string(algo_name(a)) + ", ";
+  for (Algo a : scheduled_[static_cast<int>(coll)])
+    if (!auto_weighs(coll, a)) names += std::string(algo_name(a)) + ", ";
   if (!multi_host_)
     for (Algo a : hier_[static_cast<int>(coll)]) names += std::string(algo_name(a)) + ", ";
   for (Algo a : rank_order_algos(coll)) names += std::string(algo_name(a)) + ", ";
@@ -85,7 +90,7 @@ std::atomic<uint64_t>& AlgoChoice::memo_slot(Collective coll, uint64_t bytes, Da
 }
 
 Algo AlgoChoice::cheapest(Collective coll, uint64_t bytes, DataType dtype, bool oneshot) const {
-  const std::vector<Algo>& scheduled = scheduled_[static_cast<int>(coll)];
+  const std::vector<Algo>& scheduled = weighed_[static_cast<int>(coll)];
   Algo best = scheduled.front();
   double best_s = predict(costs_, prices_, coll, best, bytes, dtype, nullptr);
   auto consider = [&](Algo a) {
@@ -125,7 +130,8 @@ Algo AlgoChoice::choose(Collective coll, Algo requested, uint64_t bytes, DataTyp
   // peers. (The communicator runs no traffic for a count-0 collective; this is its price.)
   if (bytes == 0 && oneshot && coll != Collective::Barrier) return Algo::OneShot;
   // Rule 5: one candidate (sendrecv, gather, ... have no hierarchical form): nothing to price.
-  if (scheduled.size() == 1 && !oneshot && (!multi_host_ || hier.empty())) return scheduled.front();
+  const std::vector<Algo>& weighed = weighed_[static_cast<int>(coll)];
+  if (weighed.size() == 1 && !oneshot && (!multi_host_ || hier.empty())) return weighed.front();
   // Rule 6, remembered: one word per entry, lock-free, read and written whole.
   std::atomic<uint64_t>& memo = memo_slot(coll, bytes, dtype);
   const uint64_t key = memo_key(coll, bytes, dtype);

@@ -95,6 +95,8 @@ class AlgoChoice {
   uint64_t oneshot_bytes_ = 0;
   Algo forced_ = Algo::Auto;
   std::array<std::vector<Algo>, static_cast<size_t>(Collective::Count)> scheduled_, hier_;
+  // scheduled_ less what a call may only name (auto_weighs): rule 6's flat candidates.
+  std::array<std::vector<Algo>, static_cast<size_t>(Collective::Count)> weighed_;
   std::shared_ptr<ChoiceHook> hook_;
   mutable std::array<std::atomic<uint64_t>, kMemoEntries> memo_{};
 };

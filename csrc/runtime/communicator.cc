@@ -74,12 +74,13 @@ Algo parse_algo_setting() {
   if (v == "auto") return Algo::Auto;
   if (v == "ring") return Algo::Ring;
   if (v == "tree") return Algo::Tree;
+  if (v == "direct") return Algo::Direct;
   if (v == "oneshot") return Algo::OneShot;
   if (v == "hier") return Algo::Hier;
   if (v == "hier_tree") return Algo::HierTree;
   if (v == "rank_order") return Algo::RankOrder;
-  RT_THROW(InvalidArgument, "RINGTREE_ALGO must be auto, ring, tree, oneshot, hier, hier_tree or rank_order, got '", v,
-           "'");
+  RT_THROW(InvalidArgument,
+           "RINGTREE_ALGO must be auto, ring, tree, direct, oneshot, hier, hier_tree or rank_order, got '", v, "'");
 }
 
 }  // namespace

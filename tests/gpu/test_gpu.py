@@ -52,6 +52,7 @@ CASES = [
     ("reduce", "ring"),
     ("gather", "direct"),
     ("scatter", "direct"),
+    ("broadcast", "direct"),
 ]
 REDUCTIONS = {"all_reduce", "reduce_scatter", "reduce"}
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}

@@ -23,7 +23,7 @@ COUNTS = [0, 1, 7, "P-1", "3P+1", "large"]
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 ALGOS = {
     "all_reduce": ["ring", "tree", "oneshot"],
-    "broadcast": ["tree", "ring", "oneshot"],
+    "broadcast": ["tree", "ring", "direct", "oneshot"],
     "reduce": ["tree", "ring", "oneshot"],
     "reduce_scatter": ["ring", "oneshot"],
     "all_gather": ["ring", "oneshot"],

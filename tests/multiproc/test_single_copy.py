@@ -28,7 +28,7 @@ MIN_BYTES = 4096
 ROUTED = [
     ("all_gather", ["ring"]),
     ("all_to_all", ["direct"]),
-    ("broadcast", ["tree", "ring"]),
+    ("broadcast", ["tree", "ring", "direct"]),
     ("gather", ["auto"]),
     ("scatter", ["auto"]),
 ]
@@ -167,7 +167,7 @@ def repeat_until_raised(call, seconds):
         return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
 
 
-def kill_during(coll, victim=1):
+def kill_during(coll, algo="auto", victim=1):
     """The victim SIGKILLs itself in the middle of a run of large single-copy calls (it may die
     while a peer reads its buffer, or while its peers wait for it to read theirs); the others must
     raise PeerFailure naming it, long before the collective timeout."""
@@ -179,21 +179,26 @@ def kill_during(coll, victim=1):
     call = {
         "all_gather": lambda: comm.all_gather(x, out),
         "all_to_all": lambda: comm.all_to_all(out, np.empty_like(out)),
-        "broadcast": lambda: comm.broadcast(out, root=0),
+        "broadcast": lambda: comm.broadcast(out, root=0, algo=algo),
     }[coll]
     call()
+    comm.barrier()  # every rank is done with the first call (a flat broadcast's root finishes last)
     if comm.rank == victim:
         threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     return repeat_until_raised(call, 30)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("coll", ["all_gather", "all_to_all", "broadcast"])
-def test_sigkill_mid_single_copy_is_reported_fast_on_every_rank(coll):
+@pytest.mark.parametrize(
+    "coll,algo,P",
+    [("all_gather", "auto", 3), ("all_to_all", "auto", 3), ("broadcast", "auto", 3), ("broadcast", "direct", 4)],
+)
+def test_sigkill_mid_single_copy_is_reported_fast_on_every_rank(coll, algo, P):
     # The threshold under a broadcast's segments, so that every one of them goes single-copy.
-    world = run_world(3, kill_during, dict(coll=coll), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=120)
+    env = {"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}
+    world = run_world(P, kill_during, dict(coll=coll, algo=algo), env=env, timeout=120)
     assert world.returncodes[1] == -9, world.failure_report()
-    for rank in (0, 2):
+    for rank in [q for q in range(P) if q != 1]:
         res = world.results[rank]
         assert res is not None and world.returncodes[rank] == 0, world.failure_report()
         assert res["raised"] == "PeerFailure", res

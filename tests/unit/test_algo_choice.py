@@ -245,3 +245,18 @@ def test_a_hook_that_answers_wrong_fails_the_call_with_a_clear_error():
         core_hook("ring")
     choice.set_choice_hook(None)
     assert choose(choice, "all_reduce", 1 << 20) == expected(choice, "all_reduce", 1 << 20)
+
+
+def test_broadcast_runs_direct_only_when_named():
+    # The flat broadcast is a schedule like any other, but auto does not weigh it (its gain, the
+    # single-copy reads of the root's buffer, is not priced): never a candidate, never chosen,
+    # and it runs when named or set, at every size and layout.
+    for layout in LAYOUTS:
+        choice = make(layout)
+        for nbytes in SIZES:
+            assert "direct" not in [a for a, _ in candidates(choice, "broadcast", nbytes)]
+            assert choose(choice, "broadcast", nbytes) != "direct"
+            assert choose(choice, "broadcast", nbytes, algo="direct") == "direct"
+        assert choose(make(layout, forced="direct"), "broadcast", 1 << 20) == "direct"
+    with pytest.raises(rt.InvalidArgument, match="not available for reduce; choose from tree, ring, .*auto"):
+        choose(make("P4"), "reduce", 1 << 20, algo="direct")

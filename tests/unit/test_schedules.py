@@ -23,6 +23,7 @@ CASES = [
     ("all_to_all", "direct"),
     ("broadcast", "tree"),
     ("broadcast", "ring"),
+    ("broadcast", "direct"),
     ("reduce", "tree"),
     ("reduce", "ring"),
     ("gather", "direct"),

@@ -180,8 +180,8 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
                                 " bytes (RINGTREE_CMA_MIN_BYTES) between the ", here.size(), " ranks on this host");
 }
 
-// Every receiver of a broadcast over a flat tree (P = 2 on the chain, up to 3 on the binary
-// tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
+// Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the
+// binary tree) reads from the root, so there is nothing to pipeline; single-copy, each segment
 // costs the receiver a system call and the pair a header. At P=2, 2-8 MiB, segments of the
 // single-copy size ran 1.2-1.7x faster than the default's in two interleaved runs here and even
 // in two others, never slower. Only where every other rank is a single-copy
@@ -189,7 +189,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
   const bool every_peer_single_copy = single_copy_conns_.size() + 1 == static_cast<size_t>(size_);
   if (coll != Collective::Broadcast || !every_peer_single_copy || bytes < single_copy_min_bytes_ ||
-      (algo != Algo::Tree && algo != Algo::Ring))
+      (algo != Algo::Tree && algo != Algo::Ring && algo != Algo::Direct))
     return 0;
   return rooted_tree_is_flat(algo, size_) ? single_copy_min_bytes_ : 0;
 }
