@@ -25,8 +25,8 @@ NAMES = {"rt": rt, "comm": rt.Communicator, "work": rt.Work, "req": rt.Request, 
 
 
 def ringtree_cells() -> list:
-    """(table heading, row's first cell, the ringtree cell) of every table whose last column is
-    ringtree's."""
+    """(table heading, row's first cell, the ringtree cell) of every table with a ringtree column
+    (in the wide tables the second, beside the task, so it is on screen without scrolling)."""
     with open(PAGE) as f:
         lines = f.read().split("\n")
     cells, heading = [], None
@@ -40,8 +40,9 @@ def ringtree_cells() -> list:
             continue
         if set("".join(row)) <= set("-: "):
             continue
-        if heading[-1] in ("ringtree", "with ringtree"):
-            cells.append((heading[0], row[0], row[-1]))
+        for column in ("ringtree", "with ringtree"):
+            if column in heading:
+                cells.append((heading[0], row[0], row[heading.index(column)]))
     return cells
 
 
