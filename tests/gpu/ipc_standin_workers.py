@@ -464,3 +464,20 @@ def capture_is_refused(n=1000):
     out["after_later_ok"] = plain_call()
     testing.standin_stream_destroy(stream)
     return out
+
+
+def sums_on_one_device(calls=2, n=4096):
+    """Every rank on stand-in device 0 (several processes on one GPU): `calls` all_reduces of
+    rank + 1, each checked; the path that ran them."""
+    arrays = DeviceArrays("standin")
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    ok = True
+    for _ in range(calls):
+        x = arrays.upload(np.full(n, r + 1, np.float32))
+        comm.all_reduce(x)
+        arrays.synchronize()
+        ok = ok and bool(np.all(peek(x) == P * (P + 1) / 2))
+    executor = comm.status().cuda_executor
+    comm.close()
+    return {"ok": ok, "executor": executor}

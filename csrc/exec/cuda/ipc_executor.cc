@@ -10,6 +10,7 @@
 // word the kernel polls and the peers' stop words, so every rank's kernel ends and reports.
 #include "kernels/cuda/cuda_api.h"
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -87,6 +88,16 @@ struct DeviceSchedule {
 
 class IpcPathImpl;
 
+// Which GPU a rank's device is (its PCI location, the same in every process of the host) and
+// whether its contexts are shared through MPS.
+struct GpuPlace {
+  int32_t pci_domain = -1, pci_bus = -1, pci_device = -1;
+  int32_t mps = 0;
+  bool same_gpu(const GpuPlace& o) const {
+    return pci_domain == o.pci_domain && pci_bus == o.pci_bus && pci_device == o.pci_device;
+  }
+};
+
 class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathImpl> {
  public:
   IpcPathImpl(std::shared_ptr<Communicator> host)
@@ -94,7 +105,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   ~IpcPathImpl() override { close(); }
 
   // Allocates and exports this rank's mailboxes; returns "" or why this rank cannot take part.
-  std::string prepare_local(CudaIpcMailboxes::Export* out);
+  std::string prepare_local(CudaIpcMailboxes::Export* out, GpuPlace* place);
   // Maps the peers' mailboxes; returns "" or why not. Called on every rank or none: from then
   // on peers may map this rank's region, and close() waits for them to let go of it.
   std::string open_peers(const std::vector<CudaIpcMailboxes::Export>& exports) {
@@ -192,7 +203,7 @@ class IpcPathImpl : public IpcPath, public std::enable_shared_from_this<IpcPathI
   CallWatch watch_;
 };
 
-std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
+std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out, GpuPlace* place) {
   if (!CudaIpc()) return "RINGTREE_CUDA_IPC=0";
   if (P_ > kMaxIpcRanks) return str_cat(P_, " ranks (the CUDA IPC executor takes at most ", kMaxIpcRanks, ")");
   const std::vector<std::string> transports = host_->status().transports;
@@ -207,6 +218,14 @@ std::string IpcPathImpl::prepare_local(CudaIpcMailboxes::Export* out) {
     RT_CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device_));
     RT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     if (!cooperative) return "the device cannot launch cooperative kernels";
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&place->pci_domain, cudaDevAttrPciDomainId, device_));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&place->pci_bus, cudaDevAttrPciBusId, device_));
+    RT_CUDA_CHECK(cudaDeviceGetAttribute(&place->pci_device, cudaDevAttrPciDeviceId, device_));
+    // A driver without the attribute answers an error: count that as no MPS.
+    if (cudaDeviceGetAttribute(&place->mps, cudaDevAttrMpsEnabled, device_) != cudaSuccess) {
+      place->mps = 0;
+      (void)cudaGetLastError();
+    }
     const int64_t wanted = CudaIpcChannels() < 1 ? 1 : CudaIpcChannels();
     channels_ = static_cast<uint32_t>(std::min<int64_t>({wanted, kMaxChannels, sms}));
   } catch (const Error& e) {
@@ -522,8 +541,36 @@ struct ConnectRecord {
   uint64_t slot_bytes;
   int32_t slots;
   int32_t channels;
+  GpuPlace place;
   CudaIpcMailboxes::Export mailboxes;
 };
+
+// Processes that share one GPU without MPS take turns on it in time slices, and a walk that
+// waits for a peer's walk waits until the GPU switches to the peer's context: each handoff can
+// cost a slice (milliseconds). The walks still progress (their waits back off), so the path stays
+// and the lowest rank of each such set says so once per process.
+void warn_if_time_sliced(const std::vector<ConnectRecord>& all, int rank) {
+  std::vector<int> sharing;
+  bool every_one_mps = true;
+  for (int q = 0; q < static_cast<int>(all.size()); ++q)
+    if (all[q].place.same_gpu(all[static_cast<size_t>(rank)].place)) {
+      sharing.push_back(q);
+      every_one_mps = every_one_mps && all[q].place.mps;
+    }
+  if (sharing.size() < 2 || sharing.front() != rank || every_one_mps) return;
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  std::string ranks;
+  for (int q : sharing) ranks += str_cat(ranks.empty() ? "" : ", ", q);
+  const GpuPlace& g = all[static_cast<size_t>(rank)].place;
+  char pci[32];
+  std::snprintf(pci, sizeof(pci), "%04x:%02x:%02x", g.pci_domain, g.pci_bus, g.pci_device);
+  std::fprintf(stderr,
+               "ringtree: ranks %s share the GPU at PCI %s without MPS: the GPU time-slices their processes, "
+               "so a CUDA IPC call may wait a time slice at each step; start MPS (nvidia-cuda-mps-control -d) "
+               "before the job, or give each rank a GPU of its own\n",
+               ranks.c_str(), pci);
+}
 
 }  // namespace
 
@@ -531,14 +578,14 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
   auto path = std::make_shared<IpcPathImpl>(host);
   const int P = host->size();
   ConnectRecord rec{};
-  const std::string mine = path->prepare_local(&rec.mailboxes);
+  const std::string mine = path->prepare_local(&rec.mailboxes, &rec.place);
   rec.slot_bytes = path->slot_bytes();
   rec.slots = static_cast<int32_t>(path->slots());
   rec.channels = static_cast<int32_t>(path->channels());
   // Round 1: can every rank allocate and export its mailboxes?
   std::string failed = first_rank_unable(*host, mine);
+  std::vector<ConnectRecord> all(static_cast<size_t>(P));
   if (failed.empty()) {
-    std::vector<ConnectRecord> all(static_cast<size_t>(P));
     CollectiveArgs g;
     g.coll = Collective::AllGather;
     g.dtype = DataType::Uint8;
@@ -565,6 +612,7 @@ std::shared_ptr<IpcPath> IpcPath::connect(std::shared_ptr<Communicator> host, st
     return nullptr;
   }
   path->finish_setup();
+  warn_if_time_sliced(all, host->rank());
   return path;
 }
 

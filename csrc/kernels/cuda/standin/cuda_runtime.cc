@@ -421,6 +421,16 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrCooperativeLaunch:
       *value = 1;
       return cudaSuccess;
+    case cudaDevAttrPciBusId:  // one bus per device: the stand-in's devices are distinct GPUs
+      *value = device + 1;
+      return cudaSuccess;
+    case cudaDevAttrPciDeviceId:
+    case cudaDevAttrPciDomainId:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrMpsEnabled:
+      *value = ::ringtree::setting_int(::ringtree::Setting::StandinMps) != 0 ? 1 : 0;
+      return cudaSuccess;
   }
   return fail(cudaErrorInvalidValue);
 }

@@ -136,6 +136,10 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxThreadsPerMultiProcessor = 39,
   cudaDevAttrCooperativeLaunch = 95,
+  cudaDevAttrPciBusId = 33,
+  cudaDevAttrPciDeviceId = 34,
+  cudaDevAttrPciDomainId = 50,
+  cudaDevAttrMpsEnabled = 133,
 };
 
 constexpr unsigned cudaStreamDefault = 0x0, cudaStreamNonBlocking = 0x1;
