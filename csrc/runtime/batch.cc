@@ -206,6 +206,37 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<Collective
   return b;
 }
 
+namespace {
+
+bool same_call(const CollectiveArgs& a, const CollectiveArgs& b) {
+  auto same_buffer = [](const Buffer& x, const Buffer& y) {
+    return x.ptr == y.ptr && x.count == y.count && x.readonly == y.readonly && x.present == y.present;
+  };
+  return a.coll == b.coll && a.dtype == b.dtype && same_buffer(a.input, b.input) && same_buffer(a.output, b.output) &&
+         a.op == b.op && a.premul_factor == b.premul_factor && a.root == b.root && a.peer == b.peer &&
+         a.recv_peer == b.recv_peer && a.algo == b.algo && a.deterministic == b.deterministic &&
+         a.timeout_s == b.timeout_s && a.send_counts == b.send_counts && a.recv_counts == b.recv_counts &&
+         a.ready == b.ready;
+}
+
+}  // namespace
+
+std::shared_ptr<Batch> CommunicatorImpl::group_batch(std::vector<CollectiveArgs>& calls) {
+  std::lock_guard<std::mutex> lock(group_cache_mu_);
+  // A batch depends on its calls' arguments alone (buffers by address, never their contents), so
+  // the same calls make the same batch. One held elsewhere (an async group still queued or
+  // running, another thread's group about to start) is not shared.
+  if (cached_group_ && cached_group_.use_count() == 1 && calls.size() == cached_group_calls_.size() &&
+      std::equal(calls.begin(), calls.end(), cached_group_calls_.begin(), same_call))
+    return cached_group_;
+  std::shared_ptr<Batch> b = make_batch(calls, true);
+  b->check_every_run = true;
+  b->comm_.reset();  // run by start_batch here, never by Request::start
+  cached_group_ = b;
+  cached_group_calls_.swap(calls);
+  return b;
+}
+
 void CommunicatorImpl::order_batch(Batch& b) {
   if (b.check_pending) b.check_seq = next_seq_++;
   for (BatchItem& it : b.items) order_call(it.call);
@@ -367,7 +398,7 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
   if (async && !work) work = std::make_shared<Work>();
   std::shared_ptr<Batch> b;
   try {
-    if (!calls.empty()) b = make_batch(calls, true);
+    if (!calls.empty()) b = group_batch(calls);
   } catch (const Error& e) {  // a bad call: nothing was sent, as for a discarded group
     if (work)
       work->finish(std::make_exception_ptr(Aborted(str_cat("the group was discarded before it ran: ", e.what()))));
@@ -378,7 +409,6 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
       if (work) work->finish(nullptr);
       return async ? work : nullptr;
     }
-    b->check_every_run = true;
     if (async) return start_batch(b, true, work);
     start_batch(b, false, nullptr);
   } catch (...) {

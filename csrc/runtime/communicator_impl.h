@@ -127,6 +127,9 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   // Validates every call (a bad one throws InvalidArgument naming it; with `group`, its place in
   // the group), fuses and orders them, and chooses each item's algorithm.
   std::shared_ptr<Batch> make_batch(const std::vector<CollectiveArgs>& calls, bool group);
+  // The batch of a group: the last group's again when this one issued the same calls on the same
+  // buffers (a training step's group, step after step), else a new one, kept for the next.
+  std::shared_ptr<Batch> group_batch(std::vector<CollectiveArgs>& calls);
   void order_batch(Batch& b);
   void run_batch(Batch& b);
   void check_group(Batch& b);
@@ -179,6 +182,9 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   std::vector<CollectiveArgs> group_args_;
   size_t last_group_calls_ = 0;  // the capacity the next group starts with
   std::shared_ptr<Work> group_work_;
+  std::mutex group_cache_mu_;  // two threads may end groups one after the other, not together
+  std::vector<CollectiveArgs> cached_group_calls_;
+  std::shared_ptr<Batch> cached_group_;  // its comm_ is reset: it must not keep this alive
 
   // Async queue.
   struct Job {

@@ -195,6 +195,53 @@ def group_mismatch():
     return {"error": None}
 
 
+def group_repeated(steps, diverge_at):
+    """The same group, on the same buffers, step after step with new data (as a training step
+    issues it), with a second group on other buffers between some steps and an async one at some;
+    at `diverge_at` the last rank's group differs in its second call. Returns the steps whose
+    results were wrong and the mismatch error, if any."""
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    grads = [np.zeros(3, np.int64) for _ in range(8)]
+    other = np.zeros(4, np.int64)
+    wrong, error = [], None
+    for k in range(steps):
+        for i, g in enumerate(grads):
+            g[:] = 100 * r + 10 * i + k
+        try:
+            with comm.group(async_op=k % 5 == 4) as group:
+                for i, g in enumerate(grads):
+                    op = "max" if (k == diverge_at and r == P - 1 and i == 1) else "sum"
+                    comm.all_reduce(g, op=op)
+            if k % 5 == 4:
+                group.wait(timeout=60)
+        except rt.CollectiveMismatch as e:
+            error = str(e)
+            break
+        for i, g in enumerate(grads):
+            if not np.array_equal(g, np.full(3, sum(100 * q + 10 * i + k for q in range(P)))):
+                wrong.append(k)
+        if k % 3 == 1:
+            other[:] = r + k
+            with comm.group():
+                comm.all_reduce(other, op="max")
+                comm.all_reduce(grads[0][:2], op="min")
+            if not np.array_equal(other, np.full(4, P - 1 + k)):
+                wrong.append(k)
+    return {"wrong": wrong, "error": error}
+
+
+@pytest.mark.timeout(120)
+def test_a_group_issued_again_on_the_same_buffers_stays_exact_and_checked():
+    for res in run_world(2, group_repeated, dict(steps=40, diverge_at=-1), timeout=100).check_ok():
+        assert res == {"wrong": [], "error": None}, res
+    # The same group again and again, then one rank's differs: its call is named on every rank.
+    for res in run_world(3, group_repeated, dict(steps=40, diverge_at=21), timeout=100).check_ok():
+        assert res["wrong"] == [], res
+        assert "its call 1 is all_reduce (count=3, dtype=int64, op=sum" in res["error"], res
+        assert "op=max, algo=auto) on rank 2" in res["error"], res
+
+
 def group_errors():
     """A user exception and a bad argument inside a block discard the group; the communicator
     stays usable (the next calls agree on every rank)."""
