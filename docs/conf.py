@@ -39,7 +39,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|os|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
     (r"py:.*", r"c10d::.*"),
     # Types named in numpydoc sections: builtins, and "buffer" (any array the call accepts).
-    (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer)"),
+    (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer|callable|sequence|iterable)"),
 ]
 
 # The PyTorch parts are documented without torch installed (the docs extra does not pull a
@@ -81,8 +81,27 @@ _CORE = re.compile(r"\bringtree\._core\.")
 _PLACEHOLDERS = ("(*args, **kwargs)", "(*args: Any, **kwargs: Any)")
 
 
+# Classes that calls hand back and that nobody builds by hand: their entries show no constructor.
+_MADE_BY_CALLS = {
+    "ringtree.Work",
+    "ringtree.MessageWork",
+    "ringtree.Group",
+    "ringtree.Request",
+    "ringtree.Status",
+    "ringtree.ChoiceRequest",
+    "ringtree.CollectiveInfo",
+    "ringtree.ps.ServeReport",
+    "ringtree.ps.Server",
+    "ringtree.ps.Worker",
+    "ringtree.moe.MoEStats",
+    "ringtree.torch.RingtreeWork",
+}
+
+
 def _clean_signatures(app, what, name, obj, options, signature, return_annotation):
     fix = lambda text: _CORE.sub("ringtree.", _MOCK_SUBSCRIPT.sub(r"\1[\2]", text)) if text else text
+    if what == "class" and name in _MADE_BY_CALLS:
+        return "", None
     if signature in _PLACEHOLDERS and (what in ("class", "exception") or name.endswith(".__init__")):
         init = vars(obj).get("__init__") if isinstance(obj, type) else None
         if not inspect.isfunction(init):

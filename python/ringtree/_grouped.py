@@ -187,11 +187,12 @@ class Request:
         return self._result if work is None else work.wait(timeout)
 
     def is_completed(self) -> bool:
-        """Whether the last start has finished (True when it ran blocking or never ran).
+        """Whether the last start has finished, without waiting.
 
         Returns
         -------
         bool
+            True once it completed or failed, and when it ran blocking or never ran.
         """
         return self._work is None or self._work.is_completed()
 
@@ -263,11 +264,12 @@ class Group:
             self.work.wait(timeout)
 
     def is_completed(self) -> bool:
-        """Whether the group has run (always True after a blocking group).
+        """Whether the group has run, without waiting.
 
         Returns
         -------
         bool
+            True once its calls completed or failed; always True after a blocking group.
         """
         return self.work is None or self.work.is_completed()
 
