@@ -36,7 +36,7 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 # signatures but have no page here (the build runs offline, without intersphinx).
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(numpy|np|torch|os|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
+    (r"py:.*", r"(numpy|np|torch|os|io|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
     (r"py:.*", r"c10d::.*"),
     # Types named in numpydoc sections: builtins, and "buffer" (any array the call accepts).
     (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer|callable|sequence|iterable)"),

@@ -490,6 +490,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the reduce_scatter on these buffers and returns out.
 
         Raises
         ------
@@ -509,6 +510,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_gather on these buffers and returns out.
 
         Raises
         ------
@@ -528,6 +530,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_to_all on these buffers and returns out.
 
         Raises
         ------
@@ -548,6 +551,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_to_all_v on these buffers and returns out.
 
         Raises
         ------
@@ -611,6 +615,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() returns the root's out (None elsewhere).
 
         Raises
         ------
@@ -630,6 +635,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() returns out.
 
         Raises
         ------
@@ -649,6 +655,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the barrier and returns None.
 
         Raises
         ------
@@ -669,6 +676,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() sends x again and returns None.
 
         Raises
         ------
