@@ -68,7 +68,7 @@ class PremulSum:
 
 
 def premul_sum(factor: float) -> PremulSum:
-    """The op that sums every rank's input times `factor` .
+    """The op that sums every rank's input times `factor`.
 
     Parameters
     ----------
