@@ -48,13 +48,13 @@ class Machine:
     Parameters
     ----------
     call_s, hop_s, switch_s, tcp_hop_s : float
-        The attributes below, in seconds; each defaults to the figure shown.
+        The attribute of that name, in seconds.
     tcp_Bps, copy_hot_Bps, copy_cold_Bps, reduce_hot_Bps, reduce_cold_Bps : float
-        The attributes below, in bytes/s.
+        The attribute of that name, in bytes/s.
     l2_bytes, l3_bytes : float
-        The attributes below, in bytes.
+        The attribute of that name, in bytes.
     cores, nics : int
-        The attributes below; 0 by default.
+        The attribute of that name.
     """
 
     call_s: float = 2.5e-6

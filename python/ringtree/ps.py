@@ -81,7 +81,7 @@ class Adam:
     Parameters
     ----------
     lr, beta1, beta2, eps : float
-        The attributes below.
+        The attribute of that name.
     """
 
     lr: float = 1e-3

@@ -1112,7 +1112,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         Raises
         ------
         ValueError
-            Tensors, root or op the call cannot take, before any traffic.
+            A peer that is not another rank of the group, or a negative tag, before any traffic.
         """
         tensors = tensor_list(tensors, "send")
         self._check_p2p(dstRank, tag, "send")
@@ -1139,7 +1139,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         Raises
         ------
         ValueError
-            Tensors, root or op the call cannot take, before any traffic.
+            A peer that is not another rank of the group, or a negative tag, before any traffic.
         """
         tensors = tensor_list(tensors, "recv")
         self._check_p2p(srcRank, tag, "recv")
@@ -1164,7 +1164,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         Raises
         ------
         ValueError
-            Tensors, root or op the call cannot take, before any traffic.
+            More than one tensor, or a negative tag, before any traffic.
         """
         tensors = tensor_list(tensors, "recv")
         if len(tensors) != 1:
