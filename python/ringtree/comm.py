@@ -864,7 +864,8 @@ class Communicator(Recording, Grouping):
         Raises
         ------
         InvalidArgument
-            `dst` is not a rank, or `tag` is negative.
+            `dst` is not a rank, `tag` is negative or reserved (2**62 and up), or x is over
+            RINGTREE_MAX_MESSAGE_BYTES.
         """
         return self._isend(x, rank_arg(dst, "isend: dst"), user_tag(tag, "isend"), "isend")
 
@@ -892,7 +893,7 @@ class Communicator(Recording, Grouping):
         Raises
         ------
         InvalidArgument
-            `src` is not a rank or ANY_SOURCE, or `tag` is not >= 0 or ANY_TAG.
+            `src` is not a rank or ANY_SOURCE, `tag` is not >= 0 or ANY_TAG, or x is read-only.
         """
         return self._irecv(x, rank_arg(src, "irecv: src"), user_tag(tag, "irecv"), "irecv")
 

@@ -93,7 +93,7 @@ class Machine:
         m : dict
             The `machine` figures of a Status (call_us, hop_us, ..., l2_KiB, l3_KiB, cores).
         **overrides
-            Attributes to set instead, e.g. hosts' `nics`.
+            Attributes to set instead of the status's figures, e.g. nics=1.
 
         Returns
         -------
