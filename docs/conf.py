@@ -6,6 +6,7 @@ cross-references: python -m sphinx -W --keep-going -n -b html docs docs/_build/h
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import ringtree
@@ -35,10 +36,10 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 # signatures but have no page here (the build runs offline, without intersphinx).
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(numpy|np|torch|os|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
+    (r"py:.*", r"(numpy|np|torch|os|io|collections\.abc|typing|concurrent\.futures|datetime)\..*"),
     (r"py:.*", r"c10d::.*"),
     # Types named in numpydoc sections: builtins, and "buffer" (any array the call accepts).
-    (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer)"),
+    (r"py:class", r"(bool|int|float|str|bytes|dict|list|tuple|object|None|buffer|callable|sequence|iterable)"),
 ]
 
 # The PyTorch parts are documented without torch installed (the docs extra does not pull a
@@ -59,7 +60,9 @@ autodoc_typehints = "signature"
 autodoc_inherit_docstrings = False
 # Docstrings write `name` for code, as the Markdown pages do.
 default_role = "code"
-autodoc_class_signature = "separated"
+# A class's entry shows its constructor's signature, and the class's docstring describes the
+# constructor's parameters (numpydoc): no separate __init__ entry.
+autodoc_class_signature = "mixed"
 add_module_names = False
 
 
@@ -73,11 +76,41 @@ _MOCK_SUBSCRIPT = re.compile(r"(torch(?:\.\w+)*\.Future)\.(torch(?:\.\w+)+)")
 _CORE = re.compile(r"\bringtree\._core\.")
 
 
+# Placeholders for a constructor: pybind11's for a class built by its factories, and the stand-in
+# torch's __new__ for a class that subclasses one of torch's.
+_PLACEHOLDERS = ("(*args, **kwargs)", "(*args: Any, **kwargs: Any)")
+
+
+# Classes that calls hand back and that nobody builds by hand: their entries show no constructor.
+_MADE_BY_CALLS = {
+    "ringtree.Work",
+    "ringtree.MessageWork",
+    "ringtree.Group",
+    "ringtree.Request",
+    "ringtree.Status",
+    "ringtree.ChoiceRequest",
+    "ringtree.CollectiveInfo",
+    "ringtree.ps.ServeReport",
+    "ringtree.ps.Server",
+    "ringtree.ps.Worker",
+    "ringtree.moe.MoEStats",
+    "ringtree.torch.RingtreeWork",
+}
+
+
 def _clean_signatures(app, what, name, obj, options, signature, return_annotation):
     fix = lambda text: _CORE.sub("ringtree.", _MOCK_SUBSCRIPT.sub(r"\1[\2]", text)) if text else text
-    if signature == "(*args, **kwargs)" and name.endswith(".__init__"):
-        # pybind11's placeholder for a class built by its factories: no constructor to show.
+    if what == "class" and name in _MADE_BY_CALLS:
         return "", None
+    if signature in _PLACEHOLDERS and (what in ("class", "exception") or name.endswith(".__init__")):
+        init = vars(obj).get("__init__") if isinstance(obj, type) else None
+        if not inspect.isfunction(init):
+            return "", None  # no constructor to show
+        # The class's own __init__, as autodoc shows a class's signature (self left out).
+        from sphinx.util.inspect import signature as signature_of
+        from sphinx.util.inspect import stringify_signature
+
+        signature = stringify_signature(signature_of(init, bound_method=True), show_return_annotation=False)
     return fix(signature), fix(return_annotation)
 
 

@@ -80,11 +80,29 @@ void register_types(py::module_& m) {
 
   py::class_<UniqueId>(m, "UniqueId", "The job's rendezvous token (rank 0's address, port and a 128-bit secret).")
       .def_static("create", &UniqueId::create, py::arg("ip") = std::string(),
-                  "Reserve a port on this host (at ip, else RINGTREE_ADDR, else loopback) and make a fresh secret.")
-      .def_static("parse", &UniqueId::parse, py::arg("token"), "Read back a token made by str(uid).")
-      .def_static("from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"),
-                  py::arg("salt") = std::string(), py::call_guard<py::gil_scoped_release>(),
-                  "A unique id at ip:port whose secret is PBKDF2-HMAC-SHA256 of seed, salted with the port and salt.")
+                  "Reserve a port on this host (at ip, else RINGTREE_ADDR, else loopback) and make a fresh secret.\n\n"
+                  "Parameters\n----------\nip : str\n    The IPv4 address or host name rank 0 listens at; empty: "
+                  "RINGTREE_ADDR, else loopback.\n\n"
+                  "Returns\n-------\nUniqueId\n    A new id whose port (RINGTREE_PORT, else any free one) stays bound "
+                  "by this process until rank 0 takes it.\n\n"
+                  "Raises\n------\nInvalidArgument\n    RINGTREE_PORT is out of range or the address does not resolve.")
+      .def_static("parse", &UniqueId::parse, py::arg("token"),
+                  "Read back a token made by str(uid).\n\n"
+                  "Parameters\n----------\ntoken : str\n    rt1:<ipv4>:<port>:<32 hex digits>.\n\n"
+                  "Returns\n-------\nUniqueId\n    The id the token names.\n\n"
+                  "Raises\n------\nInvalidArgument\n    The token is malformed (its text is not echoed: it holds the "
+                  "secret).")
+      .def_static(
+          "from_seed", &UniqueId::from_seed, py::arg("ip"), py::arg("port"), py::arg("seed"),
+          py::arg("salt") = std::string(), py::call_guard<py::gil_scoped_release>(),
+          "A unique id at ip:port whose secret is PBKDF2-HMAC-SHA256 of seed, salted with the port and salt.\n\n"
+          "Every process that passes the same arguments gets the same id, so ranks can rendezvous without "
+          "handing a token around.\n\n"
+          "Parameters\n----------\nip : str\n    Rank 0's address.\nport : int\n    Rank 0's port, "
+          "1..65535.\nseed : str\n    The shared secret phrase; not empty.\nsalt : str\n    Mixed into the "
+          "key derivation with the port.\n\n"
+          "Returns\n-------\nUniqueId\n    The derived id.\n\n"
+          "Raises\n------\nInvalidArgument\n    The seed is empty or the port is 0.")
       .def(
           "child",
           [](const UniqueId& u, const std::string& ip, uint16_t port, const py::bytes& nonce) {
@@ -95,14 +113,20 @@ void register_types(py::module_& m) {
             return u.child(ip, port, n);
           },
           py::arg("ip"), py::arg("port"), py::arg("nonce"),
-          "The unique id at ip:port whose secret is an HMAC of this one's over the public nonce.")
-      .def_readonly("ip", &UniqueId::ip)
-      .def_readonly("port", &UniqueId::port)
+          "The unique id at ip:port whose secret is an HMAC of this one's over the public nonce.\n\n"
+          "Parameters\n----------\nip : str\n    The child job's rendezvous address.\nport : int\n    Its port, "
+          "1..65535.\nnonce : bytes\n    16 public bytes; the same nonce gives the same child.\n\n"
+          "Returns\n-------\nUniqueId\n    The child id.\n\n"
+          "Raises\n------\nInvalidArgument\n    The nonce is not 16 bytes or the port is 0.")
+      .def_readonly("ip", &UniqueId::ip, "Rank 0's IPv4 address, dotted.")
+      .def_readonly("port", &UniqueId::port, "Rank 0's TCP port.")
       .def("__str__", &UniqueId::str)
       .def("__repr__", [](const UniqueId& u) { return "UniqueId('" + u.ip + ":" + std::to_string(u.port) + "')"; })
       .def(
           "take_listener", [](const UniqueId& u) { return take_reserved_listener(u.port); },
-          "Hand over the listening socket create() reserved (-1 if none), e.g. to pass to rank 0's process.")
+          "Hand over the socket create() bound for this id's port, e.g. to pass to rank 0's process.\n\n"
+          "Returns\n-------\nint\n    The file descriptor, now the caller's to close; -1 if this process holds "
+          "none (or already handed it over).")
       .def("__eq__", [](const UniqueId& a, const UniqueId& b) { return a.str() == b.str(); });
 }
 

@@ -17,7 +17,18 @@ RESERVED_TAGS = _core.FIRST_RESERVED_TAG  # 2**62
 
 
 def default_timeout() -> float:
-    """RINGTREE_TIMEOUT in seconds (default 300): bounds set-up and every collective."""
+    """The timeout a communicator gets when none is given: it bounds set-up and every collective.
+
+    Returns
+    -------
+    float
+        RINGTREE_TIMEOUT in seconds (default 300).
+
+    Raises
+    ------
+    InvalidArgument
+        RINGTREE_TIMEOUT is not a positive number.
+    """
     value = _settings.get("RINGTREE_TIMEOUT")
     try:
         timeout = float(value)

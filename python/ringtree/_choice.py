@@ -11,20 +11,22 @@ from ._args import ALGO_CODES
 
 @dataclass(frozen=True)
 class ChoiceRequest:
-    """One call as an algorithm hook sees it.
-
-    collective, nbytes (one rank's block: the whole buffer for all_reduce, broadcast and reduce),
-    dtype; nranks and nhosts of the communicator; candidates: (algo, predicted seconds, formula)
-    for every algorithm the cost model weighed, in its order; model_choice: the algorithm the
-    cost model would run."""
+    """One call as an algorithm hook sees it (see Communicator.set_algo_hook)."""
 
     collective: str
+    """The collective's name ('all_reduce', ...)."""
     nbytes: int
+    """One rank's block in bytes, the whole buffer for all_reduce, broadcast and reduce."""
     dtype: str
+    """The element type's name ('float32', ...)."""
     nranks: int
+    """The communicator's size."""
     nhosts: int
+    """How many hosts its ranks are on."""
     candidates: tuple
+    """(algo, predicted seconds, formula) for every algorithm the cost model weighed, in its order."""
     model_choice: str
+    """The algorithm the cost model would run."""
 
     @classmethod
     def from_core(cls, raw) -> ChoiceRequest:

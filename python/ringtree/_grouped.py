@@ -187,11 +187,12 @@ class Request:
         return self._result if work is None else work.wait(timeout)
 
     def is_completed(self) -> bool:
-        """Whether the last start has finished (True when it ran blocking or never ran).
+        """Whether the last start has finished, without waiting.
 
         Returns
         -------
         bool
+            True once it completed or failed, and when it ran blocking or never ran.
         """
         return self._work is None or self._work.is_completed()
 
@@ -263,11 +264,12 @@ class Group:
             self.work.wait(timeout)
 
     def is_completed(self) -> bool:
-        """Whether the group has run (always True after a blocking group).
+        """Whether the group has run, without waiting.
 
         Returns
         -------
         bool
+            True once its calls completed or failed; always True after a blocking group.
         """
         return self.work is None or self.work.is_completed()
 
@@ -488,6 +490,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the reduce_scatter on these buffers and returns out.
 
         Raises
         ------
@@ -507,6 +510,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_gather on these buffers and returns out.
 
         Raises
         ------
@@ -526,6 +530,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_to_all on these buffers and returns out.
 
         Raises
         ------
@@ -546,6 +551,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the all_to_all_v on these buffers and returns out.
 
         Raises
         ------
@@ -609,6 +615,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() returns the root's out (None elsewhere).
 
         Raises
         ------
@@ -628,6 +635,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() returns out.
 
         Raises
         ------
@@ -647,6 +655,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() runs the barrier and returns None.
 
         Raises
         ------
@@ -667,6 +676,7 @@ class Grouping:
         Returns
         -------
         Request
+            Its start() sends x again and returns None.
 
         Raises
         ------

@@ -24,10 +24,20 @@ def wheel_library() -> str:
 
 
 def nccl_info() -> dict:
-    """NCCL as ringtree would use it for algo='nccl': {'version': (major, minor, patch), 'code',
-    'path'}. Raises ringtree.Error saying what was tried when no usable libnccl.so.2 is found.
-    Looks in RINGTREE_NCCL_LIBRARY, then a libnccl already loaded (torch's), the nvidia-nccl
-    wheel, and the system loader; the first found is kept for the life of the process."""
+    """NCCL as ringtree would use it for algo='nccl'. Looks in RINGTREE_NCCL_LIBRARY, then a
+    libnccl already loaded (torch's), the nvidia-nccl wheel, and the system loader; the first
+    found is kept for the life of the process.
+
+    Returns
+    -------
+    dict
+        {'version': (major, minor, patch), 'code': NCCL's version code, 'path': the library}.
+
+    Raises
+    ------
+    Error
+        No usable libnccl.so.2 was found; the message says what was tried.
+    """
     lib = _core.nccl_library(wheel_library())
     code = int(lib["version"])
     return {"version": (code // 10000, code // 100 % 100, code % 100), "code": code, "path": lib["path"]}

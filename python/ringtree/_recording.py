@@ -25,19 +25,50 @@ class Recording:
 
     def record(self, reason: str = "request") -> dict:
         """This rank's flight record: its last calls (RINGTREE_FLIGHT_RECORDER) with their
-        times, states and errors, and this rank's clock offset to rank 0 (see the manual's troubleshooting page)."""
+        times, states and errors, and this rank's clock offset to rank 0 (see the manual's
+        troubleshooting page).
+
+        Parameters
+        ----------
+        reason : str
+            Why the record is taken; stored in it.
+
+        Returns
+        -------
+        dict
+            The record, as dump() writes it.
+        """
         return json.loads(self._core.dump_json(reason))
 
     def dump(self, path=None, reason: str = "request") -> str:
-        """Write this rank's flight record as JSON and return the file's path. path: a file
-        (ending in .json) or a directory (default RINGTREE_DUMP_DIR, else ./ringtree-dumps),
-        which then gets ringtree-<id>-rank<r>.json, the name automatic dumps use."""
+        """Write this rank's flight record as JSON.
+
+        Parameters
+        ----------
+        path : str, os.PathLike or None
+            A file (ending in .json) or a directory (None: RINGTREE_DUMP_DIR, else
+            ./ringtree-dumps), which then gets ringtree-<id>-rank<r>.json, the name automatic
+            dumps use.
+        reason : str
+            Why the dump is taken; stored in it.
+
+        Returns
+        -------
+        str
+            The file's path.
+        """
         return write_json(dump_path(path, f"ringtree-{self.id}-rank{self.rank}.json"), self._core.dump_json(reason))
 
     @contextlib.contextmanager
     def label(self, value: int):
-        """Calls issued inside the block carry `value` (an int: a bucket id, a step) in the
-        flight recorder, its dumps and traces; the previous label comes back afterwards."""
+        """A context manager: calls issued inside the block carry `value` in the flight
+        recorder, its dumps and traces; the previous label comes back afterwards.
+
+        Parameters
+        ----------
+        value : int
+            The label, e.g. a bucket id or a step.
+        """
         previous = self._label
         self._label = int(value)
         self._core.set_label(self._label)
@@ -48,10 +79,28 @@ class Recording:
             self._core.set_label(previous)
 
     def sync_clocks(self, rounds: int = 8, timeout=None) -> tuple[int, int]:
-        """Re-estimate every rank's clock offset to rank 0 (NTP-style, best of `rounds` round
-        trips over this communicator's own send/recv) and record it for dumps and traces.
-        Collective. Returns this rank's (offset_ns, error_ns): its clock minus rank 0's, good
-        to +- error_ns (half the best round trip)."""
+        """Re-estimate every rank's clock offset to rank 0 (NTP-style, best of `rounds`
+        round trips over this communicator's own send/recv) and record it for dumps and traces.
+        Collective.
+
+        Parameters
+        ----------
+        rounds : int
+            Round trips per rank, at least 1.
+        timeout : float or None
+            Seconds each send and recv may take; None: the communicator's.
+
+        Returns
+        -------
+        tuple of int
+            (offset_ns, error_ns): this rank's clock minus rank 0's, good to +- error_ns (half the
+            best round trip); (0, 0) on rank 0.
+
+        Raises
+        ------
+        InvalidArgument
+            `rounds` is less than 1.
+        """
         if rounds < 1:
             raise _core.InvalidArgument(f"sync_clocks: rounds must be at least 1, got {rounds}")
         stamp = np.zeros(2, np.int64)

@@ -7,47 +7,45 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Status:
-    """One snapshot of a communicator (read it between calls: the counters move during them).
-
-    - transports: per rank, how this rank reaches it: 'self', 'shm' or 'tcp'.
-    - hosts: the hosts as the data path sees them ('2 hosts: {0,1} {2,3}'): ranks that share memory.
-    - wait_policy: how this rank waits for its peers (spin, yield, then block) and the counts that
-      decided it (ranks on this host; ranks on this kernel allowed the same CPUs, which includes
-      other containers and network namespaces). A wait on nothing but TCP blocks at once, and
-      one whose peer last waited on this CPU skips the spin.
-    - single_copy: 'on: ...' when large messages of all_gather, all_to_all, broadcast and scatter
-      between ranks on this host are read straight from the sender's memory (process_vm_readv),
-      else 'off: <reason>'; then they are copied twice, through shared memory.
-    - numa: this rank's NUMA node and where the shared memory it reads was placed (each rank
-      allocates the rings it reads on its own node).
-    - numa_nodes: each rank's node as this rank knows it (-1: another host, or not reported).
-    - shm_stores: which stores this rank's shared-memory writers use (its one-shot slots, its ring to
-      each local peer) and, under RINGTREE_SHM_STREAM_STORES=auto, the measured costs behind it.
-    - machine: the cost model's figures (rank 0's, shared by every rank): source (measured, cached,
-      defaults), call_us, hop_us, switch_us, copy and reduce GB/s in and out of cache, cache
-      sizes, cores, local_ranks, any_tcp, tcp_hop_us, tcp_GBps, hosts.
-    - algo_hook: whether a hook (Communicator.set_algo_hook) makes auto's last decision.
-    - cuda_executor: how CUDA buffers move: 'ipc', 'staged: <why not ipc>', or 'not set up' before
-      the first call on CUDA buffers.
-    - shared_cpu_waits: waits that went straight to yielding because a peer they needed was last
-      seen on this rank's CPU.
-    - single_copy_messages: messages this rank has received single-copy.
-    - streamed_pieces: ring pieces this rank wrote with streaming (cache-bypassing) stores.
-    """
+    """One snapshot of a communicator (read it between calls: the counters move during them)."""
 
     transports: tuple
+    """Per rank, how this rank reaches it ('self', 'shm' or 'tcp')."""
     hosts: str
+    """The hosts as the data path sees them, e.g. '2 hosts; {0,1} {2,3}' (ranks that share memory)."""
     wait_policy: str
+    """How this rank waits for its peers (spin, yield, then block) and the counts that decided it
+    (ranks on this host; ranks on this kernel allowed the same CPUs, which includes other
+    containers and network namespaces). A wait on nothing but TCP blocks at once, and one whose
+    peer last waited on this CPU skips the spin."""
     single_copy: str
+    """'on ...' when large messages of all_gather, all_to_all, broadcast and scatter between
+    ranks on this host are read straight from the sender's memory (process_vm_readv); else
+    'off' and the reason, and they are copied twice, through shared memory."""
     numa: str
+    """This rank's NUMA node and where the shared memory it reads was placed (each rank allocates
+    the rings it reads on its own node)."""
     numa_nodes: tuple
+    """Each rank's node as this rank knows it; -1 for another host, or not reported."""
     shm_stores: str
+    """Which stores this rank's shared-memory writers use (its one-shot slots, its ring to each
+    local peer) and, under RINGTREE_SHM_STREAM_STORES=auto, the measured costs behind it."""
     machine: dict
+    """The cost model's figures, rank 0's and shared by every rank; source (measured, cached,
+    defaults), call_us, hop_us, switch_us, copy and reduce GB/s in and out of cache, cache sizes,
+    cores, local_ranks, any_tcp, tcp_hop_us, tcp_GBps, hosts."""
     algo_hook: bool
+    """Whether a hook (Communicator.set_algo_hook) makes auto's last decision."""
     cuda_executor: str
+    """How CUDA buffers move; 'ipc', 'staged' and why not ipc, or 'not set up' before the first
+    call on CUDA buffers."""
     shared_cpu_waits: int
+    """Waits that went straight to yielding because a peer they needed was last seen on this rank's
+    CPU."""
     single_copy_messages: int
+    """Messages this rank has received single-copy."""
     streamed_pieces: int
+    """Ring pieces this rank wrote with streaming (cache-bypassing) stores."""
 
     @classmethod
     def of(cls, core: dict, cuda_executor: str) -> Status:

@@ -75,6 +75,29 @@ class MessageWork:
         self._work, self._buffer = work, buffer
 
     def wait(self, timeout: float | None = None):
+        """Wait for the message and hand back its buffer.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait, positive; None: the communicator's timeout.
+
+        Returns
+        -------
+        buffer
+            The buffer the isend or irecv was given (a receive's now holds the message).
+
+        Raises
+        ------
+        InvalidArgument
+            `timeout` is not positive, or the message is larger than the receive buffer.
+        Timeout
+            `timeout` passed first; the message is cancelled and its buffer never touched again.
+        PeerFailure
+            The peer died or its connection broke.
+        Aborted
+            The message was cancelled, or the communicator aborted.
+        """
         if timeout is None:
             seconds = 0.0
         else:
@@ -95,8 +118,14 @@ class MessageWork:
         return self._work.is_completed()
 
     def cancel(self) -> bool:
-        """Stop the message unless it completed already; True when it was cancelled (wait()
-        then raises Aborted). A send partly written finishes from a copy."""
+        """Stop the message unless it completed already. A send partly written finishes from a
+        copy.
+
+        Returns
+        -------
+        bool
+            True when it was cancelled (wait() then raises Aborted); False when it had completed.
+        """
         return self._work.cancel()
 
     @property
@@ -111,6 +140,7 @@ class MessageWork:
 
     @property
     def nbytes(self) -> int:
+        """The message's size in bytes (what a receive got, or what a send sent)."""
         return self._work.status()[2]
 
     def __repr__(self):

@@ -362,7 +362,20 @@ def _completed_by_all(comm):
 
 
 def diagnose(records) -> list:
-    """The findings, one dict per communicator (JSON-ready)."""
+    """The findings, one dict per communicator (JSON-ready): ranks that never entered a
+    call, missing records, calls that differ across ranks, and calls stuck in flight.
+
+    Parameters
+    ----------
+    records : list of dict
+        Flight records, as read_records returns them (dumps and traces of any ranks).
+
+    Returns
+    -------
+    list of dict
+        Per communicator: its id, size, the ranks with records and without, and its findings,
+        each with a readable "text".
+    """
     out = []
     for comm in _communicators(records):
         comm_id = comm.comm_id
@@ -385,6 +398,18 @@ def diagnose(records) -> list:
 
 
 def format_report(diagnosis) -> str:
+    """The diagnosis as the command prints it.
+
+    Parameters
+    ----------
+    diagnosis : list of dict
+        What diagnose returned.
+
+    Returns
+    -------
+    str
+        One section per communicator, one line per finding.
+    """
     lines = []
     for d in diagnosis:
         lines.append(f"== communicator {d['comm_id']}: {d['size']} ranks, records from {_ranks(d['ranks'])}")
@@ -454,7 +479,18 @@ def _table(header, rows) -> list:
 
 def stragglers(records) -> list:
     """Per communicator: each completed collective seen on every rank, each rank's arrival
-    (its start, aligned) relative to the first arrival, and per-rank statistics."""
+    (its start, aligned) relative to the first arrival, and per-rank statistics.
+
+    Parameters
+    ----------
+    records : list of dict
+        Flight records, as read_records returns them (dumps and traces of any ranks).
+
+    Returns
+    -------
+    list of dict
+        One report per communicator of two ranks or more whose records are all there.
+    """
     import numpy as np
 
     out = []
@@ -518,6 +554,18 @@ def stragglers(records) -> list:
 
 
 def format_stragglers(report) -> str:
+    """The straggler report as the command prints it.
+
+    Parameters
+    ----------
+    report : list of dict
+        What stragglers returned.
+
+    Returns
+    -------
+    str
+        Per communicator, who arrives last how often and how late, and what the others waited.
+    """
     lines = []
     for s in report:
         lines.append(f"== stragglers, communicator {s['comm_id']} ({s['size']} ranks)")
@@ -563,7 +611,21 @@ def format_stragglers(report) -> str:
 
 
 def plot_stragglers(report, path) -> str:
-    """Lateness per rank over the calls, one panel per communicator, as a PNG."""
+    """Lateness per rank over the calls, one panel per communicator, as a PNG (needs
+    matplotlib).
+
+    Parameters
+    ----------
+    report : list of dict
+        What stragglers returned.
+    path : str or os.PathLike
+        The PNG file to write.
+
+    Returns
+    -------
+    str
+        `path`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -589,6 +651,19 @@ def plot_stragglers(report, path) -> str:
 
 
 def main(argv=None) -> int:
+    """The command line: python -m ringtree.analyze DIR [--stragglers] [--plot FILE.png]
+    [--trace FILE.json] [--json].
+
+    Parameters
+    ----------
+    argv : list of str or None
+        The arguments; None: sys.argv[1:].
+
+    Returns
+    -------
+    int
+        The exit status: 0, or 1 when DIR holds no flight record.
+    """
     p = argparse.ArgumentParser(
         prog="python -m ringtree.analyze",
         description=__doc__.split("\n\n")[0],

@@ -39,6 +39,29 @@ def assign_buckets(sizes, itemsizes, bucket_cap_bytes, dtypes=None, first_bucket
 
     A bucket closes once its byte size reaches its cap, or when the next parameter has
     another dtype. The first bucket may have a smaller cap, so communication starts early.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Element count of each parameter, in registration order.
+    itemsizes : sequence of int
+        Bytes per element of each.
+    bucket_cap_bytes : int
+        The cap, positive.
+    dtypes : sequence or None
+        Each parameter's dtype; None: all alike.
+    first_bucket_cap_bytes : int or None
+        The first bucket's cap; None: bucket_cap_bytes.
+
+    Returns
+    -------
+    list of list of int
+        The buckets' parameter indices.
+
+    Raises
+    ------
+    ValueError
+        The cap is not positive.
     """
     if bucket_cap_bytes <= 0:
         raise ValueError(f"bucket cap must be positive, got {bucket_cap_bytes} bytes")
@@ -103,16 +126,6 @@ class _Bucket:
 class Bucketer:
     """Assigns gradients to buckets and runs one async all_reduce per bucket.
 
-    - sizes: element count of each gradient, in parameter registration order.
-    - dtypes: one dtype per gradient (numpy or torch dtypes), one dtype for all, or None
-      (float32). Buckets never mix dtypes.
-    - bucket_cap_mb: bucket size cap in MiB (25, like DistributedDataParallel).
-    - first_bucket_cap_mb: a smaller cap for the first bucket (default: bucket_cap_mb).
-    - op: the reduction, any op the communicator accepts ("avg" averages over ranks).
-    - device: where a bucket whose gradients never arrived on this rank is made (torch dtypes
-      only; e.g. "cuda:0" when the gradients live there), so every rank's call for that
-      bucket takes the same path. Default: the CPU.
-
     Each bucket's all_reduce carries its bucket id (its place in launch order) as its label in
     the flight recorder, so dumps and traces say which bucket a call was.
 
@@ -120,22 +133,45 @@ class Bucketer:
     all_reduce starts the moment its last gradient is marked), then finish(), which launches
     the buckets whose gradients never arrived (their missing gradients count as zeros),
     waits for every bucket and copies the reduced values back into the gradients.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Element count of each gradient, in parameter registration order.
+    dtypes : np.dtype, torch.dtype, list or None
+        One dtype per gradient (numpy or torch dtypes), one dtype for all, or None (float32).
+        Buckets never mix dtypes.
+    bucket_cap_mb : float
+        Bucket size cap in MiB (25, like DistributedDataParallel).
+    first_bucket_cap_mb : float or None
+        A smaller cap for the first bucket; None: bucket_cap_mb.
+    op : str, ReduceOp or PremulSum
+        The reduction, any op the communicator accepts ("avg" averages over ranks).
+    device : str, torch.device or None
+        Where a bucket whose gradients never arrived on this rank is made (torch dtypes only;
+        e.g. "cuda:0" when the gradients live there), so every rank's call for that bucket
+        takes the same path. None: the CPU.
+
+    Raises
+    ------
+    ValueError
+        A negative size, as many dtypes as gradients not given, or a cap that is not positive.
     """
 
-    __slots__ = (
-        "sizes",
-        "dtypes",
-        "itemsizes",
-        "bucket_cap_bytes",
-        "buckets",
-        "bucket_of",
-        "op",
-        "device",
-        "_comm",
-        "_next_launch",
-        "_active",
-        "_timeout",
-    )
+    __slots__ = {
+        "sizes": "Element count of each gradient, in registration order.",
+        "dtypes": "The dtype of each gradient.",
+        "itemsizes": "The bytes per element of each gradient.",
+        "bucket_cap_bytes": "The bucket size cap in bytes.",
+        "buckets": "The buckets, in launch order.",
+        "bucket_of": "Gradient index -> the index of its bucket.",
+        "op": "The reduction each bucket's all_reduce applies.",
+        "device": "Where a bucket with no gradient of this rank is made; None means the CPU.",
+        "_comm": None,
+        "_next_launch": None,
+        "_active": None,
+        "_timeout": None,
+    }
 
     def __init__(
         self,
@@ -178,7 +214,20 @@ class Bucketer:
         return self._active
 
     def start_step(self, comm, timeout=None):
-        """Begin a step whose gradients are reduced over `comm` (a ringtree Communicator)."""
+        """Begin a step whose gradients are reduced over `comm`.
+
+        Parameters
+        ----------
+        comm : Communicator
+            The communicator the buckets' all_reduce calls run on.
+        timeout : float or None
+            Seconds each bucket's all_reduce may take; None: the communicator's.
+
+        Raises
+        ------
+        RuntimeError
+            The previous step was not finished.
+        """
         if self._active:
             raise RuntimeError("Bucketer.start_step: the previous step was not finished; call finish() first")
         self._comm, self._timeout = comm, timeout
@@ -191,8 +240,25 @@ class Bucketer:
 
     def mark_ready(self, index: int, grad, copy_back: bool = True):
         """Gradient `index` is final for this step: copy it into its bucket; launch every
-        bucket, in order, whose gradients are all in. copy_back=False: finish() does not copy
-        the result into `grad` (the caller uses the flat view finish() returns instead)."""
+        bucket, in order, whose gradients are all in.
+
+        Parameters
+        ----------
+        index : int
+            The gradient's place in `sizes`.
+        grad : np.ndarray or torch.Tensor
+            Its values, `sizes[index]` elements.
+        copy_back : bool
+            False: finish() does not copy the result into `grad` (the caller uses the flat view
+            finish() returns instead).
+
+        Raises
+        ------
+        RuntimeError
+            Outside a step, or the gradient was already marked in this step.
+        ValueError
+            `grad` does not have `sizes[index]` elements.
+        """
         if not self._active:
             raise RuntimeError("Bucketer.mark_ready called outside a step; call start_step(comm) first")
         bucket = self.buckets[self.bucket_of[index]]

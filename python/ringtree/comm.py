@@ -30,7 +30,28 @@ _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 class Communicator(Recording, Grouping):
-    """A group of ranks that run collectives together. Create with ringtree.init() or split()."""
+    """A group of ranks that run collectives together. Create with ringtree.init() or split().
+
+    Parameters
+    ----------
+    rank : int
+        This process's rank, 0..size-1.
+    size : int
+        The number of ranks.
+    unique_id : UniqueId or str
+        Rank 0's rendezvous token (str(uid) works too); the same on every rank.
+    timeout : float
+        Seconds set-up and each call may take (a call may give its own).
+
+    Raises
+    ------
+    InvalidArgument
+        The unique id does not parse, or rank is outside 0..size-1.
+    BootstrapError
+        The ranks could not meet (a wrong secret, or rank 0 unreachable).
+    Timeout
+        Not every rank arrived within `timeout`.
+    """
 
     __slots__ = (
         "_core",
@@ -88,20 +109,32 @@ class Communicator(Recording, Grouping):
         self.close()
 
     def status(self) -> Status:
-        """What this communicator found at set-up (transports, hosts, how it waits, single-copy,
-        NUMA, stores, the cost model's figures) and its counters so far, as one ringtree.Status
-        (read it between calls). str() of it is a readable summary."""
+        """What this communicator found at set-up and has counted since (read it between calls).
+
+        Returns
+        -------
+        Status
+            Transports, hosts, how it waits, single-copy, NUMA, stores, the cost model's figures
+            and the counters; str() of it is a readable summary.
+        """
         cuda = "not set up" if self._cuda is None else self._cuda.executor()
         return Status.of(self._core.status(), cuda)
 
     def set_algo_hook(self, hook) -> None:
-        """Let hook(request) make algo="auto"'s last decision on this communicator: request is a
-        ringtree.ChoiceRequest (the call, every candidate algorithm with its predicted seconds and
-        formula, and the cost model's pick); the hook returns a candidate's name, or None for the
-        model's pick. Set the same hook on every rank, between calls: it must answer from the
-        request alone (ranks that choose differently fail with CollectiveMismatch). Its answers
-        are remembered per (collective, bytes, dtype), like the model's. None removes it. See
-        the docs' "How auto chooses"."""
+        """Let hook(request) make algo="auto"'s last decision on this communicator.
+
+        The request is a ringtree.ChoiceRequest (the call, every candidate algorithm with its
+        predicted seconds and formula, and the cost model's pick). Set the same hook on every rank,
+        between calls: it must answer from the request alone (ranks that choose differently fail
+        with CollectiveMismatch). Its answers are remembered per (collective, bytes, dtype), like
+        the model's. See the manual's "How auto chooses".
+
+        Parameters
+        ----------
+        hook : callable or None
+            hook(request) returns a candidate's name, or None for the model's pick; None removes
+            the hook.
+        """
         self._core.set_choice_hook(core_hook(hook))
 
     def choose_algo(
@@ -113,10 +146,35 @@ class Communicator(Recording, Grouping):
         op="sum",
         deterministic: bool = False,
     ) -> str:
-        """The algorithm a call would use. nbytes: one rank's block, count x itemsize (the whole
-        buffer for all_reduce, broadcast and reduce; one rank's block for reduce_scatter,
-        all_gather and all_to_all), as in the bench's count column. deterministic: as a call with
-        deterministic=True (RINGTREE_DETERMINISTIC=1 counts too)."""
+        """The algorithm a call would use, without running it.
+
+        Parameters
+        ----------
+        collective : str
+            The collective's name ("all_reduce", ...).
+        nbytes : int
+            One rank's block, count x itemsize: the whole buffer for all_reduce, broadcast and
+            reduce; one rank's block for reduce_scatter, all_gather and all_to_all (the bench's
+            count column).
+        algo : str
+            What the call would pass: "auto", or a name, which is checked and returned.
+        dtype : str
+            The element type's name.
+        op : str or ReduceOp
+            The reduction, for the collectives that reduce.
+        deterministic : bool
+            As a call with deterministic=True (RINGTREE_DETERMINISTIC=1 counts too).
+
+        Returns
+        -------
+        str
+            The algorithm's name.
+
+        Raises
+        ------
+        InvalidArgument
+            An unknown collective, algorithm, dtype or op, or one the collective cannot take.
+        """
         code = self._core.choose_algo(
             coll_code(collective),
             algo_code(algo),
@@ -128,9 +186,31 @@ class Communicator(Recording, Grouping):
         return _core.ALGOS[code]
 
     def estimate(self, collective: str, nbytes: int, dtype: str = "float32", deterministic: bool = False) -> list:
-        """[(algo, predicted seconds, formula)] for every algorithm available to such a call;
-        deterministic=True: those a deterministic call of a floating-point reduction chooses from
-        (rank_order, and oneshot where the call fits its slots), to weigh their cost against auto's."""
+        """The cost model's prediction for every algorithm available to a call.
+
+        Parameters
+        ----------
+        collective : str
+            The collective's name ("all_reduce", ...).
+        nbytes : int
+            One rank's block, as choose_algo counts it.
+        dtype : str
+            The element type's name.
+        deterministic : bool
+            True: only those a deterministic call of a floating-point reduction chooses from
+            (rank_order, and oneshot where the call fits its slots), to weigh their cost against
+            auto's.
+
+        Returns
+        -------
+        list of tuple
+            (algo, predicted seconds, formula) per algorithm.
+
+        Raises
+        ------
+        InvalidArgument
+            An unknown collective or dtype.
+        """
         return [
             (_core.ALGOS[a], t, formula)
             for a, t, formula in self._core.estimate(
@@ -243,27 +323,205 @@ class Communicator(Recording, Grouping):
         return result
 
     def all_reduce(self, x, out=None, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
-        """Reduce x over all ranks into out (in place when out is None). deterministic=True: a
-        floating-point reduction in rank order, the same bits whatever the algorithm and layout
-        (see the manual's Concepts page, Deterministic mode); every rank must pass the same."""
+        """Reduce x over all ranks into out (in place when out is None).
+
+        Parameters
+        ----------
+        x : buffer
+            This rank's input: a numpy array, a torch tensor (CPU or CUDA) or any contiguous buffer;
+            every rank passes the same count and dtype.
+        out : buffer or None
+            Receives the result, the shape of x; None: x itself.
+        op : str, ReduceOp or PremulSum
+            "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" (integer dtypes), a ReduceOp,
+            or premul_sum(factor).
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+        deterministic : bool
+            True: a floating-point reduction in rank order, the same bits whatever the algorithm and
+            layout (the manual's Concepts page, Deterministic mode); every rank passes the same.
+
+        Returns
+        -------
+        buffer or Work
+            `out` (x when out is None), or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         out = x if out is None else out
         return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
-        """x holds N*P elements; rank r receives the reduction of block r in out (N elements)."""
+        """Reduce x over all ranks and give rank r block r of the result.
+
+        Parameters
+        ----------
+        x : buffer
+            N*P elements: P blocks of N, block r for rank r.
+        out : buffer
+            N elements: the reduction of every rank's block r, on rank r.
+        op : str, ReduceOp or PremulSum
+            "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" (integer dtypes), a ReduceOp,
+            or premul_sum(factor).
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+        deterministic : bool
+            True: a floating-point reduction in rank order, the same bits whatever the algorithm and
+            layout (the manual's Concepts page, Deterministic mode); every rank passes the same.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
-        """out (N*P) receives every rank's x (N), block r from rank r."""
+        """Every rank's out receives every rank's x, block r from rank r.
+
+        Parameters
+        ----------
+        x : buffer
+            This rank's N elements.
+        out : buffer
+            N*P elements of the same dtype.
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
-        """Block j of rank i's x lands in block i of rank j's out (both N*P)."""
+        """Block j of rank i's x lands in block i of rank j's out.
+
+        Parameters
+        ----------
+        x : buffer
+            N*P elements: block j goes to rank j.
+        out : buffer
+            N*P elements: block i comes from rank i.
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
-        which receives them as recv_counts[i]. Blocks are contiguous in rank order."""
+        which receives them as recv_counts[i]. Blocks are contiguous in rank order.
+
+        Parameters
+        ----------
+        x : buffer
+            At least sum(send_counts) elements.
+        out : buffer
+            At least sum(recv_counts) elements of the same dtype.
+        send_counts : sequence of int
+            P counts: how many elements go to each rank.
+        recv_counts : sequence of int
+            P counts: how many elements come from each rank; rank j's recv_counts[i] equals rank i's
+            send_counts[j].
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._run(
             "all_to_all_v",
             x,
@@ -276,11 +534,85 @@ class Communicator(Recording, Grouping):
         )
 
     def broadcast(self, x, root=0, algo="auto", async_op=False, timeout=None):
-        """Every rank's x receives root's x."""
+        """Every rank's x receives root's x.
+
+        Parameters
+        ----------
+        x : buffer
+            The data on the root; the buffer to fill elsewhere (same count and dtype).
+        root : int
+            The root rank; every rank passes the same.
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `x`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
-        """The root receives the reduction in out (in x when out is None); x is untouched elsewhere."""
+        """The root receives the reduction of every rank's x; x is untouched elsewhere.
+
+        Parameters
+        ----------
+        x : buffer
+            This rank's input; every rank passes the same count and dtype.
+        out : buffer or None
+            The root's result, the shape of x; None: x itself. Ignored on the other ranks.
+        root : int
+            The root rank; every rank passes the same.
+        op : str, ReduceOp or PremulSum
+            "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" (integer dtypes), a ReduceOp,
+            or premul_sum(factor).
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+        deterministic : bool
+            True: a floating-point reduction in rank order, the same bits whatever the algorithm and
+            layout (the manual's Concepts page, Deterministic mode); every rank passes the same.
+
+        Returns
+        -------
+        buffer or Work
+            On the root `out` (x when out is None), elsewhere None, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         if out is None and self.rank == root:
             out = x
         if self.rank != root:
@@ -288,48 +620,281 @@ class Communicator(Recording, Grouping):
         return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
-        """The root's out (N*P) receives every rank's x (N); out is needed on the root only."""
+        """The root's out receives every rank's x, block r from rank r.
+
+        Parameters
+        ----------
+        x : buffer
+            This rank's N elements.
+        out : buffer or None
+            N*P elements on the root; ignored (None will do) elsewhere.
+        root : int
+            The root rank; every rank passes the same.
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            On the root `out`, elsewhere None, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         out = out if self.rank == root else None
         return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
-        """Rank r's out (N) receives block r of the root's x (N*P); x is needed on the root only."""
+        """Rank r's out receives block r of the root's x.
+
+        Parameters
+        ----------
+        x : buffer or None
+            N*P elements on the root; ignored (None will do) elsewhere.
+        out : buffer
+            N elements.
+        root : int
+            The root rank; every rank passes the same.
+        algo : str
+            "auto" (the cost model's choice, see choose_algo) or an algorithm's name; "nccl" runs
+            NCCL on CUDA buffers.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         x = x if self.rank == root else None
         return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def barrier(self, async_op=False, timeout=None):
-        """Returns once every rank has entered the barrier."""
+        """Return once every rank has entered the barrier.
+
+        Parameters
+        ----------
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        None or Work
+            None, or with `async_op`, a Work that completes when every rank has entered.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
-        """Send x to `peer`, which must call recv with the same count and dtype."""
+        """Send x to `peer`, which must call recv with the same count and dtype (in the call order).
+
+        Parameters
+        ----------
+        x : buffer
+            The data to send.
+        peer : int
+            The receiving rank.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        None or Work
+            None, or with `async_op`, a Work that completes when x has been sent.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None)
 
     def recv(self, x, peer, async_op=False, timeout=None):
-        """Receive into x from `peer`."""
+        """Receive into x from `peer`, which calls send with the same count and dtype.
+
+        Parameters
+        ----------
+        x : buffer
+            Receives the data.
+        peer : int
+            The sending rank.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `x`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x)
 
     def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
         """Send x to `dst` and receive `out` from `src` at the same time (NCCL's grouped
-        send/recv). Calls on one communicator run in order, so an exchange in a ring must use
-        this (or the peers must order their sends and recvs) once messages outgrow the
-        transport's buffering. Matches a plain send/recv on the other side."""
+        send/recv). Calls on one communicator run in order, so an exchange in a ring must use this
+        (or the peers must order their sends and recvs) once messages outgrow the transport's
+        buffering. Matches a plain send/recv on the other side.
+
+        Parameters
+        ----------
+        x : buffer
+            The data to send.
+        dst : int
+            The rank x goes to.
+        out : buffer
+            Receives the data from `src`.
+        src : int
+            The rank `out` comes from.
+        async_op : bool
+            True: return a Work at once; wait() on it finishes the call.
+        timeout : float or None
+            Seconds the call may take; None: the communicator's `timeout`.
+
+        Returns
+        -------
+        buffer or Work
+            `out`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            Buffers, dtype, op or algo the call cannot take, on the calling rank before any traffic.
+        CollectiveMismatch
+            The ranks called different collectives, counts, dtypes or roots.
+        Timeout
+            The call did not finish within `timeout`; the communicator is aborted.
+        PeerFailure
+            A peer died or its connection broke.
+        Aborted
+            The communicator was aborted.
+        """
         return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src)
 
     # --- tagged messages -------------------------------------------------------------------
 
     def isend(self, x, dst, tag=0) -> MessageWork:
-        """Send x's bytes to rank `dst` with `tag` (>= 0), beside the call order. Returns at
-        once; the MessageWork completes when the bytes are written (x may then be reused), and
-        never waits for dst to post its receive. Messages from one rank to another with the same
-        tag arrive in the order sent."""
+        """Send x's bytes to rank `dst` with `tag`, beside the call order.
+
+        Returns at once; the MessageWork completes when the bytes are written (x may then be
+        reused), and never waits for dst to post its receive. Messages from one rank to another
+        with the same tag arrive in the order sent.
+
+        Parameters
+        ----------
+        x : buffer
+            The bytes to send (any contiguous buffer).
+        dst : int
+            The receiving rank.
+        tag : int
+            A tag >= 0 that the receive matches.
+
+        Returns
+        -------
+        MessageWork
+            The message in flight.
+
+        Raises
+        ------
+        InvalidArgument
+            `dst` is not a rank, `tag` is negative or reserved (2**62 and up), or x is over
+            RINGTREE_MAX_MESSAGE_BYTES.
+        """
         return self._isend(x, rank_arg(dst, "isend: dst"), user_tag(tag, "isend"), "isend")
 
     def irecv(self, x, src=ANY_SOURCE, tag=ANY_TAG) -> MessageWork:
-        """Receive into x the first message from `src` (ANY_SOURCE: any rank) with `tag`
-        (ANY_TAG: any). The message may be shorter than x (MessageWork.nbytes says how long it
-        was); a longer one fails this receive with InvalidArgument and is discarded. Keep x
-        alive until the work is done (the communicator also holds it)."""
+        """Receive into x the first message from `src` with `tag`.
+
+        The message may be shorter than x (MessageWork.nbytes says how long it was); a longer one
+        fails this receive with InvalidArgument and is discarded. Keep x alive until the work is
+        done (the communicator also holds it).
+
+        Parameters
+        ----------
+        x : buffer
+            Receives the message's bytes.
+        src : int
+            The sending rank, or ANY_SOURCE.
+        tag : int
+            The tag to match, or ANY_TAG.
+
+        Returns
+        -------
+        MessageWork
+            The receive in flight; wait() returns x.
+
+        Raises
+        ------
+        InvalidArgument
+            `src` is not a rank or ANY_SOURCE, `tag` is not >= 0 or ANY_TAG, or x is read-only.
+        """
         return self._irecv(x, rank_arg(src, "irecv: src"), user_tag(tag, "irecv"), "irecv")
 
     # Any tag, reserved ones included: ringtree's own protocols (shrink) use these.
@@ -342,15 +907,49 @@ class Communicator(Recording, Grouping):
         return self._track(self._core.irecv(ptr, nbytes, readonly, src, tag), x, keep)
 
     def probe(self, src=ANY_SOURCE, tag=ANY_TAG, timeout=None) -> tuple:
-        """Wait (up to timeout s; None: the communicator's) for a matching message that no
-        receive has taken yet and return its (source, tag, nbytes) without receiving it."""
+        """Wait for a matching message that no receive has taken yet, without receiving it.
+
+        Parameters
+        ----------
+        src : int
+            The sending rank, or ANY_SOURCE.
+        tag : int
+            The tag to match, or ANY_TAG.
+        timeout : float or None
+            Seconds to wait, positive; None: the communicator's timeout.
+
+        Returns
+        -------
+        tuple
+            (source, tag, nbytes) of the message.
+
+        Raises
+        ------
+        InvalidArgument
+            `timeout` is not positive.
+        Timeout
+            No matching message arrived in time.
+        """
         seconds = 0.0 if timeout is None else float(timeout)
         if timeout is not None and seconds <= 0:
             raise _core.InvalidArgument(f"probe: timeout must be positive, got {timeout}")
         return self._core.probe(rank_arg(src, "probe: src"), rank_arg(tag, "probe: tag"), seconds)
 
     def iprobe(self, src=ANY_SOURCE, tag=ANY_TAG):
-        """(source, tag, nbytes) of a matching message no receive has taken yet, else None."""
+        """Look for a matching message that no receive has taken yet, without waiting.
+
+        Parameters
+        ----------
+        src : int
+            The sending rank, or ANY_SOURCE.
+        tag : int
+            The tag to match, or ANY_TAG.
+
+        Returns
+        -------
+        tuple or None
+            (source, tag, nbytes) of the message, or None when there is none.
+        """
         return self._core.iprobe(rank_arg(src, "iprobe: src"), rank_arg(tag, "iprobe: tag"))
 
     def _track(self, work, x, keep) -> MessageWork:
@@ -366,8 +965,23 @@ class Communicator(Recording, Grouping):
     # --- structure -----------------------------------------------------------------------
 
     def split(self, color, key=None, timeout=None):
-        """Like MPI_Comm_split: ranks with the same color form a new communicator, ordered by
-        (key, rank). A color of None or < 0 takes part but gets None back. Collective."""
+        """Like MPI_Comm_split: ranks with the same color form a new communicator,
+        ordered by (key, rank). Collective: every rank calls it.
+
+        Parameters
+        ----------
+        color : int or None
+            The group to join; None or < 0 takes part but gets None back.
+        key : int or None
+            Orders the ranks of a group; None: this rank.
+        timeout : float or None
+            Seconds the exchanges may take, and the new communicator's timeout; None: this one's.
+
+        Returns
+        -------
+        Communicator or None
+            The new communicator, or None for a color of None or < 0.
+        """
         my_color = -1 if color is None or color < 0 else int(color)
         mine = np.array([my_color, self.rank if key is None else int(key)], dtype=np.int64)
         table = np.empty(2 * self.size, dtype=np.int64)
@@ -393,19 +1007,54 @@ class Communicator(Recording, Grouping):
         )
 
     def shrink(self, exclude=(), timeout=None) -> Communicator:
-        """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive and
-        return a communicator of them, densely renumbered in old-rank order; this one is closed.
-        Every survivor calls it; the ranks in `exclude` (never this rank) and the dead do not.
-        A rank the others left out raises rt.Excluded. Each exchange waits at most `timeout`
-        seconds (default: this communicator's) for a peer before leaving it out. See the manual's
-        Shrink and grow page for the protocol and what it guarantees."""
+        """After a PeerFailure or Timeout (or on purpose): the survivors agree on who is alive
+        and return a communicator of them, densely renumbered in old-rank order; this one is closed.
+
+        Every survivor calls it; the ranks in `exclude` (never this rank) and the dead do not. See
+        the manual's Shrink and grow page for the protocol and what it guarantees.
+
+        Parameters
+        ----------
+        exclude : iterable of int
+            Ranks to leave out although they are alive.
+        timeout : float or None
+            Seconds each exchange waits for a peer before leaving it out; None: this
+            communicator's.
+
+        Returns
+        -------
+        Communicator
+            The survivors' communicator.
+
+        Raises
+        ------
+        Excluded
+            The others left this rank out.
+        InvalidArgument
+            `exclude` names this rank or a rank out of range.
+        """
         return elastic.shrink(self, exclude, timeout)
 
     def grow(self, joiners: int, publish=None, timeout=None) -> Communicator:
-        """A communicator of this one's ranks (same numbers) and `joiners` new processes (the
-        next numbers). Collective over this communicator, which stays usable. Rank 0 makes the
-        token and calls publish(token) (a file, a store, an environment variable...); each new
-        process calls rt.join(token, index) with index 0..joiners-1. The others may pass None."""
+        """A communicator of this one's ranks (same numbers) and `joiners` new processes
+        (the next numbers). Collective over this communicator, which stays usable.
+
+        Parameters
+        ----------
+        joiners : int
+            How many new processes join.
+        publish : callable or None
+            On rank 0, publish(token) hands the token to the new processes (a file, a store, an
+            environment variable...); each then calls rt.join(token, index) with index
+            0..joiners-1. The others may pass None.
+        timeout : float or None
+            Seconds the set-up may take; None: this communicator's.
+
+        Returns
+        -------
+        Communicator
+            The grown communicator.
+        """
         return elastic.grow(self, joiners, publish, timeout)
 
     def _cuda_comm(self):
@@ -429,8 +1078,14 @@ class Communicator(Recording, Grouping):
                 print(f"ringtree: rank {self.rank}: writing the trace to {trace_dir} failed: {exc}")
 
     def abort(self, reason: str = ""):
-        """From any thread (a watchdog, say): the calls in flight and every later call raise
-        Aborted, on this rank and on every peer. Close the communicator afterwards."""
+        """Make the calls in flight and every later call raise Aborted, on this rank and on
+        every peer. Safe from any thread (a watchdog, say); close the communicator afterwards.
+
+        Parameters
+        ----------
+        reason : str
+            Carried in the Aborted errors' messages.
+        """
         self._core.abort(str(reason))
 
     @property

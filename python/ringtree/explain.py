@@ -58,12 +58,33 @@ def _deterministic_lines(comm, collective, nbytes, dtype, chosen, auto_times) ->
 
 
 def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", file=sys.stdout) -> str:
-    """Prints (and returns) every candidate algorithm's predicted time for a call of
+    """Print (and return) every candidate algorithm's predicted time for a call of
     `collective` on this communicator, the formula behind each, and the choice: across hosts, why
     hierarchical wins or not; for a floating-point reduction, what deterministic mode would run
     (rank_order or oneshot) and its cost against auto's choice.
 
-    nbytes is one rank's block (count x itemsize), as for Communicator.choose_algo.
+    Parameters
+    ----------
+    collective : str
+        The collective's name ("all_reduce", ...).
+    nbytes : int
+        One rank's block (count x itemsize), as for Communicator.choose_algo.
+    comm : Communicator
+        The communicator the call would run on (required).
+    dtype : str
+        The element type's name.
+    file : io.TextIOBase or None
+        Where to print the report; None prints nothing.
+
+    Returns
+    -------
+    str
+        The report.
+
+    Raises
+    ------
+    InvalidArgument
+        No communicator, or an unknown collective or dtype.
     """
     if comm is None:
         raise _core.InvalidArgument("explain needs the communicator the call would run on: explain(..., comm=comm)")

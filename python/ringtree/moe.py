@@ -66,17 +66,17 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class MoEStats:
-    """Kept and dropped assignment counts per expert (int64 tensors).
+    """Kept and dropped assignment counts per expert (int64 tensors), as handle.stats."""
 
-    - capacity: this rank's per-expert capacity (None: no dropping).
-    - kept, dropped [num_experts]: this rank's assignments, per expert.
-    - expert_kept, expert_dropped [experts per rank]: assignments to this rank's local experts
-      from every rank (kept ones arrived; dropped ones were dropped at their source).
-    - global_kept, global_dropped [num_experts]: every rank's assignments, per expert; with
-      dispatch(global_stats=True), else None.
-    """
-
-    __slots__ = ("capacity", "kept", "dropped", "expert_kept", "expert_dropped", "global_kept", "global_dropped")
+    __slots__ = {
+        "capacity": "This rank's per-expert capacity; None means no dropping.",
+        "kept": "[num_experts] this rank's kept assignments, per expert.",
+        "dropped": "[num_experts] this rank's dropped assignments, per expert.",
+        "expert_kept": "[experts per rank] assignments to this rank's local experts that arrived, from every rank.",
+        "expert_dropped": "[experts per rank] assignments to this rank's local experts dropped at their source.",
+        "global_kept": "[num_experts] every rank's kept assignments, per expert; None without global_stats.",
+        "global_dropped": "[num_experts] every rank's dropped assignments, per expert; None without global_stats.",
+    }
 
     def __init__(self, capacity, kept, dropped, expert_kept, expert_dropped):
         self.capacity, self.kept, self.dropped = capacity, kept, dropped
@@ -93,23 +93,23 @@ class MoEStats:
 class MoEHandle:
     """What combine (and both backwards) need to reverse a dispatch."""
 
-    __slots__ = (
-        "comm",
-        "num_experts",
-        "k",
-        "T",
-        "H",
-        "dtype",
-        "expert_weights",
-        "kept_assignments",
-        "token_index",
-        "send_counts",
-        "recv_counts",
-        "expert_major",
-        "expert_counts",
-        "local_experts",
-        "stats",
-    )
+    __slots__ = {
+        "comm": "The communicator the dispatch ran on.",
+        "num_experts": "Experts over all ranks.",
+        "k": "Experts per token.",
+        "T": "Tokens on this rank.",
+        "H": "Elements per token.",
+        "dtype": "The tokens' dtype.",
+        "expert_weights": "[T, k] the weights combine applies.",
+        "kept_assignments": "Indices into the flattened [T, k] assignments of those kept.",
+        "token_index": "The token of each kept assignment.",
+        "send_counts": "Elements sent to each rank.",
+        "recv_counts": "Elements received from each rank.",
+        "expert_major": "The order that makes received rows expert-major; None when no reordering is needed.",
+        "expert_counts": "Rows of expert_inputs per local expert.",
+        "local_experts": "The range of this rank's experts.",
+        "stats": "Kept and dropped counts (MoEStats).",
+    }
 
     @property
     def rows(self) -> int:
@@ -303,17 +303,41 @@ class _Combine(torch.autograd.Function):
 def dispatch(
     tokens, expert_ids, expert_weights, num_experts: int, capacity_factor=1.0, comm=None, global_stats: bool = False
 ):
-    """Send each token to the ranks of its top-k experts; returns (expert_inputs, handle).
+    """Send each token to the ranks of its top-k experts.
 
-    tokens [T, H] float; expert_ids [T, k] int (expert e lives on rank e // (num_experts // P));
-    expert_weights [T, k] float (used by combine). T may differ between ranks; num_experts, H and
-    the dtype may not (every rank raises if they do). capacity_factor: see the module docstring
-    (None or inf: nothing dropped). expert_inputs: [handle.rows, H], expert-major, split by
-    handle.expert_counts. handle.stats: kept and dropped counts (MoEStats); global_stats=True
-    adds every expert's totals with one more small all_gather (every rank must pass the same).
-    comm: a ringtree Communicator; default: the one under the default torch.distributed group
-    when that group runs on the ringtree backend. Bad arguments raise InvalidArgument (a
-    ValueError) before any traffic.
+    T may differ between ranks; num_experts, H and the dtype may not (every rank raises if they
+    do). Collective over `comm`.
+
+    Parameters
+    ----------
+    tokens : torch.Tensor
+        [T, H] float.
+    expert_ids : torch.Tensor
+        [T, k] int; expert e lives on rank e // (num_experts // P).
+    expert_weights : torch.Tensor
+        [T, k] float, used by combine.
+    num_experts : int
+        Experts over all ranks, a multiple of P.
+    capacity_factor : float or None
+        Scales each expert's capacity (see the module docstring); None or inf: nothing dropped.
+    comm : Communicator or None
+        The ranks; None: the one under the default torch.distributed group when that group runs
+        on the ringtree backend.
+    global_stats : bool
+        True adds every expert's totals to handle.stats with one more small all_gather (every
+        rank passes the same).
+
+    Returns
+    -------
+    tuple
+        (expert_inputs, handle): expert_inputs is [handle.rows, H], expert-major, split by
+        handle.expert_counts; handle is the MoEHandle combine takes.
+
+    Raises
+    ------
+    InvalidArgument
+        Bad arguments (a ValueError), before any traffic; or no comm and no ringtree default
+        group.
     """
     comm = _default_comm() if comm is None else comm
     _check_dispatch(tokens, expert_ids, expert_weights, num_experts, comm.size)
@@ -344,8 +368,25 @@ def dispatch(
 
 def combine(expert_outputs, handle: MoEHandle):
     """Return each expert output row to its token's rank, weighted by its assignment's weight;
-    [T, H], a token's row the sum over its kept slots (dropped slots add zero). expert_outputs:
-    [handle.rows, H] in expert_inputs' layout and dtype."""
+    a token's row is the sum over its kept slots (dropped slots add zero). Collective.
+
+    Parameters
+    ----------
+    expert_outputs : torch.Tensor
+        [handle.rows, H] in expert_inputs' layout and dtype.
+    handle : MoEHandle
+        What dispatch returned.
+
+    Returns
+    -------
+    torch.Tensor
+        [T, H].
+
+    Raises
+    ------
+    InvalidArgument
+        Not a MoEHandle, or expert_outputs of another shape or dtype.
+    """
     if not isinstance(handle, MoEHandle):
         raise _invalid(f"combine: handle must be the MoEHandle dispatch returned, got {type(handle).__name__}")
     if not isinstance(expert_outputs, torch.Tensor) or tuple(expert_outputs.shape) != (handle.rows, handle.H):

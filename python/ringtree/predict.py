@@ -43,25 +43,63 @@ TREE_SEGMENT = 128 << 10  # bytes; RINGTREE_TREE_SEGMENT_BYTES's default (algori
 
 @dataclass(frozen=True)
 class Machine:
-    """The cost model's figures (MachineCosts in algorithms/pricing.h), in seconds and bytes/s."""
+    """The cost model's figures (MachineCosts in algorithms/pricing.h), in seconds and bytes/s.
+
+    Parameters
+    ----------
+    call_s, hop_s, switch_s, tcp_hop_s : float
+        The attribute of that name, in seconds.
+    tcp_Bps, copy_hot_Bps, copy_cold_Bps, reduce_hot_Bps, reduce_cold_Bps : float
+        The attribute of that name, in bytes/s.
+    l2_bytes, l3_bytes : float
+        The attribute of that name, in bytes.
+    cores, nics : int
+        The attribute of that name.
+    """
 
     call_s: float = 2.5e-6
+    """Seconds of one call's fixed cost."""
     hop_s: float = 0.6e-6
+    """Seconds of one hop through shared memory on a host."""
     switch_s: float = 8e-6
+    """Seconds of a switch between processes; a hop costs two when local ranks outnumber cores."""
     tcp_hop_s: float = 40e-6
+    """Seconds of one hop over TCP between hosts."""
     tcp_Bps: float = 2e9
+    """Bytes/s of one rank's TCP link between hosts."""
     copy_hot_Bps: float = 20e9
+    """Bytes/s of a copy whose data is in cache."""
     copy_cold_Bps: float = 8e9
+    """Bytes/s of a copy from memory."""
     reduce_hot_Bps: float = 12e9
+    """Bytes/s of a reduction whose data is in cache."""
     reduce_cold_Bps: float = 6e9
+    """Bytes/s of a reduction from memory."""
     l2_bytes: float = 1 << 20
+    """Size of a core's L2 cache in bytes."""
     l3_bytes: float = 32 << 20
+    """Size of the shared L3 cache in bytes."""
     cores: int = 0  # cores per host; 0: one per local rank (no oversubscription)
+    """Cores per host; 0 means one per local rank (no oversubscription)."""
     nics: int = 0  # ranks of a host that each get the full tcp_Bps at once; 0: every rank (the C++ model)
+    """Ranks of a host that each get the full tcp_Bps at once; 0 means every rank (the C++ model)."""
 
     @classmethod
     def from_costs(cls, m: dict, **overrides) -> Machine:
-        """From Communicator.status().machine."""
+        """From Communicator.status().machine.
+
+        Parameters
+        ----------
+        m : dict
+            The `machine` figures of a Status (call_us, hop_us, ..., l2_KiB, l3_KiB, cores).
+        **overrides
+            Attributes to set instead of the status's figures, e.g. nics=1.
+
+        Returns
+        -------
+        Machine
+            The figures in seconds and bytes/s.
+        """
         made = cls(
             call_s=m["call_us"] * 1e-6,
             hop_s=m["hop_us"] * 1e-6,
@@ -392,7 +430,30 @@ def predict(
     half: bool = False,
     collective: str = "all_reduce",
 ) -> float:
-    """Predicted seconds of a call of nbytes a rank (pricing.cc's predict())."""
+    """Predicted seconds of a call of nbytes a rank (pricing.cc's predict()).
+
+    Parameters
+    ----------
+    algo : str
+        The algorithm's name ("ring", "tree", ...).
+    hosts : int
+        Number of hosts.
+    local : int
+        Ranks per host.
+    nbytes : float
+        One rank's block in bytes, as Communicator.choose_algo counts it.
+    m : Machine
+        The figures to price with.
+    half : bool
+        Whether the dtype is 2 bytes wide (float16, bfloat16): a reduced byte costs twice.
+    collective : str
+        "all_reduce", "reduce_scatter" or "all_gather".
+
+    Returns
+    -------
+    float
+        Seconds; the call cost alone for one rank or 0 bytes.
+    """
     if hosts * local == 1 or nbytes == 0:
         return m.call_s
     k = counts(algo, hosts, local, nbytes, m, collective=collective)
@@ -418,17 +479,60 @@ def buffer_bytes(collective: str, nbytes: float, P: int) -> float:
 
 
 def busbw(size: float, seconds: float, P: int, collective: str = "all_reduce") -> float:
-    """nccl-tests' bus bandwidth in bytes/s: size (the larger buffer: all_reduce's buffer, the
-    P blocks of reduce_scatter's input or all_gather's output) / time x 2(P-1)/P for all_reduce,
-    (P-1)/P for reduce_scatter and all_gather."""
+    """nccl-tests' bus bandwidth: size / time x 2(P-1)/P for all_reduce, (P-1)/P for
+    reduce_scatter and all_gather.
+
+    Parameters
+    ----------
+    size : float
+        The larger buffer in bytes: all_reduce's buffer, the P blocks of reduce_scatter's input
+        or all_gather's output.
+    seconds : float
+        The call's time.
+    P : int
+        Number of ranks.
+    collective : str
+        "all_reduce", "reduce_scatter" or "all_gather".
+
+    Returns
+    -------
+    float
+        Bytes/s; size / seconds for one rank.
+    """
     if P <= 1:
         return size / seconds
     return size / seconds * (2 if collective == "all_reduce" else 1) * (P - 1) / P
 
 
 def sweep(m: Machine, local: int, ranks: list, size: float, algos=ALGOS, collective: str = "all_reduce") -> list:
-    """Rows of {ranks, hosts, local, algo: {seconds, busbw}} for each rank count; size as in
-    nccl-tests, the larger buffer (reduce_scatter and all_gather: P blocks of size / P)."""
+    """Predictions over rank counts, as nccl-tests would measure them.
+
+    Parameters
+    ----------
+    m : Machine
+        The figures to price with.
+    local : int
+        Ranks per host.
+    ranks : list of int
+        Total rank counts, each a multiple of `local`.
+    size : float
+        As in nccl-tests, the larger buffer in bytes (reduce_scatter and all_gather: P blocks of
+        size / P).
+    algos : iterable of str
+        The algorithms to price.
+    collective : str
+        "all_reduce", "reduce_scatter" or "all_gather".
+
+    Returns
+    -------
+    list of dict
+        One row per rank count: {ranks, hosts, local, algo: {seconds, busbw}}.
+
+    Raises
+    ------
+    ValueError
+        A rank count is not a multiple of `local`.
+    """
     rows = []
     for P in ranks:
         if P % local:

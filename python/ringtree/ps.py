@@ -62,27 +62,75 @@ MODES = ("sync", "async", "ssp")
 
 @dataclass(frozen=True)
 class SGD:
+    """Plain SGD per row: row -= lr x gradient.
+
+    Parameters
+    ----------
+    lr : float
+        The learning rate.
+    """
+
     lr: float = 0.1
+    """The learning rate."""
 
 
 @dataclass(frozen=True)
 class Adam:
-    """Adam per row; a sparse row's step count advances only when it gets a gradient (lazy Adam)."""
+    """Adam per row; a sparse row's step count advances only when it gets a gradient (lazy Adam).
+
+    Parameters
+    ----------
+    lr, beta1, beta2, eps : float
+        The attribute of that name.
+    """
 
     lr: float = 1e-3
+    """The learning rate."""
     beta1: float = 0.9
+    """Decay of the first-moment (mean) estimate."""
     beta2: float = 0.999
+    """Decay of the second-moment (uncentred variance) estimate."""
     eps: float = 1e-8
+    """Added to the square root of the second moment, against division by zero."""
 
 
 @dataclass(frozen=True)
 class Table:
+    """A table of float32 rows that the servers hold and the workers pull and push.
+
+    Parameters
+    ----------
+    name : str
+        Names the table in pull and push; not empty, unique among the tables.
+    dim : int
+        Columns per row, at least 1.
+    rows : int or None
+        A dense table's number of rows (keys 0..rows-1); None: a sparse table.
+    init_scale : float
+        Initial values are uniform in [-init_scale, init_scale] (0: zeros).
+    optimizer : SGD or Adam
+        How the servers apply pushed gradients.
+    seed : int
+        Seeds the initial values.
+
+    Raises
+    ------
+    ValueError
+        An empty name, dim or rows below 1, or an optimizer other than SGD or Adam.
+    """
+
     name: str
+    """Names the table in pull and push."""
     dim: int
+    """Columns per row."""
     rows: int | None = None  # None: sparse, rows made on first touch
+    """A dense table's number of rows; None for a sparse table, whose rows are made on first touch."""
     init_scale: float = 0.0  # initial values uniform in [-init_scale, init_scale]
+    """Initial values are uniform in [-init_scale, init_scale]."""
     optimizer: SGD | Adam = field(default_factory=SGD)
+    """How the servers apply pushed gradients."""
     seed: int = 0
+    """Seeds the initial values (the same whatever the number of servers)."""
 
     def __post_init__(self):
         if not self.name:
@@ -96,12 +144,26 @@ class Table:
 
     @property
     def sparse(self) -> bool:
+        """Whether rows are made on first touch (rows is None)."""
         return self.rows is None
 
 
 def initial_rows(table: Table, keys: np.ndarray) -> np.ndarray:
     """The first value of each key's row: a hash of (seed, key, column), uniform in
-    [-init_scale, init_scale]; independent of which server holds the row."""
+    [-init_scale, init_scale]; independent of which server holds the row.
+
+    Parameters
+    ----------
+    table : Table
+        The table.
+    keys : np.ndarray
+        The rows' keys, non-negative integers.
+
+    Returns
+    -------
+    np.ndarray
+        [len(keys), dim] float32.
+    """
     if table.init_scale == 0:
         return np.zeros((len(keys), table.dim), np.float32)
     cols = np.arange(table.dim, dtype=np.uint64)
@@ -123,7 +185,32 @@ def initial_rows(table: Table, keys: np.ndarray) -> np.ndarray:
 
 def start(comm, tables, num_servers: int = 1, mode: str = "async", staleness: int = 0):
     """This rank's part of the parameter server: a Server on ranks below num_servers, a Worker
-    on the others. Every rank must pass the same tables, num_servers, mode and staleness."""
+    on the others. Every rank must pass the same tables, num_servers, mode and staleness;
+    collective (one small check that they do).
+
+    Parameters
+    ----------
+    comm : Communicator
+        The ranks of the parameter server, servers and workers.
+    tables : iterable of Table
+        At least one, with distinct names.
+    num_servers : int
+        Ranks 0..num_servers-1 serve; between 1 and size-1.
+    mode : str
+        "sync", "async" or "ssp" (see the module's text).
+    staleness : int
+        ssp's bound s, >= 0.
+
+    Returns
+    -------
+    Server or Worker
+        This rank's part.
+
+    Raises
+    ------
+    ValueError
+        A mode, num_servers, staleness or tables outside those bounds.
+    """
     tables = list(tables)
     if mode not in MODES:
         raise ValueError(f"ps.start: mode must be one of {MODES}, got {mode!r}")
@@ -258,16 +345,28 @@ class ServeReport:
     """What a server did: requests served, rows moved, the workers that finished and that died."""
 
     pulls: int = 0
+    """Pull requests answered."""
     pushes: int = 0
+    """Push requests received."""
     rows_pulled: int = 0
+    """Rows sent in answers to pulls."""
     rows_pushed: int = 0
+    """Rows of gradients received."""
     finished: list = field(default_factory=list)
+    """The ranks of the workers that called finish(), in order."""
     died: list = field(default_factory=list)
+    """The ranks of the workers that died."""
     versions: dict = field(default_factory=dict)
+    """Table name -> updates applied to this server's shard of it."""
     seconds: float = 0.0
+    """How long serve() ran."""
 
 
 class Server:
+    """A server rank of the parameter server, as start() returns it: it holds its shard of every
+    table (key k lives on server k % num_servers) and serve() answers the workers."""
+
+    #: Always True on a Server.
     is_server = True
 
     def __init__(self, comm, tables, num_servers, mode, staleness):
@@ -283,7 +382,18 @@ class Server:
         self.waiting = []  # pulls that wait for their version or for slower workers
 
     def serve(self, poll_s: float = 0.1) -> ServeReport:
-        """Answers workers until each has finished or died; returns what was done."""
+        """Answer workers until each has finished or died.
+
+        Parameters
+        ----------
+        poll_s : float
+            Seconds between checks for dead workers while no request arrives.
+
+        Returns
+        -------
+        ServeReport
+            What was done.
+        """
         began = time.perf_counter()
         done = set()
         while self.live - done:
@@ -398,6 +508,10 @@ class Server:
 
 
 class Worker:
+    """A worker rank of the parameter server, as start() returns it: it pulls rows and pushes
+    gradients, then calls finish()."""
+
+    #: Always False on a Worker.
     is_server = False
 
     def __init__(self, comm, tables, num_servers, mode, staleness):
@@ -412,14 +526,32 @@ class Worker:
 
     @property
     def worker_index(self) -> int:
+        """This worker's number among the workers, 0..num_workers-1."""
         return self.comm.rank - self.num_servers
 
     @property
     def num_workers(self) -> int:
+        """How many workers there are (the ranks at and above num_servers)."""
         return self.comm.size - self.num_servers
 
     def version(self, table: str) -> int:
-        """Updates applied to `table` (the least over the servers the last pull read)."""
+        """Updates applied to `table` (the least over the servers the last pull read).
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+
+        Returns
+        -------
+        int
+            The version.
+
+        Raises
+        ------
+        ValueError
+            An unknown table, or this worker has finished.
+        """
         return self.versions[self._table(table)[0]]
 
     def _table(self, name):
@@ -455,8 +587,27 @@ class Worker:
         return [np.flatnonzero(owner == s) for s in range(self.num_servers)]
 
     def pull(self, table: str, keys=None) -> np.ndarray:
-        """The current rows of `keys` ([len(keys), dim] float32; all rows of a dense table when
-        keys is None). In sync and ssp mode this waits as the mode says."""
+        """The current rows of `keys`. In sync and ssp mode this waits as the mode says.
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+        keys : np.ndarray, list or None
+            1-D, non-negative (below rows for a dense table); None: all rows of a dense table.
+
+        Returns
+        -------
+        np.ndarray
+            [len(keys), dim] float32, in the order of `keys`.
+
+        Raises
+        ------
+        ValueError
+            An unknown table, bad keys, or this worker has finished.
+        PeerFailure
+            A server this pull needs died.
+        """
         i, spec = self._table(table)
         keys = self._keys(spec, keys)
         unique, inverse = np.unique(keys, return_inverse=True)
@@ -479,10 +630,27 @@ class Worker:
         return out[inverse]
 
     def push(self, table: str, keys, grads):
-        """Sends gradients of rows ([len(keys), dim] float32; duplicate keys are summed first).
-        Gradients of any other dtype raise ValueError: they are never rounded silently. Every
-        server hears of every push (an empty one where it holds none of the keys), which is how
-        it counts steps."""
+        """Send gradients of rows; the servers apply them with the table's optimizer. Every
+        server hears of every push (an empty one where it holds none of the keys), which is how it
+        counts steps.
+
+        Parameters
+        ----------
+        table : str
+            The table's name.
+        keys : np.ndarray or list
+            1-D, non-negative; duplicate keys are summed first.
+        grads : np.ndarray
+            [len(keys), dim] float32; any other dtype raises, never rounded silently.
+
+        Raises
+        ------
+        ValueError
+            An unknown table, bad keys, gradients of another dtype or shape, or this worker has
+            finished.
+        PeerFailure
+            A server died.
+        """
         i, spec = self._table(table)
         keys = self._keys(spec, keys)
         grads = np.asarray(grads)

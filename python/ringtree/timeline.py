@@ -36,8 +36,19 @@ P2P = ("send", "recv", "sendrecv")
 
 
 def read_records(directory) -> list:
-    """Every flight record in `directory` (a directory or a list of files): dumps
-    (`ringtree-*.json`) and traces carrying their records; the newest per (comm id, rank)."""
+    """Every flight record in `directory`: dumps (`ringtree-*.json`) and traces carrying
+    their records; the newest per (comm id, rank).
+
+    Parameters
+    ----------
+    directory : str, os.PathLike or list
+        A directory, whose .json files are read, or a list of files.
+
+    Returns
+    -------
+    list of dict
+        The records.
+    """
     paths = (
         sorted(glob.glob(os.path.join(directory, "*.json")))
         if isinstance(directory, (str, os.PathLike))
@@ -67,8 +78,19 @@ def _process(rec):
 
 
 def process_offsets(records) -> dict:
-    """(host, pid) -> (offset_ns, error_ns, rank, comm_id) of that process, taken from the
-    largest communicator it belongs to, so all its communicators share one aligned clock."""
+    """Each process's clock offset to rank 0, taken from the largest communicator it belongs
+    to, so all its communicators share one aligned clock.
+
+    Parameters
+    ----------
+    records : list of dict
+        Flight records, as read_records returns them (dumps and traces of any ranks).
+
+    Returns
+    -------
+    dict
+        (host, pid) -> (offset_ns, error_ns, rank, comm_id).
+    """
     out = {}
     for rec in sorted(records, key=lambda r: (-r["size"], r["comm_id"])):
         out.setdefault(
@@ -105,7 +127,19 @@ def _args(call) -> dict:
 
 
 def trace_document(records) -> dict:
-    """The trace-event JSON object of these records (any ranks, any communicators)."""
+    """The trace-event JSON object of these records (any ranks, any communicators): one
+    process per OS process, one track per communicator, on the clock aligned to rank 0.
+
+    Parameters
+    ----------
+    records : list of dict
+        Flight records, as read_records returns them (dumps and traces of any ranks).
+
+    Returns
+    -------
+    dict
+        The Chrome / Perfetto trace document.
+    """
     offsets = process_offsets(records)
     # One trace process per OS process, numbered by its rank in its largest communicator.
     pids, taken = {}, set()
@@ -166,10 +200,36 @@ def trace_document(records) -> dict:
 
 
 def write_trace(records, path) -> str:
-    """Write the trace of `records` to `path` (made atomically); returns the path."""
+    """Write the trace of `records` to `path`, atomically.
+
+    Parameters
+    ----------
+    records : list of dict
+        Flight records, as read_records returns them (dumps and traces of any ranks).
+    path : str or os.PathLike
+        The JSON file to write.
+
+    Returns
+    -------
+    str
+        The path written.
+    """
     return write_json(os.fspath(path), json.dumps(trace_document(records)))
 
 
 def write_rank_trace(comm, directory) -> str:
-    """RINGTREE_TRACE: this rank's trace of `comm` as DIR/trace-<comm id>-rank<r>.json."""
+    """RINGTREE_TRACE: this rank's trace of `comm` as DIR/trace-<comm id>-rank<r>.json.
+
+    Parameters
+    ----------
+    comm : Communicator
+        The communicator whose record is written.
+    directory : str or os.PathLike
+        Where the file goes.
+
+    Returns
+    -------
+    str
+        The path written.
+    """
     return write_trace([comm.record("trace")], os.path.join(directory, f"trace-{comm.id}-rank{comm.rank}.json"))

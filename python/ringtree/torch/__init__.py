@@ -71,6 +71,23 @@ def init_process_group(backend: str = BACKEND_NAME, timeout=None, **kwargs):
     TCPStore that rank 0 opens on a free port of the job's address (RINGTREE_ADDR, else
     loopback), and torch rendezvouses through that store. The backend's groups then take their
     secrets from the world's, so the store carries none (only addresses, ports and salts).
+
+    Parameters
+    ----------
+    backend : str
+        The backend, "ringtree" by default.
+    timeout : datetime.timedelta or None
+        The group's timeout, as dist.init_process_group takes it; None: torch's default,
+        which the ringtree backend replaces with RINGTREE_TIMEOUT. It also bounds the store's
+        rendezvous.
+    **kwargs
+        The other arguments of dist.init_process_group; rank and world_size default to the
+        launcher's.
+
+    Returns
+    -------
+    None
+        What dist.init_process_group returns.
     """
     launched_by_torch = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
     if launched_by_torch or "init_method" in kwargs or "store" in kwargs:

@@ -61,6 +61,25 @@ class RingtreeWork(dist.Work):
         self._done.set()
 
     def wait(self, timeout=None):
+        """Block until the calls finish and re-raise their error as is.
+
+        Parameters
+        ----------
+        timeout : datetime.timedelta, float or None
+            How long to wait; None: until they finish (each call is bounded by its own timeout).
+
+        Returns
+        -------
+        bool
+            True.
+
+        Raises
+        ------
+        Timeout
+            `timeout` passed first; the calls keep running.
+        Error
+            The calls' own error (PeerFailure, CollectiveMismatch, ...).
+        """
         seconds = timeout_seconds(timeout)
         if not self._done.wait(seconds):
             raise Timeout(f"ringtree work not completed within {seconds} s of wait(); the call is still running")
@@ -69,31 +88,82 @@ class RingtreeWork(dist.Work):
         return True
 
     def is_completed(self):
+        """Whether the calls have finished, successfully or not, without waiting.
+
+        Returns
+        -------
+        bool
+            True once wait() would return or raise at once.
+        """
         return self._done.is_set()
 
     def is_success(self):
+        """Whether the calls finished without an error.
+
+        Returns
+        -------
+        bool
+            False while they run, and after a failure.
+        """
         return self._done.is_set() and self._error is None
 
     def exception(self):
+        """The calls' error, if they failed.
+
+        Returns
+        -------
+        Exception or None
+            The ringtree error; None while they run or after a success.
+        """
         return self._error
 
     def get_future(self):
+        """A torch Future of the outputs, for fut.then() chains (DDP's comm hooks).
+
+        Returns
+        -------
+        torch.futures.Future
+            Its value is the list of output tensors; on failure it completes with a RuntimeError
+            whose message starts with the ringtree error's type.
+        """
         if self._future is None:
             # A then() child of a future already settled is settled at once.
             self._future = self._settled.then(_raise_failure)
         return self._future
 
     def result(self):
+        """Wait, then hand back the outputs.
+
+        Returns
+        -------
+        list of torch.Tensor
+            The output tensors of the calls.
+
+        Raises
+        ------
+        Error
+            The calls' error, as wait() raises it.
+        """
         self.wait()
         return self._outputs
 
     def source_rank(self):
+        """The sender of a receive from any source; only the work of recv_anysource has one.
+
+        Raises
+        ------
+        RuntimeError
+            Always: a collective has no source rank.
+        """
         raise RuntimeError(
             "ringtree: source_rank() is only meaningful for recv from any source, which "
             "the ringtree backend does not support"
         )
 
     def synchronize(self):
+        """Nothing to do: CPU tensors queue nothing on a stream, and a CUDA collective was
+        enqueued on the caller's current stream, so later work on that stream is already ordered.
+        """
         # CPU tensors: nothing is queued on a stream. CUDA tensors: the collective was enqueued
         # on the caller's current stream, so work after it on that stream is already ordered.
         pass

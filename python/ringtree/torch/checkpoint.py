@@ -56,7 +56,23 @@ def shard_file(rank: int, world_size: int) -> str:
 
 
 def read_checkpoint_metadata(path: str) -> dict:
-    """The metadata of a complete checkpoint (ValueError if there is none or it is another format)."""
+    """The metadata of a complete checkpoint.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint's directory.
+
+    Returns
+    -------
+    dict
+        What rank 0 wrote last: world size, parameter names and shapes, the history, "data".
+
+    Raises
+    ------
+    ValueError
+        There is no complete checkpoint in `path`, or it is of another format.
+    """
     file = os.path.join(path, METADATA)
     if not os.path.exists(file):
         raise ValueError(f"{path!r} holds no complete sharded checkpoint ({METADATA} is missing)")
@@ -114,9 +130,17 @@ class ShardedCheckpoint:
     """Saves and loads a ShardedDataParallel's model, optimizer shards, LR scheduler,
     GradScaler and the caller's data position as one file per rank (see the module doc).
 
-    zero: the ShardedDataParallel; scheduler: an LR scheduler over zero.optimizer (or None);
-    scaler: a torch.amp.GradScaler (or None). `history` lists the saves and resumes so far
-    (carried over from the checkpoint that load() read).
+    `history` lists the saves and resumes so far (carried over from the checkpoint that load()
+    read).
+
+    Parameters
+    ----------
+    zero : ShardedDataParallel
+        What is saved and loaded.
+    scheduler : torch.optim.lr_scheduler.LRScheduler or None
+        An LR scheduler over zero.optimizer.
+    scaler : torch.amp.GradScaler or None
+        The GradScaler of mixed-precision training.
     """
 
     def __init__(self, zero, scheduler=None, scaler=None):
@@ -131,10 +155,19 @@ class ShardedCheckpoint:
     # --- save ---------------------------------------------------------------------------------
 
     def save(self, path: str, data: dict | None = None, batch: dict | None = None):
-        """Write this rank's shard to `path` (a directory, made if missing) and, on rank 0, the
-        metadata, last. Collective (three barriers). data: the data position to restore on
-        load, e.g. {"samples": n}; batch: how the batch is formed now, recorded in the history,
-        e.g. {"global_batch": 64, "per_rank_batch": 16, "accumulation": 1}."""
+        """Write this rank's shard to `path` and, on rank 0, the metadata, last. Collective
+        (three barriers).
+
+        Parameters
+        ----------
+        path : str
+            A directory, made if missing.
+        data : dict or None
+            The data position to restore on load, e.g. {"samples": n}.
+        batch : dict or None
+            How the batch is formed now, recorded in the history, e.g. {"global_batch": 64,
+            "per_rank_batch": 16, "accumulation": 1}.
+        """
         zero = self.zero
         zero.synchronize()
         zero.finish()
@@ -216,8 +249,24 @@ class ShardedCheckpoint:
     def load(self, path: str) -> dict:
         """Load the checkpoint in `path`, saved at any world size, into this rank's shards, the
         model (its parameters are all-gathered: the only collective), the scheduler and the
-        scaler. Returns the metadata; its "data" is what save() was given. Raises ValueError,
-        before any traffic, when the model's parameters or the optimizer class differ."""
+        scaler.
+
+        Parameters
+        ----------
+        path : str
+            The checkpoint's directory.
+
+        Returns
+        -------
+        dict
+            The metadata; its "data" is what save() was given.
+
+        Raises
+        ------
+        ValueError
+            Before any traffic: no complete checkpoint, or the model's parameters or the optimizer
+            class differ.
+        """
         zero = self.zero
         meta = read_checkpoint_metadata(path)
         self._check(meta)
@@ -291,8 +340,25 @@ class ShardedCheckpoint:
 
 
 def consolidate_checkpoint(path: str) -> dict:
-    """The full model state_dict (parameters in fp32, from the masters; buffers as saved) of a
-    sharded checkpoint, read in one process: for evaluation or export."""
+    """The full model state_dict of a sharded checkpoint, read in one process: for
+    evaluation or export.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint's directory.
+
+    Returns
+    -------
+    dict
+        Parameter and buffer name -> tensor: parameters in fp32, from the masters; buffers as
+        saved.
+
+    Raises
+    ------
+    ValueError
+        No complete checkpoint in `path`.
+    """
     meta = read_checkpoint_metadata(path)
     saved = _SavedShards(path, meta)
     state = {}

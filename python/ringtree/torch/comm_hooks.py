@@ -40,9 +40,15 @@ _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gathe
 
 
 class AllReduceState:
-    """State of allreduce_hook, fp16_compress_hook and bf16_compress_hook: the group only."""
+    """State of allreduce_hook, fp16_compress_hook and bf16_compress_hook: the group only.
 
-    __slots__ = ("process_group",)
+    Parameters
+    ----------
+    process_group : torch.distributed.ProcessGroup or None
+        The group to average over; None: the default group.
+    """
+
+    __slots__ = {"process_group": "The group the hook averages over; None means the default group."}
 
     def __init__(self, process_group=None):
         self.process_group = process_group
@@ -83,17 +89,56 @@ def _average_in(dtype, state, bucket):
 
 
 def allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket over the group in its own dtype: DDP's default, as a hook."""
+    """Average the bucket over the group in its own dtype: DDP's default, as a hook.
+
+    Parameters
+    ----------
+    state : AllReduceState
+        The hook's state (register_comm_hook's first argument).
+    bucket : torch.distributed.GradBucket
+        The gradients DDP hands over.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket tensor, as DDP expects.
+    """
     return _average_in(bucket.buffer().dtype, state, bucket)
 
 
 def fp16_compress_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket in float16: half the bytes of float32 on the wire."""
+    """Average the bucket in float16: half the bytes of float32 on the wire.
+
+    Parameters
+    ----------
+    state : AllReduceState
+        The hook's state (register_comm_hook's first argument).
+    bucket : torch.distributed.GradBucket
+        The gradients DDP hands over.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket tensor, as DDP expects.
+    """
     return _average_in(torch.float16, state, bucket)
 
 
 def bfloat16_compress_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket in bfloat16: float32's range with half its bytes."""
+    """Average the bucket in bfloat16: float32's range with half its bytes.
+
+    Parameters
+    ----------
+    state : AllReduceState
+        The hook's state (register_comm_hook's first argument).
+    bucket : torch.distributed.GradBucket
+        The gradients DDP hands over.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket tensor, as DDP expects.
+    """
     return _average_in(torch.bfloat16, state, bucket)
 
 
@@ -112,9 +157,20 @@ class Int8QuantizationState:
     averages them locally, in rank order, so all ranks get bit-identical results. Bytes
     received per rank are (P - 1) N against 8 (P - 1) N / P for a float32 ring all_reduce:
     a 4x saving at P = 2, 2x at P = 4, none at P = 8.
+
+    Parameters
+    ----------
+    process_group : torch.distributed.ProcessGroup or None
+        The group to average over; None: the default group.
+    error_feedback : bool
+        Keep each bucket's quantization error for the next step (above).
     """
 
-    __slots__ = ("process_group", "error_feedback", "residuals")
+    __slots__ = {
+        "process_group": "The group the hook averages over; None means the default group.",
+        "error_feedback": "Whether each bucket's quantization error is added back the next step.",
+        "residuals": "Per bucket index, the quantization error to add the next step.",
+    }
 
     def __init__(self, process_group=None, error_feedback: bool = True):
         self.process_group = process_group
@@ -126,7 +182,20 @@ _INT8_MAX = 127.0
 
 
 def int8_quantize_hook(state: Int8QuantizationState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket after quantizing it to int8 with one scale per bucket per rank."""
+    """Average the bucket after quantizing it to int8 with one scale per bucket per rank.
+
+    Parameters
+    ----------
+    state : Int8QuantizationState
+        The hook's state (register_comm_hook's first argument).
+    bucket : torch.distributed.GradBucket
+        The gradients DDP hands over.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket tensor, as DDP expects.
+    """
     group = state.process_group
     world = dist.get_world_size(group)
     buffer = bucket.buffer()
@@ -181,9 +250,32 @@ class TopKState:
     yet: its gradient plus the old residual, less the values sent), in float32 (float64 for
     float64 buckets), added to the bucket's gradient the next step. sent_bytes / dense_bytes
     count this rank's messages and the buckets they stand for, for measuring.
+
+    Parameters
+    ----------
+    process_group : torch.distributed.ProcessGroup or None
+        The group to average over; None: the default group.
+    ratio : float
+        The fraction of each bucket a rank sends (above).
+    warmup_steps : int
+        Optimizer steps that average full buckets first, >= 0.
+
+    Raises
+    ------
+    ValueError
+        A ratio outside (0, 1] or a negative or non-integer warmup_steps.
     """
 
-    __slots__ = ("process_group", "_ratio", "warmup_steps", "step", "residuals", "_counts", "sent_bytes", "dense_bytes")
+    __slots__ = {
+        "process_group": "The group the hook averages over; None means the default group.",
+        "_ratio": None,
+        "warmup_steps": "Optimizer steps that average full buckets before top-k starts.",
+        "step": "Optimizer steps seen so far.",
+        "residuals": "Per bucket index, the parameters' ids and what this rank has not sent yet.",
+        "_counts": None,
+        "sent_bytes": "Bytes of this rank's top-k messages so far.",
+        "dense_bytes": "Bytes of the buckets those messages stand for.",
+    }
 
     def __init__(self, process_group=None, ratio: float = 0.01, warmup_steps: int = 0):
         self.ratio = ratio
@@ -198,6 +290,7 @@ class TopKState:
 
     @property
     def ratio(self) -> float:
+        """The fraction of each bucket a rank sends, 0 < ratio <= 1; setting it checks it."""
         return self._ratio
 
     @ratio.setter
@@ -209,7 +302,18 @@ class TopKState:
         self._counts = {}
 
     def count(self, numel: int) -> int:
-        """k for a bucket of `numel` elements."""
+        """k for a bucket of `numel` elements: ceil(ratio x numel), at most numel.
+
+        Parameters
+        ----------
+        numel : int
+            The bucket's elements.
+
+        Returns
+        -------
+        int
+            How many entries a rank sends.
+        """
         k = self._counts.get(numel)
         if k is None:
             k = self._counts[numel] = min(numel, math.ceil(Fraction(repr(self._ratio)) * numel))
@@ -233,7 +337,20 @@ def _select_largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket from each rank's k largest entries (after adding its residual)."""
+    """Average the bucket from each rank's k largest entries (after adding its residual).
+
+    Parameters
+    ----------
+    state : TopKState
+        The hook's state (register_comm_hook's first argument).
+    bucket : torch.distributed.GradBucket
+        The gradients DDP hands over.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket tensor, as DDP expects.
+    """
     group = state.process_group
     buffer = bucket.buffer()
     warming_up = state.step < state.warmup_steps

@@ -149,18 +149,26 @@ class BackwardSync:
 class DataParallelHook(BackwardSync):
     """Average a module's gradients over a ringtree communicator during backward.
 
-    - model: a torch.nn.Module whose parameters are all on the CPU or all on one CUDA device
-      (CUDA gradients are all-reduced on the device path, see the manual's GPU page).
-    - comm: a ringtree Communicator, or a ProcessGroupRingtree (its communicator is used);
-      default: ringtree.init().
-    - bucket_cap_mb: bucket size cap in MiB (25, like DDP).
-    - accumulation_steps: communicate once every this many backward passes; gradients of
-      the others accumulate locally (sum them, or scale the loss by 1/k for a mean).
-    - finish_in_backward: wait for all buckets at the end of each communicating backward
-      pass (default). With False, call finish() before optimizer.step(); that leaves
-      the optimizer's own set-up free to overlap the last buckets.
-    - broadcast_from: the rank whose parameters and buffers every rank starts from (None:
-      keep each rank's own).
+    Parameters
+    ----------
+    model
+        A torch.nn.Module whose parameters are all on the CPU or all on one CUDA device (CUDA
+        gradients are all-reduced on the device path, see the manual's GPU page).
+    comm
+        A ringtree Communicator, or a ProcessGroupRingtree (its communicator is used); default:
+        ringtree.init().
+    bucket_cap_mb
+        Bucket size cap in MiB (25, like DDP).
+    accumulation_steps
+        Communicate once every this many backward passes; gradients of the others accumulate
+        locally (sum them, or scale the loss by 1/k for a mean).
+    finish_in_backward
+        Wait for all buckets at the end of each communicating backward pass (default). With
+        False, call finish() before optimizer.step(); that leaves the optimizer's own set-up
+        free to overlap the last buckets.
+    broadcast_from
+        The rank whose parameters and buffers every rank starts from (None: keep each rank's
+        own).
     """
 
     def __init__(

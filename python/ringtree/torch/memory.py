@@ -45,7 +45,19 @@ _OPAQUE = (
 
 
 def storage_bytes(roots) -> int:
-    """Bytes of the distinct tensor storages reachable from roots (see the module doc)."""
+    """Bytes of the distinct tensor storages reachable from roots (see the module doc).
+
+    Parameters
+    ----------
+    roots : iterable
+        Models, optimizers, tensors, or containers and objects that hold them; a storage
+        reached twice counts once.
+
+    Returns
+    -------
+    int
+        The bytes.
+    """
     seen, storages, stack = set(), {}, list(roots)
     while stack:
         item = stack.pop()
@@ -75,7 +87,19 @@ def storage_bytes(roots) -> int:
 
 
 class StorageMeter:
-    """The largest storage_bytes(roots) over its samples; with a model, sampled by hooks too."""
+    """The largest storage_bytes(roots) over its samples; with a model, sampled by hooks too.
+
+    Its `peak` is the largest sample in bytes, `peak_at` the label of that sample, and `last`
+    the latest sample.
+
+    Parameters
+    ----------
+    roots : iterable
+        What to measure: models, optimizers, tensors, containers of them (see storage_bytes).
+    model : torch.nn.Module or None
+        If given, a sample is taken before and after each module's forward and after each
+        parameter's gradient is accumulated.
+    """
 
     def __init__(self, roots, model: torch.nn.Module | None = None):
         self.roots = list(roots)
@@ -98,15 +122,29 @@ class StorageMeter:
         return sample
 
     def sample(self, label: str | None = None) -> int:
+        """Measure now, and keep the measure as the peak if it is the largest so far.
+
+        Parameters
+        ----------
+        label : str or None
+            Names the sample in `peak_at`.
+
+        Returns
+        -------
+        int
+            The bytes measured.
+        """
         self.last = storage_bytes(self.roots)
         if self.last > self.peak:
             self.peak, self.peak_at = self.last, label
         return self.last
 
     def reset(self):
+        """Forget the peak, to measure a new phase."""
         self.peak, self.peak_at = 0, None
 
     def remove(self):
+        """Remove the hooks put on the model; samples are then taken only by sample()."""
         for handle in self._handles:
             handle.remove()
         self._handles = []

@@ -83,6 +83,15 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     Usually made by torch through the registered creator: dist.init_process_group("ringtree")
     or dist.new_group(backend="ringtree"). It can also wrap an existing communicator:
     ProcessGroupRingtree(comm) (its rank and size become the group's).
+
+    Parameters
+    ----------
+    comm : Communicator
+        Carries the group's traffic; the group's rank and size are its.
+    store : torch.distributed.Store or None
+        The store torch made the group with, if any.
+    timeout : datetime.timedelta, float or None
+        Bounds each call; None: the communicator's timeout.
     """
 
     def __init__(self, comm: Communicator, store=None, timeout=None):
@@ -118,13 +127,39 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return AllocatingBackend(super()._get_backend(device), self)
 
     def supports_tensor_alloc(self, device) -> bool:
-        """True for the CPU: allocate_tensor then gives pooled host buffers (see BufferPool).
-        CUDA tensors are staged through the host by the core, whatever memory they live in."""
+        """Whether allocate_tensor gives this group's own buffers on `device`.
+
+        Parameters
+        ----------
+        device : torch.device or str
+            The device FSDP2 would allocate on.
+
+        Returns
+        -------
+        bool
+            True for the CPU (pooled host buffers); CUDA tensors are staged through the host by the
+            core, whatever memory they live in.
+        """
         return torch.device(device).type == "cpu"
 
     def allocate_tensor(self, size, *, dtype, device):
-        """A 1-D tensor of `size` elements for a collective's buffer (FSDP2's all-gather output
-        and reduce-scatter input); on the CPU from the group's pool of reused buffers."""
+        """A 1-D tensor for a collective's buffer (FSDP2's all-gather output and
+        reduce-scatter input); on the CPU from the group's pool of reused buffers.
+
+        Parameters
+        ----------
+        size : int
+            Number of elements.
+        dtype : torch.dtype
+            Its dtype.
+        device : torch.device or str
+            Where it lives; other than the CPU, a plain torch.empty.
+
+        Returns
+        -------
+        torch.Tensor
+            The tensor, contents undefined.
+        """
         if torch.device(device).type != "cpu":
             return torch.empty(int(size), dtype=dtype, device=device)
         return self._pool.take(int(size), dtype)
@@ -137,22 +172,64 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._comm
 
     def getBackendName(self):  # noqa: N802 - name fixed by torch's C++ trampoline
+        """The backend's name, for torch.
+
+        Returns
+        -------
+        str
+            "ringtree".
+        """
         return BACKEND_NAME
 
     def name(self):
+        """The backend's name, for torch.
+
+        Returns
+        -------
+        str
+            "ringtree".
+        """
         return BACKEND_NAME
 
     # torch keeps a group's name in its C++ backends, which a Python group has none of.
     def setGroupName(self, name):  # noqa: N802 - name fixed by torch's C++ trampoline
+        """Keep the name torch gives the group (a Python group has no C++ backend to keep it).
+
+        Parameters
+        ----------
+        name : str
+            The group's name.
+        """
         self._group_name = name
 
     def getGroupName(self):  # noqa: N802
+        """The name torch gave the group.
+
+        Returns
+        -------
+        str
+            The name, or "" before torch set one.
+        """
         return getattr(self, "_group_name", "")
 
     def setGroupDesc(self, desc):  # noqa: N802
+        """Keep the description torch gives the group.
+
+        Parameters
+        ----------
+        desc : str
+            The group's description.
+        """
         self._group_desc = desc
 
     def getGroupDesc(self):  # noqa: N802
+        """The description torch gave the group.
+
+        Returns
+        -------
+        str
+            The description, or "" before torch set one.
+        """
         return getattr(self, "_group_desc", "")
 
     def __repr__(self):
@@ -163,6 +240,7 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         self.shutdown()
 
     def shutdown(self):
+        """Close the group's communicator: queued work finishes, peers learn this rank left."""
         self._comm.close()
 
     # plumbing ---------------------------------------------------------------------------
@@ -240,6 +318,26 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     # collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        """All-reduce each tensor in place (dist.all_reduce). Bitwise ops take integer or bool
+        tensors; bool tensors reduce MIN and MAX as bytes; dtypes the core lacks are staged.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The tensors, CPU or CUDA; every rank passes the same shapes and dtypes.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         tensors = tensor_list(tensors, "allreduce")
         requested = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         kind = getattr(requested, "op", requested)
@@ -283,9 +381,22 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return issue
 
     def allreduce_coalesced(self, tensors, opts=None):
-        """All-reduce each tensor of ``tensors`` in place, as one ringtree group (one check, small
-        tensors fused into one call); what ``dist.all_reduce_coalesced`` and the coalescing
-        manager call. Returns one Work for the whole list."""
+        """All-reduce each tensor of ``tensors`` in place, as one ringtree group (one check,
+        small tensors fused into one call); what ``dist.all_reduce_coalesced`` and the coalescing
+        manager call.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The tensors; every rank passes the same list of shapes and dtypes.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            One work for the whole list.
+        """
         tensors = tensor_list(tensors, "allreduce_coalesced")
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
@@ -314,6 +425,25 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, finish, opts=opts)
 
     def broadcast(self, tensors, opts=None):
+        """Every rank's tensors receive the root's, in place (dist.broadcast).
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The data on the root; the tensors to fill elsewhere (same shapes and dtypes).
+        opts : torch.distributed options or None
+            torch's options object for the call; its `rootRank` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         tensors = tensor_list(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
@@ -330,6 +460,26 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, lambda: [s.write_back() for s in staged], opts=opts)
 
     def reduce(self, tensors, opts=None):
+        """The root's tensors receive the reduction over ranks, in place (dist.reduce); the
+        others' are left as they were.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            Each rank's inputs; the root's receive the result.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `rootRank`, `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         tensors = tensor_list(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "reduce")
@@ -348,6 +498,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, tensors, finish, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        """output_tensors[i][r] receives rank r's input_tensors[i] (dist.all_gather).
+
+        Parameters
+        ----------
+        output_tensors : list of list of torch.Tensor
+            One list per input, of P tensors of the input's size and dtype.
+        input_tensors : list of torch.Tensor
+            This rank's inputs.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         input_tensors = tensor_list(input_tensors, "allgather")
         if len(output_tensors) != len(input_tensors):
             raise ValueError(f"ringtree: allgather: {len(output_tensors)} output lists for {len(input_tensors)} inputs")
@@ -419,6 +590,28 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return out, x
 
     def all_gather_single(self, output, input, opts=None):
+        """`output` (P times the input's size, same dtype) receives every rank's `input`, rank r's
+        at block r (dist.all_gather_into_tensor).
+
+        Parameters
+        ----------
+        output : torch.Tensor
+            P x input.numel() elements.
+        input : torch.Tensor
+            This rank's block.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and output.numel() == self._comm.size * input.numel():
             out, x = host_view(output), host_view(input)
@@ -435,7 +628,22 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """All-gather each ``inputs[i]`` into ``outputs[i]`` (P times its size), as one ringtree
-        group; torch's ``allgather_into_tensor_coalesced``. Returns one Work for the whole list."""
+        group; torch's ``allgather_into_tensor_coalesced``.
+
+        Parameters
+        ----------
+        outputs : list of torch.Tensor
+            P x inputs[i].numel() elements each.
+        inputs : list of torch.Tensor
+            This rank's blocks.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            One work for the whole list.
+        """
         timeout = self._call_timeout(opts)
         pairs = [self._gather_single(o, i, "all_gather_single_coalesced") for o, i in zip(outputs, inputs)]
 
@@ -449,7 +657,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back."""
+        """output_lists[r][i] receives rank r's input_list[i]: one all_gather of the inputs back to back.
+
+        Parameters
+        ----------
+        output_lists : list of list of torch.Tensor
+            P lists, each shaped as input_list.
+        input_list : list of torch.Tensor
+            This rank's inputs.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         inputs = tensor_list(input_list, "allgather_coalesced")
         P, timeout = self._comm.size, self._call_timeout(opts)
         for x in inputs:
@@ -496,6 +724,28 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return StagedTensor(output, f"{what} output", reduction), StagedTensor(input, f"{what} input", reduction)
 
     def reduce_scatter_single(self, output, input, opts=None):
+        """Rank r's `output` receives the reduction of block r of every rank's `input`
+        (dist.reduce_scatter_tensor).
+
+        Parameters
+        ----------
+        output : torch.Tensor
+            One block.
+        input : torch.Tensor
+            P blocks of output's size and dtype.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         if output.dtype == input.dtype and input.numel() == self._comm.size * output.numel():
@@ -513,7 +763,22 @@ class ProcessGroupRingtree(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """Reduce-scatter each ``inputs[i]`` (P times the output's size) into ``outputs[i]``, as
-        one ringtree group; torch's ``reduce_scatter_tensor_coalesced``. Returns one Work."""
+        one ringtree group; torch's ``reduce_scatter_tensor_coalesced``.
+
+        Parameters
+        ----------
+        outputs : list of torch.Tensor
+            One block each.
+        inputs : list of torch.Tensor
+            P blocks of the matching output's size each.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            One work for the whole list.
+        """
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
         pairs = [self._scatter_single(o, i, "reduce_scatter_single_coalesced", True) for o, i in zip(outputs, inputs)]
@@ -528,6 +793,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """Rank r's output_tensors[i] receives the reduction over ranks of input_tensors[i][r] (dist.reduce_scatter).
+
+        Parameters
+        ----------
+        output_tensors : list of torch.Tensor
+            This rank's results.
+        input_tensors : list of list of torch.Tensor
+            One list of P tensors per output, each of the output's size and dtype.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `reduceOp` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         output_tensors = tensor_list(output_tensors, "reduce_scatter")
         op = ringtree_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         timeout = self._call_timeout(opts)
@@ -560,6 +846,32 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._comm.all_to_all_v(x, out, send_counts, recv_counts, async_op=async_op, timeout=timeout)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """Rank i's input block j lands in rank j's output block i (dist.all_to_all_single);
+        blocks are split evenly over the first dimension, or by the split sizes.
+
+        Parameters
+        ----------
+        output : torch.Tensor
+            Receives the blocks, in rank order.
+        input : torch.Tensor
+            The blocks to send, in rank order; same dtype as output.
+        output_split_sizes : list of int or None
+            Rows of output from each rank; None or empty: even blocks.
+        input_split_sizes : list of int or None
+            Rows of input for each rank; None or empty: even blocks.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         timeout = self._call_timeout(opts)
         if output.dtype != input.dtype:
             raise ValueError(
@@ -599,6 +911,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return [int(s) * row_elements(tensor) for s in split_sizes]
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        """Rank i's input_tensors[j] lands in rank j's output_tensors[i] (dist.all_to_all).
+
+        Parameters
+        ----------
+        output_tensors : list of torch.Tensor
+            P tensors, one from each rank.
+        input_tensors : list of torch.Tensor
+            P tensors, one for each rank; one dtype throughout.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         P, timeout = self._comm.size, self._call_timeout(opts)
         output_tensors, input_tensors = list(output_tensors), list(input_tensors)
         if len(output_tensors) != P or len(input_tensors) != P:
@@ -622,6 +955,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, output_tensors, lambda: copy_blocks(out, output_tensors), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        """The root's output_tensors[0][r] receives rank r's input (dist.gather).
+
+        Parameters
+        ----------
+        output_tensors : list of list of torch.Tensor
+            On the root, one list of P tensors of the input's size and dtype; empty elsewhere.
+        input_tensors : list of torch.Tensor
+            One tensor.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `rootRank` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         input_tensors = tensor_list(input_tensors, "gather")
         if len(input_tensors) != 1:
             raise ValueError(f"ringtree: gather takes one input tensor, got {len(input_tensors)}")
@@ -647,6 +1001,27 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, outputs, (lambda: copy_blocks(flat, outputs)) if outputs else None, opts=opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        """Rank r's output receives the root's input_tensors[0][r] (dist.scatter).
+
+        Parameters
+        ----------
+        output_tensors : list of torch.Tensor
+            One tensor.
+        input_tensors : list of list of torch.Tensor
+            On the root, one list of P tensors of the output's size and dtype; empty elsewhere.
+        opts : torch.distributed options or None
+            torch's options object for the call; its `rootRank` and `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            Tensors, root or op the call cannot take, before any traffic.
+        """
         output_tensors = tensor_list(output_tensors, "scatter")
         if len(output_tensors) != 1:
             raise ValueError(f"ringtree: scatter takes one output tensor, got {len(output_tensors)}")
@@ -671,6 +1046,18 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return self._launch(issue, output_tensors, out.write_back, opts=opts)
 
     def barrier(self, opts=None):
+        """Complete once every rank has entered (dist.barrier).
+
+        Parameters
+        ----------
+        opts : torch.distributed options or None
+            torch's options object for the call; its `timeout` are read. None: the defaults.
+
+        Returns
+        -------
+        RingtreeWork
+            The barrier in flight.
+        """
         timeout = self._call_timeout(opts)
         return self._launch(lambda async_op: [self._comm.barrier(async_op=async_op, timeout=timeout)], [], opts=opts)
 
@@ -706,17 +1093,79 @@ class ProcessGroupRingtree(dist.ProcessGroup):
         return work
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's argument names
+        """Send each tensor to `dstRank` as a tagged message (dist.send), beside the call order.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            The data.
+        dstRank : int
+            Another rank of the group.
+        tag : int
+            A tag >= 0 that the receive matches.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            A peer that is not another rank of the group, or a negative tag, before any traffic.
+        """
         tensors = tensor_list(tensors, "send")
         self._check_p2p(dstRank, tag, "send")
         staged = [MessageBuffer(t, "send tensor", copy_in=True) for t in tensors]
         return self._messages(lambda: [self._comm.isend(s.buffer, dstRank, tag) for s in staged], tensors)
 
     def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        """Receive into each tensor a message from `srcRank` with `tag` (dist.recv).
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            Receive the data.
+        srcRank : int
+            Another rank of the group.
+        tag : int
+            The tag to match, >= 0.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            A peer that is not another rank of the group, or a negative tag, before any traffic.
+        """
         tensors = tensor_list(tensors, "recv")
         self._check_p2p(srcRank, tag, "recv")
         return self._receive(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
+        """Receive into one tensor the first message with `tag` from any rank (dist.recv with
+        src=None); the work's source_rank() then says who sent it.
+
+        Parameters
+        ----------
+        tensors : list of torch.Tensor
+            One tensor.
+        tag : int
+            The tag to match, >= 0.
+
+        Returns
+        -------
+        RingtreeWork
+            The call in flight; wait() re-raises a ringtree error (Timeout, PeerFailure, ...) as is.
+
+        Raises
+        ------
+        ValueError
+            More than one tensor, or a negative tag, before any traffic.
+        """
         tensors = tensor_list(tensors, "recv")
         if len(tensors) != 1:
             raise ValueError(f"ringtree: recv from any source takes one tensor, got {len(tensors)}")
@@ -756,6 +1205,22 @@ def create_process_group(store, rank, size, timeout):
     The group's timeout bounds set-up and every collective. A timeout given to
     init_process_group / new_group is used as is; torch's default (30 minutes) gives way to
     ringtree's own RINGTREE_TIMEOUT (default 300 s), so a stalled peer surfaces in minutes.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        Carries rank 0's unique id to the other ranks.
+    rank : int
+        This process's rank in the group.
+    size : int
+        The group's size.
+    timeout : datetime.timedelta or None
+        torch's timeout for the group.
+
+    Returns
+    -------
+    ProcessGroupRingtree
+        The group, over a new communicator.
     """
     seconds = timeout_seconds(timeout)
     if seconds is None or timeout == default_pg_timeout:

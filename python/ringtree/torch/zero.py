@@ -133,22 +133,39 @@ class ShardedDataParallel(BackwardSync):
     """Data parallelism with sharded optimizer state (stage 1), gradients (stage 2) and
     parameters (stage 3).
 
-    - model: a torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one
-      floating dtype (after param_dtype).
-    - optimizer_class: any torch.optim.Optimizer class; it is built over this rank's master
-      shards with `**optimizer_defaults` (one parameter group). Element-wise optimizers (SGD,
-      Adam, AdamW, RMSprop, Adagrad, ...) step exactly as on the unsharded model; ones
-      that look at whole tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see
-      shards instead and are not supported.
-    - comm: a ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
-    - stage: 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too: gathered
-      per bucket around each module's forward and backward, see the module doc; between
-      steps read them inside gathered_parameters()).
-    - bucket_cap_mb: bucket size cap in MiB (25, like DDP).
-    - accumulation_steps: communicate once every this many backward passes (or use no_sync()).
-    - param_dtype: run the model in torch.float16 or torch.bfloat16 (its parameters are cast;
-      feed it inputs of that dtype); the optimizer steps fp32 master shards.
-    - broadcast_from: the rank whose parameters and buffers every rank starts from.
+    Parameters
+    ----------
+    model
+        A torch.nn.Module, parameters all on the CPU or all on one CUDA device, of one floating
+        dtype (after param_dtype).
+    optimizer_class
+        Any torch.optim.Optimizer class; it is built over this rank's master shards with
+        `**optimizer_defaults` (one parameter group). Element-wise optimizers (SGD, Adam, AdamW,
+        RMSprop, Adagrad, ...) step exactly as on the unsharded model; ones that look at whole
+        tensors (LAMB-style trust ratios, Adafactor, LBFGS) would see shards instead and are not
+        supported.
+    comm
+        A ringtree Communicator or a ProcessGroupRingtree; default ringtree.init().
+    stage
+        1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too: gathered per bucket
+        around each module's forward and backward, see the module doc; between steps read them
+        inside gathered_parameters()).
+    bucket_cap_mb
+        Bucket size cap in MiB (25, like DDP).
+    accumulation_steps
+        Communicate once every this many backward passes (or use no_sync()).
+    param_dtype
+        Run the model in torch.float16 or torch.bfloat16 (its parameters are cast; feed it
+        inputs of that dtype); the optimizer steps fp32 master shards.
+    broadcast_from
+        The rank whose parameters and buffers every rank starts from.
+    **optimizer_defaults
+        Passed to optimizer_class (lr=..., weight_decay=...).
+
+    Raises
+    ------
+    ValueError
+        A stage other than 1, 2 or 3, a cap that is not positive, or another param_dtype.
     """
 
     def __init__(
@@ -461,10 +478,20 @@ class ShardedDataParallel(BackwardSync):
     def step(self, scaler: torch.amp.GradScaler | None = None):
         """Step this rank's shards with the optimizer, then all-gather the updated parameters
         (asynchronously; the next forward pass waits; stage 3 gathers them only when a module
-        runs). With a GradScaler, unscale (unless
-        `unscale_` ran already), decide on overflow over every rank and let the scaler skip the
-        step on every rank or on none; call scaler.update() afterwards as usual. Returns what
-        the optimizer's step returned (None when skipped)."""
+        runs).
+
+        Parameters
+        ----------
+        scaler : torch.amp.GradScaler or None
+            With a scaler: unscale (unless `unscale_` ran already), decide on overflow over every
+            rank and let the scaler skip the step on every rank or on none; call scaler.update()
+            afterwards as usual.
+
+        Returns
+        -------
+        object
+            What the optimizer's step returned (None when skipped).
+        """
         self.finish()
         self.synchronize()  # the previous gathers still read the shards this step writes
         if scaler is not None and scaler.is_enabled():
@@ -508,10 +535,15 @@ class ShardedDataParallel(BackwardSync):
 
     @contextlib.contextmanager
     def gathered_parameters(self, writeback: bool = False):
-        """Inside the block every parameter holds its full value (collective at stage 3: an
-        all_gather per bucket, and the storage is released again at the end). writeback=True:
-        values written to the parameters inside the block become the masters' (and so survive
-        the next step), e.g. to load a model state_dict."""
+        """A context manager: inside the block every parameter holds its full value (collective at
+        stage 3: an all_gather per bucket, and the storage is released again at the end).
+
+        Parameters
+        ----------
+        writeback : bool
+            True: values written to the parameters inside the block become the masters' (and so
+            survive the next step), e.g. to load a model state_dict.
+        """
         for b in range(len(self.buckets)):
             self._gather(b)
         self.synchronize()
@@ -548,7 +580,13 @@ class ShardedDataParallel(BackwardSync):
     def unscale_(self, scaler: torch.amp.GradScaler):
         """`scaler.unscale_` on the master shards, then one all_reduce (max) of the overflow
         flag, written back into the scaler's found_inf_per_device: every rank's scaler then
-        skips the step and lowers the scale, or none does. Call before `clip_grad_norm_`."""
+        skips the step and lowers the scale, or none does. Call before `clip_grad_norm_`.
+
+        Parameters
+        ----------
+        scaler : torch.amp.GradScaler
+            The scaler; a disabled one is left alone.
+        """
         self.finish()
         if not scaler.is_enabled():
             return
@@ -566,9 +604,27 @@ class ShardedDataParallel(BackwardSync):
             flag.fill_(local.item())
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Scale the gradients so that their norm over all ranks' shards is at most max_norm;
-        returns that total norm (the value `torch.nn.utils.clip_grad_norm_` gives on the
-        unsharded model). One all_reduce of one number."""
+        """Scale the gradients so that their norm over all ranks' shards is at most max_norm.
+        One all_reduce of one number.
+
+        Parameters
+        ----------
+        max_norm : float
+            The largest norm allowed.
+        norm_type : float
+            The p of the p-norm, positive (inf: the max norm).
+
+        Returns
+        -------
+        torch.Tensor
+            The total norm before clipping (what `torch.nn.utils.clip_grad_norm_` gives on the
+            unsharded model).
+
+        Raises
+        ------
+        ValueError
+            norm_type is not positive.
+        """
         self.finish()
         norm_type = float(norm_type)
         if norm_type <= 0:
@@ -599,8 +655,14 @@ class ShardedDataParallel(BackwardSync):
         return torch.is_tensor(value) and value.dim() == 1 and value.shape[0] == bucket.shard_size
 
     def sharded_state_dict(self) -> dict:
-        """This rank's part: the optimizer's own state_dict over its shards, the fp32 master
-        shards, and the layout it belongs to (load it back at the same world size and model)."""
+        """This rank's part, to load back at the same world size and model.
+
+        Returns
+        -------
+        dict
+            The optimizer's own state_dict over its shards, the fp32 master shards, and the layout
+            they belong to.
+        """
         self.synchronize()
         return {
             "world_size": self.world_size,
@@ -612,7 +674,18 @@ class ShardedDataParallel(BackwardSync):
         }
 
     def load_sharded_state_dict(self, state: dict):
-        """Load what sharded_state_dict() gave on this rank (same world size and model)."""
+        """Load what sharded_state_dict() gave on this rank (same world size and model).
+
+        Parameters
+        ----------
+        state : dict
+            What sharded_state_dict() returned on this rank.
+
+        Raises
+        ------
+        ValueError
+            It was saved for another rank, world size or bucket layout.
+        """
         counts = [bucket.count for bucket in self.buckets]
         if (
             state.get("world_size") != self.world_size
@@ -632,9 +705,15 @@ class ShardedDataParallel(BackwardSync):
         self._publish_masters()
 
     def state_dict(self) -> dict:
-        """The full optimizer state, as the same optimizer over model.parameters() would
-        hold it (state keyed by parameter index, one param group), gathered from every rank.
-        Collective. In fp16/bf16 it also holds the fp32 "master_params"."""
+        """The full optimizer state, as the same optimizer over model.parameters() would hold
+        it, gathered from every rank. Collective.
+
+        Returns
+        -------
+        dict
+            State keyed by parameter index, one param group; in fp16/bf16 also the fp32
+            "master_params".
+        """
         self.synchronize()
         inner = self.optimizer.state_dict()
         state = {index: {} for index in range(len(self.params))}
@@ -668,10 +747,20 @@ class ShardedDataParallel(BackwardSync):
         return full_state
 
     def load_state_dict(self, full_state: dict):
-        """Load a full state (state_dict(), or a plain optimizer's state_dict over
-        model.parameters()): each rank keeps its shard. Not collective except for the
-        parameter all-gather of fp16/bf16 masters at stages 1 and 2. In fp32 the parameters
-        are the masters: they stay as they are (load them with gathered_parameters(writeback=True))."""
+        """Load a full state: each rank keeps its shard. Not collective except for the
+        parameter all-gather of fp16/bf16 masters at stages 1 and 2. In fp32 the parameters are
+        the masters: they stay as they are (load them with gathered_parameters(writeback=True)).
+
+        Parameters
+        ----------
+        full_state : dict
+            state_dict(), or a plain optimizer's state_dict over model.parameters().
+
+        Raises
+        ------
+        ValueError
+            Not one param group over the model's parameters.
+        """
         groups = full_state["param_groups"]
         if len(groups) != 1 or list(groups[0]["params"]) != list(range(len(self.params))):
             raise ValueError(
