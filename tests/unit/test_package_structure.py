@@ -7,6 +7,7 @@ here, so a cycle, a private import and a reach up are each shown to fail it."""
 
 import ast
 import os
+import sys
 import textwrap
 
 import pytest
@@ -29,6 +30,10 @@ def package_modules(root: str, name: str) -> dict:
                 modules[f"{prefix}.{f[:-3]}"] = os.path.join(folder, f)
             elif f.endswith(".so"):
                 modules[f"{prefix}.{f.split('.', 1)[0]}"] = None
+    # An editable install keeps the extension modules beside its build, not in the source folder.
+    for loaded, module in list(sys.modules.items()):
+        if loaded.startswith(name + ".") and str(getattr(module, "__file__", "")).endswith(".so"):
+            modules.setdefault(loaded, None)
     return modules
 
 
