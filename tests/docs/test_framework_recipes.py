@@ -1,15 +1,19 @@
 """The framework recipes of the manual (docs/launching.md) run end to end on the ringtree backend:
-PyTorch Lightning and Hugging Face Accelerate train over 2 CPU processes as a user starts them,
-and both ranks end with the same bits, equal (to float rounding) to one process that trains with
-plain torch on the same samples in batches twice as large."""
+PyTorch Lightning, Hugging Face Accelerate, DeepSpeed ZeRO and Ray Train train over 2 CPU
+processes as a user starts them, and both ranks end with the same bits, equal (to float rounding)
+to one process that trains with plain torch on the same samples in batches twice as large.
+DeepSpeed and Ray Train also train on Gloo, and ringtree's run ends with Gloo's bits: with 2 ranks
+a sum has one order of its terms, so the backends agree exactly."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from markdown_examples import REPO
@@ -29,7 +33,7 @@ def _example(name):
     return path, module
 
 
-def _run(command, cwd):
+def _run(command, cwd, backend="ringtree"):
     env = dict(os.environ, RINGTREE_TIMEOUT="30", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -47,7 +51,7 @@ def _run(command, cwd):
             pass
     assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}:\n{output}"
     for r in range(RANKS):
-        assert f"rank {r} of {RANKS}: backend ringtree" in output, output
+        assert f"rank {r} of {RANKS}: backend {backend}" in output, output
     return output
 
 
@@ -117,3 +121,71 @@ def test_accelerate_trains_on_ringtree_as_one_process_would(tmp_path):
     )
     # Accelerate gives rank r the loader's batches r, r + RANKS, ...: together, the samples in order.
     _check_weights(tmp_path / "w", _reference(example, epochs, lambda epoch: list(range(example.SAMPLES))))
+
+
+def _torchrun(path, *args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), path, *args]
+
+
+def _reference_steps(example, steps):
+    """One process, plain torch: SGD on the consecutive batches of RANKS x BATCH samples."""
+    x, y = example.dataset()
+    net = example.make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=example.LR)
+    first_loss = torch.nn.functional.mse_loss(net(x), y).item()
+    step = RANKS * example.BATCH
+    for s in range(steps):
+        batch = slice(s * step % example.SAMPLES, s * step % example.SAMPLES + step)
+        torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        assert torch.nn.functional.mse_loss(net(x), y).item() < 0.5 * first_loss, "the reference did not learn"
+    return net.state_dict()
+
+
+def _check_same_bits(ringtree_prefix, gloo_prefix, reference):
+    """Per rank, ringtree's weights and losses are Gloo's, bit for bit; the ranks agree, and
+    their weights are the reference's to float rounding."""
+    ranks = [torch.load(f"{ringtree_prefix}-rank{r}.pt", weights_only=True) for r in range(RANKS)]
+    for r, got in enumerate(ranks):
+        gloo = torch.load(f"{gloo_prefix}-rank{r}.pt", weights_only=True)
+        assert got["losses"] == gloo["losses"], f"rank {r}: the losses differ from Gloo's"
+        assert got["weights"].keys() == gloo["weights"].keys() == reference.keys()
+        for name, expected in gloo["weights"].items():
+            assert torch.equal(got["weights"][name], expected), f"rank {r}: {name} differs from Gloo's"
+    assert ranks[0]["losses"] != ranks[1]["losses"], "the ranks trained on the same samples"
+    for name, expected in reference.items():
+        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), f"{name} differs between the ranks"
+        torch.testing.assert_close(ranks[0]["weights"][name], expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero_trains_on_ringtree_as_on_gloo(tmp_path, stage):
+    pytest.importorskip("deepspeed")
+    path, example = _example("deepspeed_zero.py")  # DeepSpeed on the CPU, as in the example
+    steps = 8
+    for backend in ("ringtree", "gloo"):
+        args = ["--stage", str(stage), "--steps", str(steps), "--backend", backend, "--save", str(tmp_path / backend)]
+        output = _run(_torchrun(path, *args), tmp_path, backend)
+        assert f"ZeRO stage {stage}" in output, output
+    _check_same_bits(tmp_path / "ringtree", tmp_path / "gloo", _reference_steps(example, steps))
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_ray_train_trains_on_ringtree_as_on_gloo(tmp_path):
+    pytest.importorskip("ray.train.torch")
+    path, example = _example("ray_train_ddp.py")
+    steps = 8
+    # One Ray instance (2 CPUs, no dashboard) trains on both backends in turn; the example shuts
+    # it down however the training ends. Its session files go to a short folder of their own:
+    # under tmp_path, the paths of Ray's sockets pass the 107 bytes a Unix socket's name may have.
+    args = ["--steps", str(steps), "--backend", "ringtree", "gloo", "--save", str(tmp_path / "w")]
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
+    try:
+        output = _run([sys.executable, path, *args, "--tmp", ray_tmp], tmp_path)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    for r in range(RANKS):
+        assert f"rank {r} of {RANKS}: backend gloo" in output, output
+    _check_same_bits(tmp_path / "w-ringtree", tmp_path / "w-gloo", _reference_steps(example, steps))
