@@ -12,6 +12,7 @@
 // which is the whole point here: it is off for this file.
 #undef _FORTIFY_SOURCE
 #include "kernels/cuda/standin/cuda_on_cpu.h"
+#include "kernels/cuda/scoped_sync.cuh"
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sched.h>
@@ -45,6 +46,7 @@ constexpr size_t kStackBytes = 128 << 10;
 struct Settings {
   std::atomic<uint64_t> seed{static_cast<uint64_t>(setting_int(Setting::StandinSeed))};
   std::atomic<unsigned> yield{static_cast<unsigned>(std::clamp<int64_t>(setting_int(Setting::StandinYield), 0, 100))};
+  const unsigned plant = static_cast<unsigned>(setting_int(Setting::StandinPlant));
 };
 Settings& settings() {
   static auto* s = new Settings;
@@ -444,3 +446,22 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, bool cooperative, 
 }
 
 }  // namespace ringtree::cuda_on_cpu
+
+namespace ringtree::sync {
+
+bool planted(unsigned fault) { return (cuda_on_cpu::settings().plant & fault) != 0; }
+
+// Below system scope, a word that another process or the host shares is a race on a GPU: the
+// kernel faults (the launch fails naming the access), and stderr says so at once.
+void check_scope(const void* p, Scope scope, const char* what) {
+  if (scope == Scope::System) return;
+  const char* shared = standin::shared_beyond_process(p);
+  if (!shared) return;
+  char text[320];
+  std::snprintf(text, sizeof text, "scope check: %s at %s scope of %p, which is %s: it needs system scope", what,
+                scope == Scope::Block ? "block" : "device", p, shared);
+  std::fprintf(stderr, "ringtree stand-in: %s\n", text);
+  cuda_on_cpu::raise_fault(text);
+}
+
+}  // namespace ringtree::sync

@@ -49,6 +49,7 @@
 #include "kernels/cuda/standin/cuda_runtime.h"
 
 #define __CUDA_ARCH__ 900
+#define RT_CUDA_ON_CPU 1
 #define __global__
 #define __device__
 #define __host__
