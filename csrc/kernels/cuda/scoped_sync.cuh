@@ -30,7 +30,14 @@ enum class Scope { Block, Device, System };
 // The stand-in's scope check and planted faults (standin/cuda_on_cpu.cc).
 void check_scope(const void* p, Scope scope, const char* what);
 bool planted(unsigned fault);
+constexpr unsigned kPlantNoFence = 1;        // system-scope releases publish no held store
 constexpr unsigned kPlantDeviceRelease = 2;  // system-scope releases downgraded to device scope
+// The weak-memory mode (RINGTREE_STANDIN_WEAK=1): a copy into memory shared beyond this process
+// is held back, this thread's part of it in 16-byte pieces, until the block's next system-scope
+// release, which writes the held pieces in random order. hold_copy is false (nothing held) when
+// the mode is off or dst is not shared.
+bool hold_copy(void* dst, const void* src, size_t bytes, unsigned thread, unsigned threads);
+void publish_held();
 
 template <Scope S, typename T>
 inline T load_acquire(const T* p) {
@@ -42,11 +49,13 @@ template <Scope S, typename T>
 inline void store_release(T* p, T v) {
   const Scope s = S == Scope::System && planted(kPlantDeviceRelease) ? Scope::Device : S;
   check_scope(p, s, "store_release");
+  if (s == Scope::System) publish_held();
   ::ringtree::cuda_on_cpu::yield_point();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 template <Scope S>
 inline void fence_release() {
+  if (S == Scope::System) publish_held();
   std::atomic_thread_fence(std::memory_order_acq_rel);
   ::ringtree::cuda_on_cpu::yield_point();
 }
@@ -64,6 +73,8 @@ inline T exchange(T* p, T v) {
 }
 
 #else
+
+__device__ __forceinline__ bool hold_copy(void*, const void*, size_t, unsigned, unsigned) { return false; }
 
 template <Scope S, typename T>
 __device__ __forceinline__ T load_acquire(const T* p) {
