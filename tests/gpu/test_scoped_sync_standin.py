@@ -69,3 +69,15 @@ def test_a_removed_fence_passes_in_order_but_fails_in_weak_mode():
     weak = run_world(2, device_sweep, ARGS, timeout=110, env={**WEAK, **planted})
     for rank, res in enumerate(weak.check_ok()):
         assert res["failures"], (rank, "the removed fence went unnoticed in weak mode")
+
+
+@pytest.mark.timeout(120)
+def test_a_flag_published_before_its_data_passes_in_order_but_fails_in_weak_mode():
+    # RINGTREE_STANDIN_PLANT=4: the flag's release store lands first and the chunk it should
+    # publish 20 ms later, so a peer polling the flag reads the slot before the data arrive.
+    planted = {"RINGTREE_STANDIN_PLANT": "4", "RINGTREE_TIMEOUT": "10"}
+    strong = run_world(2, device_sweep, ARGS, timeout=110, env={**WALK, **planted})
+    for rank, res in enumerate(strong.check_ok()):
+        assert res["cases"] == 16 and not res["failures"], (rank, res)
+    weak = run_world(2, device_sweep, ARGS, timeout=110, env={**WEAK, **planted})
+    assert any(res["failures"] for res in weak.check_ok()), "the early flag went unnoticed in weak mode"

@@ -32,12 +32,14 @@ void check_scope(const void* p, Scope scope, const char* what);
 bool planted(unsigned fault);
 constexpr unsigned kPlantNoFence = 1;        // system-scope releases publish no held store
 constexpr unsigned kPlantDeviceRelease = 2;  // system-scope releases downgraded to device scope
+constexpr unsigned kPlantFlagFirst = 4;      // a release store lands before the held stores it publishes
 // The weak-memory mode (RINGTREE_STANDIN_WEAK=1): a copy into memory shared beyond this process
 // is held back, this thread's part of it in 16-byte pieces, until the block's next system-scope
 // release, which writes the held pieces in random order. hold_copy is false (nothing held) when
 // the mode is off or dst is not shared.
 bool hold_copy(void* dst, const void* src, size_t bytes, unsigned thread, unsigned threads);
 void publish_held();
+void publish_held_late();  // kPlantFlagFirst: after a pause that lets a peer read the flag first
 
 template <Scope S, typename T>
 inline T load_acquire(const T* p) {
@@ -49,13 +51,15 @@ template <Scope S, typename T>
 inline void store_release(T* p, T v) {
   const Scope s = S == Scope::System && planted(kPlantDeviceRelease) ? Scope::Device : S;
   check_scope(p, s, "store_release");
-  if (s == Scope::System) publish_held();
+  const bool flag_first = planted(kPlantFlagFirst);
+  if (s == Scope::System && !flag_first) publish_held();
   ::ringtree::cuda_on_cpu::yield_point();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  if (s == Scope::System && flag_first) publish_held_late();
 }
 template <Scope S>
 inline void fence_release() {
-  if (S == Scope::System) publish_held();
+  if (S == Scope::System && !planted(kPlantFlagFirst)) publish_held();
   std::atomic_thread_fence(std::memory_order_acq_rel);
   ::ringtree::cuda_on_cpu::yield_point();
 }

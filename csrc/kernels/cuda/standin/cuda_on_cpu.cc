@@ -481,6 +481,12 @@ void publish_held() {
   held.clear();
 }
 
+void publish_held_late() {
+  if (held.empty()) return;
+  usleep(20000);
+  publish_held();
+}
+
 // Below system scope, a word that another process or the host shares is a race on a GPU: the
 // kernel faults (the launch fails naming the access), and stderr says so at once.
 void check_scope(const void* p, Scope scope, const char* what) {
