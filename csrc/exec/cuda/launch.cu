@@ -5,12 +5,14 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/reduce_device.cuh"
+#include "kernels/cuda/scoped_sync.cuh"
 
 namespace ringtree {
 
 namespace {
 
 constexpr int kWalkThreads = 512;
+using sync::Scope;
 
 // The device policy of the walker: thread 0 of the block handles flags; every thread moves data.
 // Incoming slots are read with __ldcg (through L2, never a stale L1 line): another rank writes them.
@@ -34,6 +36,7 @@ struct DeviceMem {
   // mostly do): bytes up to the first 16-byte boundary, 16-byte words, then bytes; where they
   // share the offset within 4 bytes, the same with 4-byte words; else bytes.
   __device__ void copy(void* dst, const void* src, size_t bytes) const {
+    if (sync::hold_copy(dst, src, bytes, threadIdx.x, blockDim.x)) return;  // the stand-in's weak mode
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
     if (((d ^ s) & 15) == 0) {
       copy_words<uint4>(dst, src, bytes);
@@ -67,36 +70,42 @@ struct DeviceMem {
         static_cast<T*>(dst), static_cast<const T*>(local), static_cast<const T*>(incoming),
         cuda::split_by_phase<T>(dst, local, incoming, count), f, threadIdx.x, blockDim.x);
   }
+  // Every thread's slot writes and reads of the round are done, then the leader alone makes
+  // them visible system-wide ahead of its next flag store (walker contract: published()).
+  // Why one thread's fence covers the block's accesses, in the PTX memory model: bar.sync is
+  // morally strong at CTA scope and orders each thread's earlier accesses before the leader's
+  // later ones in causality order; fence.acq_rel.sys is cumulative, so every access in causality
+  // order before it (the other threads' slot writes, and their slot reads: no later write of a
+  // peer can be seen by them) is ordered before the leader's following st.release.sys of the
+  // flag at system scope. A peer that ld.acquire.sys's that flag therefore sees the whole
+  // chunk. Before, each of the 512 threads ran membar.sys itself, twice per chunk.
   __device__ void published() const {
     idle = 0;
-    __threadfence_system();
     __syncthreads();
+    if (leader()) sync::fence_release<Scope::System>();
   }
-  __device__ uint64_t load(const uint64_t* p) const {
-    const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
-    __threadfence_system();
-    return v;
-  }
-  __device__ void store(uint64_t* p, uint64_t v) const {
-    __threadfence_system();
-    *reinterpret_cast<volatile uint64_t*>(p) = v;
-  }
-  __device__ bool stop() const { return *abort != 0; }
+  // Flags, headers, call and stop words: all in mailboxes that other ranks' kernels map (system
+  // scope). The acquire orders the block's later slot reads after it: the leader's load, then
+  // agree()'s bar.sync, then the other threads' reads.
+  __device__ uint64_t load(const uint64_t* p) const { return sync::load_acquire<Scope::System>(p); }
+  __device__ void store(uint64_t* p, uint64_t v) const { sync::store_release<Scope::System>(p, v); }
+  // The abort word is pinned host memory the host writes.
+  __device__ bool stop() const { return sync::load_acquire<Scope::System>(const_cast<const uint32_t*>(abort)) != 0; }
   __device__ bool step_barrier(const WalkPlan& plan) const {
     __shared__ int passed;
     __syncthreads();  // this block's threads are done with the step
     if (gridDim.x == 1) return true;
+    // The channels are blocks of one GPU: device scope. Each leader's acq_rel arrival is
+    // cumulative over its block's step (ordered before it by the bar.sync above); the last one's
+    // release of the generation carries every arrival to the waiters' acquire.
     if (threadIdx.x == 0) {
       passed = 1;
-      volatile unsigned* generation = &barrier->generation;
-      const unsigned gen = *generation;
-      __threadfence();
-      if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
-        atomicExch(&barrier->arrived, 0u);
-        __threadfence();
-        atomicAdd(&barrier->generation, 1u);
+      const unsigned gen = sync::load_acquire<Scope::Device>(&barrier->generation);
+      if (sync::fetch_add<Scope::Device>(&barrier->arrived, 1u) == gridDim.x - 1) {
+        sync::exchange<Scope::Device>(&barrier->arrived, 0u);
+        sync::fetch_add<Scope::Device>(&barrier->generation, 1u);
       } else {
-        while (*generation == gen) {
+        while (sync::load_acquire<Scope::Device>(&barrier->generation) == gen) {
           if (stop_in_force(plan, *this) != 0 || stop()) {
             passed = 0;
             break;
@@ -104,7 +113,6 @@ struct DeviceMem {
           relax();
         }
       }
-      __threadfence();
     }
     __syncthreads();
     return passed != 0;
@@ -135,13 +143,12 @@ __global__ void __launch_bounds__(kWalkThreads)
     status->stop_value = stop_in_force(plan, mem);
     // The last channel out leaves the barrier as the next call needs it: a channel that
     // stopped may have arrived at a barrier that then never released.
-    __threadfence();
-    if (atomicAdd(&barrier->exited, 1u) == gridDim.x - 1) {
-      atomicExch(&barrier->arrived, 0u);
-      atomicExch(&barrier->exited, 0u);
+    if (sync::fetch_add<Scope::Device>(&barrier->exited, 1u) == gridDim.x - 1) {
+      sync::exchange<Scope::Device>(&barrier->arrived, 0u);
+      sync::exchange<Scope::Device>(&barrier->exited, 0u);
     }
-    __threadfence_system();
-    *reinterpret_cast<volatile int32_t*>(&status->result) = static_cast<int32_t>(result);
+    // Pinned host memory the host polls: the release publishes fault and stop_value first.
+    sync::store_release<Scope::System>(&status->result, static_cast<int32_t>(result));
   }
 }
 
@@ -165,7 +172,7 @@ void launch_walk_with(const WalkLaunch& l, DataType dtype) {
 // The staged path's wait (device_comm.cc, step 3): naps that double up to 8 us, as relax().
 __global__ void wait_for_release(const volatile unsigned long long* released, unsigned long long ticket) {
   unsigned nap = 32;
-  while (*released < ticket) {
+  while (sync::load_acquire<Scope::System>(const_cast<const unsigned long long*>(released)) < ticket) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(nap);
     if (nap < 8192) nap *= 2;

@@ -12,6 +12,7 @@
 // which is the whole point here: it is off for this file.
 #undef _FORTIFY_SOURCE
 #include "kernels/cuda/standin/cuda_on_cpu.h"
+#include "kernels/cuda/scoped_sync.cuh"
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sched.h>
@@ -45,6 +46,8 @@ constexpr size_t kStackBytes = 128 << 10;
 struct Settings {
   std::atomic<uint64_t> seed{static_cast<uint64_t>(setting_int(Setting::StandinSeed))};
   std::atomic<unsigned> yield{static_cast<unsigned>(std::clamp<int64_t>(setting_int(Setting::StandinYield), 0, 100))};
+  const unsigned plant = static_cast<unsigned>(setting_int(Setting::StandinPlant));
+  const bool weak = setting_int(Setting::StandinWeak) != 0;
 };
 Settings& settings() {
   static auto* s = new Settings;
@@ -444,3 +447,57 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, bool cooperative, 
 }
 
 }  // namespace ringtree::cuda_on_cpu
+
+namespace ringtree::sync {
+
+bool planted(unsigned fault) { return (cuda_on_cpu::settings().plant & fault) != 0; }
+
+namespace {
+struct Held {
+  uint8_t* dst;
+  uint8_t bytes[16];
+  size_t n;
+};
+thread_local std::vector<Held> held;  // a block is one OS thread: the block's held stores
+thread_local uint64_t held_random = 0x9E3779B97F4A7C15ull;
+}  // namespace
+
+bool hold_copy(void* dst, const void* src, size_t bytes, unsigned thread, unsigned threads) {
+  if (!cuda_on_cpu::settings().weak || !standin::shared_beyond_process(dst)) return false;
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* from = static_cast<const uint8_t*>(src);
+  for (size_t i = size_t{thread} * 16; i < bytes; i += size_t{threads} * 16) {
+    Held h{d + i, {}, std::min<size_t>(16, bytes - i)};
+    std::memcpy(h.bytes, from + i, h.n);
+    held.push_back(h);
+  }
+  return true;
+}
+
+void publish_held() {
+  if (held.empty() || planted(kPlantNoFence)) return;
+  for (size_t i = held.size(); i > 1; --i) std::swap(held[i - 1], held[cuda_on_cpu::next_random(held_random) % i]);
+  for (const Held& h : held) std::memcpy(h.dst, h.bytes, h.n);
+  held.clear();
+}
+
+void publish_held_late() {
+  if (held.empty()) return;
+  usleep(20000);
+  publish_held();
+}
+
+// Below system scope, a word that another process or the host shares is a race on a GPU: the
+// kernel faults (the launch fails naming the access), and stderr says so at once.
+void check_scope(const void* p, Scope scope, const char* what) {
+  if (scope == Scope::System) return;
+  const char* shared = standin::shared_beyond_process(p);
+  if (!shared) return;
+  char text[320];
+  std::snprintf(text, sizeof text, "scope check: %s at %s scope of %p, which is %s: it needs system scope", what,
+                scope == Scope::Block ? "block" : "device", p, shared);
+  std::fprintf(stderr, "ringtree stand-in: %s\n", text);
+  cuda_on_cpu::raise_fault(text);
+}
+
+}  // namespace ringtree::sync

@@ -28,6 +28,10 @@
 //               block's thread sleeps, longer the longer it stays idle, so spinning kernels
 //               leave the CPU to the ranks they wait for.
 //   memory      host memory: fences are C++ fences, atomics host atomics, __ldcg a plain load.
+//   scopes      kernels/cuda/scoped_sync.cuh's primitives check their scope: memory shared with
+//               another process or the host reached below system scope faults the kernel.
+//               RINGTREE_STANDIN_WEAK=1 holds the walk kernel's copies into such memory back
+//               until the block's next system-scope release (scoped_sync.cuh).
 //   arch        the CPU poses as sm_90 (__CUDA_ARCH__ is 900): device code takes its sm_90 paths.
 //
 // What running a kernel here proves: the barrier and leader discipline of a block (which thread
@@ -49,6 +53,7 @@
 #include "kernels/cuda/standin/cuda_runtime.h"
 
 #define __CUDA_ARCH__ 900
+#define RT_CUDA_ON_CPU 1
 #define __global__
 #define __device__
 #define __host__

@@ -76,7 +76,8 @@ struct Allocation {
   Kind kind = Kind::Device;
   int fd = -1;  // Device: the memfd that IPC handles name
   int device = 0;
-  int slot = -1;  // PeerMapping: this process's importer slot in the header
+  int slot = -1;          // PeerMapping: this process's importer slot in the header
+  bool exported = false;  // Device: an IPC handle was made for it
 };
 
 std::mutex& memory_mutex() {
@@ -374,6 +375,20 @@ int device_of(const void* ptr) {
   return a && a->second.kind != Kind::Host ? a->second.device : -1;
 }
 
+const char* shared_beyond_process(const void* ptr) {
+  std::lock_guard<std::mutex> lock(memory_mutex());
+  auto* a = find_allocation(ptr);
+  if (!a) return nullptr;
+  switch (a->second.kind) {
+    case Kind::Host:
+      return "pinned host memory";
+    case Kind::PeerMapping:
+      return "another process's device memory mapped through CUDA IPC";
+    default:
+      return a->second.exported ? "device memory exported through CUDA IPC" : nullptr;
+  }
+}
+
 }  // namespace ringtree::standin
 
 using namespace ringtree::standin;
@@ -650,6 +665,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   std::lock_guard<std::mutex> lock(memory_mutex());
   auto it = allocations().find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations().end() || it->second.kind != Kind::Device) return fail(cudaErrorInvalidValue);
+  it->second.exported = true;
   std::memset(handle, 0, sizeof(*handle));
   std::snprintf(handle->reserved, sizeof(handle->reserved), "/proc/%d/fd/%d", static_cast<int>(getpid()),
                 it->second.fd);

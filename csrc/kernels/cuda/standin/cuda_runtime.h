@@ -238,6 +238,9 @@ std::vector<int> contexts();
 void clear_sticky_error();
 std::vector<std::string> violations();
 int device_of(const void* ptr);
+// What makes the memory holding `ptr` shared beyond this process's device (pinned host memory,
+// device memory exported or mapped through CUDA IPC), or null: accesses to it need system scope.
+const char* shared_beyond_process(const void* ptr);
 
 }  // namespace ringtree::standin
 
