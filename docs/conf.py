@@ -178,7 +178,31 @@ def _summary_table(app, docname, source):
         source[0] = source[0].replace(_SUMMARY_MARK, f"```{{eval-rst}}\n.. autosummary::\n\n{rows}```")
 
 
+def _constant_docs(app, what, name, obj, options, lines):
+    """A constant's text is the `#:` comment where it is assigned, not its type's docstring
+    (autodoc reads comments only in the module named, and the package re-exports them)."""
+    import sys
+
+    from sphinx.pycode import ModuleAnalyzer
+
+    if what != "data" or getattr(obj, "__doc__", None) != type(obj).__doc__:
+        return
+    attr = name.rpartition(".")[2]
+    lines[:] = []
+    for module in sorted(m for m in sys.modules if m == "ringtree" or m.startswith("ringtree.")):
+        if getattr(sys.modules[module], attr, None) is not obj:
+            continue
+        try:
+            found = ModuleAnalyzer.for_module(module).find_attr_docs().get(("", attr))
+        except Exception:  # a compiled module has no source to read
+            continue
+        if found:
+            lines[:] = list(found)
+            return
+
+
 def setup(app):
+    app.connect("autodoc-process-docstring", _constant_docs)
     app.connect("source-read", _summary_table)
     app.connect("autodoc-process-signature", _clean_signatures)
     app.connect("html-collect-pages", _viewcode_links_that_exist, priority=400)

@@ -9,7 +9,9 @@ from ._buffers import DTYPE_CODES
 
 COLL_CODES = {name: code for code, name in enumerate(_core.COLLECTIVES)}
 ALGO_CODES = {name: code for code, name in enumerate(_core.ALGOS)}
+#: recv, irecv and probe from any rank; probe and a receive's MessageWork say which sent it.
 ANY_SOURCE = -1
+#: recv, irecv and probe with any tag; probe and a receive's MessageWork say which it had.
 ANY_TAG = -1
 # Tags from here up belong to ringtree's own protocols (shrink); users cannot send on them, and
 # the messenger's any-tag receive never matches them.

@@ -16,6 +16,8 @@ import numpy as np
 
 from . import _core
 
+#: The dtype names every collective takes, as numpy names them (ml_dtypes for bfloat16 and
+#: float8); the API page's dtype table says what each reduces with.
 DTYPES = tuple(_core.DTYPES)
 DTYPE_CODES = {name: code for code, name in enumerate(_core.DTYPES)}
 TORCH_DTYPES = {
