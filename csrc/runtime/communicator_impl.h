@@ -88,7 +88,11 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
                                      bool deterministic = false) const override {
     return choice_.estimate(coll, bytes, dtype, deterministic);
   }
-  void set_choice_hook(std::shared_ptr<ChoiceHook> hook) override { choice_.set_hook(std::move(hook)); }
+  void set_choice_hook(std::shared_ptr<ChoiceHook> hook) override {
+    choice_.set_hook(std::move(hook));  // forgets the choices made before
+    std::lock_guard<std::mutex> lock(group_cache_mu_);
+    cached_group_.reset();  // and so does the kept group, which holds some of them
+  }
   CommStatus status() const override;
   std::string address() const override;
   std::shared_ptr<MessageWork> isend(const void* ptr, uint64_t bytes, int dst, int64_t tag) override {

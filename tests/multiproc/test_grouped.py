@@ -242,6 +242,37 @@ def test_a_group_issued_again_on_the_same_buffers_stays_exact_and_checked():
         assert "op=max, algo=auto) on rank 2" in res["error"], res
 
 
+def repeated_group_with_a_hook():
+    """The same group twice, then twice more with an algorithm hook set: the hook decides the
+    later groups' fused all_reduce, as for any call (a group issued again does not keep what was
+    chosen before the hook)."""
+    comm = rt.init()
+    r = comm.rank
+    xs = [np.full(2, r + 1, np.int64) for _ in range(4)]
+
+    def group():
+        with comm.group():
+            for x in xs:
+                comm.all_reduce(x)
+
+    group()
+    group()
+    seen = []
+    comm.set_algo_hook(lambda request: seen.append(request.collective))
+    group()
+    group()
+    comm.set_algo_hook(None)
+    return {"hooked_all_reduces": seen.count("all_reduce"), "values": [x.tolist() for x in xs]}
+
+
+@pytest.mark.timeout(120)
+def test_an_algorithm_hook_decides_a_group_issued_again():
+    for res in run_world(2, repeated_group_with_a_hook, timeout=100).check_ok():
+        # Asked once for the fused all_reduce: its answer is remembered for that size, as for any call.
+        assert res["hooked_all_reduces"] == 1, res
+        assert res["values"] == [[3 * 2**3] * 2] * 4, res  # sums of 1 and 2, then doubled thrice
+
+
 def group_errors():
     """A user exception and a bad argument inside a block discard the group; the communicator
     stays usable (the next calls agree on every rank)."""
