@@ -80,81 +80,57 @@ inline T exchange(T* p, T v) {
 
 __device__ __forceinline__ bool hold_copy(void*, const void*, size_t, unsigned, unsigned) { return false; }
 
+// The PTX instruction `op` at scope S (op ".cta", ".gpu" or ".sys" rest), with the asm operands
+// that follow: the scope is part of the instruction's name, so each needs its own literal.
+#define RT_SCOPED_ASM(S, op, rest, ...)                      \
+  do {                                                       \
+    if constexpr (S == Scope::Block)                         \
+      asm volatile(op ".cta" rest : __VA_ARGS__ : "memory"); \
+    else if constexpr (S == Scope::Device)                   \
+      asm volatile(op ".gpu" rest : __VA_ARGS__ : "memory"); \
+    else                                                     \
+      asm volatile(op ".sys" rest : __VA_ARGS__ : "memory"); \
+  } while (0)
+
 template <Scope S, typename T>
 __device__ __forceinline__ T load_acquire(const T* p) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- or 64-bit words");
   if constexpr (sizeof(T) == 8) {
     unsigned long long v;
-    if constexpr (S == Scope::Block)
-      asm volatile("ld.acquire.cta.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else if constexpr (S == Scope::Device)
-      asm volatile("ld.acquire.gpu.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else
-      asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    RT_SCOPED_ASM(S, "ld.acquire", ".b64 %0, [%1];", "=l"(v) : "l"(p));
     return static_cast<T>(v);
   } else {
     unsigned v;
-    if constexpr (S == Scope::Block)
-      asm volatile("ld.acquire.cta.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    else if constexpr (S == Scope::Device)
-      asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    else
-      asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    RT_SCOPED_ASM(S, "ld.acquire", ".b32 %0, [%1];", "=r"(v) : "l"(p));
     return static_cast<T>(v);
   }
 }
 template <Scope S, typename T>
 __device__ __forceinline__ void store_release(T* p, T v) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- or 64-bit words");
-  if constexpr (sizeof(T) == 8) {
-    const auto w = static_cast<unsigned long long>(v);
-    if constexpr (S == Scope::Block)
-      asm volatile("st.release.cta.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
-    else if constexpr (S == Scope::Device)
-      asm volatile("st.release.gpu.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
-    else
-      asm volatile("st.release.sys.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
-  } else {
-    const auto w = static_cast<unsigned>(v);
-    if constexpr (S == Scope::Block)
-      asm volatile("st.release.cta.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
-    else if constexpr (S == Scope::Device)
-      asm volatile("st.release.gpu.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
-    else
-      asm volatile("st.release.sys.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
-  }
+  if constexpr (sizeof(T) == 8)
+    RT_SCOPED_ASM(S, "st.release", ".b64 [%0], %1;", : "l"(p), "l"(static_cast<unsigned long long>(v)));
+  else
+    RT_SCOPED_ASM(S, "st.release", ".b32 [%0], %1;", : "l"(p), "r"(static_cast<unsigned>(v)));
 }
 template <Scope S>
 __device__ __forceinline__ void fence_release() {
-  if constexpr (S == Scope::Block)
-    asm volatile("fence.acq_rel.cta;" ::: "memory");
-  else if constexpr (S == Scope::Device)
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  else
-    asm volatile("fence.acq_rel.sys;" ::: "memory");
+  RT_SCOPED_ASM(S, "fence.acq_rel", ";", :);
 }
 template <Scope S>
 __device__ __forceinline__ unsigned fetch_add(unsigned* p, unsigned v) {
   unsigned old;
-  if constexpr (S == Scope::Block)
-    asm volatile("atom.add.acq_rel.cta.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  else if constexpr (S == Scope::Device)
-    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  else
-    asm volatile("atom.add.acq_rel.sys.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  RT_SCOPED_ASM(S, "atom.add.acq_rel", ".u32 %0, [%1], %2;", "=r"(old) : "l"(p), "r"(v));
   return old;
 }
 template <Scope S>
 __device__ __forceinline__ unsigned exchange(unsigned* p, unsigned v) {
   unsigned old;
-  if constexpr (S == Scope::Block)
-    asm volatile("atom.exch.acq_rel.cta.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  else if constexpr (S == Scope::Device)
-    asm volatile("atom.exch.acq_rel.gpu.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  else
-    asm volatile("atom.exch.acq_rel.sys.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  RT_SCOPED_ASM(S, "atom.exch.acq_rel", ".b32 %0, [%1], %2;", "=r"(old) : "l"(p), "r"(v));
   return old;
 }
+
+#undef RT_SCOPED_ASM
 
 #endif
 
