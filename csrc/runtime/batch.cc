@@ -8,7 +8,10 @@
 // collectives in issue order (a fused item at its first member's place), then the sends and
 // receives. Before a group runs, one all_gather of each rank's (count, hash) of its collectives
 // checks that every rank issued the same ones; only when they differ does a second all_gather of
-// every call's description find the first call that differs, so that every rank names it.
+// every call's description find the first call that differs, so that every rank names it. A
+// small first all_reduce rides that all_gather: each rank reduces the gathered data itself, so a
+// group of small all_reduces costs one exchange. A group that issues the kept group's calls
+// again is only compared with it, call by call, as it is issued.
 #include <algorithm>
 #include <cstring>
 #include "common/check.h"
@@ -23,6 +26,39 @@ namespace {
 constexpr uint64_t kFuseCallBytes = uint64_t{64} << 10;
 constexpr uint64_t kFuseItemBytes = uint64_t{4} << 20;
 constexpr int kDescribeWords = 8;  // one call in the mismatch exchange: present + the fingerprint
+// One rank's block in the check's all_gather: the summary (the count and hash of the group's
+// collectives, the riding item's element count or 0, a pad word) and room for that item's data.
+// Its size is fixed, never taken from the group, so that groups which differ still exchange the
+// same count and the check, not a fingerprint, names the call that differs.
+constexpr uint64_t kCheckWords = 128;
+constexpr uint64_t kSummaryWords = 4;
+constexpr uint64_t kRideBytes = (kCheckWords - kSummaryWords) * 8;
+
+// The first item rides the check when the check can give its exact result: an all_reduce whose
+// reduction is one elementwise op folded in rank order (the one-shot and rank_order bits).
+bool can_ride(const BatchItem& it) {
+  const CollectiveArgs& a = it.call.args;
+  const uint64_t bytes = it.call.validated.count * dtype_size(a.dtype);
+  return a.coll == Collective::AllReduce && a.op != ReduceOp::Avg && a.op != ReduceOp::PremulSum && bytes > 0 &&
+         bytes <= kRideBytes;
+}
+
+// Copies of a member's few bytes, inlined for the sizes small calls have.
+inline void copy_small(void* dst, const void* src, size_t n) {
+  switch (n) {
+    case 4:
+      std::memcpy(dst, src, 4);
+      break;
+    case 8:
+      std::memcpy(dst, src, 8);
+      break;
+    case 16:
+      std::memcpy(dst, src, 16);
+      break;
+    default:
+      std::memcpy(dst, src, n);
+  }
+}
 
 uint64_t bytes_of(const Prepared& p) { return p.validated.count * dtype_size(p.args.dtype); }
 
@@ -203,43 +239,63 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<Collective
   }
   b->issued_hash = hash;
   b->check_pending = group && !b->issued.empty();
+  if (b->check_pending) {
+    b->check_mine.assign(kCheckWords, 0);
+    b->check_all.assign(kCheckWords * size_, 0);
+    b->check_rides = can_ride(items.front());
+    if (b->check_rides) {
+      const BatchItem& it = items.front();
+      b->ride_members = it.members;
+      if (b->ride_members.empty()) b->ride_members.push_back({it.call.validated.input, it.call.validated.output, 0});
+      b->ride_result.resize(kRideBytes);
+    }
+  }
   return b;
 }
 
 namespace {
 
-bool same_call(const CollectiveArgs& a, const CollectiveArgs& b) {
+// Field by field, the buffers first (what differs most often between two groups), the
+// all_to_all_v counts last and only where some are given: a group compares every call it repeats.
+inline bool same_call(const CollectiveArgs& a, const CollectiveArgs& b) {
   auto same_buffer = [](const Buffer& x, const Buffer& y) {
     return x.ptr == y.ptr && x.count == y.count && x.readonly == y.readonly && x.present == y.present;
   };
-  return a.coll == b.coll && a.dtype == b.dtype && same_buffer(a.input, b.input) && same_buffer(a.output, b.output) &&
-         a.op == b.op && a.premul_factor == b.premul_factor && a.root == b.root && a.peer == b.peer &&
-         a.recv_peer == b.recv_peer && a.algo == b.algo && a.deterministic == b.deterministic &&
-         a.timeout_s == b.timeout_s && a.send_counts == b.send_counts && a.recv_counts == b.recv_counts &&
-         a.ready == b.ready;
+  return same_buffer(a.input, b.input) && same_buffer(a.output, b.output) && a.coll == b.coll && a.dtype == b.dtype &&
+         a.op == b.op && a.root == b.root && a.peer == b.peer && a.recv_peer == b.recv_peer && a.algo == b.algo &&
+         a.deterministic == b.deterministic && a.premul_factor == b.premul_factor && a.timeout_s == b.timeout_s &&
+         a.ready == b.ready &&
+         ((a.send_counts.empty() && b.send_counts.empty() && a.recv_counts.empty() && b.recv_counts.empty()) ||
+          (a.send_counts == b.send_counts && a.recv_counts == b.recv_counts));
 }
 
 }  // namespace
 
-std::shared_ptr<Batch> CommunicatorImpl::group_batch(std::vector<CollectiveArgs>& calls) {
+std::shared_ptr<Batch> CommunicatorImpl::group_batch(
+    std::vector<CollectiveArgs>& calls, const std::shared_ptr<const std::vector<CollectiveArgs>>& matched) {
   std::lock_guard<std::mutex> lock(group_cache_mu_);
   // A batch depends on its calls' arguments alone (buffers by address, never their contents), so
   // the same calls make the same batch. One held elsewhere (an async group still queued or
   // running, another thread's group about to start) is not shared.
-  if (cached_group_ && cached_group_.use_count() == 1 && calls.size() == cached_group_calls_.size() &&
-      std::equal(calls.begin(), calls.end(), cached_group_calls_.begin(), same_call))
+  if (matched && matched == cached_group_calls_ && cached_group_ && cached_group_.use_count() == 1)
     return cached_group_;
-  std::shared_ptr<Batch> b = make_batch(calls, true);
+  if (!matched && cached_group_ && cached_group_.use_count() == 1 && calls.size() == cached_group_calls_->size() &&
+      std::equal(calls.begin(), calls.end(), cached_group_calls_->begin(), same_call))
+    return cached_group_;
+  std::shared_ptr<Batch> b = make_batch(matched ? *matched : calls, true);
   b->check_every_run = true;
   b->comm_.reset();  // run by start_batch here, never by Request::start
   cached_group_ = b;
-  cached_group_calls_.swap(calls);
+  cached_group_calls_ = matched ? matched : std::make_shared<const std::vector<CollectiveArgs>>(std::move(calls));
   return b;
 }
 
 void CommunicatorImpl::order_batch(Batch& b) {
-  if (b.check_pending) b.check_seq = next_seq_++;
+  // A first item that rides the check runs as the check, in its place and under its record.
+  const bool rides = b.check_pending && b.check_rides;
+  if (b.check_pending && !rides) b.check_seq = next_seq_++;
   for (BatchItem& it : b.items) order_call(it.call);
+  if (rides) b.check_seq = b.items.front().call.seq;
 }
 
 void CommunicatorImpl::fail_here(const Error& e) {
@@ -253,10 +309,11 @@ void CommunicatorImpl::fail_here(const Error& e) {
   dump_to_setting(error_kind_name(e.kind()));
 }
 
-// One all_gather of (count, hash) of every rank's collectives; where they differ, a second one of
-// every call's description, from which every rank names the same first difference.
-void CommunicatorImpl::check_group(Batch& b) {
-  auto all_gather = [&](const uint64_t* mine, uint64_t words, uint64_t* all) {
+// One all_gather of (count, hash) of every rank's collectives, with the first item's data where
+// it rides; where they differ, a second one of every call's description, from which every rank
+// names the same first difference.
+bool CommunicatorImpl::check_group(Batch& b) {
+  auto all_gather = [&](const uint64_t* mine, uint64_t words, uint64_t* all, const Prepared* riding) {
     CollectiveArgs a;
     a.coll = Collective::AllGather;
     a.dtype = DataType::Int64;
@@ -264,22 +321,50 @@ void CommunicatorImpl::check_group(Batch& b) {
     a.output = Buffer{all, words * size_, false, true};
     Prepared p = prepare(a);
     p.seq = b.check_seq;
+    if (riding) {
+      p.record = riding->record;
+      p.starts_at_once = riding->starts_at_once;
+    }
     execute(p);
   };
-  const uint64_t summary[2] = {b.issued.size(), b.issued_hash};
-  std::vector<uint64_t> summaries(2 * size_);
-  all_gather(summary, 2, summaries.data());
-  uint64_t most = 0;
-  bool same = true;
-  for (int r = 0; r < size_; ++r) {
-    most = std::max(most, summaries[2 * r]);
-    same = same && summaries[2 * r] == summary[0] && summaries[2 * r + 1] == summary[1];
+  uint64_t* mine = b.check_mine.data();
+  const uint64_t* all = b.check_all.data();
+  const BatchItem& first = b.items.front();
+  const size_t esz = dtype_size(first.call.args.dtype);
+  // The riding count is in the summary: calls whose timeouts differ can fuse differently on two
+  // ranks with the same hash, and a rank must never fold a block packed for another count.
+  mine[0] = b.issued.size();
+  mine[1] = b.issued_hash;
+  mine[2] = b.check_rides ? first.call.validated.count : 0;
+  if (b.check_rides) {
+    auto* packed = reinterpret_cast<uint8_t*>(mine + kSummaryWords);
+    for (const BatchItem::Member& m : b.ride_members) copy_small(packed + m.offset, m.input.ptr, m.input.count * esz);
   }
-  if (same) return;
+  all_gather(mine, kCheckWords, b.check_all.data(), b.check_rides ? &first.call : nullptr);
+  bool same = true;
+  for (int r = 0; r < size_; ++r) same = same && std::equal(mine, mine + kSummaryWords, all + r * kCheckWords);
+  if (same) {
+    if (!b.check_rides) return false;
+    // ((x0 op x1) op x2) ... in rank order, as the one-shot and rank_order schedules reduce.
+    const uint64_t count = first.call.validated.count;
+    uint8_t* result = b.ride_result.data();
+    auto block = [&](int r) { return reinterpret_cast<const uint8_t*>(all + r * kCheckWords + kSummaryWords); };
+    if (size_ == 1) {
+      std::memcpy(result, block(0), count * esz);
+    } else {
+      const ReduceFn reduce = reduce_fn(first.call.args.dtype, first.call.args.op);
+      reduce(result, block(0), block(1), count);
+      for (int r = 2; r < size_; ++r) reduce(result, result, block(r), count);
+    }
+    for (const BatchItem::Member& m : b.ride_members) copy_small(m.output.ptr, result + m.offset, m.output.count * esz);
+    return true;
+  }
+  uint64_t most = 0;
+  for (int r = 0; r < size_; ++r) most = std::max(most, all[r * kCheckWords]);
   const uint64_t words = most * kDescribeWords;
-  std::vector<uint64_t> mine(words, 0), table(words * size_);
-  for (size_t i = 0; i < b.issued.size(); ++i) to_words(b.issued[i], &mine[i * kDescribeWords]);
-  all_gather(mine.data(), words, table.data());
+  std::vector<uint64_t> described(words, 0), table(words * size_);
+  for (size_t i = 0; i < b.issued.size(); ++i) to_words(b.issued[i], &described[i * kDescribeWords]);
+  all_gather(described.data(), words, table.data(), nullptr);
   auto row = [&](int r, uint64_t i) { return &table[r * words + i * kDescribeWords]; };
   auto text = [&](int r, uint64_t i) {
     return row(r, i)[0] ? describe_issued(from_words(row(r, i))) : std::string("nothing (its group ends before)");
@@ -292,14 +377,22 @@ void CommunicatorImpl::check_group(Batch& b) {
         fail_here(e);
         throw e;
       }
+  // The same calls, fused differently: only a per-call timeout, outside the fingerprint, differs.
+  const CollectiveMismatch e(
+      "collective mismatch in a group: every rank issued the same calls, but their timeouts differ between ranks, "
+      "so the ranks would fuse them differently; give the calls of a group the same timeout on every rank");
+  fail_here(e);
+  throw e;
 }
 
 void CommunicatorImpl::run_batch(Batch& b) {
+  bool rode = false;
   if (b.check_pending) {
-    check_group(b);
+    rode = check_group(b);
     b.check_pending = b.check_every_run;
   }
-  for (BatchItem& it : b.items) {
+  for (size_t i = rode ? 1 : 0; i < b.items.size(); ++i) {
+    BatchItem& it = b.items[i];
     Prepared& p = it.call;
     if (!it.lowered) {
       const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, bytes_of(p));
@@ -309,9 +402,9 @@ void CommunicatorImpl::run_batch(Batch& b) {
     auto* staging = static_cast<uint8_t*>(p.args.input.ptr);
     const size_t esz = dtype_size(p.args.dtype);
     for (const BatchItem::Member& m : it.members)
-      if (m.input.ptr != staging + m.offset) std::memcpy(staging + m.offset, m.input.ptr, m.input.count * esz);
+      if (m.input.ptr != staging + m.offset) copy_small(staging + m.offset, m.input.ptr, m.input.count * esz);
     execute(p, &it.plan);
-    for (const BatchItem::Member& m : it.members) std::memcpy(m.output.ptr, staging + m.offset, m.output.count * esz);
+    for (const BatchItem::Member& m : it.members) copy_small(m.output.ptr, staging + m.offset, m.output.count * esz);
   }
 }
 
@@ -357,12 +450,37 @@ void CommunicatorImpl::group_start() {
   if (group_depth_.load() == 0) {
     group_owner_ = std::this_thread::get_id();
     group_args_.clear();
-    group_args_.reserve(last_group_calls_);
+    {
+      std::lock_guard<std::mutex> cache(group_cache_mu_);
+      group_template_ = cached_group_calls_;
+    }
+    group_matching_ = group_template_ != nullptr;
+    group_matched_ = 0;
   } else {
     RT_CHECK(group_owner_ == std::this_thread::get_id(), InvalidArgument,
              "group_start(): another thread has a group open on this communicator");
   }
   group_depth_.fetch_add(1);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::collect_group_call(const CollectiveArgs& args, bool async) {
+  RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot join a group");
+  if (group_matching_) {
+    if (group_matched_ < group_template_->size() && same_call(args, (*group_template_)[group_matched_])) {
+      ++group_matched_;
+      return async ? group_async_work() : nullptr;
+    }
+    group_args_.reserve(std::max(last_group_calls_, group_matched_ + 1));
+    group_args_.assign(group_template_->begin(), group_template_->begin() + static_cast<ptrdiff_t>(group_matched_));
+    group_matching_ = false;
+  }
+  group_args_.push_back(args);
+  return async ? group_async_work() : nullptr;
+}
+
+std::shared_ptr<Work> CommunicatorImpl::group_async_work() {
+  if (!group_work_) group_work_ = std::make_shared<Work>();
+  return group_work_;
 }
 
 bool CommunicatorImpl::in_group() const {
@@ -375,13 +493,30 @@ void CommunicatorImpl::group_discard() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     group_depth_.store(0);
     group_args_.clear();
+    group_matching_ = false;
+    group_template_.reset();
     work = std::move(group_work_);
   }
   if (work) work->finish(std::make_exception_ptr(Aborted("the group was discarded before it ran")));
 }
 
+// The open group's calls: the kept group's (`matched`) when every call repeated it, else `calls`.
+void CommunicatorImpl::take_group_calls(std::vector<CollectiveArgs>& calls,
+                                        std::shared_ptr<const std::vector<CollectiveArgs>>& matched) {
+  if (group_matching_ && group_matched_ == group_template_->size()) {
+    matched = std::move(group_template_);
+  } else {
+    if (group_matching_)
+      group_args_.assign(group_template_->begin(), group_template_->begin() + static_cast<ptrdiff_t>(group_matched_));
+    calls.swap(group_args_);
+  }
+  group_matching_ = false;
+  group_template_.reset();
+}
+
 std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
   std::vector<CollectiveArgs> calls;
+  std::shared_ptr<const std::vector<CollectiveArgs>> matched;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -391,14 +526,14 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
       if (!group_work_) group_work_ = std::make_shared<Work>();
       return group_work_;
     }
-    calls.swap(group_args_);
-    last_group_calls_ = calls.size();
+    take_group_calls(calls, matched);
+    last_group_calls_ = matched ? matched->size() : calls.size();
     work = std::move(group_work_);
   }
   if (async && !work) work = std::make_shared<Work>();
   std::shared_ptr<Batch> b;
   try {
-    if (!calls.empty()) b = group_batch(calls);
+    if (matched || !calls.empty()) b = group_batch(calls, matched);
   } catch (const Error& e) {  // a bad call: nothing was sent, as for a discarded group
     if (work)
       work->finish(std::make_exception_ptr(Aborted(str_cat("the group was discarded before it ran: ", e.what()))));
@@ -427,7 +562,9 @@ std::shared_ptr<Request> CommunicatorImpl::group_end_persistent() {
     RT_CHECK(group_depth_.load() == 1, InvalidArgument,
              "group_end_persistent() must end the outermost group, and only that one");
     group_depth_.store(0);
-    calls.swap(group_args_);
+    std::shared_ptr<const std::vector<CollectiveArgs>> matched;
+    take_group_calls(calls, matched);
+    if (matched) calls = *matched;
     work = std::move(group_work_);
   }
   if (work) {

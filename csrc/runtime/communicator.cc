@@ -297,18 +297,18 @@ void CommunicatorImpl::order_call(Prepared& p) {
 }
 
 std::shared_ptr<Work> CommunicatorImpl::run(const CollectiveArgs& args, bool async) {
-  RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
-           ": a call that waits for its input (a gate) is always async");
   // Collected, as issued, when this thread opened a group (a group is the calls of the thread
   // that started it, as NCCL's are); group_end() checks and runs them. Only that thread touches
-  // the list, so collecting a call takes no lock: a group of small calls costs about one call.
-  if (group_depth_.load(std::memory_order_relaxed) > 0 && std::this_thread::get_id() == group_owner_) {
-    RT_CHECK(!args.ready, InvalidArgument, collective_name(args.coll), ": a gated call cannot join a group");
-    group_args_.push_back(args);
-    if (!async) return nullptr;
-    if (!group_work_) group_work_ = std::make_shared<Work>();
-    return group_work_;
-  }
+  // the list, so collecting a call takes no lock, and a call that repeats the kept group's is
+  // compared, not copied (runtime/batch.cc): a group of small calls costs little more than one.
+  if (group_depth_.load(std::memory_order_relaxed) > 0 && std::this_thread::get_id() == group_owner_)
+    return collect_group_call(args, async);
+  return run_now(args, async);
+}
+
+std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool async) {
+  RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
+           ": a call that waits for its input (a gate) is always async");
   Prepared p = prepare(args);
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (closed_) RT_THROW(Aborted, "the communicator is closed");

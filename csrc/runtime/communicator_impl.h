@@ -60,6 +60,13 @@ class Batch : public Request, public std::enable_shared_from_this<Batch> {
   uint64_t issued_hash = 0;
   bool check_pending = false, check_every_run = false;
   uint64_t check_seq = 0;
+  // The check's all_gather carries the first item too when that is a small all_reduce (it rides):
+  // each rank packs its members after its (count, hash) and reduces the gathered blocks itself,
+  // so a checked group of small calls costs one exchange, not two (runtime/batch.cc).
+  bool check_rides = false;
+  std::vector<BatchItem::Member> ride_members;
+  std::vector<uint64_t> check_mine, check_all;  // this rank's block, every rank's blocks
+  std::vector<uint8_t> ride_result;
   AlignedBuffer staging;
   std::atomic<bool> running{false};
 };
@@ -133,10 +140,18 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   std::shared_ptr<Batch> make_batch(const std::vector<CollectiveArgs>& calls, bool group);
   // The batch of a group: the last group's again when this one issued the same calls on the same
   // buffers (a training step's group, step after step), else a new one, kept for the next.
-  std::shared_ptr<Batch> group_batch(std::vector<CollectiveArgs>& calls);
+  std::shared_ptr<Batch> group_batch(std::vector<CollectiveArgs>& calls,
+                                     const std::shared_ptr<const std::vector<CollectiveArgs>>& matched);
+  // run() outside a group, and in one: a call that repeats the kept group's is counted, others copied.
+  std::shared_ptr<Work> run_now(const CollectiveArgs& args, bool async);
+  std::shared_ptr<Work> collect_group_call(const CollectiveArgs& args, bool async);
+  std::shared_ptr<Work> group_async_work();  // the open group's one Work
+  void take_group_calls(std::vector<CollectiveArgs>& calls,
+                        std::shared_ptr<const std::vector<CollectiveArgs>>& matched);
   void order_batch(Batch& b);
   void run_batch(Batch& b);
-  void check_group(Batch& b);
+  // Returns whether the check also ran the first item (it rode: Batch::check_rides).
+  bool check_group(Batch& b);
   std::shared_ptr<Work> start_batch(const std::shared_ptr<Batch>& b, bool async, std::shared_ptr<Work> work);
   // A failure found outside the executor, alike on every rank: the communicator is aborted.
   void fail_here(const Error& e);
@@ -185,9 +200,15 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   std::thread::id group_owner_;  // the thread that opened the group (set before depth turns 1)
   std::vector<CollectiveArgs> group_args_;
   size_t last_group_calls_ = 0;  // the capacity the next group starts with
+  // While the open group's calls repeat the kept group's (a training step's group, step after
+  // step), run() only counts them (group_matched_), copying nothing; the first call that differs
+  // copies the matched ones into group_args_ and collecting goes on there. Owner thread only.
+  std::shared_ptr<const std::vector<CollectiveArgs>> group_template_;
+  size_t group_matched_ = 0;
+  bool group_matching_ = false;
   std::shared_ptr<Work> group_work_;
   std::mutex group_cache_mu_;  // two threads may end groups one after the other, not together
-  std::vector<CollectiveArgs> cached_group_calls_;
+  std::shared_ptr<const std::vector<CollectiveArgs>> cached_group_calls_;  // replaced, never changed
   std::shared_ptr<Batch> cached_group_;  // its comm_ is reset: it must not keep this alive
 
   // Async queue.

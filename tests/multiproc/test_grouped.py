@@ -436,3 +436,88 @@ def persistent_all_to_all_v(reuses):
 def test_persistent_all_to_all_v_with_uneven_counts(nranks):
     for res in run_world(nranks, persistent_all_to_all_v, {"reuses": 50}, timeout=100).check_ok():
         assert res == {"bad": 0, "refused": True}, res
+
+
+def small_groups_against_plain_calls():
+    """Groups of 16 small all_reduces of one dtype and op (fused into one item, which rides the
+    group's check: one exchange carries the check and their data), run twice each with new data,
+    against the same calls run one by one on copies of the same data: the same bits, and for
+    integers numpy's exact result. Then a group that repeats the last one but for one buffer, and
+    one whose calls give per-call timeouts that differ between ranks."""
+    import ml_dtypes
+
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    cases = [
+        (np.float32, "sum", False),
+        (np.float16, "sum", False),
+        (ml_dtypes.bfloat16, "sum", False),
+        (ml_dtypes.float8_e4m3fn, "sum", False),
+        (np.complex64, "prod", False),
+        (np.float64, "min", False),
+        (np.int8, "max", False),
+        (np.uint64, "sum", False),
+        (np.int32, "band", False),
+        (np.float32, "avg", False),  # scaled after the sum: runs as its own call, not in the check
+        (np.float32, "sum", True),
+    ]
+    report = {}
+    for ci, (dtype, op, det) in enumerate(cases):
+        same_bits = exact = True
+        xs = [np.zeros(3, dtype) for _ in range(16)]
+        for step in range(2):
+            rng = np.random.default_rng(1000 * ci + 10 * step + r)
+            if np.issubdtype(dtype, np.integer):
+                data = [rng.integers(0, 100, 3).astype(dtype) for _ in xs]
+            elif dtype is np.complex64:
+                data = [(rng.uniform(0.5, 1.5, 3) + 1j * rng.uniform(-1, 1, 3)).astype(dtype) for _ in xs]
+            else:
+                data = [rng.uniform(-2, 2, 3).astype(dtype) for _ in xs]
+            for x, d in zip(xs, data):
+                x[:] = d
+            with comm.group():
+                for x in xs:
+                    comm.all_reduce(x, op=op, deterministic=det)
+            plain = [comm.all_reduce(d.copy(), op=op, deterministic=det) for d in data]
+            same_bits &= all(x.tobytes() == p.tobytes() for x, p in zip(xs, plain))
+            if np.issubdtype(dtype, np.integer):
+                every = [comm.all_gather(d, np.zeros(3 * P, dtype)).reshape(P, 3) for d in data]
+                reduce = {"max": np.max, "sum": np.sum, "band": np.bitwise_and.reduce}[op]
+                exact &= all(np.array_equal(x, reduce(e, axis=0).astype(dtype)) for x, e in zip(xs, every))
+        report[f"{np.dtype(dtype).name}/{op}{'/det' if det else ''}"] = bool(same_bits and exact)
+    # The same group on the same buffers but for its fifth call's: the calls before it were only
+    # compared, and the group runs as issued.
+    xs = [np.full(2, r + i, np.int64) for i in range(8)]
+    other = np.zeros(2, np.int64)
+    for step in range(3):
+        for i, x in enumerate(xs):
+            x[:] = r + i + step
+        other[:] = r + 4 + step
+        with comm.group():
+            for i, x in enumerate(xs):
+                comm.all_reduce(other if step == 1 and i == 4 else x)
+        want = [np.full(2, sum(q + i + step for q in range(P))) for i in range(8)]
+        if step == 1:
+            ok = np.array_equal(other, want[4]) and xs[4].tolist() == [r + 4 + step] * 2
+            ok = ok and all(np.array_equal(x, w) for i, (x, w) in enumerate(zip(xs, want)) if i != 4)
+        else:
+            ok = all(np.array_equal(x, w) for x, w in zip(xs, want))
+        report[f"buffer_changed_step{step}"] = bool(ok)
+    # Per-call timeouts that differ between ranks fuse the same calls differently: refused on
+    # every rank, as a mismatch, before any result is written.
+    ys = [np.full(2, r, np.int64) for _ in range(2)]
+    try:
+        with comm.group():
+            comm.all_reduce(ys[0], timeout=30)
+            comm.all_reduce(ys[1], timeout=30 if r == 0 else 31)
+        report["timeouts_refused"] = "no error"
+    except rt.CollectiveMismatch as e:
+        report["timeouts_refused"] = "timeouts differ" in str(e) and all(y.tolist() == [r, r] for y in ys)
+    return report
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_group_of_small_calls_gives_the_bits_of_plain_calls(nranks):
+    for res in run_world(nranks, small_groups_against_plain_calls, timeout=150).check_ok():
+        assert all(v is True for v in res.values()) and len(res) == 15, res
