@@ -3,8 +3,10 @@ CPU, over 2 processes.
 
     torchrun --nproc-per-node 2 examples/deepspeed_zero.py --stage 3
 
-    options: --stage 1|2|3   --steps 8   --backend ringtree (or gloo, to compare)
-             --save PREFIX (each rank writes its final weights and losses to PREFIX-rank<r>.pt)
+    options: --stage 1|2|3 (several train one after the other, on the same process group)
+             --steps 8   --backend ringtree (or gloo, to compare)
+             --save PREFIX (each rank writes each stage's final weights and losses to
+                            PREFIX-stage<s>-rank<r>.pt)
 
 DeepSpeed picks its accelerator when it is imported: DS_ACCELERATOR=cpu (set below unless you set
 it) makes it the CPU. `deepspeed.init_distributed(dist_backend="ringtree")` starts the default
@@ -55,23 +57,17 @@ def config(stage: int) -> dict:
     }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--backend", default="ringtree")
-    p.add_argument("--save", metavar="PREFIX", help="each rank writes its weights and losses to PREFIX-rank<r>.pt")
-    args = p.parse_args()
-
-    deepspeed.init_distributed(dist_backend=args.backend)
+def train(stage: int, steps: int) -> tuple[dict, list[float], float]:
+    """One ZeRO training from the initial model: its final weights, its losses, and its loss on
+    the whole data set."""
     rank, world = dist.get_rank(), dist.get_world_size()
     net = make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
-    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, config=config(args.stage))
+    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, config=config(stage))
 
     x, y = dataset()
     losses = []
-    for step in range(args.steps):
+    for step in range(steps):
         start = (step * world + rank) * BATCH % SAMPLES  # this rank's 8 of the step's 16 samples
         loss = torch.nn.functional.mse_loss(engine(x[start : start + BATCH]), y[start : start + BATCH])
         engine.backward(loss)  # ZeRO averages the gradients over the ranks
@@ -83,12 +79,27 @@ def main():
         weights = {name: t.detach().clone() for name, t in engine.module.state_dict().items()}
         with torch.no_grad():
             whole = torch.nn.functional.mse_loss(engine.module(x), y).item()
-    print(
-        f"rank {rank} of {world}: backend {dist.get_backend()}, ZeRO stage {args.stage}, "
-        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, on the whole data set {whole:.4f}"
-    )
-    if args.save:
-        torch.save({"weights": weights, "losses": losses}, f"{args.save}-rank{rank}.pt")
+    return weights, losses, whole
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stage", type=int, nargs="+", choices=(1, 2, 3), default=[2], help="one training per stage")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--backend", default="ringtree")
+    p.add_argument("--save", metavar="PREFIX", help="each rank writes PREFIX-stage<s>-rank<r>.pt")
+    args = p.parse_args()
+
+    deepspeed.init_distributed(dist_backend=args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for stage in args.stage:
+        weights, losses, whole = train(stage, args.steps)
+        print(
+            f"rank {rank} of {world}: backend {dist.get_backend()}, ZeRO stage {stage}, "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, on the whole data set {whole:.4f}"
+        )
+        if args.save:
+            torch.save({"weights": weights, "losses": losses}, f"{args.save}-stage{stage}-rank{rank}.pt")
     dist.destroy_process_group()
 
 

@@ -160,16 +160,39 @@ def _check_same_bits(ringtree_prefix, gloo_prefix, reference):
         torch.testing.assert_close(ranks[0]["weights"][name], expected, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_deepspeed_zero_trains_on_ringtree_as_on_gloo(tmp_path, stage):
+DEEPSPEED_STAGES = (1, 2, 3)
+DEEPSPEED_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def deepspeed_runs(tmp_path_factory):
+    """The DeepSpeed recipe on each backend: one torchrun each, training every ZeRO stage in turn
+    (`--stage 1 2 3`, each from the initial model, as a launch of its own would). One launch per
+    backend rather than per stage and backend: most of a launch is the ranks importing torch and
+    DeepSpeed. Returns the save prefix of each backend and the launch's output."""
     pytest.importorskip("deepspeed")
-    path, example = _example("deepspeed_zero.py")  # DeepSpeed on the CPU, as in the example
-    steps = 8
+    path, _ = _example("deepspeed_zero.py")  # DeepSpeed on the CPU, as in the example
+    tmp_path = tmp_path_factory.mktemp("deepspeed")
+    stages = [str(s) for s in DEEPSPEED_STAGES]
+    runs = {}
     for backend in ("ringtree", "gloo"):
-        args = ["--stage", str(stage), "--steps", str(steps), "--backend", backend, "--save", str(tmp_path / backend)]
-        output = _run(_torchrun(path, *args), tmp_path, backend)
-        assert f"ZeRO stage {stage}" in output, output
-    _check_same_bits(tmp_path / "ringtree", tmp_path / "gloo", _reference_steps(example, steps))
+        args = ["--stage", *stages, "--steps", str(DEEPSPEED_STEPS), "--backend", backend]
+        output = _run(_torchrun(path, *args, "--save", str(tmp_path / backend)), tmp_path, backend)
+        runs[backend] = (tmp_path / backend, output)
+    return runs
+
+
+@pytest.mark.parametrize("stage", DEEPSPEED_STAGES)
+def test_deepspeed_zero_trains_on_ringtree_as_on_gloo(deepspeed_runs, stage):
+    _, example = _example("deepspeed_zero.py")
+    for backend, (_, output) in deepspeed_runs.items():
+        for r in range(RANKS):
+            assert f"rank {r} of {RANKS}: backend {backend}, ZeRO stage {stage}," in output, output
+    _check_same_bits(
+        f"{deepspeed_runs['ringtree'][0]}-stage{stage}",
+        f"{deepspeed_runs['gloo'][0]}-stage{stage}",
+        _reference_steps(example, DEEPSPEED_STEPS),
+    )
 
 
 @pytest.mark.timeout(TIMEOUT + 30)

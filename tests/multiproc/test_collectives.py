@@ -53,13 +53,16 @@ def oneshot_takes(comm, coll, N, dtype_name):
         return False
 
 
-def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
+def sweep(collectives, counts, dtypes, ops, large=True, salt=0, report_transports=False):
     """Every collective x count x dtype x op, each against numpy. Algorithm, placement
     (in/out of place) and root rotate through all their combinations across the dtype x op
     pairs of each count, so every combination runs at every count without the full product.
-    The 1M-element count runs every dtype and every op once per (algorithm, placement)."""
+    The 1M-element count runs every dtype and every op once per (algorithm, placement).
+    report_transports: the report also says how this rank reaches each rank (transport_report),
+    as it was before the first call."""
     comm = rt.init()
     P = comm.size
+    seen = transport_report(comm) if report_transports else {}
     checks, failures = 0, []
     dtypes = [d for d in dtypes if NUMPY_DTYPES[d] is not None]
     for coll in collectives:
@@ -96,16 +99,14 @@ def sweep(collectives, counts, dtypes, ops, large=True, salt=0):
                 if wrong:
                     failures.append(f"rank {comm.rank}: {desc}: {wrong} wrong")
     comm.close()
-    return {"checks": checks, "failures": failures[:30]}
+    return {"checks": checks, "failures": failures[:30], **seen}
 
 
-def transports():
+def transport_report(comm):
     """This rank's Status: how it reaches each rank, the hosts, and its printed summary."""
-    comm = rt.init()
     status = comm.status()
     assert isinstance(status, rt.Status)
     comm.barrier()
-    comm.close()
     return {
         "transports": list(status.transports),
         "hosts": status.hosts,
@@ -134,17 +135,17 @@ def test_collectives_shared_memory(nranks):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8])
 def test_collectives_two_hosts(nranks):
-    """Ranks split over two emulated hosts: TCP between the groups, shared memory inside."""
+    """Ranks split over two emulated hosts: TCP between the groups, shared memory inside. The
+    sweep's world also reports how each rank reaches the others (one world, not a second one
+    started for the report)."""
     world = run_world(
         nranks,
         sweep,
-        dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS, salt=1),
+        dict(collectives=COLLECTIVES, counts=COUNTS, dtypes=ALL_DTYPES, ops=OPS, salt=1, report_transports=True),
         hosts=2,
         timeout=540,
     )
-    assert_clean(world)
-    world = run_world(nranks, transports, hosts=2, timeout=60)
-    results = world.check_ok()
+    results = assert_clean(world)
     t = [res["transports"] for res in results]
     half = [r * 2 // nranks for r in range(nranks)]
     for a in range(nranks):

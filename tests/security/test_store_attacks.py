@@ -8,9 +8,11 @@ from __future__ import annotations
 import datetime
 import encodings.idna  # noqa: F401 - loaded here: the stranger's sockets need it and cannot read it
 import os
+import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -74,8 +76,9 @@ class AgentStore:
         self.proc.wait()
 
 
-def backend_sum(timeout=20.0, flag=None, late_ranks=()):
-    """Rank body: the ringtree backend from the environment, one all_reduce of rank + 1."""
+def backend_sum(timeout=20.0, flag=None, late_ranks=(), late_timeout=None):
+    """Rank body: the ringtree backend from the environment, one all_reduce of rank + 1. The
+    ranks in late_ranks start once the file `flag` exists, with late_timeout if given."""
     import torch
     import torch.distributed as dist
 
@@ -86,6 +89,7 @@ def backend_sum(timeout=20.0, flag=None, late_ranks=()):
         deadline = time.monotonic() + 60
         while not os.path.exists(flag) and time.monotonic() < deadline:
             time.sleep(0.02)
+        timeout = late_timeout or timeout
     try:
         dist.init_process_group("ringtree", timeout=datetime.timedelta(seconds=timeout))
         x = torch.full((4,), float(me + 1))
@@ -144,9 +148,11 @@ def test_under_torchrun_with_a_secret_another_user_reads_no_secret_from_the_stor
     assert not any(derived in v for v in seen.values())
 
 
-def forge_rank_0(ready, store_port, forged_kind, seconds):
+def forge_rank_0(ready, store_port, forged_kind, seconds, victim_gone_fd):
     """The stranger: waits for the victim's rank 1 to count its group on the store, writes its
-    own unique id under the key rank 1 reads, and waits as rank 0 of that id for rank 1."""
+    own unique id under the key rank 1 reads, and waits as rank 0 of that id for rank 1, until
+    rank 1 joins or is gone: a byte on victim_gone_fd says the victim's rank 1 has exited, and an
+    exited rank can join no one."""
     import torch.distributed as dist
 
     os.environ.update(RINGTREE_TRANSPORT="tcp", RINGTREE_CACHE_DIR="off")
@@ -165,14 +171,26 @@ def forge_rank_0(ready, store_port, forged_kind, seconds):
         store.set(uid_key, str(own))
     else:  # the public form, with a salt of the stranger's
         store.set(uid_key, f"rtp1:{own.ip}:{own.port}:{os.urandom(16).hex()}")
-    try:
-        comm = rt.init(0, 2, str(own), timeout=seconds)
+    outcome = {}
+
+    def play_rank_0():
+        try:
+            comm = rt.init(0, 2, str(own), timeout=seconds)
+        except rt.Error as exc:
+            outcome.update(joined=False, error=f"{type(exc).__name__}: {exc}")
+            return
+        outcome.update(joined=True)  # whatever follows: rank 1 took the stranger for rank 0
         x = np.zeros(4, np.float32)
         comm.all_reduce(x)
         comm.close()
-        return {"forged": True, "joined": True, "received": x.tolist()}
-    except rt.Error as exc:
-        return {"forged": True, "joined": False, "error": f"{type(exc).__name__}: {exc}"}
+        outcome.update(received=x.tolist())
+
+    player = threading.Thread(target=play_rank_0, daemon=True)
+    player.start()
+    while player.is_alive() and not select.select([victim_gone_fd], [], [], 0.05)[0]:
+        pass
+    player.join(5.0)  # a join under way when rank 1 exited ends with rank 1's side of it
+    return {"forged": True, "joined": False, "error": "rank 1 exited without joining", **outcome}
 
 
 @pytest.mark.timeout(240)
@@ -180,23 +198,33 @@ def forge_rank_0(ready, store_port, forged_kind, seconds):
 def test_under_torchrun_with_a_secret_a_forged_store_key_cannot_play_rank_0(other_user, tmp_path, forged_kind):
     agent = AgentStore()
     flag = str(tmp_path / "go")
+    victim_gone_r, victim_gone_w = os.pipe()
     try:
-        attacker = stranger.Attacker(other_user, forge_rank_0, agent.port, forged_kind, 25.0)
+        attacker = stranger.Attacker(other_user, forge_rank_0, agent.port, forged_kind, 25.0, victim_gone_r)
         attacker.wait_ready()
+        # Rank 0 waits for the flag, so that the stranger's id is the one under the key when rank
+        # 1 reads it; rank 0 only ever writes that key, so once rank 1 has read it (and ended,
+        # however) rank 0 may go, and gives up on rank 1 within its own shorter timeout.
         running = spawn_world(
             2,
             backend_sum,
-            dict(timeout=12.0, flag=flag, late_ranks=[0]),
-            per_rank_env=lambda r: torchrun_env(r, agent.port, RINGTREE_SECRET=SECRET, RINGTREE_TIMEOUT="12"),
+            dict(timeout=12.0, flag=flag, late_ranks=[0], late_timeout=4.0),
+            per_rank_env=lambda r: torchrun_env(
+                r, agent.port, RINGTREE_SECRET=SECRET, RINGTREE_TIMEOUT="4" if r == 0 else "12"
+            ),
         )
         try:
-            attempt = attacker.result(90)
+            running.wait(ranks=[1], deadline=time.monotonic() + 90)
+            os.write(victim_gone_w, b"x")
             open(flag, "w").close()
+            attempt = attacker.result(90)
             hung = running.wait(deadline=time.monotonic() + 90)
         finally:
             world = running.collect()
     finally:
         agent.close()
+        os.close(victim_gone_r)
+        os.close(victim_gone_w)
     assert not hung, world.failure_report()
     assert attempt["forged"], attempt
     assert not attempt["joined"], attempt
