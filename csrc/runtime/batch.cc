@@ -243,12 +243,6 @@ std::shared_ptr<Batch> CommunicatorImpl::make_batch(const std::vector<Collective
     b->check_mine.assign(kCheckWords, 0);
     b->check_all.assign(kCheckWords * size_, 0);
     b->check_rides = can_ride(items.front());
-    if (b->check_rides) {
-      const BatchItem& it = items.front();
-      b->ride_members = it.members;
-      if (b->ride_members.empty()) b->ride_members.push_back({it.call.validated.input, it.call.validated.output, 0});
-      b->ride_result.resize(kRideBytes);
-    }
   }
   return b;
 }
@@ -329,34 +323,32 @@ bool CommunicatorImpl::check_group(Batch& b) {
   };
   uint64_t* mine = b.check_mine.data();
   const uint64_t* all = b.check_all.data();
-  const BatchItem& first = b.items.front();
-  const size_t esz = dtype_size(first.call.args.dtype);
+  const Prepared& first = b.items.front().call;
+  const uint64_t ride_bytes = b.check_rides ? bytes_of(first) : 0;
   // The riding count is in the summary: calls whose timeouts differ can fuse differently on two
   // ranks with the same hash, and a rank must never fold a block packed for another count.
   mine[0] = b.issued.size();
   mine[1] = b.issued_hash;
-  mine[2] = b.check_rides ? first.call.validated.count : 0;
-  if (b.check_rides) {
-    auto* packed = reinterpret_cast<uint8_t*>(mine + kSummaryWords);
-    for (const BatchItem::Member& m : b.ride_members) copy_small(packed + m.offset, m.input.ptr, m.input.count * esz);
-  }
-  all_gather(mine, kCheckWords, b.check_all.data(), b.check_rides ? &first.call : nullptr);
+  mine[2] = b.check_rides ? first.validated.count : 0;
+  // Its input: the fused item's staging (run_batch packed it) or the single call's own buffer.
+  if (ride_bytes) std::memcpy(mine + kSummaryWords, first.validated.input.ptr, ride_bytes);
+  all_gather(mine, kCheckWords, b.check_all.data(), b.check_rides ? &first : nullptr);
   bool same = true;
   for (int r = 0; r < size_; ++r) same = same && std::equal(mine, mine + kSummaryWords, all + r * kCheckWords);
   if (same) {
     if (!b.check_rides) return false;
-    // ((x0 op x1) op x2) ... in rank order, as the one-shot and rank_order schedules reduce.
-    const uint64_t count = first.call.validated.count;
-    uint8_t* result = b.ride_result.data();
+    // ((x0 op x1) op x2) ... in rank order, as the one-shot and rank_order schedules reduce, into
+    // the item's output (run_batch unpacks a fused item's members from there, as after a call).
+    const uint64_t count = first.validated.count;
+    auto* result = static_cast<uint8_t*>(first.validated.output.ptr);
     auto block = [&](int r) { return reinterpret_cast<const uint8_t*>(all + r * kCheckWords + kSummaryWords); };
     if (size_ == 1) {
-      std::memcpy(result, block(0), count * esz);
+      std::memcpy(result, block(0), ride_bytes);
     } else {
-      const ReduceFn reduce = reduce_fn(first.call.args.dtype, first.call.args.op);
+      const ReduceFn reduce = reduce_fn(first.args.dtype, first.args.op);
       reduce(result, block(0), block(1), count);
       for (int r = 2; r < size_; ++r) reduce(result, result, block(r), count);
     }
-    for (const BatchItem::Member& m : b.ride_members) copy_small(m.output.ptr, result + m.offset, m.output.count * esz);
     return true;
   }
   uint64_t most = 0;
@@ -386,24 +378,24 @@ bool CommunicatorImpl::check_group(Batch& b) {
 }
 
 void CommunicatorImpl::run_batch(Batch& b) {
-  bool rode = false;
-  if (b.check_pending) {
-    rode = check_group(b);
-    b.check_pending = b.check_every_run;
-  }
-  for (size_t i = rode ? 1 : 0; i < b.items.size(); ++i) {
+  const bool check = b.check_pending;
+  b.check_pending = b.check_every_run;
+  for (size_t i = 0; i < b.items.size(); ++i) {
     BatchItem& it = b.items[i];
     Prepared& p = it.call;
-    if (!it.lowered) {
-      const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, bytes_of(p));
-      it.plan = lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_);
-      it.lowered = true;
-    }
     auto* staging = static_cast<uint8_t*>(p.args.input.ptr);
     const size_t esz = dtype_size(p.args.dtype);
     for (const BatchItem::Member& m : it.members)
       if (m.input.ptr != staging + m.offset) copy_small(staging + m.offset, m.input.ptr, m.input.count * esz);
-    execute(p, &it.plan);
+    // The check runs before the first item, or as it when that rides (check_group).
+    if (i > 0 || !check || !check_group(b)) {
+      if (!it.lowered) {
+        const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, bytes_of(p));
+        it.plan = lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_);
+        it.lowered = true;
+      }
+      execute(p, &it.plan);
+    }
     for (const BatchItem::Member& m : it.members) copy_small(m.output.ptr, staging + m.offset, m.output.count * esz);
   }
 }

@@ -64,9 +64,7 @@ class Batch : public Request, public std::enable_shared_from_this<Batch> {
   // each rank packs its members after its (count, hash) and reduces the gathered blocks itself,
   // so a checked group of small calls costs one exchange, not two (runtime/batch.cc).
   bool check_rides = false;
-  std::vector<BatchItem::Member> ride_members;
   std::vector<uint64_t> check_mine, check_all;  // this rank's block, every rank's blocks
-  std::vector<uint8_t> ride_result;
   AlignedBuffer staging;
   std::atomic<bool> running{false};
 };
