@@ -27,6 +27,19 @@ from .ops import resolve_op
 __all__ = ["Communicator", "Work", "MessageWork", "Request", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+# The collectives' codes, for the methods' one C call.
+_ALL_REDUCE = COLL_CODES["all_reduce"]
+_REDUCE_SCATTER = COLL_CODES["reduce_scatter"]
+_ALL_GATHER = COLL_CODES["all_gather"]
+_ALL_TO_ALL = COLL_CODES["all_to_all"]
+_BROADCAST = COLL_CODES["broadcast"]
+_REDUCE = COLL_CODES["reduce"]
+_GATHER = COLL_CODES["gather"]
+_SCATTER = COLL_CODES["scatter"]
+_BARRIER = COLL_CODES["barrier"]
+_SEND = COLL_CODES["send"]
+_RECV = COLL_CODES["recv"]
+_SENDRECV = COLL_CODES["sendrecv"]
 
 
 class Communicator(Recording, Grouping):
@@ -221,13 +234,18 @@ class Communicator(Recording, Grouping):
     # --- the collectives -------------------------------------------------------------------
 
     def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False, recv_peer=-1):
-        """One C call for the common case (numpy arrays, or torch CPU tensors read in a few
-        attribute reads; a named op and algorithm; a bool async_op). Everything else goes
-        through _run, which converts, checks and explains."""
+        """A collective's entry after its method's own try: outside a group, each method first
+        makes one C call (self._fast: numpy arrays, a named op and algorithm, a bool async_op),
+        and comes here only when that returned NotImplemented; a Python frame between the method
+        and the core costs about half as much as the core path of a small call. Here: torch CPU tensors read
+        in a few attribute reads take the C call; everything else goes through _run, which
+        converts, checks and explains. Inside a group every call comes here first: the group
+        keeps its buffers."""
         code = COLL_CODES[coll]
+        done = NotImplemented
         if self._grouping is not None:
             self._grouping.append((x, out))
-        done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
+            done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
         if done is NotImplemented:
             vin = None if x is None else torch_host_view(x)
             vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
@@ -365,6 +383,10 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         out = x if out is None else out
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
@@ -408,6 +430,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
@@ -445,6 +471,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
@@ -482,6 +512,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
@@ -568,6 +602,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, async_op, x, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, None), x)
         return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
@@ -617,6 +655,10 @@ class Communicator(Recording, Grouping):
             out = x
         if self.rank != root:
             out = None
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_REDUCE, x, out, op, root, -1, algo, timeout, bool(deterministic), async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
@@ -657,6 +699,10 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         out = out if self.rank == root else None
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_GATHER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
@@ -697,6 +743,10 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         x = x if self.rank == root else None
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_SCATTER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def barrier(self, async_op=False, timeout=None):
@@ -727,6 +777,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, async_op, None, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (None, None), None)
         return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
@@ -761,6 +815,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_SEND, x, None, "sum", 0, peer, "auto", timeout, False, async_op, None, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, None), None)
         return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None)
 
     def recv(self, x, peer, async_op=False, timeout=None):
@@ -795,6 +853,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_RECV, None, x, "sum", 0, peer, "auto", timeout, False, async_op, x, -1)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (None, x), x)
         return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x)
 
     def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
@@ -836,6 +898,10 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
+        if self._grouping is None:  # the common case in one C call (see _call)
+            done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, async_op, out, src)
+            if done is not NotImplemented:
+                return done if async_op is False else Work(done, (x, out), out)
         return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src)
 
     # --- tagged messages -------------------------------------------------------------------
