@@ -118,7 +118,15 @@ PyMethodDef g_start_def = {"start", reinterpret_cast<PyCFunction>(reinterpret_ca
 // bool. Bound to one communicator through a capsule, so no argument names it. Per call this
 // parses twelve positional arguments with a few type checks and two dict lookups: the Python
 // layer's frames and pybind11's argument loaders cost more than a small collective's traffic.
+// A group's entry (made at group start) also holds the group's keep list and appends each
+// collected call's buffers to it, so a call inside a group is the same one C call; the plain
+// entry returns NotImplemented inside a group, leaving the buffers to the Python route.
 constexpr const char* kFastCapsule = "ringtree.fast_call";
+struct FastEntry {
+  std::shared_ptr<Communicator> comm;
+  PyObject* group_keep = nullptr;  // owned; a list, for a group's entry
+  ~FastEntry() { Py_XDECREF(group_keep); }
+};
 PyObject* g_op_codes = nullptr;    // {"sum": 0, ...} without premul_sum (it needs a factor)
 PyObject* g_algo_codes = nullptr;  // {"auto": 0, ...}
 
@@ -204,8 +212,9 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
                     "fast(coll, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)");
     return nullptr;
   }
-  auto* comm = static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(self, kFastCapsule));
-  if (!comm) return nullptr;
+  auto* entry = static_cast<FastEntry*>(PyCapsule_GetPointer(self, kFastCapsule));
+  if (!entry) return nullptr;
+  const std::shared_ptr<Communicator>* comm = &entry->comm;
   int coll = 0, op = 0, root = 0, peer = 0, algo = 0, recv_peer = -1;
   double timeout = -1.0;
   bool deterministic = false, async_op = false;
@@ -226,7 +235,11 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
     std::shared_ptr<Work> work;
     if ((*comm)->in_group()) {
+      if (!entry->group_keep) return Py_NewRef(Py_NotImplemented);
       work = (*comm)->run(a, async_op);  // only collected: nothing blocks, so the GIL stays
+      // Held until the group has run; after run(), so a refused call leaves nothing behind.
+      for (PyObject* buffer : {args[1], args[2]})
+        if (buffer != Py_None && PyList_Append(entry->group_keep, buffer) < 0) return nullptr;
     } else {
       py::gil_scoped_release release;
       work = (*comm)->run(a, async_op);
@@ -369,10 +382,12 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("in_group", &Communicator::in_group)
       .def(
           "fast_call_function",
-          [](std::shared_ptr<Communicator> c) {
-            auto* held = new std::shared_ptr<Communicator>(std::move(c));
+          [](std::shared_ptr<Communicator> c, py::object group_keep) {
+            RT_CHECK(group_keep.is_none() || PyList_CheckExact(group_keep.ptr()), InvalidArgument,
+                     "fast_call_function: group_keep must be a list or None");
+            auto* held = new FastEntry{std::move(c), group_keep.is_none() ? nullptr : group_keep.release().ptr()};
             PyObject* capsule = PyCapsule_New(held, kFastCapsule, [](PyObject* cap) {
-              delete static_cast<std::shared_ptr<Communicator>*>(PyCapsule_GetPointer(cap, kFastCapsule));
+              delete static_cast<FastEntry*>(PyCapsule_GetPointer(cap, kFastCapsule));
             });
             if (!capsule) {
               delete held;
@@ -383,7 +398,9 @@ void register_communicator(py::module_& m) {
             if (!fn) throw py::error_already_set();
             return py::reinterpret_steal<py::object>(fn);
           },
-          "This communicator's fast entry for collectives (Communicator._fast).")
+          py::arg("group_keep") = py::none(),
+          "This communicator's fast entry for collectives (Communicator._fast); with a list, a "
+          "group's entry, which appends each collected call's buffers to it.")
       .def(
           "choose_algo",
           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {

@@ -340,9 +340,11 @@ class Grouping:
         -------
         None
         """
+        self._core.group_start()
         if self._grouping is None:
             self._grouping = []
-        self._core.group_start()
+            # The group's own C entry keeps each call's buffers in this list until the group runs.
+            self._fast = self._core.fast_call_function(self._grouping)
 
     def group_end(self, async_op: bool = False):
         """Run the calls collected since group_start() as one operation.
@@ -409,11 +411,13 @@ class Grouping:
     def _group_discard(self) -> None:
         self._core.group_discard()
         self._grouping = None
+        self._fast = self._plain_fast
 
     def _leave_group(self):
         keep = self._grouping
         if not self._core.in_group:
             self._grouping = None
+            self._fast = self._plain_fast
         return keep
 
     # --- persistent calls ---------------------------------------------------------------

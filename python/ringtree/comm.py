@@ -69,6 +69,7 @@ class Communicator(Recording, Grouping):
     __slots__ = (
         "_core",
         "_fast",
+        "_plain_fast",
         "_cuda",
         "_label",
         "_closed",
@@ -85,7 +86,7 @@ class Communicator(Recording, Grouping):
         self._core = _core.Communicator(int(rank), int(size), unique_id, float(timeout))
         # Calls on numpy arrays (or read torch tensors) with named ops and algos: one C call, no
         # argument conversion in Python; NotImplemented sends anything else to _run (see _call).
-        self._fast = self._core.fast_call_function()
+        self._fast = self._plain_fast = self._core.fast_call_function()  # a group swaps in its own
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
         self._closed = False
@@ -234,40 +235,38 @@ class Communicator(Recording, Grouping):
     # --- the collectives -------------------------------------------------------------------
 
     def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False, recv_peer=-1):
-        """A collective's entry after its method's own try: outside a group, each method first
-        makes one C call (self._fast: numpy arrays, a named op and algorithm, a bool async_op),
-        and comes here only when that returned NotImplemented; a Python frame between the method
-        and the core costs about half as much as the core path of a small call. Here: torch CPU tensors read
-        in a few attribute reads take the C call; everything else goes through _run, which
-        converts, checks and explains. Inside a group every call comes here first: the group
-        keeps its buffers."""
+        """A collective's entry after its method's own try. Each method first makes one C call
+        (self._fast: numpy arrays, a named op and algorithm, a bool async_op; inside a group,
+        the group's entry, which also keeps the call's buffers) and comes here only when that
+        returned NotImplemented: a Python frame between the method and the core costs about
+        half as much as a small call's whole path through the core. Here torch CPU tensors,
+        read in a few attribute reads, take the C call; everything else goes through _run,
+        which converts, checks and explains."""
         code = COLL_CODES[coll]
-        done = NotImplemented
         if self._grouping is not None:
             self._grouping.append((x, out))
-            done = self._fast(code, x, out, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer)
+        done = NotImplemented
+        vin = None if x is None else torch_host_view(x)
+        vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
+        if (vin or vout) and (x is None or vin) and (out is None or vout):
+            done = self._fast(
+                code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
+            )
         if done is NotImplemented:
-            vin = None if x is None else torch_host_view(x)
-            vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
-            if (vin or vout) and (x is None or vin) and (out is None or vout):
-                done = self._fast(
-                    code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
-                )
-            if done is NotImplemented:
-                return self._run(
-                    coll,
-                    x,
-                    out,
-                    op=op,
-                    root=root,
-                    peer=peer,
-                    algo=algo,
-                    timeout=timeout,
-                    async_op=async_op,
-                    result=result,
-                    deterministic=deterministic,
-                    recv_peer=recv_peer,
-                )
+            return self._run(
+                coll,
+                x,
+                out,
+                op=op,
+                root=root,
+                peer=peer,
+                algo=algo,
+                timeout=timeout,
+                async_op=async_op,
+                result=result,
+                deterministic=deterministic,
+                recv_peer=recv_peer,
+            )
         return done if async_op is False else Work(done, (x, out), result)
 
     def _run(
@@ -383,10 +382,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         out = x if out is None else out
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
@@ -430,10 +428,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
@@ -471,10 +468,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
@@ -512,10 +508,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
@@ -602,10 +597,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, async_op, x, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, None), x)
+        done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, async_op, x, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, None), x)
         return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
@@ -655,10 +649,9 @@ class Communicator(Recording, Grouping):
             out = x
         if self.rank != root:
             out = None
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_REDUCE, x, out, op, root, -1, algo, timeout, bool(deterministic), async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_REDUCE, x, out, op, root, -1, algo, timeout, bool(deterministic), async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic))
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
@@ -699,10 +692,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         out = out if self.rank == root else None
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_GATHER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_GATHER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
@@ -743,10 +735,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         x = x if self.rank == root else None
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_SCATTER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_SCATTER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out)
 
     def barrier(self, async_op=False, timeout=None):
@@ -777,10 +768,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, async_op, None, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (None, None), None)
+        done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, async_op, None, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (None, None), None)
         return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
 
     def send(self, x, peer, async_op=False, timeout=None):
@@ -815,10 +805,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_SEND, x, None, "sum", 0, peer, "auto", timeout, False, async_op, None, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, None), None)
+        done = self._fast(_SEND, x, None, "sum", 0, peer, "auto", timeout, False, async_op, None, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, None), None)
         return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None)
 
     def recv(self, x, peer, async_op=False, timeout=None):
@@ -853,10 +842,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_RECV, None, x, "sum", 0, peer, "auto", timeout, False, async_op, x, -1)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (None, x), x)
+        done = self._fast(_RECV, None, x, "sum", 0, peer, "auto", timeout, False, async_op, x, -1)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (None, x), x)
         return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x)
 
     def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
@@ -898,10 +886,9 @@ class Communicator(Recording, Grouping):
         Aborted
             The communicator was aborted.
         """
-        if self._grouping is None:  # the common case in one C call (see _call)
-            done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, async_op, out, src)
-            if done is not NotImplemented:
-                return done if async_op is False else Work(done, (x, out), out)
+        done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, async_op, out, src)
+        if done is not NotImplemented:  # the common case: one C call (see _call)
+            return done if async_op is False else Work(done, (x, out), out)
         return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src)
 
     # --- tagged messages -------------------------------------------------------------------

@@ -521,3 +521,63 @@ def small_groups_against_plain_calls():
 def test_a_group_of_small_calls_gives_the_bits_of_plain_calls(nranks):
     for res in run_world(nranks, small_groups_against_plain_calls, timeout=150).check_ok():
         assert all(v is True for v in res.values()) and len(res) == 15, res
+
+
+def group_buffers_held_until_run():
+    """Buffers that only the group refers to stay alive until the group has run, then are let go:
+    blocking, async (until the Work is waited for and dropped), and on the Python route a torch
+    tensor takes (torch CPU tensors, when torch is installed)."""
+    import gc
+    import weakref
+
+    comm = rt.init()
+    r, P = comm.rank, comm.size
+    report = {}
+
+    def issue(make):
+        """Issue one all_reduce and one all_gather on buffers only the group holds; returns weak
+        references to them and the sum the all_reduce's buffer must hold."""
+        x, out = make(np.full(3, r + 1, np.int64)), make(np.zeros(3 * P, np.int64))
+        comm.all_reduce(x)
+        comm.all_gather(make(np.full(3, r, np.int64)), out)
+        return [weakref.ref(x), weakref.ref(out)]
+
+    for label, make in [("ndarray", lambda a: a)] + ([("torch", _torch_tensor)] if _torch_tensor else []):
+        with comm.group():
+            refs = issue(make)
+            gc.collect()
+            report[f"{label}_alive_in_group"] = all(ref() is not None for ref in refs)
+        gc.collect()
+        report[f"{label}_freed_after"] = all(ref() is None for ref in refs)
+        with comm.group(async_op=True) as group:
+            refs = issue(make)
+        gc.collect()
+        alive = all(ref() is not None for ref in refs)
+        x = refs[0]()
+        group.wait()
+        report[f"{label}_async_alive_until_wait"] = alive and np.asarray(x).tolist() == [P * (P + 1) // 2] * 3
+        del x, group
+        gc.collect()
+        report[f"{label}_async_freed_after"] = all(ref() is None for ref in refs)
+    comm.close()
+    return report
+
+
+def _make_torch_tensor(a):
+    import torch
+
+    return torch.from_numpy(a)
+
+
+try:
+    import torch  # noqa: F401
+
+    _torch_tensor = _make_torch_tensor
+except ImportError:
+    _torch_tensor = None
+
+
+@pytest.mark.timeout(120)
+def test_a_group_holds_its_calls_buffers_until_it_has_run():
+    for res in run_world(2, group_buffers_held_until_run, timeout=100).check_ok():
+        assert all(v is True for v in res.values()) and len(res) in (4, 8), res
