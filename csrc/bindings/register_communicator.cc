@@ -214,7 +214,7 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
   auto* entry = static_cast<FastEntry*>(PyCapsule_GetPointer(self, kFastCapsule));
   if (!entry) return nullptr;
-  const std::shared_ptr<Communicator>* comm = &entry->comm;
+  Communicator& comm = *entry->comm;
   int coll = 0, op = 0, root = 0, peer = 0, algo = 0, recv_peer = -1;
   double timeout = -1.0;
   bool deterministic = false, async_op = false;
@@ -234,15 +234,15 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       return Py_NewRef(Py_NotImplemented);
     a.dtype = static_cast<DataType>(std::max({in_dtype, out_dtype, 0}));
     std::shared_ptr<Work> work;
-    if ((*comm)->in_group()) {
+    if (comm.in_group()) {
       if (!entry->group_keep) return Py_NewRef(Py_NotImplemented);
-      work = (*comm)->run(a, async_op);  // only collected: nothing blocks, so the GIL stays
+      work = comm.run(a, async_op);  // only collected: nothing blocks, so the GIL stays
       // Held until the group has run; after run(), so a refused call leaves nothing behind.
       for (PyObject* buffer : {args[1], args[2]})
         if (buffer != Py_None && PyList_Append(entry->group_keep, buffer) < 0) return nullptr;
     } else {
       py::gil_scoped_release release;
-      work = (*comm)->run(a, async_op);
+      work = comm.run(a, async_op);
     }
     if (work) return py::cast(std::move(work)).release().ptr();
   } catch (...) {

@@ -409,9 +409,8 @@ class Grouping:
         return Work(pending, keep, result)
 
     def _group_discard(self) -> None:
-        self._core.group_discard()
-        self._grouping = None
-        self._fast = self._plain_fast
+        self._core.group_discard()  # the whole group, nested ones too
+        self._leave_group()
 
     def _leave_group(self):
         keep = self._grouping

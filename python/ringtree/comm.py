@@ -234,39 +234,55 @@ class Communicator(Recording, Grouping):
 
     # --- the collectives -------------------------------------------------------------------
 
-    def _call(self, coll, x, out, op, root, peer, algo, timeout, async_op, result, deterministic=False, recv_peer=-1):
+    def _call(
+        self,
+        coll,
+        x,
+        out,
+        op,
+        root,
+        peer,
+        algo,
+        timeout,
+        async_op,
+        result,
+        deterministic=False,
+        recv_peer=-1,
+        done=NotImplemented,
+    ):
         """A collective's entry after its method's own try. Each method first makes one C call
         (self._fast: numpy arrays, a named op and algorithm, a bool async_op; inside a group,
-        the group's entry, which also keeps the call's buffers) and comes here only when that
-        returned NotImplemented: a Python frame between the method and the core costs about
-        half as much as a small call's whole path through the core. Here torch CPU tensors,
-        read in a few attribute reads, take the C call; everything else goes through _run,
-        which converts, checks and explains."""
-        code = COLL_CODES[coll]
-        if self._grouping is not None:
-            self._grouping.append((x, out))
-        done = NotImplemented
-        vin = None if x is None else torch_host_view(x)
-        vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
-        if (vin or vout) and (x is None or vin) and (out is None or vout):
-            done = self._fast(
-                code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
-            )
+        the group's entry, which also keeps the call's buffers) and returns a blocking call's
+        result itself: a Python frame between the method and the core costs about half as much
+        as a small call's whole path through the core. Here `done` is what that C call
+        returned: an async call's core Work, wrapped with its buffers, or NotImplemented, and
+        then torch CPU tensors, read in a few attribute reads, take the C call and everything
+        else goes through _run, which converts, checks and explains."""
         if done is NotImplemented:
-            return self._run(
-                coll,
-                x,
-                out,
-                op=op,
-                root=root,
-                peer=peer,
-                algo=algo,
-                timeout=timeout,
-                async_op=async_op,
-                result=result,
-                deterministic=deterministic,
-                recv_peer=recv_peer,
-            )
+            if self._grouping is not None:
+                self._grouping.append((x, out))
+            vin = None if x is None else torch_host_view(x)
+            vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
+            if (vin or vout) and (x is None or vin) and (out is None or vout):
+                code = COLL_CODES[coll]
+                done = self._fast(
+                    code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
+                )
+            if done is NotImplemented:
+                return self._run(
+                    coll,
+                    x,
+                    out,
+                    op=op,
+                    root=root,
+                    peer=peer,
+                    algo=algo,
+                    timeout=timeout,
+                    async_op=async_op,
+                    result=result,
+                    deterministic=deterministic,
+                    recv_peer=recv_peer,
+                )
         return done if async_op is False else Work(done, (x, out), result)
 
     def _run(
@@ -383,9 +399,9 @@ class Communicator(Recording, Grouping):
         """
         out = x if out is None else out
         done = self._fast(_ALL_REDUCE, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("all_reduce", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic, done=done)
 
     def reduce_scatter(self, x, out, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """Reduce x over all ranks and give rank r block r of the result.
@@ -429,9 +445,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, deterministic, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("reduce_scatter", x, out, op, 0, -1, algo, timeout, async_op, out, deterministic, done=done)
 
     def all_gather(self, x, out, algo="auto", async_op=False, timeout=None):
         """Every rank's out receives every rank's x, block r from rank r.
@@ -469,9 +485,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("all_gather", x, out, "sum", 0, -1, algo, timeout, async_op, out, done=done)
 
     def all_to_all(self, x, out, algo="auto", async_op=False, timeout=None):
         """Block j of rank i's x lands in block i of rank j's out.
@@ -509,9 +525,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("all_to_all", x, out, "sum", 0, -1, algo, timeout, async_op, out, done=done)
 
     def all_to_all_v(self, x, out, send_counts, recv_counts, async_op=False, timeout=None):
         """Like all_to_all with per-rank sizes: rank i sends send_counts[j] elements to rank j,
@@ -598,9 +614,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_BROADCAST, x, None, "sum", root, -1, algo, timeout, False, async_op, x, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, None), x)
-        return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("broadcast", x, None, "sum", root, -1, algo, timeout, async_op, x, done=done)
 
     def reduce(self, x, out=None, root=0, op="sum", algo="auto", async_op=False, timeout=None, deterministic=False):
         """The root receives the reduction of every rank's x; x is untouched elsewhere.
@@ -650,9 +666,9 @@ class Communicator(Recording, Grouping):
         if self.rank != root:
             out = None
         done = self._fast(_REDUCE, x, out, op, root, -1, algo, timeout, bool(deterministic), async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic))
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("reduce", x, out, op, root, -1, algo, timeout, async_op, out, bool(deterministic), done=done)
 
     def gather(self, x, out=None, root=0, algo="auto", async_op=False, timeout=None):
         """The root's out receives every rank's x, block r from rank r.
@@ -693,9 +709,9 @@ class Communicator(Recording, Grouping):
         """
         out = out if self.rank == root else None
         done = self._fast(_GATHER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("gather", x, out, "sum", root, -1, algo, timeout, async_op, out, done=done)
 
     def scatter(self, x, out, root=0, algo="auto", async_op=False, timeout=None):
         """Rank r's out receives block r of the root's x.
@@ -736,9 +752,9 @@ class Communicator(Recording, Grouping):
         """
         x = x if self.rank == root else None
         done = self._fast(_SCATTER, x, out, "sum", root, -1, algo, timeout, False, async_op, out, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("scatter", x, out, "sum", root, -1, algo, timeout, async_op, out, done=done)
 
     def barrier(self, async_op=False, timeout=None):
         """Return once every rank has entered the barrier.
@@ -769,9 +785,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, async_op, None, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (None, None), None)
-        return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("barrier", None, None, "sum", 0, -1, "auto", timeout, async_op, None, done=done)
 
     def send(self, x, peer, async_op=False, timeout=None):
         """Send x to `peer`, which must call recv with the same count and dtype (in the call order).
@@ -806,9 +822,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_SEND, x, None, "sum", 0, peer, "auto", timeout, False, async_op, None, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, None), None)
-        return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("send", x, None, "sum", 0, peer, "auto", timeout, async_op, None, done=done)
 
     def recv(self, x, peer, async_op=False, timeout=None):
         """Receive into x from `peer`, which calls send with the same count and dtype.
@@ -843,9 +859,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_RECV, None, x, "sum", 0, peer, "auto", timeout, False, async_op, x, -1)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (None, x), x)
-        return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("recv", None, x, "sum", 0, peer, "auto", timeout, async_op, x, done=done)
 
     def sendrecv(self, x, dst, out, src, async_op=False, timeout=None):
         """Send x to `dst` and receive `out` from `src` at the same time (NCCL's grouped
@@ -887,9 +903,9 @@ class Communicator(Recording, Grouping):
             The communicator was aborted.
         """
         done = self._fast(_SENDRECV, x, out, "sum", 0, dst, "auto", timeout, False, async_op, out, src)
-        if done is not NotImplemented:  # the common case: one C call (see _call)
-            return done if async_op is False else Work(done, (x, out), out)
-        return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._call("sendrecv", x, out, "sum", 0, dst, "auto", timeout, async_op, out, recv_peer=src, done=done)
 
     # --- tagged messages -------------------------------------------------------------------
 

@@ -536,13 +536,20 @@ def group_buffers_held_until_run():
 
     def issue(make):
         """Issue one all_reduce and one all_gather on buffers only the group holds; returns weak
-        references to them and the sum the all_reduce's buffer must hold."""
+        references to the all_reduce's buffer and the all_gather's output."""
         x, out = make(np.full(3, r + 1, np.int64)), make(np.zeros(3 * P, np.int64))
         comm.all_reduce(x)
         comm.all_gather(make(np.full(3, r, np.int64)), out)
         return [weakref.ref(x), weakref.ref(out)]
 
-    for label, make in [("ndarray", lambda a: a)] + ([("torch", _torch_tensor)] if _torch_tensor else []):
+    makers = [("ndarray", lambda a: a)]
+    try:
+        import torch
+
+        makers.append(("torch", torch.from_numpy))
+    except ImportError:
+        pass
+    for label, make in makers:
         with comm.group():
             refs = issue(make)
             gc.collect()
@@ -561,20 +568,6 @@ def group_buffers_held_until_run():
         report[f"{label}_async_freed_after"] = all(ref() is None for ref in refs)
     comm.close()
     return report
-
-
-def _make_torch_tensor(a):
-    import torch
-
-    return torch.from_numpy(a)
-
-
-try:
-    import torch  # noqa: F401
-
-    _torch_tensor = _make_torch_tensor
-except ImportError:
-    _torch_tensor = None
 
 
 @pytest.mark.timeout(120)
