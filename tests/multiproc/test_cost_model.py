@@ -128,7 +128,8 @@ def test_a_cached_probe_is_read_and_adopted_by_every_rank(tmp_path):
         assert costs["copy_cold_GBps"] == pytest.approx(CACHED_FIGURES["copy_cold_Bps"] / 1e9)
 
 
-def burn(seconds):
+def burn(seconds, cpu):
+    os.sched_setaffinity(0, {cpu})
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
@@ -136,17 +137,23 @@ def burn(seconds):
 
 @pytest.mark.timeout(120)
 def test_a_probe_taken_beside_busy_cores_is_used_but_not_cached(tmp_path):
-    # Twice as many spinning processes as cores: the probe's threads get under half the CPU time
-    # they ask for, well below the 70% under which the probe counts as busy. (One spinner per core
-    # is not enough on a machine with more cores: there the probe's threads got close to 70% and
-    # one rank judged its probe quiet.)
-    cores = len(os.sched_getaffinity(0))
-    burners = [multiprocessing.get_context("fork").Process(target=burn, args=(60,)) for _ in range(2 * cores)]
+    # The ranks run on (at most) two CPUs, each with two spinning processes pinned to it, so the
+    # probe's threads get about a third of the CPU time they ask for wherever the scheduler puts
+    # them, well below the 70% under which the probe counts as busy. (Twice as many spinners as
+    # cores, left to the scheduler, were not enough on a machine with more cores: one of the
+    # probe's tries there judged itself quiet.)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    burners = [multiprocessing.get_context("fork").Process(target=burn, args=(60, cpu)) for cpu in cpus * 2]
+    saved = os.sched_getaffinity(0)
     for proc in burners:
         proc.start()
     try:
         time.sleep(0.5)
-        res = run_world(2, machine_figures, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
+        os.sched_setaffinity(0, set(cpus))  # the rank processes inherit it
+        try:
+            res = run_world(2, machine_figures, timeout=100, env={"RINGTREE_CACHE_DIR": str(tmp_path)}).check_ok()
+        finally:
+            os.sched_setaffinity(0, saved)
     finally:
         for proc in burners:
             proc.kill()
