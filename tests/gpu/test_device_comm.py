@@ -270,13 +270,17 @@ def test_device_collectives_async_and_cupy():
         assert res["cases"] > 30 and not res["failures"], (rank, res)
 
 
-def device_stream_semantics(lib="torch", seconds=1.0):
+def device_stream_semantics(lib="torch", seconds=1.0, set_up_first=True):
     """A device collective queued behind a long kernel returns to the host at once; its result
-    is there once the stream gets to it; async works report completion only then."""
+    is there once the stream gets to it; async works report completion only then. The promise
+    is for a set-up device path: the first call sets it up, and on a GPU its kernels' first
+    load may wait for work already on the device (once per process), so one call goes first."""
     arrays = DeviceArrays(lib)
     comm = rt.init()
     r, P = comm.rank, comm.size
     x = arrays.upload(np.full(1 << 16, r + 1, np.float32))
+    if set_up_first:
+        comm.all_reduce(arrays.upload(np.ones(1 << 16, np.float32)))
     arrays.synchronize()
     comm.barrier()
     arrays.sleep_kernel(seconds)
