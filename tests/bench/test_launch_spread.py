@@ -47,6 +47,13 @@ def wait_gone(pids, seconds=10.0):
     return [p for p in pids if burner_alive(p)]
 
 
+def interruptible():
+    """Popen's preexec_fn: SIGINT as at an interactive terminal. A shell starts background jobs
+    with SIGINT ignored, and the children would inherit that, so a test run from such a job could
+    never deliver its Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cpu_ticks(pid):
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
@@ -206,7 +213,9 @@ with load.BackgroundLoad(2) as bg:
 def test_background_load_dies_with_an_interrupted_or_killed_parent(sig):
     """Ctrl-C runs the context's exit; SIGKILL leaves it no chance: the kernel's parent-death
     signal must end the burners then."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True, cwd=BENCH)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True, cwd=BENCH, preexec_fn=interruptible
+    )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(burner_alive(p) for p in pids)
@@ -338,6 +347,7 @@ def test_an_interrupted_run_reports_what_ran_and_stops_its_load(tmp_path, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         line = proc.stderr.readline()  # the first launch is done
