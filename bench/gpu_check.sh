@@ -56,11 +56,12 @@ done
 # BUDGET (CHECK_BUDGET, default 450 s) on a GPU; in stand-in mode, where the device code runs on the
 # CPU (a loaded 2-core machine is slower than the GPU machine's 16 cores), its own limits and
 # budget (CHECK_BUDGET, default 480 s), and each stand-in stage runs a slice sized to fit them.
-STAGES=(env:15:15 build:110:10 ipc_p2:40:50 ipc_p4:50:100 semantics:30:75 staged:30:60 torch:35:5 nccl:25:45
-        sanitize:45:5 bench_ipc:20:5 thread_ranks:30:30 cross_gpu:15:50)
+STAGES=(env:15:15 build:110:10 ipc_p2:40:50 ipc_p4:50:100 semantics:30:75 staged:30:60 bench_ipc:20:5 torch:35:5
+        nccl:25:45 sanitize:45:5 thread_ranks:30:30 cross_gpu:15:50)
 if [ "$MODE" = standin ]; then BUDGET=${CHECK_BUDGET:-480}; else BUDGET=${CHECK_BUDGET:-450}; fi
-# The stages that put several ranks on the one GPU, run under MPS where it can be started.
-MPS_STAGES=",ipc_p2,ipc_p4,semantics,staged,"
+# The stages that put several ranks on the one GPU, run under MPS where it can be started (the
+# bench too: ranks time-sliced on one GPU wait a slice at each step, and it would time the slices).
+MPS_STAGES=",ipc_p2,ipc_p4,semantics,staged,bench_ipc,"
 
 if [ "$MODE" = plan ]; then
   BUDGET=${CHECK_BUDGET:-450}

@@ -21,10 +21,10 @@ ORDER = [
     "ipc_p4",
     "semantics",
     "staged",
+    "bench_ipc",
     "torch",
     "nccl",
     "sanitize",
-    "bench_ipc",
     "thread_ranks",
     "cross_gpu",
 ]
