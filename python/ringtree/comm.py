@@ -259,11 +259,11 @@ class Communicator(Recording, Grouping):
         then torch CPU tensors, read in a few attribute reads, take the C call and everything
         else goes through _run, which converts, checks and explains."""
         if done is NotImplemented:
-            if self._grouping is not None:
-                self._grouping.append((x, out))
             vin = None if x is None else torch_host_view(x)
             vout = vin if out is x else None if out is None else torch_host_view(out)  # in place: read once
             if (vin or vout) and (x is None or vin) and (out is None or vout):
+                if self._grouping is not None:  # the views are bare pointers: the group keeps the tensors
+                    self._grouping.append((x, out))
                 code = COLL_CODES[coll]
                 done = self._fast(
                     code, vin, vout, op, root, peer, algo, timeout, deterministic, async_op, result, recv_peer
