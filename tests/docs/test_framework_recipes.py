@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 from markdown_examples import REPO
@@ -177,7 +178,18 @@ def deepspeed_runs(tmp_path_factory):
     runs = {}
     for backend in ("ringtree", "gloo"):
         args = ["--stage", *stages, "--steps", str(DEEPSPEED_STEPS), "--backend", backend]
-        output = _run(_torchrun(path, *args, "--save", str(tmp_path / backend)), tmp_path, backend)
+        command = _torchrun(path, *args, "--save", str(tmp_path / backend))
+        try:
+            output = _run(command, tmp_path, backend)
+        except AssertionError as failure:
+            if backend == "ringtree":
+                raise
+            # Gloo is the reference here, not what is tested: a rank of the Gloo launch has been
+            # seen to abort (SIGABRT) on a CI machine, once in many launches, and not here in 25.
+            # One more launch tells a fluke of the reference from a real difference; the first
+            # failure stays visible as a warning.
+            warnings.warn(f"the Gloo reference launch failed once; launched again:\n{failure}", stacklevel=1)
+            output = _run(command, tmp_path, backend)
         runs[backend] = (tmp_path / backend, output)
     return runs
 
