@@ -3,6 +3,7 @@
 // the NCCL executor's set-up depends on, and moves no data:
 //
 //   ncclGetUniqueId         names a small file in /dev/shm that counts the ranks that arrived
+//                           (removed by rank 0's release, or when the process that made it exits)
 //   ncclCommInitRank        arrives, then waits until every rank has, as NCCL does: for ever if
 //                           one never comes
 //   ncclCommInitRankConfig  the same; with config->blocking == 0 it returns ncclInProgress and
@@ -20,8 +21,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <random>
 #include <string>
 #include <thread>
+#include <vector>
 #include "common/settings.h"
 
 namespace {
@@ -47,6 +51,23 @@ struct Config {  // the prefix of ncclConfig_t that this fake reads
 
 thread_local std::string last_error;
 std::atomic<int> aborts{0};
+
+// The files of the ids this process made, removed when it exits: rank 0 removes its file when it
+// releases its communicator, but not when it never made one (its init failed, or it was told to).
+class IdsMadeHere {
+ public:
+  void add(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    paths_.push_back(path);
+  }
+  ~IdsMadeHere() {
+    for (const std::string& path : paths_) unlink(path.c_str());
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> paths_;
+} ids_made_here;
 
 int fail(int code, const std::string& why) {
   last_error = why;
@@ -128,15 +149,27 @@ FAKE_NCCL const char* ncclGetErrorString(int r) {
 FAKE_NCCL const char* ncclGetLastError(Comm*) { return last_error.c_str(); }
 
 FAKE_NCCL int ncclGetUniqueId(UniqueId* id) {
+  // A random part as well as the pid: a file left by a process that was killed must not stop a
+  // later one that got its pid.
   static std::atomic<int> serial{0};
-  std::memset(id, 0, sizeof(*id));
-  std::snprintf(id->internal, sizeof(id->internal), "/dev/shm/ringtree-fake-nccl-%d-%d", static_cast<int>(getpid()),
-                serial.fetch_add(1));
-  const int fd = open(id->internal, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  static std::random_device entropy;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    std::memset(id, 0, sizeof(*id));
+    const uint64_t nonce = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+    std::snprintf(id->internal, sizeof(id->internal), "/dev/shm/ringtree-fake-nccl-%d-%d-%016llx",
+                  static_cast<int>(getpid()), serial.fetch_add(1), static_cast<unsigned long long>(nonce));
+    fd = open(id->internal, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
   if (fd < 0) return fail(kSystemError, "cannot create the unique id's file");
   const bool sized = ftruncate(fd, 4096) == 0;
   close(fd);
-  return sized ? kSuccess : fail(kSystemError, "cannot size the unique id's file");
+  if (!sized) {
+    unlink(id->internal);
+    return fail(kSystemError, "cannot size the unique id's file");
+  }
+  ids_made_here.add(id->internal);
+  return kSuccess;
 }
 
 FAKE_NCCL int ncclCommInitRank(Comm** comm, int nranks, UniqueId id, int rank) {
