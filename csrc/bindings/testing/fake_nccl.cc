@@ -25,6 +25,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #include "common/settings.h"
 
@@ -58,15 +59,16 @@ class IdsMadeHere {
  public:
   void add(const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
-    paths_.push_back(path);
+    made_.emplace_back(getpid(), path);
   }
-  ~IdsMadeHere() {
-    for (const std::string& path : paths_) unlink(path.c_str());
+  ~IdsMadeHere() {  // a forked child that exits leaves its parent's ids alone
+    for (const auto& [maker, path] : made_)
+      if (maker == getpid()) unlink(path.c_str());
   }
 
  private:
   std::mutex mu_;
-  std::vector<std::string> paths_;
+  std::vector<std::pair<pid_t, std::string>> made_;
 } ids_made_here;
 
 int fail(int code, const std::string& why) {
