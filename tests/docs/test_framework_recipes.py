@@ -163,6 +163,7 @@ def _check_same_bits(ringtree_prefix, gloo_prefix, reference):
 
 DEEPSPEED_STAGES = (1, 2, 3)
 DEEPSPEED_STEPS = 8
+REFERENCE_LAUNCHES = 3
 
 
 @pytest.fixture(scope="module")
@@ -179,17 +180,19 @@ def deepspeed_runs(tmp_path_factory):
     for backend in ("ringtree", "gloo"):
         args = ["--stage", *stages, "--steps", str(DEEPSPEED_STEPS), "--backend", backend]
         command = _torchrun(path, *args, "--save", str(tmp_path / backend))
-        try:
-            output = _run(command, tmp_path, backend)
-        except AssertionError as failure:
-            if backend == "ringtree":
-                raise
-            # Gloo is the reference here, not what is tested: a rank of the Gloo launch has been
-            # seen to abort (SIGABRT) on a CI machine, once in many launches, and not here in 25.
-            # One more launch tells a fluke of the reference from a real difference; the first
-            # failure stays visible as a warning.
-            warnings.warn(f"the Gloo reference launch failed once; launched again:\n{failure}", stacklevel=1)
-            output = _run(command, tmp_path, backend)
+        # Gloo is the reference here, not what is tested. Its launch sometimes ends with a rank
+        # aborted at teardown ("terminate called without an active exception", SIGABRT) after
+        # every stage has trained and saved: 2 of 20 launches beside a busy core, while ringtree's
+        # launch did not fail in 20 the same way. So the reference gets up to three launches, each
+        # failure kept visible as a warning; a failure of ringtree's launch fails at once.
+        for attempt in range(1 if backend == "ringtree" else REFERENCE_LAUNCHES):
+            try:
+                output = _run(command, tmp_path, backend)
+                break
+            except AssertionError as failure:
+                if attempt == REFERENCE_LAUNCHES - 1 or backend == "ringtree":
+                    raise
+                warnings.warn(f"the Gloo reference launch failed; launched again:\n{failure}", stacklevel=1)
         runs[backend] = (tmp_path / backend, output)
     return runs
 
