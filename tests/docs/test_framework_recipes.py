@@ -185,12 +185,13 @@ def deepspeed_runs(tmp_path_factory):
         # every stage has trained and saved: 2 of 20 launches beside a busy core, while ringtree's
         # launch did not fail in 20 the same way. So the reference gets up to three launches, each
         # failure kept visible as a warning; a failure of ringtree's launch fails at once.
-        for attempt in range(1 if backend == "ringtree" else REFERENCE_LAUNCHES):
+        launches = 1 if backend == "ringtree" else REFERENCE_LAUNCHES
+        for attempt in range(launches):
             try:
                 output = _run(command, tmp_path, backend)
                 break
             except AssertionError as failure:
-                if attempt == REFERENCE_LAUNCHES - 1 or backend == "ringtree":
+                if attempt == launches - 1:
                     raise
                 warnings.warn(f"the Gloo reference launch failed; launched again:\n{failure}", stacklevel=1)
         runs[backend] = (tmp_path / backend, output)

@@ -155,14 +155,11 @@ FAKE_NCCL int ncclGetUniqueId(UniqueId* id) {
   // later one that got its pid.
   static std::atomic<int> serial{0};
   static std::random_device entropy;
-  int fd = -1;
-  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    std::memset(id, 0, sizeof(*id));
-    const uint64_t nonce = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-    std::snprintf(id->internal, sizeof(id->internal), "/dev/shm/ringtree-fake-nccl-%d-%d-%016llx",
-                  static_cast<int>(getpid()), serial.fetch_add(1), static_cast<unsigned long long>(nonce));
-    fd = open(id->internal, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  }
+  const uint64_t nonce = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  std::memset(id, 0, sizeof(*id));
+  std::snprintf(id->internal, sizeof(id->internal), "/dev/shm/ringtree-fake-nccl-%d-%d-%016llx",
+                static_cast<int>(getpid()), serial.fetch_add(1), static_cast<unsigned long long>(nonce));
+  const int fd = open(id->internal, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return fail(kSystemError, "cannot create the unique id's file");
   const bool sized = ftruncate(fd, 4096) == 0;
   close(fd);
