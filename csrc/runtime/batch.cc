@@ -280,6 +280,7 @@ std::shared_ptr<Batch> CommunicatorImpl::group_batch(
   b->check_every_run = true;
   b->comm_.reset();  // run by start_batch here, never by Request::start
   cached_group_ = b;
+  coalesced_batch_ = nullptr;
   cached_group_calls_ = matched ? matched : std::make_shared<const std::vector<CollectiveArgs>>(std::move(calls));
   return b;
 }
@@ -307,19 +308,13 @@ void CommunicatorImpl::fail_here(const Error& e) {
 // it rides; where they differ, a second one of every call's description, from which every rank
 // names the same first difference.
 bool CommunicatorImpl::check_group(Batch& b) {
-  auto all_gather = [&](const uint64_t* mine, uint64_t words, uint64_t* all, const Prepared* riding) {
+  auto all_gather_args = [&](const uint64_t* mine, uint64_t words, uint64_t* all) {
     CollectiveArgs a;
     a.coll = Collective::AllGather;
     a.dtype = DataType::Int64;
     a.input = Buffer{const_cast<uint64_t*>(mine), words, true, true};
     a.output = Buffer{all, words * size_, false, true};
-    Prepared p = prepare(a);
-    p.seq = b.check_seq;
-    if (riding) {
-      p.record = riding->record;
-      p.starts_at_once = riding->starts_at_once;
-    }
-    execute(p);
+    return a;
   };
   uint64_t* mine = b.check_mine.data();
   const uint64_t* all = b.check_all.data();
@@ -332,7 +327,18 @@ bool CommunicatorImpl::check_group(Batch& b) {
   mine[2] = b.check_rides ? first.validated.count : 0;
   // Its input: the fused item's staging (run_batch packed it) or the single call's own buffer.
   if (ride_bytes) std::memcpy(mine + kSummaryWords, first.validated.input.ptr, ride_bytes);
-  all_gather(mine, kCheckWords, b.check_all.data(), b.check_rides ? &first : nullptr);
+  if (!b.check_lowered) {
+    b.check_call = prepare(all_gather_args(mine, kCheckWords, b.check_all.data()));
+    const Prepared& c = b.check_call;
+    const uint64_t segment = exec_.segment_bytes_for(c.args.coll, c.algo, bytes_of(c));
+    b.check_plan = lower(c.args, c.validated, rank_, size_, c.algo, c.timeout_s, segment, &topo_);
+    b.check_lowered = true;
+  }
+  Prepared& check = b.check_call;
+  check.seq = b.check_seq;
+  check.record = b.check_rides ? first.record : 0;
+  check.starts_at_once = b.check_rides && first.starts_at_once;
+  execute(check, &b.check_plan);
   bool same = true;
   for (int r = 0; r < size_; ++r) same = same && std::equal(mine, mine + kSummaryWords, all + r * kCheckWords);
   if (same) {
@@ -356,7 +362,9 @@ bool CommunicatorImpl::check_group(Batch& b) {
   const uint64_t words = most * kDescribeWords;
   std::vector<uint64_t> described(words, 0), table(words * size_);
   for (size_t i = 0; i < b.issued.size(); ++i) to_words(b.issued[i], &described[i * kDescribeWords]);
-  all_gather(described.data(), words, table.data(), nullptr);
+  Prepared describe_call = prepare(all_gather_args(described.data(), words, table.data()));
+  describe_call.seq = b.check_seq;
+  execute(describe_call);
   auto row = [&](int r, uint64_t i) { return &table[r * words + i * kDescribeWords]; };
   auto text = [&](int r, uint64_t i) {
     return row(r, i)[0] ? describe_issued(from_words(row(r, i))) : std::string("nothing (its group ends before)");
@@ -470,6 +478,74 @@ std::shared_ptr<Work> CommunicatorImpl::collect_group_call(const CollectiveArgs&
   return async ? group_async_work() : nullptr;
 }
 
+namespace {
+
+inline bool same_buffers(const Communicator::CallBuffers* a, size_t n,
+                         const std::vector<Communicator::CallBuffers>& b) {
+  if (n != b.size()) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const Buffer &ai = a[i].input, &bi = b[i].input, &ao = a[i].output, &bo = b[i].output;
+    if (ai.ptr != bi.ptr || ai.count != bi.count || ao.ptr != bo.ptr || ao.count != bo.count ||
+        a[i].dtype != b[i].dtype || ai.readonly != bi.readonly || ao.readonly != bo.readonly ||
+        ai.present != bi.present || ao.present != bo.present)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> CommunicatorImpl::run_coalesced(const CollectiveArgs& common, const CallBuffers* buffers,
+                                                      size_t n, bool async) {
+  RT_CHECK(group_depth_.load() == 0, InvalidArgument,
+           "run_coalesced: a group is open on this communicator; end it first");
+  RT_CHECK(!common.ready, InvalidArgument, collective_name(common.coll), ": a gated call cannot join a group");
+  CollectiveArgs key = common;  // the calls' common part: their buffers are compared apart
+  key.input = key.output = Buffer{};
+  key.dtype = DataType{};
+  std::shared_ptr<Batch> b;
+  {
+    std::lock_guard<std::mutex> lock(group_cache_mu_);
+    if (n > 0 && cached_group_ && cached_group_.get() == coalesced_batch_ && cached_group_.use_count() == 1 &&
+        same_buffers(buffers, n, coalesced_buffers_) && same_call(key, coalesced_common_))
+      b = cached_group_;
+  }
+  if (!b && n > 0) {
+    std::vector<CollectiveArgs> calls(n, common);
+    for (size_t i = 0; i < n; ++i) {
+      calls[i].input = buffers[i].input;
+      calls[i].output = buffers[i].output;
+      calls[i].dtype = buffers[i].dtype;
+    }
+    b = group_batch(calls, nullptr);  // a bad call throws here, naming its place, before any traffic
+    std::lock_guard<std::mutex> lock(group_cache_mu_);
+    if (cached_group_ == b) {
+      coalesced_common_ = std::move(key);
+      coalesced_buffers_.assign(buffers, buffers + n);
+      coalesced_batch_ = b.get();
+    }
+  }
+  return run_group_batch(b, async, async ? std::make_shared<Work>() : nullptr);
+}
+
+// A group's batch run as group_end() runs it (b null: an empty group), finishing `work`.
+std::shared_ptr<Work> CommunicatorImpl::run_group_batch(const std::shared_ptr<Batch>& b, bool async,
+                                                        std::shared_ptr<Work> work) {
+  try {
+    if (!b) {
+      if (work) work->finish(nullptr);
+      return async ? work : nullptr;
+    }
+    if (async) return start_batch(b, true, work);
+    start_batch(b, false, nullptr);
+  } catch (...) {
+    if (work) work->finish(std::current_exception());
+    throw;
+  }
+  if (work) work->finish(nullptr);
+  return nullptr;
+}
+
 std::shared_ptr<Work> CommunicatorImpl::group_async_work() {
   if (!group_work_) group_work_ = std::make_shared<Work>();
   return group_work_;
@@ -531,19 +607,7 @@ std::shared_ptr<Work> CommunicatorImpl::group_end(bool async) {
       work->finish(std::make_exception_ptr(Aborted(str_cat("the group was discarded before it ran: ", e.what()))));
     throw;
   }
-  try {
-    if (!b) {
-      if (work) work->finish(nullptr);
-      return async ? work : nullptr;
-    }
-    if (async) return start_batch(b, true, work);
-    start_batch(b, false, nullptr);
-  } catch (...) {
-    if (work) work->finish(std::current_exception());
-    throw;
-  }
-  if (work) work->finish(nullptr);
-  return nullptr;
+  return run_group_batch(b, async, std::move(work));
 }
 
 std::shared_ptr<Request> CommunicatorImpl::group_end_persistent() {

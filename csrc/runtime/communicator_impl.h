@@ -65,6 +65,11 @@ class Batch : public Request, public std::enable_shared_from_this<Batch> {
   // so a checked group of small calls costs one exchange, not two (runtime/batch.cc).
   bool check_rides = false;
   std::vector<uint64_t> check_mine, check_all;  // this rank's block, every rank's blocks
+  // The check's all_gather over them, prepared and lowered at the first check (the same call at
+  // every run of a group but for its sequence number).
+  bool check_lowered = false;
+  Prepared check_call;
+  CallPlan check_plan;
   AlignedBuffer staging;
   std::atomic<bool> running{false};
 };
@@ -82,6 +87,8 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   void group_start() override;
   std::shared_ptr<Work> group_end(bool async) override;
   std::shared_ptr<Request> group_end_persistent() override;
+  std::shared_ptr<Work> run_coalesced(const CollectiveArgs& common, const CallBuffers* buffers, size_t n,
+                                      bool async) override;
   void group_discard() override;
   bool in_group() const override;
   ValidatedCall validate(const CollectiveArgs& args) const override { return validate_call(args, rank_, size_); }
@@ -97,6 +104,7 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
     choice_.set_hook(std::move(hook));  // forgets the choices made before
     std::lock_guard<std::mutex> lock(group_cache_mu_);
     cached_group_.reset();  // and so does the kept group, which holds some of them
+    coalesced_batch_ = nullptr;
   }
   CommStatus status() const override;
   std::string address() const override;
@@ -208,6 +216,13 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   std::mutex group_cache_mu_;  // two threads may end groups one after the other, not together
   std::shared_ptr<const std::vector<CollectiveArgs>> cached_group_calls_;  // replaced, never changed
   std::shared_ptr<Batch> cached_group_;  // its comm_ is reset: it must not keep this alive
+  // What the last run_coalesced() was called with, while cached_group_ is the batch it made
+  // (coalesced_batch_, cleared whenever cached_group_ changes): a repeat is compared buffer by
+  // buffer and runs that batch, without collecting its calls one by one.
+  CollectiveArgs coalesced_common_;
+  std::vector<CallBuffers> coalesced_buffers_;
+  const Batch* coalesced_batch_ = nullptr;
+  std::shared_ptr<Work> run_group_batch(const std::shared_ptr<Batch>& b, bool async, std::shared_ptr<Work> work);
 
   // Async queue.
   struct Job {

@@ -379,13 +379,14 @@ def test_persistent_and_group_arguments_are_checked_before_any_traffic():
 
 
 def cpp_group_bench():
-    """The C++ entry alone (group_start, 64 calls, group_end) on a communicator made in C++: the
-    hook checks every all_reduce's result (the max over ranks) and raises otherwise."""
+    """The C++ entry alone (group_start, 64 calls, group_end, and run_coalesced with the same 64)
+    on a communicator made in C++: the hook checks every all_reduce's result (the max over ranks)
+    and raises otherwise."""
     import os
 
     import _ringtree_testing
 
-    plain_us, group_us = _ringtree_testing.bench_group(
+    plain_us, group_us, coalesced_us = _ringtree_testing.bench_group(
         int(os.environ["RINGTREE_RANK"]),
         int(os.environ["RINGTREE_WORLD_SIZE"]),
         os.environ["RINGTREE_UNIQUE_ID"],
@@ -394,15 +395,15 @@ def cpp_group_bench():
         blocks=3,
         reps=5,
     )
-    return {"plain_us": plain_us, "group_us": group_us}
+    return {"plain_us": plain_us, "group_us": group_us, "coalesced_us": coalesced_us}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_a_cpp_group_of_64_calls_runs_with_exact_results(nranks):
+def test_a_cpp_group_and_list_of_64_calls_run_with_exact_results(nranks):
     pytest.importorskip("_ringtree_testing")
     for res in run_world(nranks, cpp_group_bench, timeout=100).check_ok():
-        assert res["plain_us"] > 0 and res["group_us"] > 0, res
+        assert res["plain_us"] > 0 and res["group_us"] > 0 and res["coalesced_us"] > 0, res
 
 
 def persistent_all_to_all_v(reuses):

@@ -219,6 +219,15 @@ class Communicator {
   virtual void group_discard() = 0;
   // Whether this thread has a group open (its calls are being collected).
   virtual bool in_group() const = 0;
+  // n calls of one collective as one group: call i is `common` on buffers[i] (its input, output
+  // and dtype), collected and run as group_start(), n run()s and group_end(async) would, without
+  // a virtual call per buffer. An error discards the group. Not inside an open group.
+  struct CallBuffers {
+    Buffer input, output;
+    DataType dtype;
+  };
+  virtual std::shared_ptr<Work> run_coalesced(const CollectiveArgs& common, const CallBuffers* buffers, size_t n,
+                                              bool async) = 0;
   // The checks run() makes before any traffic, alone: throws InvalidArgument or returns what
   // they made of the call.
   virtual ValidatedCall validate(const CollectiveArgs& args) const = 0;
