@@ -86,6 +86,11 @@ ROWS = (
         "persistent: `all_reduce_init`",
         IPC_KERNEL,
     ),
+    (
+        "coalesced",
+        "coalesced: `all_reduce_coalesced`",
+        IPC_KERNEL,
+    ),
 )
 
 OPS = ("sum", "prod", "min", "max", "avg", "premul_sum", "band", "bor", "bxor")

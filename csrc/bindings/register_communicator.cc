@@ -60,7 +60,10 @@ bool open_ndarray(PyObject* obj, Buffer& b, int& dtype) {
   if (dtype < 0 || PyArray_TYPE(arr) >= NPY_USERDEF) return false;
   b.present = true;
   b.ptr = PyArray_DATA(arr);
-  b.count = static_cast<uint64_t>(PyArray_SIZE(arr));
+  const int ndim = PyArray_NDIM(arr);  // PyArray_SIZE is an out-of-line call; most are 1-d
+  b.count = ndim == 1   ? static_cast<uint64_t>(PyArray_DIM(arr, 0))
+            : ndim == 0 ? 1
+                        : static_cast<uint64_t>(PyArray_SIZE(arr));
   b.readonly = !PyArray_ISWRITEABLE(arr);
   return true;
 }
@@ -256,6 +259,112 @@ PyMethodDef g_fast_call_def = {"fast", reinterpret_cast<PyCFunction>(reinterpret
                                METH_FASTCALL,
                                "A collective on plain ndarrays or read torch tensors (see Communicator._fast)."};
 
+bool is_sequence(PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); }
+
+// A list of calls of one collective as one group, in one CPython call (the *_coalesced methods),
+// on plain ndarrays only (torch tensors take the Python route, call by call):
+// many(coll, xs, outs, op, algo, timeout, deterministic, async_op, result) runs call i on xs[i]
+// and outs[i] (outs None: in place) and returns `result` (blocking) or the group's Work (async),
+// or NotImplemented, before anything is collected, where a buffer or argument needs the Python
+// route, or a group is already open (the Python route keeps the buffers of an enclosing group).
+// Issuing the calls one by one from Python costs a frame and a C call each, several times what
+// the fused group costs to run.
+PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "many(coll, xs, outs, op, algo, timeout, deterministic, async_op, result)");
+    return nullptr;
+  }
+  auto* entry = static_cast<FastEntry*>(PyCapsule_GetPointer(self, kFastCapsule));
+  if (!entry) return nullptr;
+  Communicator& comm = *entry->comm;
+  PyObject *xs = args[1], *outs = args[2];
+  int coll = 0, op = 0, algo = 0;
+  double timeout = -1.0;
+  bool deterministic = false, async_op = false;
+  if (!small_int(args[0], coll) || !is_sequence(xs) || (outs != Py_None && !is_sequence(outs)) ||
+      !code_of(g_op_codes, g_sum_name, args[3], op) || !code_of(g_algo_codes, g_auto_name, args[4], algo) ||
+      !timeout_of(args[5], timeout) || !flag_of(args[6], deterministic) || !flag_of(args[7], async_op) ||
+      comm.in_group())
+    return Py_NewRef(Py_NotImplemented);
+  const Py_ssize_t n = Py_SIZE(xs);
+  if (outs != Py_None && Py_SIZE(outs) != n) return Py_NewRef(Py_NotImplemented);  // explained there
+  // Every buffer is read before the group opens, so a fallback leaves nothing half collected.
+  // The lists alone hold their buffers, and the GIL is let go while the group runs: another
+  // thread emptying a list must not free a buffer in use, so each is held here until the end.
+  // Both lists are this thread's and keep their capacity: a repeated call allocates nothing. A
+  // buffer's finalizer that calls in again (a release at the end can run one) takes the Python
+  // route, so the lists are never reused while in use.
+  thread_local std::vector<Communicator::CallBuffers> tls_opened;
+  thread_local std::vector<PyObject*> tls_held;
+  thread_local bool tls_busy = false;
+  if (tls_busy) return Py_NewRef(Py_NotImplemented);
+  std::vector<Communicator::CallBuffers>& opened = tls_opened;
+  struct Held {
+    PyObject** objects;
+    size_t count = 0;
+    bool& busy;
+    ~Held() {
+      for (size_t i = 0; i < count; ++i) Py_DECREF(objects[i]);
+      busy = false;
+    }
+  };
+  opened.resize(static_cast<size_t>(n));
+  tls_held.resize(static_cast<size_t>(outs == Py_None ? n : 2 * n));
+  tls_busy = true;
+  Held held{tls_held.data(), 0, tls_busy};
+  PyObject* const* x_items = PySequence_Fast_ITEMS(xs);
+  PyObject* const* out_items = outs == Py_None ? nullptr : PySequence_Fast_ITEMS(outs);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    Communicator::CallBuffers& o = opened[static_cast<size_t>(i)];
+    int in_dtype = -1, out_dtype = -1;
+    held.objects[held.count++] = Py_NewRef(x_items[i]);
+    if (!open_ndarray(x_items[i], o.input, in_dtype)) return Py_NewRef(Py_NotImplemented);
+    if (!out_items) {
+      o.output.present = true;  // field by field: a copy of the whole, just written, stalls
+      o.output.ptr = o.input.ptr;
+      o.output.count = o.input.count;
+      o.output.readonly = o.input.readonly;
+    } else {
+      held.objects[held.count++] = Py_NewRef(out_items[i]);
+      if (!open_ndarray(out_items[i], o.output, out_dtype) || out_dtype != in_dtype)
+        return Py_NewRef(Py_NotImplemented);
+    }
+    o.dtype = static_cast<DataType>(in_dtype);
+  }
+  try {
+    CollectiveArgs a = make_args(coll, op, 1.0, 0, -1, algo, timeout);
+    a.deterministic = deterministic;
+    std::shared_ptr<Work> work;
+    {
+      py::gil_scoped_release release;  // the buffers stay: `held` holds them
+      work = comm.run_coalesced(a, opened.data(), opened.size(), async_op);
+    }
+    if (work) return py::cast(std::move(work)).release().ptr();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+  return Py_NewRef(args[8]);
+}
+
+PyMethodDef g_fast_many_def = {"many", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_many)),
+                               METH_FASTCALL, "A list of one collective's calls as one group (see _coalesced)."};
+
+// A C function of `def` bound to `held` through a capsule named `name`, which owns it.
+template <typename T>
+py::object bound_function(PyMethodDef* def, const char* name, T* held) {
+  PyObject* capsule = PyCapsule_New(
+      held, name, [](PyObject* cap) { delete static_cast<T*>(PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))); });
+  if (!capsule) {
+    delete held;
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_NewEx(def, capsule, nullptr);
+  Py_DECREF(capsule);
+  if (!fn) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
   py::dict d;
   for (const auto& [name, code] : names) d[py::str(name)] = code;
@@ -311,18 +420,7 @@ void register_communicator(py::module_& m) {
       .def(
           "start_function",
           [](std::shared_ptr<Request> r) {
-            auto* held = new std::shared_ptr<Request>(std::move(r));
-            PyObject* capsule = PyCapsule_New(held, kStartCapsule, [](PyObject* cap) {
-              delete static_cast<std::shared_ptr<Request>*>(PyCapsule_GetPointer(cap, kStartCapsule));
-            });
-            if (!capsule) {
-              delete held;
-              throw py::error_already_set();
-            }
-            PyObject* fn = PyCFunction_NewEx(&g_start_def, capsule, nullptr);
-            Py_DECREF(capsule);
-            if (!fn) throw py::error_already_set();
-            return py::reinterpret_steal<py::object>(fn);
+            return bound_function(&g_start_def, kStartCapsule, new std::shared_ptr<Request>(std::move(r)));
           },
           "A function of no arguments that runs the request blocking.");
 
@@ -385,22 +483,19 @@ void register_communicator(py::module_& m) {
           [](std::shared_ptr<Communicator> c, py::object group_keep) {
             RT_CHECK(group_keep.is_none() || PyList_CheckExact(group_keep.ptr()), InvalidArgument,
                      "fast_call_function: group_keep must be a list or None");
-            auto* held = new FastEntry{std::move(c), group_keep.is_none() ? nullptr : group_keep.release().ptr()};
-            PyObject* capsule = PyCapsule_New(held, kFastCapsule, [](PyObject* cap) {
-              delete static_cast<FastEntry*>(PyCapsule_GetPointer(cap, kFastCapsule));
-            });
-            if (!capsule) {
-              delete held;
-              throw py::error_already_set();
-            }
-            PyObject* fn = PyCFunction_NewEx(&g_fast_call_def, capsule, nullptr);
-            Py_DECREF(capsule);
-            if (!fn) throw py::error_already_set();
-            return py::reinterpret_steal<py::object>(fn);
+            return bound_function(
+                &g_fast_call_def, kFastCapsule,
+                new FastEntry{std::move(c), group_keep.is_none() ? nullptr : group_keep.release().ptr()});
           },
           py::arg("group_keep") = py::none(),
           "This communicator's fast entry for collectives (Communicator._fast); with a list, a "
           "group's entry, which appends each collected call's buffers to it.")
+      .def(
+          "fast_many_function",
+          [](std::shared_ptr<Communicator> c) {
+            return bound_function(&g_fast_many_def, kFastCapsule, new FastEntry{std::move(c), nullptr});
+          },
+          "This communicator's entry for a list of calls as one group (Communicator._fast_many).")
       .def(
           "choose_algo",
           [](Communicator& c, int coll, int algo, uint64_t bytes, int dtype, int op, bool deterministic) {

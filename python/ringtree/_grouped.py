@@ -19,6 +19,8 @@ from .ops import resolve_op
 __all__ = ["Group", "Request", "DeviceCall"]
 
 _SEND, _RECV, _SENDRECV = COLL_CODES["send"], COLL_CODES["recv"], COLL_CODES["sendrecv"]
+_ALL_REDUCE, _ALL_GATHER = COLL_CODES["all_reduce"], COLL_CODES["all_gather"]
+_REDUCE_SCATTER = COLL_CODES["reduce_scatter"]
 
 
 class DeviceCall:
@@ -332,6 +334,140 @@ class Grouping:
             is then discarded).
         """
         return Group(self, async_op, persistent)
+
+    # --- coalesced calls: a list of one collective's calls as one group ---------------------
+
+    def all_reduce_coalesced(
+        self, xs, outs=None, op="sum", algo="auto", async_op: bool = False, timeout=None, deterministic: bool = False
+    ):
+        """all_reduce(xs[i], outs[i]) for every i, as one group (torch's all_reduce_coalesced;
+        the same as ``with comm.group():`` and one all_reduce per buffer).
+
+        One call from Python for the whole list: small buffers of one dtype are fused into one
+        reduction, and the calls are checked as a group (a mismatch names the call's index).
+
+        Parameters
+        ----------
+        xs : list or tuple
+            The inputs (buffers); they may differ in dtype and size.
+        outs : list or tuple or None
+            One output buffer per input; None: each input is reduced in place.
+        op, algo, timeout, deterministic
+            As for all_reduce, for every call.
+        async_op : bool
+            True: return one Work for the whole list at once.
+
+        Returns
+        -------
+        list or Work
+            `outs` (`xs` in place), or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            The lists differ in length, or a call is bad (its index is named); nothing was sent.
+        CollectiveMismatch, PeerFailure, Timeout, Aborted
+            As the calls of a group would.
+        """
+        result = xs if outs is None else outs
+        done = self._fast_many(_ALL_REDUCE, xs, outs, op, algo, timeout, deterministic, async_op, result)
+        if done is not NotImplemented and async_op is False:  # the common case: one C call
+            return done
+        return self._coalesced("all_reduce", xs, outs, op, algo, async_op, timeout, deterministic, result, done)
+
+    def all_gather_coalesced(self, xs, outs, algo="auto", async_op: bool = False, timeout=None):
+        """all_gather(xs[i], outs[i]) for every i, as one group (torch's
+        all_gather_into_tensor_coalesced).
+
+        Parameters
+        ----------
+        xs, outs : list or tuple
+            Buffers, as many outputs as inputs: call i gathers every rank's xs[i] into outs[i]
+            (P times its size), in rank order.
+        algo, timeout
+            As for all_gather, for every call.
+        async_op : bool
+            True: return one Work for the whole list at once.
+
+        Returns
+        -------
+        list or Work
+            `outs`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            The lists differ in length, or a call is bad (its index is named); nothing was sent.
+        CollectiveMismatch, PeerFailure, Timeout, Aborted
+            As the calls of a group would.
+        """
+        done = self._fast_many(_ALL_GATHER, xs, outs, "sum", algo, timeout, False, async_op, outs)
+        if done is not NotImplemented and async_op is False:
+            return done
+        return self._coalesced("all_gather", xs, outs, "sum", algo, async_op, timeout, False, outs, done)
+
+    def reduce_scatter_coalesced(
+        self, xs, outs, op="sum", algo="auto", async_op: bool = False, timeout=None, deterministic: bool = False
+    ):
+        """reduce_scatter(xs[i], outs[i]) for every i, as one group (torch's
+        reduce_scatter_tensor_coalesced).
+
+        Parameters
+        ----------
+        xs, outs : list or tuple
+            Buffers, as many outputs as inputs: call i reduces xs[i] (P blocks) and gives this
+            rank its block in outs[i].
+        op, algo, timeout, deterministic
+            As for reduce_scatter, for every call.
+        async_op : bool
+            True: return one Work for the whole list at once.
+
+        Returns
+        -------
+        list or Work
+            `outs`, or with `async_op`, a Work whose wait() returns it.
+
+        Raises
+        ------
+        InvalidArgument
+            The lists differ in length, or a call is bad (its index is named); nothing was sent.
+        CollectiveMismatch, PeerFailure, Timeout, Aborted
+            As the calls of a group would.
+        """
+        done = self._fast_many(_REDUCE_SCATTER, xs, outs, op, algo, timeout, deterministic, async_op, outs)
+        if done is not NotImplemented and async_op is False:
+            return done
+        return self._coalesced("reduce_scatter", xs, outs, op, algo, async_op, timeout, deterministic, outs, done)
+
+    def _coalesced(self, coll, xs, outs, op, algo, async_op, timeout, deterministic, result, done):
+        """A *_coalesced call after its method's C call returned `done`: an async call's core Work,
+        or NotImplemented (torch tensors, device buffers, bad arguments, an open group), and then
+        the list is issued call by call inside a group, where each call converts and explains."""
+        if done is not NotImplemented:
+            return Work(done, (tuple(xs), None if outs is None else tuple(outs)), result)
+        name = f"{coll}_coalesced"
+        for what, seq in (("xs", xs), ("outs", outs)):
+            if seq is not None and not isinstance(seq, (list, tuple)):
+                got = type(seq).__name__
+                raise _core.InvalidArgument(f"{name}: {what} must be a list or tuple of buffers, got {got}")
+        if outs is not None and len(outs) != len(xs):
+            raise _core.InvalidArgument(f"{name}: {len(xs)} inputs but {len(outs)} outputs; give one output per input")
+        call = getattr(self, coll)
+        kw = dict(algo=algo, timeout=timeout)
+        if coll != "all_gather":
+            kw.update(op=op, deterministic=deterministic)
+        self.group_start()
+        try:
+            for i, x in enumerate(xs):
+                call(x, x if outs is None else outs[i], **kw)
+        except BaseException:
+            self._group_discard()
+            raise
+        work = self.group_end(async_op)
+        if work is None:
+            return result
+        work._result = result  # the group's Work hands back the list, as the fast route's does
+        return work
 
     def group_start(self) -> None:
         """Start collecting calls (the explicit form of ``with comm.group():``).

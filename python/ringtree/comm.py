@@ -70,6 +70,7 @@ class Communicator(Recording, Grouping):
         "_core",
         "_fast",
         "_plain_fast",
+        "_fast_many",
         "_cuda",
         "_label",
         "_closed",
@@ -87,6 +88,7 @@ class Communicator(Recording, Grouping):
         # Calls on numpy arrays (or read torch tensors) with named ops and algos: one C call, no
         # argument conversion in Python; NotImplemented sends anything else to _run (see _call).
         self._fast = self._plain_fast = self._core.fast_call_function()  # a group swaps in its own
+        self._fast_many = self._core.fast_many_function()  # the *_coalesced calls' list entry
         self._cuda = None  # made at the first call on CUDA buffers
         self._label = -1  # what the flight recorder tags calls with (see label())
         self._closed = False

@@ -131,6 +131,8 @@ def run_row(comm, row, mem, algo):
             comm.all_reduce(dx, dout, **kw)
     elif row == "persistent":
         comm.all_reduce_init(dx, dout, **kw).start()
+    elif row == "coalesced":
+        comm.all_reduce_coalesced([dx], [dout], **kw)
     else:
         raise ValueError(f"no such row {row!r}")
     return mem.download(dout, out).tolist(), "all_reduce"
