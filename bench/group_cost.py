@@ -4,10 +4,12 @@
 
 Per round, in the same processes and on the same buffers: a block of plain
 `comm.all_reduce(x)` calls, a block of groups (`with comm.group():` then `calls` all_reduces),
-and a block of starts of one persistent group of `calls` all_reduces; 8-byte float32 buffers.
+a block of the same group as one list call (`comm.all_reduce_coalesced(xs)`), and a block of
+starts of one persistent group of `calls` all_reduces; 8-byte float32 buffers.
 Each block's time per call (per group) is rank 0's; the table gives the medians over the rounds
 and each against the plain call. With the test module (_ringtree_testing) installed, the same
-comparison through the C++ entry (group_start, the calls, group_end) follows, timed in C++. The
+comparison through the C++ entry (group_start, the calls, group_end, and run_coalesced with the
+same calls as one list) follows, timed in C++. The
 ranks either spin or sleep while they wait for each other, depending on the machine's load,
 and a plain call's time changes several-fold between the two: compare figures of one run only.
 Every result is checked: the values stay integers (rank r holds r + 1; max over the ranks).
@@ -48,9 +50,17 @@ def main(argv=None) -> int:
             for g in xs:
                 comm.all_reduce(g, op="max")
 
-    times = {"plain call": [], f"group of {args.calls}": [], f"persistent group of {args.calls}": []}
+    def coalesced():
+        comm.all_reduce_coalesced(xs, op="max")
+
+    times = {
+        "plain call": [],
+        f"group of {args.calls}": [],
+        f"coalesced list of {args.calls}": [],
+        f"persistent group of {args.calls}": [],
+    }
     for _ in range(args.rounds):
-        for name, body in zip(times, (plain, group, start)):
+        for name, body in zip(times, (plain, group, coalesced, start)):
             comm.barrier()
             t0 = time.perf_counter()
             for _ in range(args.reps):
@@ -77,6 +87,7 @@ def main(argv=None) -> int:
         if cpp is not None:
             print(f"{'C++ plain call':>28}: {cpp[0]:9.2f} us  {1.0:6.2f}x")
             print(f"{f'C++ group of {args.calls}':>28}: {cpp[1]:9.2f} us  {cpp[1] / cpp[0]:6.2f}x")
+            print(f"{f'C++ list of {args.calls}':>28}: {cpp[2]:9.2f} us  {cpp[2] / cpp[0]:6.2f}x")
         print(f"# wrong elements: {wrong}")
     return 1 if wrong else 0
 

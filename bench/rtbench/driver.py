@@ -128,7 +128,7 @@ class Sweep:
         self.opts, self.rt, self.comm = opts, rt, comm
         self.rank, self.nranks = comm.rank, comm.size
         self.ranks = RankOps(comm, opts.average)
-        modes = dict(persistent=opts.persistent, group=opts.group)
+        modes = dict(persistent=opts.persistent, group=opts.group, coalesced=opts.coalesced)
         self.algo_impls = [impls_mod.RingtreeImpl(rt, comm, a, opts.timeout, **modes) for a in opts.algos]
         self.p2p_impl = impls_mod.RingtreeImpl(rt, comm, None, opts.timeout, **modes)
         self.peers, self.peer_info, self.peer_absent = [], {}, {}

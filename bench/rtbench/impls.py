@@ -84,12 +84,13 @@ class Impl:
 class RingtreeImpl(Impl):
     is_subject = True
 
-    def __init__(self, rt, comm, algo: str | None, timeout: float | None, persistent=False, group=0):
+    def __init__(self, rt, comm, algo: str | None, timeout: float | None, persistent=False, group=0, coalesced=False):
         self.rt, self.comm, self.algo = rt, comm, algo
         self.name = f"ringtree:{algo}" if algo else "ringtree:p2p"
         self.timeout = timeout
-        # --persistent: each cell's call is planned once and started; --group N: N calls per group.
-        self.persistent, self.group = persistent, group
+        # --persistent: each cell's call is planned once and started; --group N: N calls per group,
+        # with --coalesced as one list call.
+        self.persistent, self.group, self.coalesced = persistent, group, coalesced
         self.skippable = tuple(getattr(rt, n) for n in ("InvalidArgument",) if hasattr(rt, n)) + (NotImplementedError,)
 
     def placements(self, coll):
@@ -118,6 +119,14 @@ class RingtreeImpl(Impl):
                     raise exc
 
                 return rejected
+        if self.group and placement == IP and coll.name == "reduce_scatter":
+
+            def aliased():  # each call's output is part of the next one's input: they compound
+                raise NotImplementedError("--group: in-place reduce_scatters on one buffer read each other's results")
+
+            return aliased
+        if self.coalesced:
+            return self.make_coalesced_call(coll, placement, inp, out, op)
         call = self.make_plain_call(coll, placement, inp, out, n, op, root)
         if self.group < 1:
             return call
@@ -129,6 +138,24 @@ class RingtreeImpl(Impl):
                     call()
 
         return grouped
+
+    def make_coalesced_call(self, coll, placement, inp, out, op):
+        # The group's N calls on the same buffers, as --group issues them, in one list call.
+        c, name, n = self.comm, coll.name, self.group
+        algo, timeout = self.algo or "auto", self.timeout
+        xs, outs = [inp] * n, [out] * n
+        if name == "all_reduce":
+            outs = None if placement == IP else outs
+            return lambda: c.all_reduce_coalesced(xs, outs, op=op, algo=algo, timeout=timeout)
+        if name == "reduce_scatter":
+            return lambda: c.reduce_scatter_coalesced(xs, outs, op=op, algo=algo, timeout=timeout)
+        if name == "all_gather":
+            return lambda: c.all_gather_coalesced(xs, outs, algo=algo, timeout=timeout)
+
+        def rejected():
+            raise NotImplementedError(f"{name} has no coalesced form (--coalesced)")
+
+        return rejected
 
     def make_request(self, coll, placement, inp, out, op, root):
         c, name = self.comm, coll.name

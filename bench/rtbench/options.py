@@ -153,6 +153,7 @@ class Options:
     background_load: int = 0
     persistent: bool = False
     group: int = 0
+    coalesced: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -253,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="time N of each ringtree call issued inside one comm.group() (each row's time is the group's); "
         "with --persistent, a persistent group of them, started",
     )
+    p.add_argument(
+        "--coalesced",
+        action="store_true",
+        help="with --group N, issue the N calls as one list call (comm.all_reduce_coalesced, "
+        "all_gather_coalesced, reduce_scatter_coalesced) instead of N calls inside comm.group()",
+    )
     # Test hook: corrupts one ringtree result element so tests can prove #wrong catches it.
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -279,6 +286,8 @@ def parse_args(argv=None) -> Options:
             raise ValueError(f"-r must be >= 0, got {a.root}")
         if a.group < 0:
             raise ValueError(f"--group takes N >= 1, got {a.group}")
+        if a.coalesced and (a.group < 1 or a.persistent):
+            raise ValueError("--coalesced needs --group N (the list's length) and no --persistent")
         ops = _split_names(a.op, REDUCE_OPS, "op")
         dtypes = _split_names(a.datatype, DTYPES, "datatype", DTYPE_ALIASES)
         algos = _split_names(a.algo, ALGOS, "algorithm")
@@ -314,4 +323,5 @@ def parse_args(argv=None) -> Options:
         background_load=background_load,
         persistent=a.persistent,
         group=a.group,
+        coalesced=a.coalesced,
     )

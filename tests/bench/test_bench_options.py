@@ -104,6 +104,8 @@ def test_lists_aliases_and_spellings():
         ["-a", "4"],
         ["-b", "1M", "-e", "1K"],
         ["--device", "tpu"],
+        ["--coalesced"],
+        ["--group", "4", "--coalesced", "--persistent"],
     ],
 )
 def test_bad_values_rejected(argv):

@@ -18,6 +18,6 @@ def test_group_cost_prints_each_figure_against_the_plain_call():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split(":")[0].strip(): line for line in proc.stdout.splitlines() if line.endswith("x")}
-    assert {"plain call", "group of 8", "persistent group of 8"} <= set(rows), proc.stdout
+    assert {"plain call", "group of 8", "coalesced list of 8", "persistent group of 8"} <= set(rows), proc.stdout
     assert rows["plain call"].endswith("1.00x")
     assert "# wrong elements: 0" in proc.stdout
