@@ -456,12 +456,16 @@ class Grouping:
         kw = dict(algo=algo, timeout=timeout)
         if coll != "all_gather":
             kw.update(op=op, deterministic=deterministic)
+        enclosed = self._grouping is not None
         self.group_start()
         try:
             for i, x in enumerate(xs):
                 call(x, x if outs is None else outs[i], **kw)
         except BaseException:
-            self._group_discard()
+            if enclosed:  # as for calls issued one by one there: the enclosing group decides
+                self.group_end()
+            else:
+                self._group_discard()
             raise
         work = self.group_end(async_op)
         if work is None:
