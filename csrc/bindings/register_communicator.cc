@@ -7,6 +7,7 @@
 #define NPY_TARGET_VERSION NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
 #include <algorithm>
+#include <new>
 #include <vector>
 #include "bindings/bindings.h"
 #include "bindings/choice_hook.h"
@@ -264,7 +265,8 @@ bool is_sequence(PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExac
 // A list of calls of one collective as one group, in one CPython call (the *_coalesced methods),
 // on plain ndarrays only (torch tensors take the Python route, call by call):
 // many(coll, xs, outs, op, algo, timeout, deterministic, async_op, result) runs call i on xs[i]
-// and outs[i] (outs None: in place) and returns `result` (blocking) or the group's Work (async),
+// and outs[i] (outs None: in place) and returns `result` (blocking) or (the group's Work, the
+// buffers it must keep) (async),
 // or NotImplemented, before anything is collected, where a buffer or argument needs the Python
 // route, or a group is already open (the Python route keeps the buffers of an enclosing group).
 // Issuing the calls one by one from Python costs a frame and a C call each, several times what
@@ -308,8 +310,12 @@ PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       busy = false;
     }
   };
-  opened.resize(static_cast<size_t>(n));
-  tls_held.resize(static_cast<size_t>(outs == Py_None ? n : 2 * n));
+  try {
+    opened.resize(static_cast<size_t>(n));
+    tls_held.resize(static_cast<size_t>(outs == Py_None ? n : 2 * n));
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
   tls_busy = true;
   Held held{tls_held.data(), 0, tls_busy};
   PyObject* const* x_items = PySequence_Fast_ITEMS(xs);
@@ -331,6 +337,15 @@ PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     }
     o.dtype = static_cast<DataType>(in_dtype);
   }
+  // An async group outlives this call: its buffers go with its Work, taken before the GIL is let
+  // go (a list emptied meanwhile must not drop them).
+  py::object keep;
+  if (async_op) {
+    keep = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(held.count)));
+    if (!keep) return nullptr;
+    for (size_t i = 0; i < held.count; ++i)
+      PyTuple_SET_ITEM(keep.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(held.objects[i]));
+  }
   try {
     CollectiveArgs a = make_args(coll, op, 1.0, 0, -1, algo, timeout);
     a.deterministic = deterministic;
@@ -339,7 +354,7 @@ PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       py::gil_scoped_release release;  // the buffers stay: `held` holds them
       work = comm.run_coalesced(a, opened.data(), opened.size(), async_op);
     }
-    if (work) return py::cast(std::move(work)).release().ptr();
+    if (work) return py::make_tuple(py::cast(std::move(work)), keep).release().ptr();
   } catch (...) {
     py::detail::try_translate_exceptions();
     return nullptr;

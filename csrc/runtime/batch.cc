@@ -498,7 +498,8 @@ inline bool same_buffers(const Communicator::CallBuffers* a, size_t n,
 std::shared_ptr<Work> CommunicatorImpl::run_coalesced(const CollectiveArgs& common, const CallBuffers* buffers,
                                                       size_t n, bool async) {
   RT_CHECK(group_depth_.load() == 0, InvalidArgument,
-           "run_coalesced: a group is open on this communicator; end it first");
+           "a list of calls cannot run while a group is open on this communicator (on this thread or another); "
+           "end the group first");
   RT_CHECK(!common.ready, InvalidArgument, collective_name(common.coll), ": a gated call cannot join a group");
   CollectiveArgs key = common;  // the calls' common part: their buffers are compared apart
   key.input = key.output = Buffer{};

@@ -440,11 +440,13 @@ class Grouping:
         return self._coalesced("reduce_scatter", xs, outs, op, algo, async_op, timeout, deterministic, outs, done)
 
     def _coalesced(self, coll, xs, outs, op, algo, async_op, timeout, deterministic, result, done):
-        """A *_coalesced call after its method's C call returned `done`: an async call's core Work,
-        or NotImplemented (torch tensors, device buffers, bad arguments, an open group), and then
-        the list is issued call by call inside a group, where each call converts and explains."""
+        """A *_coalesced call after its method's C call returned `done`: an async call's core Work
+        and the buffers it keeps, or NotImplemented (torch tensors, device buffers, bad arguments,
+        an open group), and then the list is issued call by call inside a group, where each call
+        converts and explains."""
         if done is not NotImplemented:
-            return Work(done, (tuple(xs), None if outs is None else tuple(outs)), result)
+            work, keep = done
+            return Work(work, keep, result)
         name = f"{coll}_coalesced"
         for what, seq in (("xs", xs), ("outs", outs)):
             if seq is not None and not isinstance(seq, (list, tuple)):
