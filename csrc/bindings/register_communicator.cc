@@ -163,17 +163,22 @@ bool code_of(PyObject* table, PyObject* zero_name, PyObject* name, int& code) {
   return small_int(value, code);
 }
 
-// A buffer the Python layer has already read (torch CPU tensors): a (pointer, count, dtype code)
-// tuple of ints.
+// A buffer the Python layer has already read (torch CPU tensors): a (tag, pointer, count, dtype
+// code) tuple whose first item is this module's HOST_VIEW_TAG. The tag keeps a tuple the user
+// passed as a buffer from being taken for an address: it goes to the Python route, which
+// converts or refuses it.
+PyObject* g_host_view_tag = nullptr;
+
 bool open_raw(PyObject* obj, Buffer& b, int& dtype) {
-  if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 3) return false;
-  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 0));
-  const unsigned long long count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 1));
+  if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 4 || PyTuple_GET_ITEM(obj, 0) != g_host_view_tag)
+    return false;
+  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 1));
+  const unsigned long long count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(obj, 2));
   if (PyErr_Occurred()) {
     PyErr_Clear();
     return false;
   }
-  if (!small_int(PyTuple_GET_ITEM(obj, 2), dtype) || dtype < 0 || dtype >= static_cast<int>(DataType::Count))
+  if (!small_int(PyTuple_GET_ITEM(obj, 3), dtype) || dtype < 0 || dtype >= static_cast<int>(DataType::Count))
     return false;
   b.present = true;
   b.ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
@@ -399,6 +404,9 @@ void register_communicator(py::module_& m) {
     g_op_codes = code_table(ops).release().ptr();  // the module's lifetime: never freed
     g_algo_codes = code_table(algos).release().ptr();
     static_assert(static_cast<int>(ReduceOp::Sum) == 0 && static_cast<int>(Algo::Auto) == 0, "code_of's shortcut");
+    g_host_view_tag = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+    if (!g_host_view_tag) throw py::error_already_set();
+    m.attr("HOST_VIEW_TAG") = py::reinterpret_borrow<py::object>(g_host_view_tag);
     g_sum_name = PyUnicode_InternFromString(op_name(ReduceOp::Sum));
     g_auto_name = PyUnicode_InternFromString(algo_name(Algo::Auto));
     if (!g_sum_name || !g_auto_name) throw py::error_already_set();

@@ -92,11 +92,13 @@ def _from_torch(x, name: str) -> BufferInfo:
 
 
 _TORCHDTYPE_CODES = {}  # {torch dtype object: ringtree dtype code}, filled at the first torch call
+_HOST_VIEW_TAG = _core.HOST_VIEW_TAG  # marks torch_host_view()'s tuples for the core's fast entry
 
 
 def torch_host_view(x):
-    """(pointer, element count, dtype code) of a contiguous torch CPU tensor of a supported dtype,
-    in a few attribute reads; None for anything else (buffer_info then converts or explains)."""
+    """(tag, pointer, element count, dtype code) of a contiguous torch CPU tensor of a supported
+    dtype, in a few attribute reads; None for anything else (buffer_info then converts or
+    explains). The core's tag marks it as read here: a plain tuple is never taken for an address."""
     if not type(x).__module__.startswith("torch") or not x.is_cpu or not x.is_contiguous():
         return None
     if not _TORCHDTYPE_CODES:
@@ -105,7 +107,7 @@ def torch_host_view(x):
             {getattr(torch, name.split(".")[1]): DTYPE_CODES[code_name] for name, code_name in TORCH_DTYPES.items()}
         )
     code = _TORCHDTYPE_CODES.get(x.dtype)
-    return None if code is None else (x.data_ptr(), x.numel(), code)
+    return None if code is None else (_HOST_VIEW_TAG, x.data_ptr(), x.numel(), code)
 
 
 def _producer_stream(x) -> int:

@@ -119,10 +119,18 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
             "int async flag": (x, out, "sum", 0, "auto", None, False, 1),
             "bool root": (x, out, "sum", True, "auto", None, False),
             "huge root": (x, out, "sum", 2**40, "auto", None, False),
+            # A tuple of ints from the caller is not an address: only the Python layer's tagged
+            # views of torch tensors are.
+            "tuple of ints": ((x.ctypes.data, 6, 6), out, "sum", 0, "auto", None, False),
+            "untagged view": (x, (out.ctypes.data, 6, 6), "sum", 0, "auto", None, False),
         }
         for why, (a, o, op, root, algo, timeout, det, *asy) in declined.items():
             asy = asy[0] if asy else False
             assert comm._fast(ar, a, o, op, root, -1, algo, timeout, det, asy, o, -1) is NotImplemented, why
+        tagged = (rt._core.HOST_VIEW_TAG, out.ctypes.data, 6, 6)  # float32's code
+        assert comm._fast(ar, x, tagged, "sum", 0, -1, "auto", None, False, False, out, -1) is out
+        with pytest.raises(rt.InvalidArgument, match="expected an array"):
+            comm.all_reduce((x.ctypes.data, 6, 6))
         # The Python route answers those: converted where it can, explained where it cannot.
         assert np.array_equal(comm.all_reduce(x, out, algo="AUTO", deterministic=1), x)
         assert np.array_equal(comm.all_reduce(x, out, op=rt.ReduceOp.MAX, timeout=5), x)
