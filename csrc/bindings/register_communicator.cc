@@ -270,10 +270,10 @@ bool is_sequence(PyObject* o) { return PyList_CheckExact(o) || PyTuple_CheckExac
 // A list of calls of one collective as one group, in one CPython call (the *_coalesced methods),
 // on plain ndarrays only (torch tensors take the Python route, call by call):
 // many(coll, xs, outs, op, algo, timeout, deterministic, async_op, result) runs call i on xs[i]
-// and outs[i] (outs None: in place) and returns `result` (blocking) or (the group's Work, the
-// buffers it must keep) (async),
-// or NotImplemented, before anything is collected, where a buffer or argument needs the Python
-// route, or a group is already open (the Python route keeps the buffers of an enclosing group).
+// and outs[i] (outs None: in place) and returns `result` (blocking), (the group's Work, the
+// buffers it must keep) (async), or NotImplemented, before anything is collected, where a buffer
+// or argument needs the Python route, or a group is already open (the Python route keeps the
+// buffers of an enclosing group).
 // Issuing the calls one by one from Python costs a frame and a C call each, several times what
 // the fused group costs to run.
 PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -331,7 +331,9 @@ PyObject* fast_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     held.objects[held.count++] = Py_NewRef(x_items[i]);
     if (!open_ndarray(x_items[i], o.input, in_dtype)) return Py_NewRef(Py_NotImplemented);
     if (!out_items) {
-      o.output.present = true;  // field by field: a copy of the whole, just written, stalls
+      // Field by field: copying the whole Buffer just written costs ~2 ns a call (a list of 64
+      // 1.51 against 1.66 us, measured), as the copy reads back stores still in flight.
+      o.output.present = true;
       o.output.ptr = o.input.ptr;
       o.output.count = o.input.count;
       o.output.readonly = o.input.readonly;

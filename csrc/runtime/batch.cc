@@ -280,7 +280,7 @@ std::shared_ptr<Batch> CommunicatorImpl::group_batch(
   b->check_every_run = true;
   b->comm_.reset();  // run by start_batch here, never by Request::start
   cached_group_ = b;
-  coalesced_batch_ = nullptr;
+  coalesced_kept_ = false;
   cached_group_calls_ = matched ? matched : std::make_shared<const std::vector<CollectiveArgs>>(std::move(calls));
   return b;
 }
@@ -507,8 +507,8 @@ std::shared_ptr<Work> CommunicatorImpl::run_coalesced(const CollectiveArgs& comm
   std::shared_ptr<Batch> b;
   {
     std::lock_guard<std::mutex> lock(group_cache_mu_);
-    if (n > 0 && cached_group_ && cached_group_.get() == coalesced_batch_ && cached_group_.use_count() == 1 &&
-        same_buffers(buffers, n, coalesced_buffers_) && same_call(key, coalesced_common_))
+    if (n > 0 && coalesced_kept_ && cached_group_.use_count() == 1 && same_buffers(buffers, n, coalesced_buffers_) &&
+        same_call(key, coalesced_common_))
       b = cached_group_;
   }
   if (!b && n > 0) {
@@ -523,7 +523,7 @@ std::shared_ptr<Work> CommunicatorImpl::run_coalesced(const CollectiveArgs& comm
     if (cached_group_ == b) {
       coalesced_common_ = std::move(key);
       coalesced_buffers_.assign(buffers, buffers + n);
-      coalesced_batch_ = b.get();
+      coalesced_kept_ = true;
     }
   }
   return run_group_batch(b, async, async ? std::make_shared<Work>() : nullptr);

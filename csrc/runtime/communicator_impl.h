@@ -104,7 +104,7 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
     choice_.set_hook(std::move(hook));  // forgets the choices made before
     std::lock_guard<std::mutex> lock(group_cache_mu_);
     cached_group_.reset();  // and so does the kept group, which holds some of them
-    coalesced_batch_ = nullptr;
+    coalesced_kept_ = false;
   }
   CommStatus status() const override;
   std::string address() const override;
@@ -216,12 +216,12 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   std::mutex group_cache_mu_;  // two threads may end groups one after the other, not together
   std::shared_ptr<const std::vector<CollectiveArgs>> cached_group_calls_;  // replaced, never changed
   std::shared_ptr<Batch> cached_group_;  // its comm_ is reset: it must not keep this alive
-  // What the last run_coalesced() was called with, while cached_group_ is the batch it made
-  // (coalesced_batch_, cleared whenever cached_group_ changes): a repeat is compared buffer by
-  // buffer and runs that batch, without collecting its calls one by one.
+  // What the last run_coalesced() was called with, while cached_group_ is still the batch it
+  // made (coalesced_kept_, cleared whenever cached_group_ changes): a repeat is compared buffer
+  // by buffer and runs that batch, without collecting its calls one by one.
   CollectiveArgs coalesced_common_;
   std::vector<CallBuffers> coalesced_buffers_;
-  const Batch* coalesced_batch_ = nullptr;
+  bool coalesced_kept_ = false;
   std::shared_ptr<Work> run_group_batch(const std::shared_ptr<Batch>& b, bool async, std::shared_ptr<Work> work);
 
   // Async queue.
