@@ -28,6 +28,10 @@ void register_types(py::module_& m) {
   m.attr("RESERVED_TAG_END") = kReservedTagEnd;
   // How many one-shot calls a broadcast root or a count-0 call may run ahead (common/oneshot.h).
   m.attr("ONESHOT_RUN_AHEAD") = kOneShotRunAhead;
+  m.attr("ONESHOT_SLOTS") = kOneShotSlots;
+  m.attr("ONESHOT_INLINE_BYTES") = kOneShotInlineBytes;
+  m.attr("ONESHOT_PAYLOAD_SLOTS") = kOneShotPayloadSlots;
+  m.attr("ONESHOT_PAYLOAD_RUN_AHEAD") = kOneShotPayloadRunAhead;
 
   // The one description of each collective (common/collective.h), for the Python layer, the
   // bench and the tests: {name: {reduction, rooted, point_to_point, in_place, input_on_root,

@@ -135,3 +135,13 @@ def test_put_writes_declared_names_only():
     with pytest.raises(KeyError, match="not a ringtree setting"):
         settings.put(env, "RINGTREE_NOT_A_SETTING", "1")
     assert env == {"RINGTREE_HOSTNAME": "emulated-host-1"}
+
+
+def test_the_oneshot_setting_states_the_slots():
+    """The one-shot slots are the core's constants; the setting's text repeats them."""
+    from ringtree import _core
+
+    text = settings.TABLE["RINGTREE_ONESHOT_BYTES"]["text"]
+    assert f"holds {_core.ONESHOT_SLOTS} one-shot slots of a page" in text, text
+    assert f"up to {_core.ONESHOT_INLINE_BYTES} bytes" in text, text
+    assert f"{_core.ONESHOT_PAYLOAD_SLOTS} payload slots" in text, text

@@ -1,7 +1,8 @@
 """One-shot lets a broadcast root return without waiting for its peers, up to ONESHOT_RUN_AHEAD
-calls ahead (common/oneshot.h). Data stays exact while the slots turn over, the bound holds (a
-rank that far ahead waits), a peer that never comes gives a Timeout naming it, and a dead one a
-PeerFailure."""
+calls ahead when a call's payload fits in its slot's page and ONESHOT_PAYLOAD_RUN_AHEAD when it
+takes a payload slot (common/oneshot.h). Data stays exact while the slots turn over, each bound
+holds (a rank that far ahead waits), a peer that never comes gives a Timeout naming it, and a dead
+one a PeerFailure."""
 
 from __future__ import annotations
 
@@ -17,10 +18,17 @@ import ringtree as rt
 from ringtree import _core
 
 AHEAD = _core.ONESHOT_RUN_AHEAD
-CALLS = 6 * AHEAD  # every slot reused several times
+PAYLOAD_AHEAD = _core.ONESHOT_PAYLOAD_RUN_AHEAD
+# int64 elements a broadcast takes to fit beside its fingerprint, and to need a payload slot.
+INLINE_COUNT = _core.ONESHOT_INLINE_BYTES // 8
+SIZES = {
+    "inline": (5, AHEAD),
+    "largest inline": (INLINE_COUNT, AHEAD),
+    "payload slot": (INLINE_COUNT + 1, PAYLOAD_AHEAD),
+}
 
 
-def broadcasts_ahead(late_s=0.3):
+def broadcasts_ahead(late_s=0.3, count=5, ahead=AHEAD):
     """Rank 0 calls first, as the root of every call; the others start `late_s` later (count-0
     calls wait for no peer at all: test_zero_count.py). Returns when each call ended (rank 0) or began
     (the others), on the machine-wide monotonic clock, and every value received."""
@@ -30,10 +38,10 @@ def broadcasts_ahead(late_s=0.3):
     if r != 0:
         time.sleep(late_s)
     stamps, wrong = [], 0
-    for k in range(CALLS):
+    for k in range(6 * ahead):  # every slot reused several times
         if r != 0:
             stamps.append(time.monotonic())
-        x = np.full(5, 1000 * k + r, np.int64)
+        x = np.full(count, 1000 * k + r, np.int64)
         comm.broadcast(x, root=0)
         wrong += int((x != 1000 * k).sum())
         if r == 0:
@@ -47,9 +55,11 @@ def broadcasts_ahead(late_s=0.3):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("nranks", [2, 4])
-def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks):
-    ranks = run_world(nranks, broadcasts_ahead, timeout=100).check_ok()
+def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks, size):
+    count, AHEAD = SIZES[size]
+    ranks = run_world(nranks, broadcasts_ahead, {"count": count, "ahead": AHEAD}, timeout=100).check_ok()
     for rank, res in enumerate(ranks):
         assert res["wrong"] == 0, (rank, res["wrong"])
         assert res["total"] == nranks * (nranks + 1) // 2
@@ -96,7 +106,7 @@ def test_a_receive_waiting_beside_oneshot_calls_is_no_mismatch(nranks):
         assert wrong == [], (rank, wrong)
 
 
-def root_alone(fate):
+def root_alone(fate, count=3, ahead=AHEAD):
     """Rank 0 broadcasts on its own; rank 1 never calls: it sleeps (fate 'stalls') or dies
     ('dies', after rank 0 has run ahead)."""
     comm = rt.init(timeout=1.5)
@@ -111,8 +121,8 @@ def root_alone(fate):
     start = time.monotonic()
     calls = 0
     try:
-        for _ in range(4 * AHEAD):
-            comm.broadcast(np.ones(3, np.float32), root=0)
+        for _ in range(4 * ahead):
+            comm.broadcast(np.ones(count, np.float32), root=0)
             calls += 1
         return {"raised": None, "calls": calls}
     except rt.Error as exc:
@@ -120,9 +130,12 @@ def root_alone(fate):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", ["inline", "payload slot"])
 @pytest.mark.parametrize("fate,error", [("stalls", "Timeout"), ("dies", "PeerFailure")])
-def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error):
-    world = run_world(2, root_alone, dict(fate=fate), timeout=40)
+def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error, size):
+    count, AHEAD = SIZES[size]
+    count = count * 2  # float32 elements: the same bytes as the int64 counts
+    world = run_world(2, root_alone, dict(fate=fate, count=count, ahead=AHEAD), timeout=40)
     res = world.results[0]
     assert res is not None and world.returncodes[0] == 0, world.failure_report()
     assert res["raised"] == error, res

@@ -3,7 +3,7 @@ schedule (rendezvous semantics, so no buffering assumption), proving each rank e
 right data, every element reduced from every rank exactly once, all_reduce results in one
 reduction order on every rank, inputs untouched, and no deadlock. One-shot one-shot schedules also:
 reductions in rank order 0..P-1, a read only after its peer published, and twice as many calls in
-a row as there are one-shot slots per rank (common/oneshot.h: a rank may run ahead of its peers, its
+a row as there are one-shot slots, and payload slots, per rank (common/oneshot.h: a rank may run ahead of its peers, its
 deferred steps running calls later) without a slot reused while some rank may still read it."""
 
 import _ringtree_testing as testing
@@ -54,7 +54,7 @@ def test_schedules_verify_for_1_to_64_ranks(coll, algo):
                 for segment in segments:
                     summary = _core.verify_schedules(COLL[coll], ALGO[algo], P, count, root, segment)
                     assert ": ok," in summary
-                    assert summary.endswith("one-shot slots per rank" if algo == "oneshot" else "messages")
+                    assert summary.endswith("payload slots per rank" if algo == "oneshot" else "messages")
                     checked += 1
     assert checked >= 64
 

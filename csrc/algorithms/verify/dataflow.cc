@@ -408,14 +408,15 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
   }
 }
 
-// The slots: every rank makes kOneShotCalls one-shot calls in a row, its schedule repeated,
-// each call's deferred steps placed before the publication kOneShotRunAhead calls later (where the
-// host executor settles them at the latest), walked with kOneShotSlots slots per rank
-// (common/oneshot.h). The walk reports a publication that could land in a slot some rank may still
-// read, in any interleaving.
-constexpr int kOneShotCalls = 2 * kOneShotSlots;  // every slot reused, deferred steps included
-
-void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
+// The slots: every rank makes 2 * slots one-shot calls in a row (every slot reused, deferred steps
+// included), its schedule repeated, each call's deferred steps placed before the publication `lag`
+// calls later (where the host executor settles them at the latest), walked with `slots` slots per
+// rank. The walk reports a publication that could land in a slot some rank may still read, in any
+// interleaving. common/oneshot.h has two such pairs: the slots with their inline payloads, and the
+// payload slots of larger calls (walked as if their fingerprints moved with them, which is
+// stricter); a mix of the two settles every call by its slots' rule or sooner.
+void check_oneshot_slots(const ScheduleKey& base, int drop_op, int slots, uint64_t lag) {
+  const uint64_t kOneShotCalls = 2 * static_cast<uint64_t>(slots);
   struct Silent : RendezvousVisitor {
     void enter_step(int, size_t) override {}
     void transfer(int, const Op&, int, const Op&) override {}
@@ -424,7 +425,6 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
   } silent;
   std::vector<Schedule> calls(base.nranks);
   std::vector<std::vector<uint64_t>> read_calls(base.nranks);
-  const uint64_t lag = kOneShotRunAhead;
   for (int r = 0; r < base.nranks; ++r) {
     ScheduleKey k = base;
     k.rank = r;
@@ -449,8 +449,9 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op) {
   }
   std::vector<const Schedule*> schedules;
   for (const Schedule& s : calls) schedules.push_back(&s);
-  const std::string problem = walk_rendezvous(schedules, silent, &read_calls);
-  if (!problem.empty()) fail(base, false, str_cat(kOneShotCalls, " calls in a row: ", problem));
+  const std::string problem = walk_rendezvous(schedules, silent, &read_calls, slots);
+  if (!problem.empty())
+    fail(base, false, str_cat(kOneShotCalls, " calls in a row, ", slots, " slots, run-ahead ", lag, ": ", problem));
 }
 
 }  // namespace
@@ -459,7 +460,10 @@ std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, b
   run(key, false, drop_op, oneshot_rules, claim_rank_fold);
   run(key, true, drop_op, oneshot_rules, claim_rank_fold);
   const bool oneshot = is_oneshot_schedule(key);
-  if (oneshot) check_oneshot_slots(key, drop_op);
+  if (oneshot) {
+    check_oneshot_slots(key, drop_op, kOneShotSlots, kOneShotRunAhead);
+    check_oneshot_slots(key, drop_op, kOneShotPayloadSlots, kOneShotPayloadRunAhead);
+  }
   uint64_t steps = 0, messages = 0, reads = 0;
   for (int r = 0; r < key.nranks; ++r) {
     key.rank = r;
@@ -472,8 +476,9 @@ std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, b
   }
   if (oneshot)
     return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " publications, ",
-                   reads, " one-shot reads; ", kOneShotCalls, " calls in a row fit ", kOneShotSlots,
-                   " one-shot slots per rank");
+                   reads, " one-shot reads; ", 2 * kOneShotSlots, " calls in a row fit ", kOneShotSlots,
+                   " one-shot slots and ", 2 * kOneShotPayloadSlots, " fit ", kOneShotPayloadSlots,
+                   " payload slots per rank");
   return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
 }
 

@@ -34,12 +34,13 @@ bool is_receive(const Op& op) { return op.kind == OpKind::Recv || op.kind == OpK
 // rank that reads it.
 class OneShotClocks {
  public:
-  explicit OneShotClocks(int P) : P_(P), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
+  OneShotClocks(int P, int slots)
+      : P_(P), slots_(slots), clocks_(static_cast<size_t>(P) * P, 0), at_publish_(P), last_read_(P) {}
 
-  // Rank r publishes call g into slot g % kOneShotSlots: "" or why that slot may still be read.
+  // Rank r publishes call g into slot g % slots: "" or why that slot may still be read.
   std::string publish(int r, uint64_t g) {
     tick(r);
-    const uint64_t D = kOneShotSlots;
+    const uint64_t D = static_cast<uint64_t>(slots_);
     if (g > D) {
       const uint64_t* reads = &last_read_[r][(g - D - 1) * static_cast<uint64_t>(P_)];
       for (int q = 0; q < P_; ++q)
@@ -65,6 +66,7 @@ class OneShotClocks {
   void tick(int r) { ++clock(r)[r]; }
 
   int P_;
+  int slots_;
   std::vector<uint64_t> clocks_;                   // P x P
   std::vector<std::vector<uint64_t>> at_publish_;  // [owner][(call-1)*P + x]: its clock when it published
   std::vector<std::vector<uint64_t>> last_read_;   // [owner][(call-1)*P + reader]: reader's time of its last read
@@ -73,7 +75,7 @@ class OneShotClocks {
 }  // namespace
 
 std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor,
-                            const std::vector<std::vector<uint64_t>>* read_calls) {
+                            const std::vector<std::vector<uint64_t>>* read_calls, int oneshot_slots) {
   const int P = static_cast<int>(schedules.size());
   std::vector<Cursor> cursors(P);
   std::unique_ptr<OneShotClocks> clocks;  // made at the first publication
@@ -98,7 +100,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
         if (op.kind == OpKind::Publish) {
           c.call++;
           c.publish_step = c.step;
-          if (!clocks) clocks = std::make_unique<OneShotClocks>(P);
+          if (!clocks) clocks = std::make_unique<OneShotClocks>(P, oneshot_slots);
           problem = clocks->publish(r, c.call);
           if (!problem.empty()) return false;
           visitor.publish(r, op, c.call);
@@ -127,7 +129,7 @@ std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, Rende
       problem = str_cat("rank ", a, " reads rank ", q, "'s publication before publishing its own");
     else if (q == a && c.publish_step == c.step)
       problem = str_cat("rank ", a, " reads its own publication in the step that makes it");
-    else if (cursors[q].call >= call + kOneShotSlots)
+    else if (cursors[q].call >= call + static_cast<uint64_t>(oneshot_slots))
       problem = str_cat("rank ", q, " overwrote its publication of call ", call, " with call ", cursors[q].call,
                         " before rank ", a, " read it");
     return problem.empty() && (q == a || cursors[q].call >= call);

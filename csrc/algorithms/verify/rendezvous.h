@@ -6,7 +6,8 @@
 // One-shot ops (schedule.h) are walked with the one-shot semantics (common/oneshot.h): a rank's
 // publications are numbered by call from 1 (its n-th Publish is call n, as the one-shot
 // generation counter); a read of call g waits until its peer has published call g; and every
-// rank has kOneShotSlots slots, so call g + kOneShotSlots overwrites call g. The walk tracks which
+// rank has kOneShotSlots slots (or as many as the caller says), so call g + kOneShotSlots overwrites
+// call g. The walk tracks which
 // events happen before which (a vector clock per rank: program order, and a publication before
 // every read that waited for it) and reports a rank that could overwrite a call before some
 // reader has finished with it, in any interleaving, not only in the one walked.
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 #include "algorithms/schedule.h"
+#include "common/oneshot.h"
 
 namespace ringtree {
 
@@ -37,7 +39,9 @@ class RendezvousVisitor {
 // read_calls (optional): per rank, per step, the one-shot call that step's reads belong to, or 0
 // for the rank's latest publication; several calls in a row give a call's deferred steps a later
 // place (as the host executor settles them).
+// oneshot_slots: the slots per rank the walk assumes (common/oneshot.h has two kinds).
 std::string walk_rendezvous(const std::vector<const Schedule*>& schedules, RendezvousVisitor& visitor,
-                            const std::vector<std::vector<uint64_t>>* read_calls = nullptr);
+                            const std::vector<std::vector<uint64_t>>* read_calls = nullptr,
+                            int oneshot_slots = kOneShotSlots);
 
 }  // namespace ringtree

@@ -196,7 +196,9 @@ class HostExecutor {
     uint64_t gen;
     MsgHeader fp;
   };
+  // A ring: the oldest at oneshot_unsettled_first_, so settling one moves nothing.
   std::array<UnsettledOneShotCall, kOneShotRunAhead> oneshot_unsettled_{};
+  size_t oneshot_unsettled_first_ = 0;
   size_t oneshot_unsettled_count_ = 0;
 
   std::unordered_map<ScheduleKey, Schedule, ScheduleKeyHash> schedules_;

@@ -2,7 +2,8 @@
 //
 // Each rank's shared-memory segment holds kOneShotSlots one-shot slots (common/oneshot.h). Call number
 // `gen` (counting only one-shot calls, identical on every rank) uses slot gen % kOneShotSlots: a
-// rank copies its whole input there with the call's fingerprint and publishes `gen` last; then
+// rank copies its whole input there (or, when it does not fit beside the fingerprint, into payload
+// slot gen % kOneShotPayloadSlots) with the call's fingerprint and publishes `gen` last; then
 // it waits until every peer it reads has published `gen`, checks each one's fingerprint, and
 // computes its result straight from the slots, reducing in rank order 0, 1, ..., P-1 so every
 // rank gets identical bits. What it publishes, reads and reduces, in which order, is the call's
@@ -14,9 +15,10 @@
 // schedule's deferred steps, kept here as unsettled calls and run later, and a rank may run
 // ahead of slow peers. One rule keeps the slots safe without acknowledgements (common/oneshot.h):
 // a rank settles (waits for the publications of, and checks the fingerprints of) an unsettled
-// call g before it publishes call g + kOneShotRunAhead. The verifier walks kOneShotCalls calls in a
-// row under this rule, in any interleaving (algorithms/verify/rendezvous.h). Every other
-// collective settles them all first.
+// call g before it publishes call g + A: A = kOneShotRunAhead for a call whose payload fits in its
+// slot, kOneShotPayloadRunAhead for a larger one. The verifier walks calls in a row under each,
+// in any interleaving (algorithms/verify/rendezvous.h). Every other collective settles them all
+// first.
 //
 // A rank in a one-shot call expects no ring traffic; one in a ring schedule expects no one-shot
 // publication for its call. Each side looks for the other's evidence before it sleeps, so a
@@ -36,7 +38,8 @@ void HostExecutor::publish_oneshot(const MsgHeader& fp, const uint8_t* payload, 
   std::atomic_thread_fence(std::memory_order_release);
   mine->fp = fp;
   mine->fp.payload_bytes = bytes;  // what this rank put there (check_header's expectation)
-  if (bytes) oneshot_stores_.copy(ShmSegment::oneshot_data(mine), payload, bytes);
+  // Placed by the call's size (fp.payload_bytes), which every rank knows, not by this rank's share.
+  if (bytes) oneshot_stores_.copy(own_segment_->oneshot_payload(gen, fp.payload_bytes), payload, bytes);
   mine->gen.store(gen, std::memory_order_release);
   // Pairs with the fence between a sleeper's flag store and its last look at the one-shot slots.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -90,10 +93,9 @@ static int deferred_skips(const MsgHeader& fp) { return fp.count == 0 ? -1 : fp.
 // Settling the call waits for their publications and checks their fingerprints, so a mismatched
 // call raises in a later one, as a ring schedule's early finisher does. Oldest first.
 void HostExecutor::settle_oneshot_through(uint64_t last_gen, double timeout_s) {
-  while (oneshot_unsettled_count_ > 0 && oneshot_unsettled_[0].gen <= last_gen) {
-    const UnsettledOneShotCall call = oneshot_unsettled_[0];
-    std::copy(oneshot_unsettled_.begin() + 1, oneshot_unsettled_.begin() + oneshot_unsettled_count_,
-              oneshot_unsettled_.begin());
+  while (oneshot_unsettled_count_ > 0 && oneshot_unsettled_[oneshot_unsettled_first_].gen <= last_gen) {
+    const UnsettledOneShotCall call = oneshot_unsettled_[oneshot_unsettled_first_];
+    oneshot_unsettled_first_ = (oneshot_unsettled_first_ + 1) % oneshot_unsettled_.size();
     --oneshot_unsettled_count_;
     const int skipped = deferred_skips(call.fp);
     for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == skipped;
@@ -108,7 +110,7 @@ void HostExecutor::settle_oneshot(double timeout_s) { settle_oneshot_through(UIN
 // Their slots still hold them (this rank has not published far enough for a rewrite).
 void HostExecutor::settle_oneshot_published(double timeout_s) {
   while (oneshot_unsettled_count_ > 0) {
-    const UnsettledOneShotCall& call = oneshot_unsettled_[0];
+    const UnsettledOneShotCall& call = oneshot_unsettled_[oneshot_unsettled_first_];
     const int slot_index = oneshot_slot_of(call.gen), skipped = deferred_skips(call.fp);
     for (int q = 0; q < size_; ++q)
       if (q != rank_ && q != skipped &&
@@ -122,13 +124,13 @@ void HostExecutor::run_oneshot(const uint8_t* in, uint8_t* out) {
   const CallPlan& p = current_->plan;
   const size_t esz = p.elem_size();
   const uint64_t gen = ++oneshot_gen_;
-  const int slot_index = oneshot_slot_of(gen);
   MsgHeader fp = current_fp_;
   fp.payload_bytes = oneshot_payload_bytes(p.key.coll, p.key.count * esz, size_);
   current_fp_ = fp;
   const Schedule& s = schedule_for(*current_);
-  // The rule of common/oneshot.h; then slot gen % kOneShotSlots is free to rewrite.
-  if (gen > kOneShotRunAhead) settle_oneshot_through(gen - kOneShotRunAhead, p.timeout_s);
+  // The rule of common/oneshot.h; then slot gen % kOneShotSlots (and its payload slot) is free to rewrite.
+  const uint64_t ahead = oneshot_run_ahead(fp.payload_bytes);
+  if (gen > ahead) settle_oneshot_through(gen - ahead, p.timeout_s);
   // ops [0, reads) publish; [reads, reads_end) read and make the result; the rest are deferred.
   const uint32_t reads = s.step_end[0], reads_end = s.step_end[s.num_steps() - s.deferred_steps - 1];
   for (uint32_t i = 0; i < reads; ++i) {
@@ -151,14 +153,15 @@ void HostExecutor::run_oneshot(const uint8_t* in, uint8_t* out) {
   if (s.deferred_steps) {
     RT_CHECK(oneshot_unsettled_count_ < oneshot_unsettled_.size(), Error, "internal error: ", oneshot_unsettled_count_,
              " unsettled one-shot calls");
-    oneshot_unsettled_[oneshot_unsettled_count_++] = UnsettledOneShotCall{gen, fp};
+    oneshot_unsettled_[(oneshot_unsettled_first_ + oneshot_unsettled_count_++) % oneshot_unsettled_.size()] =
+        UnsettledOneShotCall{gen, fp};
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
   // only the output (the verifier proves the input stays untouched).
   auto published = [&](int q, uint64_t offset) -> const uint8_t* {
     const ShmSegment* seg = q == rank_ ? own_segment_.get() : peer_segments_[q].get();
-    return ShmSegment::oneshot_data(seg->oneshot_slot(slot_index)) + offset * esz;
+    return seg->oneshot_payload(gen, fp.payload_bytes) + offset * esz;
   };
   for (uint32_t i = reads; i < reads_end; ++i) {
     const Op& op = s.ops[i];
@@ -196,8 +199,10 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
     RT_THROW(Timeout, describe(fingerprint_of(fp)), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)",
              gen < oneshot_gen_ ? str_cat("; this rank is at ", describe(fingerprint_of(current_fp_)),
-                                          ": a broadcast root or a count-0 call runs at most ", kOneShotRunAhead,
-                                          " one-shot calls ahead of its peers")
+                                          ": a broadcast root or a count-0 call runs at most ",
+                                          oneshot_run_ahead(current_fp_.payload_bytes),
+                                          " one-shot calls ahead of its peers (", kOneShotRunAhead, " up to ",
+                                          kOneShotInlineBytes, " bytes a call, ", kOneShotPayloadRunAhead, " above)")
                                 : std::string());
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.

@@ -50,10 +50,19 @@ int shm_stream_store_setting() {
   return setting;
 }
 
-// Layout: header, the one-shot slots, then one ring per sender.
-static size_t oneshot_region_bytes_for(uint64_t oneshot_bytes) {
-  return kHeaderBytes + kOneShotSlots * (sizeof(OneShotSlot) + oneshot_bytes);
+// Layout: header, the one-shot slots (a page each, from the second page), the payload slots when
+// a slot's payload may exceed what fits inline, then one ring per sender. Without one-shot the
+// slots are bare headers (no page each).
+static size_t oneshot_slot_stride(uint64_t oneshot_bytes) { return oneshot_bytes ? 4096 : sizeof(OneShotSlot); }
+static size_t oneshot_slots_offset(uint64_t oneshot_bytes) { return oneshot_bytes ? 4096 : kHeaderBytes; }
+static size_t oneshot_payload_offset(uint64_t oneshot_bytes) {
+  return oneshot_slots_offset(oneshot_bytes) + kOneShotSlots * oneshot_slot_stride(oneshot_bytes);
 }
+static size_t oneshot_region_bytes_for(uint64_t oneshot_bytes) {
+  const int payload_slots = oneshot_bytes > kOneShotInlineBytes ? kOneShotPayloadSlots : 0;
+  return oneshot_payload_offset(oneshot_bytes) + payload_slots * oneshot_bytes;
+}
+static_assert(sizeof(OneShotSlot) + kOneShotInlineBytes == 4096, "a slot with its inline payload is one page");
 
 size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes) {
   return oneshot_region_bytes_for(oneshot_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
@@ -62,8 +71,15 @@ size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_by
 size_t ShmSegment::oneshot_region_bytes() const { return oneshot_region_bytes_for(oneshot_bytes_); }
 
 OneShotSlot* ShmSegment::oneshot_slot(int slot) const {
-  return reinterpret_cast<OneShotSlot*>(static_cast<uint8_t*>(base_) + kHeaderBytes +
-                                        static_cast<size_t>(slot) * (sizeof(OneShotSlot) + oneshot_bytes_));
+  return reinterpret_cast<OneShotSlot*>(static_cast<uint8_t*>(base_) + oneshot_slots_offset(oneshot_bytes_) +
+                                        static_cast<size_t>(slot) * oneshot_slot_stride(oneshot_bytes_));
+}
+
+uint8_t* ShmSegment::oneshot_payload(uint64_t gen, uint64_t call_bytes) const {
+  if (call_bytes <= kOneShotInlineBytes)
+    return reinterpret_cast<uint8_t*>(oneshot_slot(static_cast<int>(gen % kOneShotSlots))) + sizeof(OneShotSlot);
+  return static_cast<uint8_t*>(base_) + oneshot_payload_offset(oneshot_bytes_) +
+         (gen % kOneShotPayloadSlots) * oneshot_bytes_;
 }
 
 ShmRing* ShmSegment::ring(int slot) const {

@@ -36,7 +36,8 @@ static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache 
 // one of kOneShotSlots slots chosen by the call's generation (gen % kOneShotSlots), and every peer
 // reads it there (exec/host/oneshot.cc). `gen` is stored last, with release; kWriting marks a slot
 // being rewritten, so a reader that peeks outside the protocol never trusts a torn header.
-// kOneShotSlots of them let a rank run kOneShotRunAhead calls ahead of a peer (common/oneshot.h).
+// A payload of up to kOneShotInlineBytes follows the slot's header in its page; a larger one is in
+// payload slot gen % kOneShotPayloadSlots (common/oneshot.h: how far ahead each lets a rank run).
 struct alignas(64) OneShotSlot {
   static constexpr uint64_t kWriting = ~uint64_t{0};
   std::atomic<uint64_t> gen;
@@ -91,9 +92,11 @@ class ShmSegment {
   ShmSegmentHeader* header() const { return static_cast<ShmSegmentHeader*>(base_); }
   ShmRing* ring(int slot) const;
   uint8_t* ring_data(int slot) const { return reinterpret_cast<uint8_t*>(ring(slot)) + sizeof(ShmRing); }
-  // One-shot slot 0 .. kOneShotSlots-1 (gen % kOneShotSlots); its payload is oneshot_bytes long.
+  // One-shot slot 0 .. kOneShotSlots-1 (gen % kOneShotSlots).
   OneShotSlot* oneshot_slot(int slot) const;
-  static uint8_t* oneshot_data(OneShotSlot* slot) { return reinterpret_cast<uint8_t*>(slot) + sizeof(OneShotSlot); }
+  // Where call `gen`'s payload lives, for a call that publishes call_bytes (the whole call's, as
+  // every rank computes it): inline after slot gen's header, or in a payload slot.
+  uint8_t* oneshot_payload(uint64_t gen, uint64_t call_bytes) const;
   // Maps [begin, begin + bytes) of this segment into the page tables now, not at first touch.
   void populate(const void* begin, size_t bytes);
   void populate_all() { populate(base_, bytes_); }
