@@ -127,3 +127,39 @@ def test_rings_are_mapped_before_the_first_lap():
     for rank, res in enumerate(run_world(2, first_lap_faults, timeout=45).check_ok()):
         assert res["ok"], (rank, res)
         assert res["faults"] < 40, (rank, res)
+
+
+def copies_into_large_outputs():
+    """all_gather, all_to_all and gather copy the rank's own block into a large output (with
+    streaming stores from RINGTREE_STREAM_BYTES up); every block must land exactly, odd sizes too."""
+    comm = rt.init()
+    P, r = comm.size, comm.rank
+    failures = []
+    for count in (40_001, 123_457):  # 160 KB and 494 KB of int32 a block: not multiples of a line
+        xs = [np.arange(count, dtype=np.int32) * (q + 3) - q for q in range(P)]
+        for algo in ("ring", "direct", "auto"):
+            try:
+                ag = comm.all_gather(xs[r], np.full(count * P, -7, np.int32), algo=algo)
+            except rt.InvalidArgument:
+                continue  # not an all_gather algorithm
+            if not np.array_equal(ag, np.concatenate(xs)):
+                failures.append(f"all_gather {algo} {count}: {int((ag != np.concatenate(xs)).sum())} wrong")
+        send = np.concatenate([xs[r][:count] + 1000 * q for q in range(P)])
+        a2a = comm.all_to_all(send, np.full(count * P, -7, np.int32))
+        expected = np.concatenate([xs[q][:count] + 1000 * r for q in range(P)])
+        if not np.array_equal(a2a, expected):
+            failures.append(f"all_to_all {count}: {int((a2a != expected).sum())} wrong")
+        got = comm.gather(xs[r], np.full(count * P, -7, np.int32) if r == 0 else None, root=0)
+        if r == 0 and not np.array_equal(got, np.concatenate(xs)):
+            failures.append(f"gather {count}: wrong")
+    comm.close()
+    return failures
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.timeout(120)
+def test_own_blocks_copied_into_streamed_outputs_are_exact(cma, P):
+    env = {"RINGTREE_STREAM_BYTES": "65536", "RINGTREE_CMA": cma, "RINGTREE_CMA_MIN_BYTES": "65536"}
+    for rank, failures in enumerate(run_world(P, copies_into_large_outputs, env=env, timeout=100).check_ok()):
+        assert failures == [], (rank, failures)

@@ -174,8 +174,9 @@ class HostExecutor {
   // awaited peer last waited on this CPU, else Spin (backoff.h).
   WaitStart pump_wait_start();
   std::atomic<uint64_t> shared_cpu_waits_{0};
-  uint64_t stream_bytes_ = 0;  // outputs this large are received with streaming stores
-  bool stream_out_ = false;    // the current call's
+  uint64_t stream_bytes_ = 0;   // outputs this large are received with streaming stores
+  bool stream_out_ = false;     // the current call's
+  bool stream_copies_ = false;  // ... and its local copies into the output too (no reduction reads them back)
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
   uint64_t single_copy_min_bytes_ = 0;

@@ -195,6 +195,7 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   uint8_t* const bases[3] = {in, out, scratch};
   // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
   stream_out_ = stream_bytes_ > 0 && p.output.count * esz >= stream_bytes_;
+  stream_copies_ = stream_out_ && !collective_traits(p.key.coll).reduction;
   // Schedules without scratch write each output element once, before any send of it, so a sent
   // region is never written again in the call: its send may complete once announced, and the
   // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
@@ -258,7 +259,16 @@ void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], cons
       if (op.kind == OpKind::Copy) {
         uint8_t* dst = bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz;
         const uint8_t* src = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
-        if (dst != src && op.count) std::memcpy(dst, src, op.count * esz);
+        if (dst == src || op.count == 0) continue;
+        // A large block copied into the output is written around the cache, as received data is,
+        // where no step reduces into the output and reads it back; fenced at once, so a later send
+        // of it (another process reading it single-copy) sees it.
+        if (stream_copies_ && op.dst.buf == BufId::Output && op.count * esz >= stream_bytes_) {
+          streaming_copy(dst, src, op.count * esz);
+          streaming_copy_fence();
+        } else {
+          std::memcpy(dst, src, op.count * esz);
+        }
         continue;
       }
       cursors_.emplace_back();
