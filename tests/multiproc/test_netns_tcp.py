@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
 from harness import run_world
 from rank_checks import run_case
 
 import ringtree as rt
+from rtbench import netns
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 # (dtype, op): 1-, 2-, 4- and 8-byte elements; integers and min/max are exact.
@@ -103,3 +105,40 @@ def test_bad_tcp_settings_are_refused_on_every_rank_before_traffic(name, value, 
     for r, res in enumerate(world.check_ok()):
         assert res["raised"] == "InvalidArgument", (r, res)
         assert says in res["message"] and value in res["message"], (r, res)
+
+
+def scatter_then_close(count):
+    """The root scatters and closes its communicator at once: its data is still on the slow link
+    (in its socket buffers) when its goodbye reaches the others. What it sent before it left must
+    arrive, exactly, and not be taken for a failed peer."""
+    comm = rt.init(timeout=60)
+    P, r = comm.size, comm.rank
+    root = 0
+    whole = np.arange(count * P, dtype=np.float64)
+    out = np.zeros(count, np.float64)
+    comm.barrier()
+    try:
+        comm.scatter(whole if r == root else None, out, root=root)
+    except rt.Error as exc:
+        return {"raised": f"{type(exc).__name__}: {exc}", "wrong": None}
+    finally:
+        comm.close()
+    return {"raised": None, "wrong": int((out != whole[r * count : (r + 1) * count]).sum())}
+
+
+@pytest.mark.timeout(120)
+def test_data_sent_before_a_peer_closed_still_arrives():
+    try:
+        with netns.emulated_hosts(3, rate="200mbit") as hosts:
+            world = run_world(
+                3,
+                scatter_then_close,
+                dict(count=1 << 18),  # 2 MiB a rank: about 80 ms on the capped link
+                timeout=100,
+                unique_id=rt.UniqueId.from_seed(hosts.addrs[0], 29562, uuid.uuid4().hex),
+                per_rank_prefix=hosts.prefix,
+            )
+            for rank, res in enumerate(world.check_ok()):
+                assert res == {"raised": None, "wrong": 0}, (rank, res)
+    except netns.NetnsUnavailable as exc:
+        pytest.skip(str(exc))

@@ -180,10 +180,13 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
   raise_if_aborted();
   ctrl_.raise_notice_if_any();
   clear_waiting();
+  const int slot_index = oneshot_slot_of(gen);
   for (int q = 0; q < size_; ++q) {
     if (oneshot_arrived_[q]) continue;
     note_waiting(q, false);
-    if (!ctrl_.alive(q))
+    // A publication made before the peer left is there to read: its goodbye may have come since
+    // the caller last looked.
+    if (!ctrl_.alive(q) && peer_segments_[q]->oneshot_slot(slot_index)->gen.load(std::memory_order_acquire) != gen)
       RT_THROW(PeerFailure, "rank ", q, " closed its communicator while this rank still expects it in ",
                describe(fingerprint_of(fp)));
     // A peer that sends ring traffic for this very call chose another algorithm: its call differs.
@@ -206,7 +209,6 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
                                 : std::string());
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
-  const int slot_index = oneshot_slot_of(gen);
   pollfds_.clear();
   pollfd_peer_.clear();
   doze(deadline, [&] {

@@ -281,7 +281,15 @@ void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], cons
 }
 
 bool HostExecutor::progress_recv_checked(OpCursor& c) {
-  bool moved = c.conn->progress_recv(c.recv);
+  bool moved = false;
+  try {
+    moved = c.conn->progress_recv(c.recv);
+  } catch (const PeerFailure& e) {
+    // A peer that closed after its last send: its socket delivered what it sent, then ended.
+    if (ctrl_.alive(c.peer)) throw;
+    RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still expects data from it (",
+             e.what(), ")");
+  }
   if (c.recv.header_ready && !c.recv.header_checked) {
     check_header(c.recv.header, c.expect, c.payload_bytes, c.peer);
     c.recv.header_checked = true;
@@ -374,15 +382,22 @@ void HostExecutor::pump(const Deadline& deadline, bool final) {
 }
 
 void HostExecutor::block(const Deadline& deadline, bool final) {
-  // A peer that said goodbye can no longer send or receive what this step still needs.
+  // A peer that said goodbye can no longer send or receive what this step still needs, beyond
+  // what it sent before it left. Its goodbye can overtake that data: a TCP socket still delivers
+  // it and then reports the close itself (progress_recv_checked names the departure), and what
+  // it wrote into shared memory before leaving is there to take, so one more pass comes first.
+  auto departed = [&](const OpCursor& c) { return !c.done && !ctrl_.alive(c.peer); };
   auto check_departed = [&](const OpCursor& c) {
-    if (!c.done && !ctrl_.alive(c.peer))
-      RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still ",
-               c.is_send ? "sends to" : "expects data from", " it");
+    if (!departed(c) || (!c.is_send && c.conn->poll_fd() >= 0)) return;
+    RT_THROW(PeerFailure, "rank ", c.peer, " closed its communicator while this rank still ",
+             c.is_send ? "sends to" : "expects data from", " it");
   };
   raise_if_aborted();
   ctrl_.raise_notice_if_any();  // no progress was possible: a peer's abort now explains why
   check_oneshot_mismatch();     // a peer may be in a one-shot call for this one
+  bool any_departed = (hs_send_pending_ && departed(hs_send_)) || (hs_recv_pending_ && departed(hs_recv_));
+  for (const OpCursor& c : cursors_) any_departed |= departed(c);
+  if (any_departed && progress_all()) return;  // what it sent before it left
   for (const OpCursor& c : cursors_) check_departed(c);
   if (hs_send_pending_) check_departed(hs_send_);
   if (hs_recv_pending_) check_departed(hs_recv_);
