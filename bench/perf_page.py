@@ -7,6 +7,9 @@
   # 2. keep what the page needs: a small summary, committed as bench/results/summary.json
   python bench/perf_page.py summarize "THP madvise=out/sweep-madvise.json" "THP never=out/sweep-never.json" \
       -o bench/results/summary.json
+  #    or remeasure one run and keep another, as measured, from the committed summary:
+  python bench/perf_page.py summarize "THP madvise=out/sweep-madvise.json" --keep "THP never" \
+      --from bench/results/summary.json -o bench/results/summary.json
   # 3. the page and its plots, never edited by hand
   python bench/perf_page.py render bench/results/summary.json
 
@@ -86,7 +89,9 @@ def portable_command(command: str | None) -> str | None:
     return re.sub(r"(-J|--json) \S+", r"\1 sweep.json", command)
 
 
-def summarize(labelled_paths: list) -> dict:
+def summarize(labelled_paths: list, keep: list = (), earlier: dict = None) -> dict:
+    """The summary of the sweeps given, then the runs labelled `keep` taken unchanged from the
+    earlier summary (they keep their own commit and date, which the page then shows)."""
     runs = []
     for item in labelled_paths:
         label, sep, path = item.partition("=")
@@ -94,6 +99,15 @@ def summarize(labelled_paths: list) -> dict:
             raise ValueError(f"give each sweep as LABEL=FILE, got {item!r}")
         with open(path) as f:
             runs.append(summarize_run(label, json.load(f)))
+    for label in keep:
+        if earlier is None or earlier.get("format") != FORMAT:
+            raise ValueError(f"--keep {label!r} needs an earlier summary (--from) in the format {FORMAT}")
+        found = [r for r in earlier["runs"] if r["label"] == label]
+        if not found:
+            raise ValueError(f"the earlier summary has no run labelled {label!r}")
+        if any(r["label"] == label for r in runs):
+            raise ValueError(f"run {label!r} given twice")
+        runs.append(found[0])
     return {"format": FORMAT, "runs": runs}
 
 
@@ -331,7 +345,14 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
         "- Runs: "
         + "; ".join(
             f"{r['label']} ({r['launches']} launches per library, transparent huge pages `{r['thp']}`, "
-            f"background load: {r['background_load']})"
+            f"background load: {r['background_load']}"
+            + (
+                f"; ringtree at commit `{r.get('commit') or 'unknown'}`, "
+                f"measured {r.get('date') or 'on an unknown date'}"
+                if (r.get("commit"), r.get("date")) != (main.get("commit"), main.get("date"))
+                else ""
+            )
+            + ")"
             for r in runs
         )
         + "."
@@ -405,6 +426,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("summarize", help="LABEL=SWEEP.json ... -> the summary the page is made from")
     s.add_argument("sweeps", nargs="+", metavar="LABEL=FILE")
     s.add_argument("-o", "--out", required=True)
+    s.add_argument("--keep", action="append", default=[], metavar="LABEL", help="a run to keep from --from")
+    s.add_argument("--from", dest="earlier", help="the earlier summary that --keep takes runs from")
     r = sub.add_parser("render", help="the summary -> docs/performance.md and its plots")
     r.add_argument("summary")
     r.add_argument("--page", default=PAGE)
@@ -413,7 +436,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         if a.verb == "summarize":
-            doc = summarize(a.sweeps)
+            earlier = None
+            if a.earlier:
+                with open(a.earlier) as f:
+                    earlier = json.load(f)
+            doc = summarize(a.sweeps, a.keep, earlier)
             with open(a.out, "w") as f:
                 json.dump(doc, f, indent=1, sort_keys=True)
                 f.write("\n")

@@ -98,6 +98,27 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
     assert "![ringtree over the best peer, P4](_static/performance/ratio-P4.png)" in lines
 
 
+def test_a_run_kept_from_an_earlier_summary_keeps_its_commit_on_the_page(tmp_path):
+    old, new = sweep("never"), sweep("madvise")
+    new["context"]["commit"], new["context"]["date"] = "def5678", "2026-12-06"
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    earlier = perf_page.summarize([f"THP never={tmp_path / 'old.json'}"])
+    doc = perf_page.summarize([f"THP madvise={tmp_path / 'new.json'}"], ["THP never"], earlier)
+    assert [r["label"] for r in doc["runs"]] == ["THP madvise", "THP never"]
+    assert doc["runs"][1] == earlier["runs"][0]  # unchanged, its cells and commit included
+    lines = perf_page.render_page(doc, []).splitlines()
+    assert "- ringtree at commit `def5678`, measured 2026-12-06." in lines
+    runs = next(line for line in lines if line.startswith("- Runs: "))
+    assert "THP never (3 launches per library, transparent huge pages `never`, background load: none; " in runs
+    assert "ringtree at commit `abc1234`, measured 2026-12-01)" in runs
+    assert "THP madvise (3 launches per library, transparent huge pages `madvise`, background load: none);" in runs
+    with pytest.raises(ValueError, match="no run labelled 'THP always'"):
+        perf_page.summarize([f"THP madvise={tmp_path / 'new.json'}"], ["THP always"], earlier)
+    with pytest.raises(ValueError, match="needs an earlier summary"):
+        perf_page.summarize([f"THP madvise={tmp_path / 'new.json'}"], ["THP never"], None)
+
+
 def test_plots_are_drawn_per_rank_count(tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(sweep()))
