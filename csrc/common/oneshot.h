@@ -11,7 +11,8 @@ namespace ringtree {
 // goes into payload slot gen % kOneShotPayloadSlots (RINGTREE_ONESHOT_BYTES each), so the many
 // slots that let tiny calls run far ahead cost a page each, not a full payload.
 constexpr int kOneShotSlots = 64;
-constexpr uint64_t kOneShotInlineBytes = 4096 - 128;  // a slot's page less its control lines
+constexpr uint64_t kOneShotSlotBytes = 4096;                       // a page
+constexpr uint64_t kOneShotInlineBytes = kOneShotSlotBytes - 128;  // less its control lines
 constexpr int kOneShotPayloadSlots = 16;
 // The rule: a rank runs the waits a call left for later (a broadcast root's, a count-0 call's
 // deferred steps: wait for the publications it skipped, check their fingerprints) before it
@@ -29,6 +30,9 @@ static_assert(2 * kOneShotRunAhead <= static_cast<uint64_t>(kOneShotSlots), "a s
 static_assert(2 * kOneShotPayloadRunAhead <= static_cast<uint64_t>(kOneShotPayloadSlots),
               "a payload slot could be rewritten while read");
 static_assert(kOneShotPayloadRunAhead <= kOneShotRunAhead, "the payload rule must be the stricter one");
+
+// The slot call `gen` publishes into.
+inline int oneshot_slot_of(uint64_t gen) { return static_cast<int>(gen % kOneShotSlots); }
 
 // How far ahead a rank may publish past its oldest unsettled call, for a call that publishes
 // `call_bytes` (the call's full publication: every rank decides alike).

@@ -58,18 +58,18 @@ def broadcasts_ahead(late_s=0.3, count=5, ahead=AHEAD):
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks, size):
-    count, AHEAD = SIZES[size]
-    ranks = run_world(nranks, broadcasts_ahead, {"count": count, "ahead": AHEAD}, timeout=100).check_ok()
+    count, ahead = SIZES[size]
+    ranks = run_world(nranks, broadcasts_ahead, {"count": count, "ahead": ahead}, timeout=100).check_ok()
     for rank, res in enumerate(ranks):
         assert res["wrong"] == 0, (rank, res["wrong"])
         assert res["total"] == nranks * (nranks + 1) // 2
     first_late_call = min(res["stamps"][0] for res in ranks[1:])
     done = ranks[0]["stamps"]
-    # Rank 0 finished its first AHEAD calls before any other rank began one ...
-    assert done[AHEAD - 1] < first_late_call, (done[: AHEAD + 1], first_late_call)
+    # Rank 0 finished its first `ahead` calls before any other rank began one ...
+    assert done[ahead - 1] < first_late_call, (done[: ahead + 1], first_late_call)
     # ... and the next one only after every other rank had begun its first.
     last_first_call = max(res["stamps"][0] for res in ranks[1:])
-    assert done[AHEAD] > last_first_call, (done[: AHEAD + 1], last_first_call)
+    assert done[ahead] > last_first_call, (done[: ahead + 1], last_first_call)
 
 
 def late_messages_between_oneshot_calls(rounds):
@@ -133,14 +133,14 @@ def root_alone(fate, count=3, ahead=AHEAD):
 @pytest.mark.parametrize("size", ["inline", "payload slot"])
 @pytest.mark.parametrize("fate,error", [("stalls", "Timeout"), ("dies", "PeerFailure")])
 def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error, size):
-    count, AHEAD = SIZES[size]
+    count, ahead = SIZES[size]
     count = count * 2  # float32 elements: the same bytes as the int64 counts
-    world = run_world(2, root_alone, dict(fate=fate, count=count, ahead=AHEAD), timeout=40)
+    world = run_world(2, root_alone, dict(fate=fate, count=count, ahead=ahead), timeout=40)
     res = world.results[0]
     assert res is not None and world.returncodes[0] == 0, world.failure_report()
     assert res["raised"] == error, res
-    assert res["calls"] == AHEAD, res  # it ran exactly the bound ahead, then waited
+    assert res["calls"] == ahead, res  # it ran exactly the bound ahead, then waited
     assert "rank 1" in res["message"], res
     if error == "Timeout":
-        assert f"at most {AHEAD} one-shot calls ahead" in res["message"], res
+        assert f"at most {ahead} one-shot calls ahead" in res["message"], res
     assert res["seconds"] < 10, res

@@ -416,7 +416,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
 // payload slots of larger calls (walked as if their fingerprints moved with them, which is
 // stricter); a mix of the two settles every call by its slots' rule or sooner.
 void check_oneshot_slots(const ScheduleKey& base, int drop_op, int slots, uint64_t lag) {
-  const uint64_t kOneShotCalls = 2 * static_cast<uint64_t>(slots);
+  const uint64_t calls_in_a_row = 2 * static_cast<uint64_t>(slots);
   struct Silent : RendezvousVisitor {
     void enter_step(int, size_t) override {}
     void transfer(int, const Op&, int, const Op&) override {}
@@ -440,18 +440,18 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op, int slots, uint64
         read_calls[r].push_back(call);
       }
     };
-    for (uint64_t c = 1; c <= kOneShotCalls; ++c) {
+    for (uint64_t c = 1; c <= calls_in_a_row; ++c) {
       if (c > lag) append(deferred_from, one.num_steps(), c - lag);
       append(0, deferred_from, 0);
     }
-    for (uint64_t c = kOneShotCalls > lag ? kOneShotCalls - lag + 1 : 1; c <= kOneShotCalls; ++c)
+    for (uint64_t c = calls_in_a_row > lag ? calls_in_a_row - lag + 1 : 1; c <= calls_in_a_row; ++c)
       append(deferred_from, one.num_steps(), c);
   }
   std::vector<const Schedule*> schedules;
   for (const Schedule& s : calls) schedules.push_back(&s);
   const std::string problem = walk_rendezvous(schedules, silent, &read_calls, slots);
   if (!problem.empty())
-    fail(base, false, str_cat(kOneShotCalls, " calls in a row, ", slots, " slots, run-ahead ", lag, ": ", problem));
+    fail(base, false, str_cat(calls_in_a_row, " calls in a row, ", slots, " slots, run-ahead ", lag, ": ", problem));
 }
 
 }  // namespace

@@ -6,11 +6,10 @@
 // One-shot ops (schedule.h) are walked with the one-shot semantics (common/oneshot.h): a rank's
 // publications are numbered by call from 1 (its n-th Publish is call n, as the one-shot
 // generation counter); a read of call g waits until its peer has published call g; and every
-// rank has kOneShotSlots slots (or as many as the caller says), so call g + kOneShotSlots overwrites
-// call g. The walk tracks which
-// events happen before which (a vector clock per rank: program order, and a publication before
-// every read that waited for it) and reports a rank that could overwrite a call before some
-// reader has finished with it, in any interleaving, not only in the one walked.
+// rank has S slots (kOneShotSlots unless the caller says), so call g + S overwrites call g. The
+// walk tracks which events happen before which (a vector clock per rank: program order, and a
+// publication before every read that waited for it) and reports a rank that could overwrite a
+// call before some reader has finished with it, in any interleaving, not only in the one walked.
 #pragma once
 #include <string>
 #include <vector>

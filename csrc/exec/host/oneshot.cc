@@ -30,8 +30,6 @@
 
 namespace ringtree {
 
-static int oneshot_slot_of(uint64_t gen) { return static_cast<int>(gen % kOneShotSlots); }
-
 void HostExecutor::publish_oneshot(const MsgHeader& fp, const uint8_t* payload, uint64_t bytes, uint64_t gen) {
   OneShotSlot* mine = own_segment_->oneshot_slot(oneshot_slot_of(gen));
   mine->gen.store(OneShotSlot::kWriting, std::memory_order_relaxed);

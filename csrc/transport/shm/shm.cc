@@ -53,8 +53,10 @@ int shm_stream_store_setting() {
 // Layout: header, the one-shot slots (a page each, from the second page), the payload slots when
 // a slot's payload may exceed what fits inline, then one ring per sender. Without one-shot the
 // slots are bare headers (no page each).
-static size_t oneshot_slot_stride(uint64_t oneshot_bytes) { return oneshot_bytes ? 4096 : sizeof(OneShotSlot); }
-static size_t oneshot_slots_offset(uint64_t oneshot_bytes) { return oneshot_bytes ? 4096 : kHeaderBytes; }
+static size_t oneshot_slot_stride(uint64_t oneshot_bytes) {
+  return oneshot_bytes ? kOneShotSlotBytes : sizeof(OneShotSlot);
+}
+static size_t oneshot_slots_offset(uint64_t oneshot_bytes) { return oneshot_bytes ? kOneShotSlotBytes : kHeaderBytes; }
 static size_t oneshot_payload_offset(uint64_t oneshot_bytes) {
   return oneshot_slots_offset(oneshot_bytes) + kOneShotSlots * oneshot_slot_stride(oneshot_bytes);
 }
@@ -62,7 +64,8 @@ static size_t oneshot_region_bytes_for(uint64_t oneshot_bytes) {
   const int payload_slots = oneshot_bytes > kOneShotInlineBytes ? kOneShotPayloadSlots : 0;
   return oneshot_payload_offset(oneshot_bytes) + payload_slots * oneshot_bytes;
 }
-static_assert(sizeof(OneShotSlot) + kOneShotInlineBytes == 4096, "a slot with its inline payload is one page");
+static_assert(sizeof(OneShotSlot) + kOneShotInlineBytes == kOneShotSlotBytes,
+              "a slot is its header and inline payload");
 
 size_t ShmSegment::bytes_for(int slots, uint64_t ring_bytes, uint64_t oneshot_bytes) {
   return oneshot_region_bytes_for(oneshot_bytes) + static_cast<size_t>(slots) * (sizeof(ShmRing) + ring_bytes);
@@ -77,7 +80,7 @@ OneShotSlot* ShmSegment::oneshot_slot(int slot) const {
 
 uint8_t* ShmSegment::oneshot_payload(uint64_t gen, uint64_t call_bytes) const {
   if (call_bytes <= kOneShotInlineBytes)
-    return reinterpret_cast<uint8_t*>(oneshot_slot(static_cast<int>(gen % kOneShotSlots))) + sizeof(OneShotSlot);
+    return reinterpret_cast<uint8_t*>(oneshot_slot(oneshot_slot_of(gen))) + sizeof(OneShotSlot);
   return static_cast<uint8_t*>(base_) + oneshot_payload_offset(oneshot_bytes_) +
          (gen % kOneShotPayloadSlots) * oneshot_bytes_;
 }
