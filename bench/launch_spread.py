@@ -19,9 +19,10 @@ impi, Intel MPI (the same from --impi-venv, or $RINGTREE_IMPI_VENV: `pip install
 gloo (torch.distributed, processes started by ringtree.launch, rendezvous through a file).
 One that cannot run here is reported absent with the reason.
 
-Times: in one launch each rank times B batches of I calls after W warm-up calls (a barrier
+Times: in one launch each rank times B batches of calls after W warm-up calls (a barrier
 before each batch); a batch's time is the slowest rank's average call, a launch's time the
-median over its batches. Exit status: 0 all right, 1 a wrong result or a failed launch,
+median over its batches. A batch is I calls, or with --batch-bytes (16 MiB with --sweep) enough
+calls to move that many bytes, between I and --max-iters: the same count for every library. Exit status: 0 all right, 1 a wrong result or a failed launch,
 2 bad usage.
 """
 
@@ -86,7 +87,14 @@ def build_parser():
     p.add_argument("-e", "--maxbytes", default=None, help="largest size (default = -b; 64M with --sweep)")
     p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="next size = size x f")
     p.add_argument("-d", "--datatype", default="float32")
-    p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per batch")
+    p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per batch (the least, with --batch-bytes)")
+    p.add_argument(
+        "--batch-bytes",
+        default=None,
+        help="raise a batch's calls towards this many bytes / size, so a small call is timed over more than "
+        "the burst after a barrier (default 0: I calls; 16M with --sweep)",
+    )
+    p.add_argument("--max-iters", type=int, default=400, help="at most this many calls per batch with --batch-bytes")
     p.add_argument("--batches", type=int, default=5, help="timed batches per size and launch")
     p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up calls per size and launch")
     p.add_argument("--gap", type=float, default=0.0, help="seconds idle before each launch")
@@ -140,6 +148,9 @@ def parse_args(argv=None):
         for flag, value in (("-n", a.iters), ("--batches", a.batches)):
             if value < 1:
                 raise Usage(f"{flag} must be >= 1, got {value}")
+        a.batch_bytes = options_mod.parse_size(a.batch_bytes or ("16M" if a.sweep else "0"))
+        if a.batch_bytes and a.max_iters < a.iters:
+            raise Usage(f"--max-iters ({a.max_iters}) must be >= -n ({a.iters})")
         if a.warmup < 0 or a.gap < 0 or a.launch_timeout <= 0:
             raise Usage("-w and --gap must be >= 0 and --launch-timeout > 0")
         a.background_load = load_mod.check_count(a.background_load)
@@ -295,6 +306,10 @@ def run_launch(lib, nranks, a, workdir, index):
         a.datatype,
         "--iters",
         str(a.iters),
+        "--batch-bytes",
+        str(a.batch_bytes),
+        "--max-iters",
+        str(a.max_iters),
         "--batches",
         str(a.batches),
         "--warmup",
@@ -447,6 +462,7 @@ def combine_ranks(ranks):
         else:
             per_batch = [max(r["cells"][i]["batches"][b] for r in ranks) for b in range(len(cell["batches"]))]
             out.update(
+                calls=cell.get("calls"),
                 batches=per_batch,
                 seconds=statistics.median(per_batch),
                 wrong=sum(r["cells"][i]["wrong"] for r in ranks),
@@ -530,7 +546,7 @@ def wrong_total(records):
 def format_report(records, libs, absent, a, context, interleaved=()):
     lines = [
         f"# launch_spread: {a.launches} launch(es) per library and P, interleaved "
-        f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {a.iters} calls after {a.warmup} warm-up",
+        f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {options_mod.batch_rule(a.iters, a.batch_bytes, a.max_iters)} after {a.warmup} warm-up",
         "# time of a launch = median over its batches of the slowest rank's average call",
     ]
     for lib in libs:

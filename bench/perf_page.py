@@ -26,6 +26,8 @@ import os
 import re
 import sys
 
+from rtbench import options as options_mod
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FORMAT = "ringtree-performance-summary/1"
@@ -62,6 +64,7 @@ def summarize_run(label: str, sweep: dict) -> dict:
         if launch.get("ok"):
             descriptions.setdefault(launch["lib"], launch["description"])
     ctx = sweep.get("context", {})
+    opts = sweep["options"]
     order = sweep["options"].get("collectives") or sorted({c for by in cells.values() for c in by})
     return {
         "label": label,
@@ -69,6 +72,13 @@ def summarize_run(label: str, sweep: dict) -> dict:
         "thp": ctx.get("thp", {}).get("enabled"),
         "background_load": ctx.get("background_load"),
         "launches": sweep["options"]["launches"],
+        "timing": (
+            f"{opts['batches']} batches of "
+            + options_mod.batch_rule(opts["iters"], opts.get("batch_bytes") or 0, opts.get("max_iters") or 0)
+            + f" after {opts['warmup']} warm-up calls"
+            if "batches" in opts
+            else None
+        ),
         "libraries": descriptions,
         "absent": sweep.get("absent", {}),
         "commit": ctx.get("commit"),
@@ -344,7 +354,9 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
     out.append(
         "- Runs: "
         + "; ".join(
-            f"{r['label']} ({r['launches']} launches per library, transparent huge pages `{r['thp']}`, "
+            f"{r['label']} ({r['launches']} launches per library"
+            + (f", each timing {r['timing']}" if r.get("timing") else "")
+            + f", transparent huge pages `{r['thp']}`, "
             f"background load: {r['background_load']}"
             + (
                 f"; ringtree at commit `{r.get('commit') or 'unknown'}`, "

@@ -76,6 +76,24 @@ def parse_size(text: str) -> int:
     return int(float(number) * _SIZE_UNITS[unit.lower()])
 
 
+def calls_per_batch(size: int, iters: int, batch_bytes: int = 0, max_iters: int = 0) -> int:
+    """Timed calls in one batch at `size` bytes: `iters`, raised towards batch_bytes / size (at
+    most max_iters) when batch_bytes is set. A batch starts right after a barrier; ten 8-byte
+    calls are 10-40 us, which times how the ranks leave the barrier more than the call. The rule
+    depends on the size alone, so every library runs the same number of calls."""
+    if batch_bytes <= 0:
+        return iters
+    return max(iters, min(max_iters, batch_bytes // max(size, 1)))
+
+
+def batch_rule(iters: int, batch_bytes: int = 0, max_iters: int = 0) -> str:
+    """calls_per_batch in words, for reports and the performance page."""
+    if batch_bytes <= 0:
+        return f"{iters} calls"
+    mib = f"{batch_bytes >> 20} MiB" if batch_bytes % (1 << 20) == 0 else f"{batch_bytes} B"
+    return f"max({iters}, min({max_iters}, {mib} / size)) calls"
+
+
 def size_list(min_bytes: int, max_bytes: int, factor: float = 1, step: int = 0) -> list[int]:
     """Sizes from min_bytes to max_bytes inclusive: times factor when factor > 1, else plus step."""
     if min_bytes < 0 or max_bytes < min_bytes:

@@ -6,7 +6,7 @@ MPI through mpi4py, or torch's Gloo), so its processes, buffers and page state a
 
 Per collective and size, on every rank: fill the inputs, run once and count wrong elements
 against the exact expectation (rtbench/verify.py), run the warm-up calls, then B batches, each
-a barrier and I timed calls; a batch's time is the average call. Every rank writes its own
+a barrier and the size's timed calls (options.calls_per_batch); a batch's time is the average call. Every rank writes its own
 JSON (PREFIX.rank<r>.json): the launcher combines ranks (slowest rank per batch), so no
 library needs a control channel of its own beyond its barrier.
 
@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from . import collectives as colls
+from . import options as options_mod
 from . import impls as impls_mod
 from . import load, verify
 
@@ -36,7 +37,9 @@ def _parse(argv):
     p.add_argument("--collectives", required=True, help="comma list")
     p.add_argument("--sizes", required=True, help="comma list of bytes")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--iters", type=int, required=True, help="timed calls per batch")
+    p.add_argument("--iters", type=int, required=True, help="timed calls per batch (at least)")
+    p.add_argument("--batch-bytes", type=int, default=0, help="raise the calls of a batch towards this many bytes")
+    p.add_argument("--max-iters", type=int, default=0, help="at most this many calls per batch")
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--timeout", type=float, default=300.0)
@@ -126,14 +129,15 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
         wrong = 0 if expected is None else verify.count_wrong(out, expected, verify.tolerance(op, dtype_name, nranks))
         for _ in range(args.warmup):
             call()
+        iters = options_mod.calls_per_batch(cell["size"], args.iters, args.batch_bytes, args.max_iters)
         batches = []
         for _ in range(args.batches):
             impl.barrier()
             start = time.perf_counter()
-            for _ in range(args.iters):
+            for _ in range(iters):
                 call()
-            batches.append((time.perf_counter() - start) / args.iters)
-        cells.append(dict(cell, wrong=int(wrong), batches=batches))
+            batches.append((time.perf_counter() - start) / iters)
+        cells.append(dict(cell, wrong=int(wrong), calls=iters, batches=batches))
     return cells, load.page_state({"send": send, "recv": recv})
 
 

@@ -13,7 +13,7 @@ import launch_spread
 import numpy as np
 import pytest
 
-from rtbench import load
+from rtbench import load, options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench")
@@ -76,6 +76,8 @@ def cpu_ticks(pid):
         (["--collective", "sendrecv"], "sendrecv"),
         (["-b", "1M", "-e", "1K"], "minbytes"),
         (["--batches", "0"], "--batches must be >= 1"),
+        (["--sweep", "-n", "20", "--max-iters", "10"], "--max-iters (10) must be >= -n (20)"),
+        (["--batch-bytes", "lots"], "invalid size"),
         (["-d", "float32,float64"], "one datatype"),
         (["--ringtree-variant", "spin50"], "NAME:VAR=VALUE"),
         (["--ringtree-variant", "mpich:RINGTREE_SPIN_US=5"], "must be new"),
@@ -102,6 +104,17 @@ def test_defaults_and_sweep_defaults():
     assert a.launches == 3 and a.nranks == [2, 4]
     assert a.collectives == list(launch_spread.SWEEP_COLLECTIVES)
     assert a.sizes[0] == 8 and a.sizes[-1] == 64 << 20  # 8 x 4^k never lands on 64 MiB: appended
+    assert (a.iters, a.batch_bytes, a.max_iters) == (10, 16 << 20, 400)
+    assert launch_spread.parse_args([]).batch_bytes == 0  # outside the sweep a batch is -n calls
+
+
+@pytest.mark.parametrize(
+    "size,expected",
+    [(8, 400), (0, 400), (32 << 10, 400), (128 << 10, 128), (1 << 20, 16), (2 << 20, 10), (64 << 20, 10)],
+)
+def test_calls_per_batch_move_the_batch_bytes_within_the_bounds(size, expected):
+    assert options.calls_per_batch(size, 10, 16 << 20, 400) == expected
+    assert options.calls_per_batch(size, 10) == 10  # no batch bytes: -n calls at every size
 
 
 def test_the_venv_mpis_launch_from_their_own_venv(tmp_path):
@@ -400,6 +413,10 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
         "--interleaved",
         "-n",
         "2",
+        "--batch-bytes",
+        "8K",
+        "--max-iters",
+        "50",
         "--batches",
         "1",
         "-w",
@@ -410,6 +427,10 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
+    # 8 B: 8 KiB / 8 = 1024 calls, capped at 50; 4 KiB: 8 KiB / 4 KiB = 2, the -n floor; every library alike
+    for rec in data["launches"]:
+        assert rec["ok"] and [(c["size"], c["calls"]) for c in rec["cells"]] == [(8, 50), (4096, 2)] * 2
+    assert "1 batch(es) x max(2, min(50, 8192 B / size)) calls" in proc.stdout
     for coll in ("all_reduce", "all_gather"):
         rows = data["ratios"]["P2"][coll]
         assert [r["size"] for r in rows] == [8, 4096]
