@@ -22,8 +22,9 @@ One that cannot run here is reported absent with the reason.
 Times: in one launch each rank times B batches of calls after W warm-up calls (a barrier
 before each batch); a batch's time is the slowest rank's average call, a launch's time the
 median over its batches. A batch is I calls, or with --batch-bytes (16 MiB with --sweep) enough
-calls to move that many bytes, between I and --max-iters: the same count for every library. Exit status: 0 all right, 1 a wrong result or a failed launch,
-2 bad usage.
+calls to move that many bytes, between I and --max-iters, and lasting at most --batch-seconds
+by rank 0's warm-up calls (every rank of a launch runs the same count). Exit status: 0 all
+right, 1 a wrong result or a failed launch, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ def build_parser():
         "the burst after a barrier (default 0: I calls; 16M with --sweep)",
     )
     p.add_argument("--max-iters", type=int, default=400, help="at most this many calls per batch with --batch-bytes")
+    p.add_argument(
+        "--batch-seconds",
+        type=float,
+        default=0.02,
+        help="with --batch-bytes, at most this long a batch, judged by rank 0's warm-up calls",
+    )
     p.add_argument("--batches", type=int, default=5, help="timed batches per size and launch")
     p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up calls per size and launch")
     p.add_argument("--gap", type=float, default=0.0, help="seconds idle before each launch")
@@ -151,6 +158,8 @@ def parse_args(argv=None):
         a.batch_bytes = options_mod.parse_size(a.batch_bytes or ("16M" if a.sweep else "0"))
         if a.batch_bytes and a.max_iters < a.iters:
             raise Usage(f"--max-iters ({a.max_iters}) must be >= -n ({a.iters})")
+        if a.batch_seconds < 0:
+            raise Usage(f"--batch-seconds must be >= 0, got {a.batch_seconds}")
         if a.warmup < 0 or a.gap < 0 or a.launch_timeout <= 0:
             raise Usage("-w and --gap must be >= 0 and --launch-timeout > 0")
         a.background_load = load_mod.check_count(a.background_load)
@@ -310,6 +319,8 @@ def run_launch(lib, nranks, a, workdir, index):
         str(a.batch_bytes),
         "--max-iters",
         str(a.max_iters),
+        "--batch-seconds",
+        str(a.batch_seconds),
         "--batches",
         str(a.batches),
         "--warmup",
@@ -546,7 +557,8 @@ def wrong_total(records):
 def format_report(records, libs, absent, a, context, interleaved=()):
     lines = [
         f"# launch_spread: {a.launches} launch(es) per library and P, interleaved "
-        f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x {options_mod.batch_rule(a.iters, a.batch_bytes, a.max_iters)} after {a.warmup} warm-up",
+        f"{' '.join(libs)}; {a.datatype}; {a.batches} batch(es) x "
+        f"{options_mod.batch_rule(a.iters, a.batch_bytes, a.max_iters, a.batch_seconds)} after {a.warmup} warm-up",
         "# time of a launch = median over its batches of the slowest rank's average call",
     ]
     for lib in libs:

@@ -74,7 +74,9 @@ def summarize_run(label: str, sweep: dict) -> dict:
         "launches": sweep["options"]["launches"],
         "timing": (
             f"{opts['batches']} batches of "
-            + options_mod.batch_rule(opts["iters"], opts.get("batch_bytes") or 0, opts.get("max_iters") or 0)
+            + options_mod.batch_rule(
+                opts["iters"], opts.get("batch_bytes") or 0, opts.get("max_iters") or 0, opts.get("batch_seconds") or 0
+            )
             + f" after {opts['warmup']} warm-up calls"
             if "batches" in opts
             else None

@@ -76,22 +76,34 @@ def parse_size(text: str) -> int:
     return int(float(number) * _SIZE_UNITS[unit.lower()])
 
 
-def calls_per_batch(size: int, iters: int, batch_bytes: int = 0, max_iters: int = 0) -> int:
+def calls_per_batch(
+    size: int,
+    iters: int,
+    batch_bytes: int = 0,
+    max_iters: int = 0,
+    batch_seconds: float = 0.0,
+    call_seconds: float = 0.0,
+) -> int:
     """Timed calls in one batch at `size` bytes: `iters`, raised towards batch_bytes / size (at
-    most max_iters) when batch_bytes is set. A batch starts right after a barrier; ten 8-byte
-    calls are 10-40 us, which times how the ranks leave the barrier more than the call. The rule
-    depends on the size alone, so every library runs the same number of calls."""
+    most max_iters, and at most batch_seconds of calls that took call_seconds each in the warm-up)
+    when batch_bytes is set. A batch starts right after a barrier; ten 8-byte calls are 10-40 us,
+    which times how the ranks leave the barrier more than the call. The time bound keeps a
+    library whose small calls cost a millisecond (Gloo at P=4) from running minutes per launch."""
     if batch_bytes <= 0:
         return iters
-    return max(iters, min(max_iters, batch_bytes // max(size, 1)))
+    calls = min(max_iters, batch_bytes // max(size, 1))
+    if batch_seconds > 0 and call_seconds > 0:
+        calls = min(calls, int(batch_seconds / call_seconds))
+    return max(iters, calls)
 
 
-def batch_rule(iters: int, batch_bytes: int = 0, max_iters: int = 0) -> str:
+def batch_rule(iters: int, batch_bytes: int = 0, max_iters: int = 0, batch_seconds: float = 0.0) -> str:
     """calls_per_batch in words, for reports and the performance page."""
     if batch_bytes <= 0:
         return f"{iters} calls"
     mib = f"{batch_bytes >> 20} MiB" if batch_bytes % (1 << 20) == 0 else f"{batch_bytes} B"
-    return f"max({iters}, min({max_iters}, {mib} / size)) calls"
+    bound = f", {batch_seconds * 1e3:g} ms / warm-up call" if batch_seconds > 0 else ""
+    return f"max({iters}, min({max_iters}, {mib} / size{bound})) calls"
 
 
 def size_list(min_bytes: int, max_bytes: int, factor: float = 1, step: int = 0) -> list[int]:

@@ -6,8 +6,8 @@ MPI through mpi4py, or torch's Gloo), so its processes, buffers and page state a
 
 Per collective and size, on every rank: fill the inputs, run once and count wrong elements
 against the exact expectation (rtbench/verify.py), run the warm-up calls, then B batches, each
-a barrier and the size's timed calls (options.calls_per_batch); a batch's time is the average call. Every rank writes its own
-JSON (PREFIX.rank<r>.json): the launcher combines ranks (slowest rank per batch), so no
+a barrier and the size's timed calls (options.calls_per_batch); a batch's time is the average
+call. Every rank writes its own JSON (PREFIX.rank<r>.json): the launcher combines ranks (slowest rank per batch), so no
 library needs a control channel of its own beyond its barrier.
 
 Started by launch_spread.py, never by hand: `python bench/launch_worker.py --help`.
@@ -23,9 +23,9 @@ import time
 import numpy as np
 
 from . import collectives as colls
-from . import options as options_mod
 from . import impls as impls_mod
 from . import load, verify
+from . import options as options_mod
 
 LIBS = ("ringtree", "mpi", "gloo")
 _LAUNCH_VARS = ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_UNIQUE_ID", "RINGTREE_LISTEN_FD")
@@ -40,6 +40,9 @@ def _parse(argv):
     p.add_argument("--iters", type=int, required=True, help="timed calls per batch (at least)")
     p.add_argument("--batch-bytes", type=int, default=0, help="raise the calls of a batch towards this many bytes")
     p.add_argument("--max-iters", type=int, default=0, help="at most this many calls per batch")
+    p.add_argument(
+        "--batch-seconds", type=float, default=0.0, help="and at most this long a batch, from rank 0's warm-up calls"
+    )
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--timeout", type=float, default=300.0)
@@ -92,6 +95,16 @@ def open_library(args):
     return impl, rank, nranks, impl.close
 
 
+def _rank0_value(impl, rank, nranks, value):
+    """Rank 0's `value` on every rank, through the library's own broadcast."""
+    coll = colls.get("broadcast")
+    placement = impl.placements(coll)[0]
+    buf = np.array([value], dtype=np.float32)
+    inp, out = coll.views(placement, buf, buf, 1, nranks, rank)
+    impl.make_call(coll, placement, inp, out, 1, None, 0)()
+    return float(out[0])
+
+
 def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
     """One collective over the sizes: a list of cells, and the page state of its buffers."""
     dt = verify.np_dtype(dtype_name)
@@ -127,9 +140,15 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
             continue
         expected = verify.make_expected(coll, rank, n, nranks, root, op, dtype_name)
         wrong = 0 if expected is None else verify.count_wrong(out, expected, verify.tolerance(op, dtype_name, nranks))
+        warm_start = time.perf_counter()
         for _ in range(args.warmup):
             call()
-        iters = options_mod.calls_per_batch(cell["size"], args.iters, args.batch_bytes, args.max_iters)
+        warm_call = (time.perf_counter() - warm_start) / max(args.warmup, 1)
+        if args.batch_bytes > 0 and args.batch_seconds > 0:
+            warm_call = _rank0_value(impl, rank, nranks, warm_call)  # every rank runs the same calls
+        iters = options_mod.calls_per_batch(
+            cell["size"], args.iters, args.batch_bytes, args.max_iters, args.batch_seconds, warm_call
+        )
         batches = []
         for _ in range(args.batches):
             impl.barrier()

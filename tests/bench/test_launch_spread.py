@@ -104,7 +104,7 @@ def test_defaults_and_sweep_defaults():
     assert a.launches == 3 and a.nranks == [2, 4]
     assert a.collectives == list(launch_spread.SWEEP_COLLECTIVES)
     assert a.sizes[0] == 8 and a.sizes[-1] == 64 << 20  # 8 x 4^k never lands on 64 MiB: appended
-    assert (a.iters, a.batch_bytes, a.max_iters) == (10, 16 << 20, 400)
+    assert (a.iters, a.batch_bytes, a.max_iters, a.batch_seconds) == (10, 16 << 20, 400, 0.02)
     assert launch_spread.parse_args([]).batch_bytes == 0  # outside the sweep a batch is -n calls
 
 
@@ -115,6 +115,16 @@ def test_defaults_and_sweep_defaults():
 def test_calls_per_batch_move_the_batch_bytes_within_the_bounds(size, expected):
     assert options.calls_per_batch(size, 10, 16 << 20, 400) == expected
     assert options.calls_per_batch(size, 10) == 10  # no batch bytes: -n calls at every size
+
+
+def test_calls_per_batch_keep_a_slow_librarys_batch_short():
+    # 20 ms of 1 ms warm-up calls: 20 calls, under the 400 the bytes allow at 8 B ...
+    assert options.calls_per_batch(8, 10, 16 << 20, 400, 0.02, 1e-3) == 20
+    # ... never below -n, and no bound where the calls are fast or the bound is off
+    assert options.calls_per_batch(8, 10, 16 << 20, 400, 0.02, 5e-3) == 10
+    assert options.calls_per_batch(8, 10, 16 << 20, 400, 0.02, 2e-6) == 400
+    assert options.calls_per_batch(8, 10, 16 << 20, 400, 0.0, 1e-3) == 400
+    assert options.batch_rule(10, 16 << 20, 400, 0.02) == "max(10, min(400, 16 MiB / size, 20 ms / warm-up call)) calls"
 
 
 def test_the_venv_mpis_launch_from_their_own_venv(tmp_path):
@@ -349,6 +359,21 @@ def test_every_library_launches_alone_and_the_report_has_pages_and_load(tmp_path
     assert "separate launches" in text and "launches: " in text
 
 
+@pytest.mark.timeout(200)
+def test_the_batch_time_bound_is_agreed_through_each_librarys_broadcast(tmp_path):
+    # A bound far below one warm-up call leaves every library at -n calls; the ranks learn rank
+    # 0's warm-up time through the library's own broadcast, so a rank that disagreed would hang.
+    out = tmp_path / "bound.json"
+    cmd = [sys.executable, SPREAD, "--launches", "1", "--libs", "ringtree,mpich,gloo", "-b", "8", "-n", "3"]
+    cmd += ["--batch-bytes", "1M", "--batch-seconds", "1e-9", "--batches", "1", "-w", "2", "-J", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    ran = {rec["lib"] for rec in data["launches"] if rec["ok"]}
+    assert "ringtree" in ran and ran | set(data["absent"]) == {"ringtree", "mpich", "gloo"}
+    assert all(c["calls"] == 3 for rec in data["launches"] for c in rec["cells"])
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_reports_what_ran_and_stops_its_load(tmp_path, sig):
@@ -417,6 +442,8 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
         "8K",
         "--max-iters",
         "50",
+        "--batch-seconds",
+        "0",
         "--batches",
         "1",
         "-w",

@@ -101,7 +101,7 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
 def test_a_run_kept_from_an_earlier_summary_keeps_its_commit_on_the_page(tmp_path):
     old, new = sweep("never"), sweep("madvise")
     new["context"]["commit"], new["context"]["date"] = "def5678", "2026-12-06"
-    new["options"].update(iters=10, batches=5, warmup=5, batch_bytes=16 << 20, max_iters=400)
+    new["options"].update(iters=10, batches=5, warmup=5, batch_bytes=16 << 20, max_iters=400, batch_seconds=0.02)
     (tmp_path / "old.json").write_text(json.dumps(old))
     (tmp_path / "new.json").write_text(json.dumps(new))
     earlier = perf_page.summarize([f"THP never={tmp_path / 'old.json'}"])
@@ -115,8 +115,9 @@ def test_a_run_kept_from_an_earlier_summary_keeps_its_commit_on_the_page(tmp_pat
     assert "ringtree at commit `abc1234`, measured 2026-12-01)" in runs
     # the new run says how it timed a launch; the old one, summarized before it was recorded, does not
     assert (
-        "THP madvise (3 launches per library, each timing 5 batches of max(10, min(400, 16 MiB / size)) calls "
-        "after 5 warm-up calls, transparent huge pages `madvise`, background load: none);" in runs
+        "THP madvise (3 launches per library, each timing 5 batches of max(10, min(400, 16 MiB / size, "
+        "20 ms / warm-up call)) calls after 5 warm-up calls, transparent huge pages `madvise`, background load: "
+        "none);" in runs
     )
     with pytest.raises(ValueError, match="no run labelled 'THP always'"):
         perf_page.summarize([f"THP madvise={tmp_path / 'new.json'}"], ["THP always"], earlier)
