@@ -69,6 +69,8 @@ Schedule build_schedule(const ScheduleKey& k) {
   Schedule s;
   const int P = k.nranks, r = k.rank;
   RT_CHECK(P >= 1 && r >= 0 && r < P, InvalidArgument, "bad rank ", r, " of ", P);
+  RT_CHECK(!k.same_buffer || (k.coll == Collective::AllToAll && k.algo == Algo::Direct), InvalidArgument,
+           "a one-buffer schedule is direct all_to_all's alone, not ", collective_name(k.coll), "/", algo_name(k.algo));
   if (k.coll == Collective::Send) {
     s.add(make_send(k.peer, BufId::Input, 0, k.count));
     s.end_step();
@@ -111,7 +113,10 @@ Schedule build_schedule(const ScheduleKey& k) {
       ring_all_gather(s, P, r, k.count);
       break;
     case Collective::AllToAll:
-      direct_all_to_all(s, P, r, k.count);
+      if (k.same_buffer)
+        direct_all_to_all_same_buffer(s, P, r, k.count);
+      else
+        direct_all_to_all(s, P, r, k.count);
       break;
     case Collective::Broadcast:
       tree_broadcast(s, P, r, k.root, k.count, k.segment, arity);

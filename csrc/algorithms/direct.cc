@@ -3,6 +3,11 @@
 // all_to_all, pairwise exchange: step 0 copies our own block; in step s (1..P-1) rank r sends
 //   its input block r+s to rank r+s and receives rank r-s's block r into output block r-s.
 //   Each step pairs every rank with exactly one sender and one receiver.
+//   In one buffer (same_buffer), block r-s is received in step s and sent (to rank r-s) in step
+//   P-s: the blocks received no later than they are sent (s <= P/2) are staged in scratch in
+//   step 0 and sent from there; the others are sent before they are overwritten, and block r
+//   stays where it is. At P=2 that stages the one peer block, where a pre-step copy of the whole
+//   input then a copy of block r back moved three blocks.
 // gather / scatter: the root receives from (sends to) every rank in one step.
 // barrier, dissemination: in round k rank r signals r+2^k and waits for r-2^k; after
 //   ceil(log2 P) rounds every rank has heard, directly or transitively, from every other.
@@ -20,6 +25,25 @@ void direct_all_to_all(Schedule& s, int P, int r, uint64_t N) {
     s.add(make_recv(from, BufId::Output, static_cast<uint64_t>(from) * N, N));
     s.end_step();
   }
+}
+
+void direct_all_to_all_same_buffer(Schedule& s, int P, int r, uint64_t N) {
+  const int staged = P / 2;  // blocks r-1 .. r-staged, in scratch slots 0 .. staged-1
+  for (int back = 1; back <= staged; ++back)
+    s.add(make_copy(BufId::Scratch, static_cast<uint64_t>(back - 1) * N, BufId::Input,
+                    static_cast<uint64_t>(ring_mod(r - back, P)) * N, N));
+  s.end_step();
+  for (int step = 1; step < P; ++step) {
+    const int to = ring_mod(r + step, P), from = ring_mod(r - step, P);
+    const int back = P - step;  // block `to` is block r-back, received in step `back`
+    if (back <= staged)
+      s.add(make_send(to, BufId::Scratch, static_cast<uint64_t>(back - 1) * N, N));
+    else
+      s.add(make_send(to, BufId::Input, static_cast<uint64_t>(to) * N, N));
+    s.add(make_recv(from, BufId::Output, static_cast<uint64_t>(from) * N, N));
+    s.end_step();
+  }
+  s.scratch_elems = static_cast<uint64_t>(staged) * N;
 }
 
 void direct_all_to_all_v(Schedule& s, int P, int r, const std::vector<uint64_t>& send_counts,

@@ -126,10 +126,14 @@ struct ScheduleKey {
   // Hier and HierTree only: the communicator's hosts, owned by the caller and unchanged while
   // the key is in use (a communicator's topology lives as long as it does).
   const Topology* topo = nullptr;
+  // Direct all_to_all only: input and output are one buffer. The schedule keeps the rank's own
+  // block where it is and stages in scratch only the blocks it receives into before it sends
+  // them (direct.cc), in place of a pre-step copy of the whole input.
+  bool same_buffer = false;
 
   bool operator==(const ScheduleKey& o) const {
     return coll == o.coll && algo == o.algo && nranks == o.nranks && rank == o.rank && count == o.count &&
-           root == o.root && segment == o.segment && peer == o.peer && topo == o.topo;
+           root == o.root && segment == o.segment && peer == o.peer && topo == o.topo && same_buffer == o.same_buffer;
   }
 };
 
@@ -139,7 +143,7 @@ struct ScheduleKeyHash {
     size_t h = static_cast<size_t>(k.coll) * 31 + static_cast<size_t>(k.algo);
     h = h * 1000003 + static_cast<size_t>(k.count);
     h = h * 1000003 + static_cast<size_t>(k.root) * 7 + static_cast<size_t>(k.peer);
-    return h * 1000003 + static_cast<size_t>(k.segment);
+    return (h * 1000003 + static_cast<size_t>(k.segment)) * 2 + static_cast<size_t>(k.same_buffer);
   }
 };
 
@@ -183,6 +187,8 @@ void tree_all_reduce(Schedule& s, int nranks, int rank, uint64_t count, uint64_t
 void tree_reduce(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
 void tree_broadcast(Schedule& s, int nranks, int rank, int root, uint64_t count, uint64_t segment, int arity);
 void direct_all_to_all(Schedule& s, int nranks, int rank, uint64_t block);
+// The same exchange when input and output are one buffer (ScheduleKey::same_buffer).
+void direct_all_to_all_same_buffer(Schedule& s, int nranks, int rank, uint64_t block);
 // Pairwise exchange with per-peer counts (all_to_all_v); not cached, not keyed.
 void direct_all_to_all_v(Schedule& s, int nranks, int rank, const std::vector<uint64_t>& send_counts,
                          const std::vector<uint64_t>& recv_counts);

@@ -33,21 +33,23 @@ void register_schedules(py::module_& m) {
   m.def(
       "verify_schedules",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, int drop_op, bool oneshot_rules,
-         std::vector<int64_t> hosts, bool claim_rank_fold) {
+         std::vector<int64_t> hosts, bool claim_rank_fold, bool same_buffer) {
         const auto topo = topology_of(hosts);
         ScheduleKey k{
             static_cast<Collective>(coll), static_cast<Algo>(algo), nranks, 0, count, root, segment, -1, topo.get()};
+        k.same_buffer = same_buffer;
         return verify_schedules(k, drop_op, oneshot_rules, claim_rank_fold);
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("drop_op") = -1, py::arg("oneshot_rules") = true,
-      py::arg("hosts") = std::vector<int64_t>{}, py::arg("claim_rank_fold") = false,
+      py::arg("hosts") = std::vector<int64_t>{}, py::arg("claim_rank_fold") = false, py::arg("same_buffer") = false,
       py::call_guard<py::gil_scoped_release>(),
       "Run every rank's schedule against the others without a transport; raises Error on any violation.\n"
       "drop_op removes that op of rank 0's schedule (a fault to report); oneshot_rules=False leaves out the\n"
       "one-shot per-call rules, so that the other checks must find the fault. hosts: a host label per\n"
       "rank, the topology of the hierarchical algorithms. claim_rank_fold: every reduction must also have the\n"
-      "shape of the rank-order left fold, as one-shot and rank_order reductions always must.");
+      "shape of the rank-order left fold, as one-shot and rank_order reductions always must. same_buffer: the\n"
+      "direct all_to_all schedule for one buffer, checked with its input and output aliased.");
   m.def(
       "schedule_counts",
       [](int coll, int algo, int nranks, uint64_t count, int root, uint64_t segment, std::vector<int64_t> hosts) {
@@ -89,7 +91,7 @@ void register_schedules(py::module_& m) {
   m.def(
       "schedule",
       [](int coll, int algo, int nranks, int rank, uint64_t count, int root, uint64_t segment, int peer,
-         std::vector<int64_t> hosts) {
+         std::vector<int64_t> hosts, bool same_buffer) {
         const auto topo = topology_of(hosts);
         ScheduleKey k{static_cast<Collective>(coll),
                       static_cast<Algo>(algo),
@@ -100,6 +102,7 @@ void register_schedules(py::module_& m) {
                       segment,
                       peer,
                       topo.get()};
+        k.same_buffer = same_buffer;
         Schedule s = build_schedule(k);
         static const char* kinds[] = {"send",    "recv",           "recv_reduce",     "copy",
                                       "publish", "copy_published", "reduce_published"};
@@ -124,6 +127,7 @@ void register_schedules(py::module_& m) {
       },
       py::arg("coll"), py::arg("algo"), py::arg("nranks"), py::arg("rank"), py::arg("count"), py::arg("root") = 0,
       py::arg("segment") = 0, py::arg("peer") = -1, py::arg("hosts") = std::vector<int64_t>{},
+      py::arg("same_buffer") = false,
       "One rank's schedule as a list of steps, each a list of (kind, peer, count, (dst buf, offset), (src buf, "
       "offset),\n"
       "lhs_peer). One-shot ops read buffer 'published' of rank peer; reduce_published with lhs_peer >= 0 reduces\n"

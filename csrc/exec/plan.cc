@@ -208,7 +208,7 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks) {
 }
 
 CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nranks, Algo algo, double timeout_s,
-               uint64_t segment_bytes, const Topology* topo) {
+               uint64_t segment_bytes, const Topology* topo, bool stage_in_schedule) {
   const Collective c = a.coll;
   const CollectiveTraits& t = collective_traits(c);
   CallPlan p;
@@ -229,6 +229,9 @@ CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nr
   if (t.reduction && a.op == ReduceOp::PremulSum && p.input.present && p.input.count > 0) {
     p.pre = PreStep::ScaleInput;
     p.pre_elems = p.input.count;
+  } else if (stage_in_schedule && c == Collective::AllToAll && algo == Algo::Direct && nranks > 1 &&
+             p.input.count > 0 && p.input.ptr == p.output.ptr && p.input.count == p.output.count) {
+    p.key.same_buffer = true;
   } else if (t.in_place == InPlace::StagedSameBuffer && algo != Algo::OneShot && p.input.count > 0 &&
              ranges_overlap(p.input.ptr, p.input.count * esz, p.output.ptr, p.output.count * esz)) {
     // One-shot publishes a copy of the input anyway; a schedule must send from one.

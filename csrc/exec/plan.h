@@ -95,8 +95,11 @@ ValidatedCall validate_call(const CollectiveArgs& a, int rank, int nranks);
 // A validated call with its concrete algorithm (never Auto) as a plan. timeout_s: the call's
 // own or the communicator's default; segment_bytes: 0 for the RINGTREE_TREE_SEGMENT_BYTES setting;
 // topo: the hosts, which the hierarchical algorithms' schedules need (ScheduleKey::topo).
+// stage_in_schedule: the executor completes a send of a schedule with scratch only once the
+// receiver has the data (the host executor); an in-place direct all_to_all then stages only the
+// blocks it overwrites before sending them (ScheduleKey::same_buffer), not the whole input.
 CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nranks, Algo algo, double timeout_s,
-               uint64_t segment_bytes = 0, const Topology* topo = nullptr);
+               uint64_t segment_bytes = 0, const Topology* topo = nullptr, bool stage_in_schedule = false);
 
 // The plan's pre-step on `dev`: returns the input the schedule reads (temp, or the user's).
 template <typename Device>

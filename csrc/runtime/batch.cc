@@ -331,7 +331,8 @@ bool CommunicatorImpl::check_group(Batch& b) {
     b.check_call = prepare(all_gather_args(mine, kCheckWords, b.check_all.data()));
     const Prepared& c = b.check_call;
     const uint64_t segment = exec_.segment_bytes_for(c.args.coll, c.algo, bytes_of(c));
-    b.check_plan = lower(c.args, c.validated, rank_, size_, c.algo, c.timeout_s, segment, &topo_);
+    b.check_plan =
+        lower(c.args, c.validated, rank_, size_, c.algo, c.timeout_s, segment, &topo_, HostExecutor::kStagesInSchedule);
     b.check_lowered = true;
   }
   Prepared& check = b.check_call;
@@ -399,7 +400,8 @@ void CommunicatorImpl::run_batch(Batch& b) {
     if (i > 0 || !check || !check_group(b)) {
       if (!it.lowered) {
         const uint64_t segment = exec_.segment_bytes_for(p.args.coll, p.algo, bytes_of(p));
-        it.plan = lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_);
+        it.plan = lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_,
+                        HostExecutor::kStagesInSchedule);
         it.lowered = true;
       }
       execute(p, &it.plan);

@@ -353,7 +353,9 @@ std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool
 void CommunicatorImpl::execute(Prepared& p, const CallPlan* plan) {
   const uint64_t segment =
       plan ? 0 : exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
-  const HostCall call{plan ? *plan : lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_),
+  const HostCall call{plan ? *plan
+                           : lower(p.args, p.validated, rank_, size_, p.algo, p.timeout_s, segment, &topo_,
+                                   HostExecutor::kStagesInSchedule),
                       &p.args, p.seq, p.recv_seq};
   ctrl_.reset_notice_raised();
   recorder_.started(p.record, p.starts_at_once);

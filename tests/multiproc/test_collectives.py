@@ -339,6 +339,44 @@ def test_all_to_all_v(nranks, hosts):
         assert "sends 8 bytes to rank 1, which expects 12" in results[1]["mismatch_message"], results[1]
 
 
+def all_to_all_mixed_placement(block, rounds=3):
+    """Direct all_to_all with some ranks in one buffer (their own block stays, only the blocks
+    overwritten before they are sent are staged) and the others out of place: every result
+    against the senders' data, several calls in a row with fresh data each time."""
+    comm = rt.init(timeout=60)
+    r, P = comm.rank, comm.size
+    failures = []
+    for k in range(rounds):
+        sent = [np.arange(P * block, dtype=np.int64) * 7 + q * 1_000_003 + k for q in range(P)]
+        want = np.concatenate([sent[q][r * block : (r + 1) * block] for q in range(P)])
+        in_place = (r + k) % 2 == 0
+        buf = sent[r].copy()
+        got = comm.all_to_all(buf, buf if in_place else np.full(P * block, -1, np.int64), algo="direct")
+        if not np.array_equal(got, want):
+            bad = np.flatnonzero(got != want)
+            failures.append(f"call {k} ({'in place' if in_place else 'out of place'}): {bad.size} wrong from {bad[0]}")
+    comm.close()
+    return {"failures": failures}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+@pytest.mark.parametrize(
+    "block,env",
+    [
+        (3, {}),
+        # 64 KiB blocks over 4 KiB single-copy reads and 16 KiB streamed outputs
+        (8192, {"RINGTREE_CMA_MIN_BYTES": "4096", "RINGTREE_STREAM_BYTES": "16384"}),
+        (8192, {"RINGTREE_TRANSPORT": "tcp"}),
+    ],
+    ids=["tiny", "single-copy", "tcp"],
+)
+def test_all_to_all_in_one_buffer_beside_out_of_place_ranks(nranks, block, env):
+    world = run_world(nranks, all_to_all_mixed_placement, dict(block=block), env=env, timeout=150)
+    for rank, res in enumerate(world.check_ok()):
+        assert res["failures"] == [], (rank, res["failures"])
+
+
 def oneshot_stress(rounds=300):
     """One-shot calls back to back, mixed with ring calls: broadcasts from rotating roots (whose
     ranks return before the others have published), all_reduce, a large all_gather, barrier.

@@ -121,6 +121,49 @@ def test_the_verifier_detects_faults():
                 _core.verify_schedules(COLL[coll], ALGO[algo], 5, 11, 0, 2, drop_op=k)
 
 
+def test_one_buffer_all_to_all_verifies_with_input_and_output_aliased():
+    # The schedule for an in-place all_to_all whose input is its output: checked with the two
+    # buffers as one, so a block overwritten before it is sent would be reported.
+    for P in range(2, 65):
+        for count in counts_for(P) if P <= 16 else [2 * P + 1]:
+            summary = _core.verify_schedules(COLL["all_to_all"], ALGO["direct"], P, count, same_buffer=True)
+            assert "in one buffer: ok," in summary
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 8])
+def test_one_buffer_all_to_all_stages_only_what_it_overwrites_before_sending(P):
+    N = 7
+    for r in range(P):
+        steps = _core.schedule(COLL["all_to_all"], ALGO["direct"], P, r, N, same_buffer=True)
+        staged = [op for op in steps[0] if op[0] == "copy"]
+        # Block r-s is received in step s and sent in step P-s: staged when s <= P/2, never block r.
+        assert [op[4] for op in staged] == [("input", ((r - s) % P) * N) for s in range(1, P // 2 + 1)]
+        assert all(op[3][0] == "scratch" for op in staged) and len(steps) == P
+        copies = [op for s in steps[1:] for op in s if op[0] == "copy"]
+        assert copies == []  # the own block stays where it is
+        for step in range(1, P):
+            (send,) = [op for op in steps[step] if op[0] == "send"]
+            assert send[1] == (r + step) % P
+            assert send[4][0] == ("scratch" if P - step <= P // 2 else "input")
+    # Out of place the same collective copies its own block and stages nothing.
+    steps = _core.schedule(COLL["all_to_all"], ALGO["direct"], P, 0, N)
+    assert steps[0] == [("copy", -1, N, ("output", 0), ("input", 0), -1)]
+
+
+def test_a_one_buffer_schedule_is_refused_for_other_collectives():
+    for coll, algo in (("all_gather", "ring"), ("all_to_all", "oneshot"), ("broadcast", "tree")):
+        with pytest.raises(rt.InvalidArgument, match="one-buffer schedule is direct all_to_all's alone"):
+            _core.schedule(COLL[coll], ALGO[algo], 4, 0, 10, same_buffer=True)
+
+
+def test_the_verifier_finds_a_one_buffer_fault():
+    # Every dropped op of the one-buffer schedule is reported.
+    steps = _core.schedule(COLL["all_to_all"], ALGO["direct"], 5, 0, 11, same_buffer=True)
+    for k in range(sum(len(s) for s in steps)):
+        with pytest.raises(rt.Error, match="in one buffer"):
+            _core.verify_schedules(COLL["all_to_all"], ALGO["direct"], 5, 11, drop_op=k, same_buffer=True)
+
+
 def test_unsupported_algorithm_is_rejected_by_name():
     world = rt.init()
     try:

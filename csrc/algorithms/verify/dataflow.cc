@@ -74,6 +74,7 @@ struct Aliasing {
   Collective coll;
   int rank, root;
   uint64_t N;
+  bool same_buffer;  // ScheduleKey::same_buffer: all_to_all's input is its output
   Location locate(BufRef ref) const {
     const int storage = static_cast<int>(ref.buf);
     if (!in_place && coll != Collective::Broadcast) return {storage, ref.offset};
@@ -89,6 +90,8 @@ struct Aliasing {
       case Collective::Gather:  // input is output block r
         if (ref.buf == BufId::Input && (coll == Collective::AllGather || rank == root)) return {1, rN + ref.offset};
         return {storage, ref.offset};
+      case Collective::AllToAll:  // one buffer, or the pre-step's copy of the input (private)
+        return same_buffer && ref.buf == BufId::Input ? Location{1, ref.offset} : Location{storage, ref.offset};
       case Collective::ReduceScatter:
       case Collective::Scatter:  // output is input block r
         if (ref.buf == BufId::Output && (coll == Collective::ReduceScatter || rank == root))
@@ -112,7 +115,7 @@ struct RankState {
 std::string describe(const ScheduleKey& k, bool in_place) {
   return str_cat(collective_name(k.coll), "/", algo_name(k.algo), " P=", k.nranks, " count=", k.count, " root=", k.root,
                  " segment=", k.segment, k.topo ? " on " + k.topo->describe() : std::string(),
-                 in_place ? " in-place" : " out-of-place");
+                 in_place ? (k.same_buffer ? " in one buffer" : " in-place") : " out-of-place");
 }
 
 [[noreturn]] void fail(const ScheduleKey& k, bool in_place, const std::string& what) {
@@ -225,7 +228,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
     st.sched = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(st.sched, static_cast<size_t>(drop_op));
     if (is_oneshot_schedule(base) && oneshot_rules) check_oneshot_rules(st.sched, P, r, base);
-    st.alias = {in_place, base.coll, r, base.root, N};
+    st.alias = {in_place, base.coll, r, base.root, N, base.same_buffer};
     st.storage[0].resize(sz.input);
     st.storage[1].resize(sz.output);
     st.storage[2].resize(st.sched.scratch_elems);
@@ -457,7 +460,7 @@ void check_oneshot_slots(const ScheduleKey& base, int drop_op, int slots, uint64
 }  // namespace
 
 std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
-  run(key, false, drop_op, oneshot_rules, claim_rank_fold);
+  if (!key.same_buffer) run(key, false, drop_op, oneshot_rules, claim_rank_fold);  // one buffer is in place
   run(key, true, drop_op, oneshot_rules, claim_rank_fold);
   const bool oneshot = is_oneshot_schedule(key);
   if (oneshot) {
@@ -479,7 +482,8 @@ std::string verify_schedules(ScheduleKey key, int drop_op, bool oneshot_rules, b
                    reads, " one-shot reads; ", 2 * kOneShotSlots, " calls in a row fit ", kOneShotSlots,
                    " one-shot slots and ", 2 * kOneShotPayloadSlots, " fit ", kOneShotPayloadSlots,
                    " payload slots per rank");
-  return str_cat(describe(key, false), ": ok, ", steps, " steps on the longest rank, ", messages, " messages");
+  return str_cat(describe(key, key.same_buffer), ": ok, ", steps, " steps on the longest rank, ", messages,
+                 " messages");
 }
 
 }  // namespace ringtree

@@ -55,6 +55,9 @@ Fingerprint fingerprint_of(const MsgHeader& h);
 
 class HostExecutor {
  public:
+  // A send of a schedule with scratch completes only once the receiver has its data (acks are
+  // deferred only without scratch, run_scheduled): lower() may then stage in the schedule.
+  static constexpr bool kStagesInSchedule = true;
   HostExecutor(int rank, int size, ControlPlane& ctrl)
       : rank_(rank), size_(size), ctrl_(ctrl), waiting_(new std::atomic<uint8_t>[size]) {
     clear_waiting();
