@@ -7,8 +7,9 @@ MPI through mpi4py, or torch's Gloo), so its processes, buffers and page state a
 Per collective and size, on every rank: fill the inputs, run once and count wrong elements
 against the exact expectation (rtbench/verify.py), run the warm-up calls, then B batches, each
 a barrier and the size's timed calls (options.calls_per_batch); a batch's time is the average
-call. Every rank writes its own JSON (PREFIX.rank<r>.json): the launcher combines ranks (slowest rank per batch), so no
-library needs a control channel of its own beyond its barrier.
+call. Every rank writes its own JSON (PREFIX.rank<r>.json): the launcher combines ranks (slowest
+rank per batch), so no library needs a control channel of its own beyond its barrier and, for
+the batch's time bound, its broadcast.
 
 Started by launch_spread.py, never by hand: `python bench/launch_worker.py --help`.
 """

@@ -230,7 +230,7 @@ CallPlan lower(const CollectiveArgs& a, const ValidatedCall& v, int rank, int nr
     p.pre = PreStep::ScaleInput;
     p.pre_elems = p.input.count;
   } else if (stage_in_schedule && c == Collective::AllToAll && algo == Algo::Direct && nranks > 1 &&
-             p.input.count > 0 && p.input.ptr == p.output.ptr && p.input.count == p.output.count) {
+             p.input.count > 0 && p.input.ptr == p.output.ptr) {  // equal counts: validate_call
     p.key.same_buffer = true;
   } else if (t.in_place == InPlace::StagedSameBuffer && algo != Algo::OneShot && p.input.count > 0 &&
              ranges_overlap(p.input.ptr, p.input.count * esz, p.output.ptr, p.output.count * esz)) {
