@@ -128,7 +128,7 @@ class Request:
     Made by ``comm.all_reduce_init()`` and the other ``*_init`` methods, or by
     ``comm.group(persistent=True)``. Every start is a call in the communicator's order, with its
     own sequence number and fingerprint: every rank must start its requests in the same order.
-    The buffers are held until the request is dropped.
+    The buffers are held until the request is dropped and its last start is done.
     """
 
     __slots__ = ("_req", "_run", "_keep", "_result", "_work")
@@ -163,7 +163,7 @@ class Request:
         if async_op is False:
             self._run()
             return self._result
-        work = Work(self._req.start(True), None, self._result)
+        work = Work(self._req.start(True), self._keep, self._result)  # a dropped request's too
         self._work = work
         return work
 
@@ -548,7 +548,7 @@ class Grouping:
             return result
         pending = PendingWork()
         self._grouping.append(pending)
-        return Work(pending, keep, result)
+        return Work(pending, None, result)  # the group keeps the buffers, and its Work after it ends
 
     def _group_discard(self) -> None:
         self._core.group_discard()  # the whole group, nested ones too

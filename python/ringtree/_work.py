@@ -2,16 +2,68 @@
 
 from __future__ import annotations
 
+import collections
+
 from . import _core
 
 
+class KeptBuffers:
+    """Buffers kept alive until the call or message that uses them is done: the core reads and
+    writes them from its own threads, so they must outlive a Work or MessageWork the caller
+    drops. Pruned of finished entries as it grows, so it holds at most about twice what is in
+    flight (plus `floor`). Safe from any thread and from a finalizer run by the garbage
+    collector in the middle of a prune: deque appends and pops are atomic, and a prune puts
+    back what is still running instead of replacing the deque."""
+
+    __slots__ = ("_items", "_cap", "_floor")
+
+    def __init__(self, floor: int = 0):
+        self._items = collections.deque()
+        self._floor = self._cap = floor
+
+    def add(self, work, keep):
+        self._items.append((work, keep))
+        if len(self._items) > self._cap:
+            self.prune()
+
+    def prune(self):
+        items = self._items
+        for _ in range(len(items)):
+            try:
+                item = items.popleft()
+            except IndexError:  # another thread pruned at the same time
+                break
+            if not item[0].is_completed():
+                items.append(item)
+        self._cap = max(self._floor, 2 * len(items))
+
+    def clear(self):
+        self._items.clear()
+
+
+# The buffers of collectives whose Work was dropped before they finished.
+_DROPPED = KeptBuffers()
+
+
+def release_finished():
+    """Let go of the kept buffers of dropped Works that have finished."""
+    _DROPPED.prune()
+
+
 class Work:
-    """A collective in flight. wait() returns the output buffer or raises the collective's error."""
+    """A collective in flight. wait() returns the output buffer or raises the collective's error.
+
+    Dropping it does not stop the collective: its buffers stay alive until it is done."""
 
     __slots__ = ("_work", "_keepalive", "_result")
 
     def __init__(self, work, keepalive, result):
         self._work, self._keepalive, self._result = work, keepalive, result
+
+    def __del__(self):
+        keep = getattr(self, "_keepalive", None)
+        if keep is not None and not self._work.is_completed():
+            _DROPPED.add(self._work, keep)
 
     def wait(self, timeout: float | None = None):
         """Wait for the collective and hand back its output.

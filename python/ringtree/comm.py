@@ -8,7 +8,6 @@ returns a Work whose wait() returns it (and re-raises the collective's error).
 from __future__ import annotations
 
 import atexit
-import collections
 import weakref
 
 import numpy as np
@@ -21,7 +20,7 @@ from ._grouped import DeviceCall, Grouping, Request
 from ._nccl import wheel_library
 from ._recording import Recording
 from ._status import Status
-from ._work import MessageWork, Work
+from ._work import KeptBuffers, MessageWork, Work, release_finished
 from .ops import resolve_op
 
 __all__ = ["Communicator", "Work", "MessageWork", "Request", "ANY_SOURCE", "ANY_TAG", "live_communicators"]
@@ -75,7 +74,6 @@ class Communicator(Recording, Grouping):
         "_label",
         "_closed",
         "_inflight",
-        "_inflight_cap",
         "_shrink_attempts",
         "_grouping",
         "__weakref__",
@@ -93,9 +91,8 @@ class Communicator(Recording, Grouping):
         self._label = -1  # what the flight recorder tags calls with (see label())
         self._closed = False
         # Messages in flight and their buffers: a buffer stays alive until its message is done,
-        # even if the caller drops the MessageWork (pruned as the list grows).
-        self._inflight = collections.deque()
-        self._inflight_cap = 64
+        # even if the caller drops the MessageWork.
+        self._inflight = KeptBuffers(floor=64)
         self._shrink_attempts = 0  # shrink's messages carry the attempt (ringtree.elastic)
         self._grouping = None  # inside a group: the buffers of its calls, held until it has run
         _LIVE.add(self)
@@ -123,6 +120,18 @@ class Communicator(Recording, Grouping):
 
     def __exit__(self, *exc):
         self.close()
+
+    def __del__(self):
+        # Dropped without close(): the core's threads must stop writing into the buffers of
+        # messages in flight before _inflight lets go of them, and fields are released in no
+        # order that guarantees it (the fast entries keep the core alive past _inflight).
+        core = getattr(self, "_core", None)
+        if core is not None:
+            try:
+                core.close()
+                release_finished()
+            except Exception:  # noqa: BLE001 - a finalizer has no one to tell
+                pass
 
     def status(self) -> Status:
         """What this communicator found at set-up and has counted since (read it between calls).
@@ -1024,13 +1033,7 @@ class Communicator(Recording, Grouping):
         return self._core.iprobe(rank_arg(src, "iprobe: src"), rank_arg(tag, "iprobe: tag"))
 
     def _track(self, work, x, keep) -> MessageWork:
-        inflight = self._inflight
-        inflight.append((work, keep))
-        if len(inflight) > self._inflight_cap:
-            pending = [item for item in inflight if not item[0].is_completed()]
-            inflight.clear()
-            inflight.extend(pending)
-            self._inflight_cap = max(64, 2 * len(pending))
+        self._inflight.add(work, keep)
         return MessageWork(work, x)
 
     # --- structure -----------------------------------------------------------------------
@@ -1140,6 +1143,7 @@ class Communicator(Recording, Grouping):
             self._cuda.close()
         self._core.close()
         self._inflight.clear()  # every message is done or failed now
+        release_finished()  # and every call this communicator ran, whose Work was dropped
         first, self._closed = not self._closed, True
         trace_dir = _settings.get("RINGTREE_TRACE")
         if trace_dir and first:

@@ -1,9 +1,11 @@
 """A communicator's life as long-running jobs live it: a watchdog thread aborts a stuck call on
-every rank, and hundreds of communicators made, used, failed and closed in one process leave no
-file descriptors, threads, shared-memory segments or memory behind."""
+every rank, hundreds of communicators made, used, failed and closed in one process leave no
+file descriptors, threads, shared-memory segments or memory behind, and buffers of calls and
+messages in flight outlive a dropped Work, MessageWork or communicator."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -132,3 +134,82 @@ def test_many_communicators_leave_nothing_behind():
         assert shm1 == shm0 == 0, (rank, res)
         # 180 communicators: a leak of even one recorder (256 KiB) or ring (1 MiB) each shows.
         assert rss1 - rss0 < 16 << 20, (rank, rss1 - rss0)
+
+
+class _Watched(np.ndarray):
+    """An array that notes, as it is freed, whether the core work using it had finished and
+    whether it held `expect` in every element: the core must never outlive its buffer."""
+
+    def __del__(self):
+        notes = getattr(self, "notes", None)
+        if notes is not None:
+            notes.append({"finished": self.core_work.is_completed(), "exact": bool((self == self.expect).all())})
+
+
+def _watched(n, value, notes):
+    buf = np.full(n, value, np.int32).view(_Watched)
+    buf.notes, buf.expect = notes, None
+    return buf
+
+
+def dropped_in_flight(late=0.5):
+    """Rank 0 drops a Work, a persistent request with its started Work, and then a communicator
+    with a receive in flight, without waiting or closing; rank 1 joins each collective `late` s
+    after. Rank 0's buffers must stay alive until their collective is done (and then hold its
+    exact result), and until the dropped communicator's receive has failed. Rank 1 must see
+    rank 0 leave, not vanish."""
+    comm = rt.init(timeout=30.0)
+    r, P, n = comm.rank, comm.size, 1 << 16
+    comm.barrier()
+    expect = sum(q + 1 for q in range(P))
+    kinds = ("work", "request")
+    if r != 0:
+        exact = []
+        for _ in kinds:
+            time.sleep(late)
+            x = np.full(n, r + 1, np.int32)
+            comm.all_reduce(x)
+            exact.append(bool((x == expect).all()))
+        try:
+            comm.probe(src=0, tag=7, timeout=20.0)
+            left = None
+        except rt.Error as exc:
+            left = f"{type(exc).__name__}: {exc}"
+        comm.close()
+        return {"exact": exact, "left": left}
+    report, notes = {}, {kind: [] for kind in (*kinds, "message")}
+    for kind in kinds:
+        buf = _watched(n, r + 1, notes[kind])
+        buf.expect = expect
+        if kind == "work":
+            work = comm.all_reduce(buf, async_op=True)
+        else:
+            request = comm.all_reduce_init(buf)
+            work = request.start(async_op=True)
+            del request
+        buf.core_work = core_work = work._work
+        del work, buf
+        gc.collect()
+        report[f"{kind} freed while running"] = list(notes[kind])
+        core_work.wait(-1.0)  # the collective, which nobody holds a Work of any more, runs to the end
+    buf = _watched(4, -1, notes["message"])
+    buf.expect = -1  # nothing ever arrives: rank 1 never sends it
+    message = comm.irecv(buf, src=1, tag=7)
+    buf.core_work = message._work
+    del message, buf
+    del comm  # no close(): the finalizers must end the receive before its buffer goes
+    gc.collect()
+    report.update(notes)
+    return report
+
+
+@pytest.mark.timeout(90)
+def test_buffers_outlive_a_dropped_work_and_a_dropped_communicator():
+    rank0, rank1 = run_world(2, dropped_in_flight, timeout=60).check_ok()
+    for kind in ("work", "request"):
+        assert rank0[f"{kind} freed while running"] == [], rank0  # the call still writes it
+    done = {"finished": True, "exact": True}
+    assert rank0["message"] == [done], rank0
+    assert rank0["work"] == [done] and rank0["request"] == [done], rank0  # let go by the dropped comm
+    assert rank1["exact"] == [True, True], rank1
+    assert rank1["left"] and "closed its communicator" in rank1["left"], rank1
