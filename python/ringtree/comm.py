@@ -124,12 +124,12 @@ class Communicator(Recording, Grouping):
     def __del__(self):
         # Dropped without close(): the core's threads must stop writing into the buffers of
         # messages in flight before _inflight lets go of them, and fields are released in no
-        # order that guarantees it (the fast entries keep the core alive past _inflight).
-        core = getattr(self, "_core", None)
-        if core is not None:
+        # order that guarantees it (the fast entries keep the core alive past _inflight). The
+        # CUDA executor closes first, as in close(): its goodbye to its peers uses the core.
+        parts = (getattr(self, "_cuda", None), getattr(self, "_core", None))
+        for close in [p.close for p in parts if p is not None] + [release_finished]:
             try:
-                core.close()
-                release_finished()
+                close()
             except Exception:  # noqa: BLE001 - a finalizer has no one to tell
                 pass
 

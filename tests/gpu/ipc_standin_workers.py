@@ -6,6 +6,7 @@ the ones below cover what only a stand-in can provoke on demand (mismatches, set
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import threading
 import time
@@ -237,11 +238,12 @@ def one_device_per_rank(n=70000):
     }
 
 
-def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256):
+def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256, drop=False):
     """Every rank's last call is a broadcast from rank 0, which only sends: rank 0's walk is done
     once its chunks sit in the others' mailboxes, while the slow rank's walk has not yet started
     (a kernel keeps its stream busy) and will still acknowledge them in rank 0's memory. Rank 0
-    then closes at once. No rank may free mailboxes a peer still maps (the stand-in records it)."""
+    then closes at once (with `drop`, every rank drops its communicator without close()). No
+    rank may free mailboxes a peer still maps (the stand-in records it)."""
     arrays = DeviceArrays("standin")
     comm = rt.init()
     r, P = comm.rank, comm.size
@@ -256,7 +258,11 @@ def close_while_a_peer_is_slow(slow_rank=1, delay=0.5, n=256):
     arrays.synchronize()
     ok = ok and bool(np.all(peek(b) == 7.0))
     executor = comm.status().cuda_executor
-    comm.close()
+    if drop:
+        del comm
+        gc.collect()
+    else:
+        comm.close()
     return {"ok": ok, "executor": executor, "violations": testing.standin_violations()}
 
 

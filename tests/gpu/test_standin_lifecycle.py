@@ -18,8 +18,9 @@ STANDIN = standin.ENV
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_close_waits_for_every_peer_before_freeing_the_mailboxes(nranks):
-    world = run_world(nranks, close_while_a_peer_is_slow, {}, timeout=110, env=STANDIN)
+@pytest.mark.parametrize("drop", [False, True], ids=["close", "drop"])
+def test_close_waits_for_every_peer_before_freeing_the_mailboxes(nranks, drop):
+    world = run_world(nranks, close_while_a_peer_is_slow, {"drop": drop}, timeout=110, env=STANDIN)
     for rank, res in enumerate(world.check_ok()):
         assert res["ok"] and res["executor"] == "ipc", (rank, res)
         assert res["violations"] == [], (rank, res)
