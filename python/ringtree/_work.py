@@ -61,9 +61,8 @@ class Work:
         self._work, self._keepalive, self._result = work, keepalive, result
 
     def __del__(self):
-        keep = getattr(self, "_keepalive", None)
-        if keep is not None and not self._work.is_completed():
-            _DROPPED.add(self._work, keep)
+        if self._keepalive is not None and not self._work.is_completed():
+            _DROPPED.add(self._work, self._keepalive)
 
     def wait(self, timeout: float | None = None):
         """Wait for the collective and hand back its output.

@@ -124,14 +124,11 @@ class Communicator(Recording, Grouping):
     def __del__(self):
         # Dropped without close(): the core's threads must stop writing into the buffers of
         # messages in flight before _inflight lets go of them, and fields are released in no
-        # order that guarantees it (the fast entries keep the core alive past _inflight). The
-        # CUDA executor closes first, as in close(): its goodbye to its peers uses the core.
-        parts = (getattr(self, "_cuda", None), getattr(self, "_core", None))
-        for close in [p.close for p in parts if p is not None] + [release_finished]:
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - a finalizer has no one to tell
-                pass
+        # order that guarantees it (the fast entries keep the core alive past _inflight).
+        try:
+            self._end_calls()
+        except Exception:  # noqa: BLE001 - a finalizer has no one to tell
+            pass
 
     def status(self) -> Status:
         """What this communicator found at set-up and has counted since (read it between calls).
@@ -1139,11 +1136,7 @@ class Communicator(Recording, Grouping):
     def close(self):
         """Finish queued work, tell the peers this rank is leaving, release everything.
         With RINGTREE_TRACE=DIR set, then write this rank's trace there (see timeline.py)."""
-        if self._cuda is not None:
-            self._cuda.close()
-        self._core.close()
-        self._inflight.clear()  # every message is done or failed now
-        release_finished()  # and every call this communicator ran, whose Work was dropped
+        self._end_calls()
         first, self._closed = not self._closed, True
         trace_dir = _settings.get("RINGTREE_TRACE")
         if trace_dir and first:
@@ -1151,6 +1144,17 @@ class Communicator(Recording, Grouping):
                 timeline.write_rank_trace(self, trace_dir)
             except Exception as exc:  # noqa: BLE001 - a trace must not break a close
                 print(f"ringtree: rank {self.rank}: writing the trace to {trace_dir} failed: {exc}")
+
+    def _end_calls(self):
+        """Close the executors, the CUDA one first (its goodbye to its peers uses the core), and
+        the core even if that fails; then let go of the buffers kept for what was in flight."""
+        try:
+            if self._cuda is not None:
+                self._cuda.close()
+        finally:
+            self._core.close()
+            self._inflight.clear()  # every message is done or failed now
+            release_finished()  # and every call this communicator ran, whose Work was dropped
 
     def abort(self, reason: str = ""):
         """Make the calls in flight and every later call raise Aborted, on this rank and on

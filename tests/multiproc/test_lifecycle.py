@@ -146,9 +146,9 @@ class _Watched(np.ndarray):
             notes.append({"finished": self.core_work.is_completed(), "exact": bool((self == self.expect).all())})
 
 
-def _watched(n, value, notes):
+def _watched(n, value, expect, notes):
     buf = np.full(n, value, np.int32).view(_Watched)
-    buf.notes, buf.expect = notes, None
+    buf.expect, buf.notes = expect, notes
     return buf
 
 
@@ -179,8 +179,7 @@ def dropped_in_flight(late=0.5):
         return {"exact": exact, "left": left}
     report, notes = {}, {kind: [] for kind in (*kinds, "message")}
     for kind in kinds:
-        buf = _watched(n, r + 1, notes[kind])
-        buf.expect = expect
+        buf = _watched(n, r + 1, expect, notes[kind])
         if kind == "work":
             work = comm.all_reduce(buf, async_op=True)
         else:
@@ -193,8 +192,7 @@ def dropped_in_flight(late=0.5):
         # Freed unfinished is the fault; freed finished only means this rank was held up longer than `late`.
         report[f"{kind} freed while running"] = [note for note in notes[kind] if not note["finished"]]
         core_work.wait(-1.0)  # the collective, which nobody holds a Work of any more, runs to the end
-    buf = _watched(4, -1, notes["message"])
-    buf.expect = -1  # nothing ever arrives: rank 1 never sends it
+    buf = _watched(4, -1, -1, notes["message"])  # nothing ever arrives: rank 1 never sends it
     message = comm.irecv(buf, src=1, tag=7)
     buf.core_work = message._work
     del message, buf
