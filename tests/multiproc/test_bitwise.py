@@ -4,7 +4,6 @@ emulated hosts. Floating dtypes are refused before any traffic and leave the com
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 from harness import run_world
@@ -105,6 +104,8 @@ def test_bitwise_new_integer_dtypes(nranks, hosts):
 
 
 def refuse_floating_then_work():
+    import ml_dtypes  # here: its import takes most of a second in every rank that loads this file
+
     comm = rt.init()
     errors = []
     for dtype in (np.float32, np.float64, np.float16, ml_dtypes.float8_e4m3fn, np.complex64):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,7 @@ class RunningWorld:
         for r in range(len(self.procs)):
             path = os.path.join(self.outdir, f"{r}.json")
             world.results.append(json.load(open(path)) if os.path.exists(path) else None)
+        shutil.rmtree(self.outdir, ignore_errors=True)  # the World holds every output and result now
         return world
 
 

@@ -17,33 +17,60 @@ import numpy as np
 
 import ringtree as rt
 
-try:
-    import ml_dtypes
 
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-    FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-    FLOAT8_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
-except ImportError:  # the test extra installs it; without it bfloat16 and float8 run only through torch
-    BFLOAT16 = FLOAT8_E4M3 = FLOAT8_E5M2 = None
+def _ml_dtype(name):
+    """ml_dtypes' dtype `name`, or None without ml_dtypes. Imported on first use: it takes most of
+    a second, and most rank processes of the suite never meet bfloat16 or float8."""
+    try:
+        import ml_dtypes
+    except ImportError:  # the test extra installs it; without it bfloat16 and float8 run only through torch
+        return None
+    return np.dtype(getattr(ml_dtypes, name))
 
-NUMPY_DTYPES = {
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "float16": np.dtype(np.float16),
-    "bfloat16": BFLOAT16,
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-    "int16": np.dtype(np.int16),
-    "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32),
-    "uint64": np.dtype(np.uint64),
-    "float8_e4m3fn": FLOAT8_E4M3,
-    "float8_e5m2": FLOAT8_E5M2,
-    "complex64": np.dtype(np.complex64),
-    "complex128": np.dtype(np.complex128),
-}
+
+class _DtypeTable(dict):
+    """Dtype name -> numpy dtype; the ml_dtypes entries (None placeholders) resolve on first read."""
+
+    LATE = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+    def __getitem__(self, name):
+        value = dict.__getitem__(self, name)
+        if value is None and name in self.LATE:
+            value = _ml_dtype(name)
+            if value is not None:
+                self[name] = value
+        return value
+
+
+NUMPY_DTYPES = _DtypeTable(
+    {
+        "int8": np.dtype(np.int8),
+        "uint8": np.dtype(np.uint8),
+        "int32": np.dtype(np.int32),
+        "int64": np.dtype(np.int64),
+        "float16": np.dtype(np.float16),
+        "bfloat16": None,
+        "float32": np.dtype(np.float32),
+        "float64": np.dtype(np.float64),
+        "int16": np.dtype(np.int16),
+        "uint16": np.dtype(np.uint16),
+        "uint32": np.dtype(np.uint32),
+        "uint64": np.dtype(np.uint64),
+        "float8_e4m3fn": None,
+        "float8_e5m2": None,
+        "complex64": np.dtype(np.complex64),
+        "complex128": np.dtype(np.complex128),
+    }
+)
+
+
+def __getattr__(name):  # BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2: resolved when first asked for
+    late = {"BFLOAT16": "bfloat16", "FLOAT8_E4M3": "float8_e4m3fn", "FLOAT8_E5M2": "float8_e5m2"}
+    if name in late:
+        return NUMPY_DTYPES[late[name]]
+    raise AttributeError(name)
+
+
 OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]
 INTEGER_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
