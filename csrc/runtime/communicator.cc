@@ -144,6 +144,9 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   counts.yield_us = YieldMicros() >= 0 ? YieldMicros() : -1;
   const WaitDecision wait = decide_wait_policy(counts);
   exec_.set_wait_policy(wait.policy);
+  // Not the wait policy's verdict, which also counts ranks pinned to a core each (local ranks
+  // above this process's CPUs): a copy there runs on a core of its own.
+  exec_.set_cores_oversubscribed(counts.cpu_sharers > counts.cpus);
   wait_policy_ = wait.text;
 }
 

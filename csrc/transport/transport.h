@@ -31,8 +31,9 @@ struct SendCursor {
   const uint8_t* payload = nullptr;
   uint64_t done = 0;  // bytes of this message's stream already handed to the wire
   // The payload stays put until the send completes, so a same-host receiver may read it in
-  // place (shm/cma.h); the executor allows it for collectives whose receivers copy, not reduce.
-  bool single_copy_ok = false;
+  // place (shm/cma.h) if it is at least this many bytes (0: never); the executor allows it for
+  // collectives whose receivers copy, not reduce, from a size it picks per call.
+  uint64_t single_copy_min_bytes = 0;
   // ... and nothing in the call writes it again, so the send may complete once announced; the
   // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).
   bool defer_ack = false;

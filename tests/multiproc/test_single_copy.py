@@ -294,3 +294,58 @@ def test_a_broadcast_of_depth_one_goes_in_single_copy_sized_segments(P, algo, de
     assert all(res["exact"] for res in results)
     segments = nbytes // MIN_BYTES if depth_one else nbytes // (128 << 10)
     assert [res["received"] for res in results] == [0] + [segments] * (P - 1)
+
+
+def all_to_all_and_all_gather_paths(cpus_of_rank):
+    """Pins this rank to its CPUs before set-up, then runs an all_to_all and an all_gather whose
+    blocks are 512 KiB (between the automatic thresholds) against numpy; returns how many
+    messages each received single-copy, and the status."""
+    rank = int(os.environ["RINGTREE_RANK"])
+    os.sched_setaffinity(0, cpus_of_rank[rank])
+    comm = rt.init()
+    N = (512 << 10) // 4  # float32 elements per block
+    received, failures = {}, []
+    for coll in ("all_to_all", "all_gather"):
+        before = comm.status().single_copy_messages
+        wrong, desc = run_case(comm, coll, N, "float32", "sum", "auto", False, 0, salt=5)
+        if wrong:
+            failures.append(f"{desc}: {wrong} wrong")
+        received[coll] = comm.status().single_copy_messages - before
+    status = comm.status().single_copy
+    comm.close()
+    return {"received": received, "failures": failures, "status": status}
+
+
+def _allowed_cpus():
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("setting", ["auto", "1048576"])
+def test_all_to_all_goes_single_copy_from_256_kib_where_ranks_share_a_core(setting):
+    """Four ranks allowed one CPU: with the automatic threshold their all_to_all blocks of 512 KiB
+    go single-copy (a second copy would take the core another rank waits for), all_gather's stay
+    two-copy; a threshold set by hand holds for both."""
+    cpu = _allowed_cpus()[0]
+    env = {} if setting == "auto" else {"RINGTREE_CMA_MIN_BYTES": setting}
+    world = run_world(4, all_to_all_and_all_gather_paths, dict(cpus_of_rank=[[cpu]] * 4), env=env, timeout=120)
+    for r, res in enumerate(world.check_ok()):
+        assert res["failures"] == [], (r, res)
+        assert res["received"]["all_gather"] == 0, (r, res)
+        if setting == "auto":
+            assert res["received"]["all_to_all"] == 3, (r, res)  # one block from each peer
+            assert "(all_to_all: 262144, ranks outnumber cores) (RINGTREE_CMA_MIN_BYTES auto)" in res["status"]
+        else:
+            assert res["received"]["all_to_all"] == 0, (r, res)
+            assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES)" in res["status"], res["status"]
+
+
+def test_ranks_pinned_to_a_core_each_keep_the_1_mib_threshold():
+    """Two ranks on a CPU each are not short of cores, whatever each one's CPU count says."""
+    cpus = _allowed_cpus()
+    if len(cpus) < 2:
+        pytest.skip(f"needs two CPUs to pin two ranks apart; this process may use {cpus}")
+    world = run_world(2, all_to_all_and_all_gather_paths, dict(cpus_of_rank=[[cpus[0]], [cpus[1]]]), timeout=120)
+    for r, res in enumerate(world.check_ok()):
+        assert res["failures"] == [], (r, res)
+        assert res["received"] == {"all_to_all": 0, "all_gather": 0}, (r, res)
+        assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES auto) between the 2 ranks" in res["status"]

@@ -71,6 +71,9 @@ class HostExecutor {
   // (a collective over `boot`). oneshot_bytes: a one-shot slot's capacity (0: no one-shot slots).
   void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes);
   void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
+  // More ranks are allowed this rank's CPUs than there are of them: with RINGTREE_CMA_MIN_BYTES
+  // auto, all_to_all blocks go single-copy from a smaller size.
+  void set_cores_oversubscribed(bool oversubscribed);
   // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
   uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
   void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
@@ -182,8 +185,10 @@ class HostExecutor {
   bool stream_copies_ = false;  // ... and its local copies into the output too (no reduction reads them back)
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
-  uint64_t single_copy_min_bytes_ = 0;
-  bool single_copy_reads_ = false;                                 // the current call's sends may go single-copy
+  uint64_t single_copy_min_bytes_ = 0;             // the setting's, or auto's for every collective
+  uint64_t single_copy_all_to_all_min_bytes_ = 0;  // ... and for all_to_all
+  uint64_t single_copy_from_ = 0;                  // the current call's sends this large go single-copy (0: none)
+  int single_copy_ranks_here_ = 0;
   bool single_copy_defer_ = false;                                 // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
   bool single_copy_acked() const;

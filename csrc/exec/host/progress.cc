@@ -132,8 +132,11 @@ void HostExecutor::run(const HostCall& call) {
   // does gather: its root copies every byte either way, and a single copy only takes the
   // senders' copies, made in parallel with the root's, off the ring (it measured no faster).
   const CollectiveTraits& traits = collective_traits(plan.key.coll);
-  single_copy_reads_ =
+  const bool single_copy_reads =
       single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
+  single_copy_from_ = !single_copy_reads                      ? 0
+                      : plan.key.coll == Collective::AllToAll ? single_copy_all_to_all_min_bytes_
+                                                              : single_copy_min_bytes_;
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
@@ -200,7 +203,7 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   // region is never written again in the call: its send may complete once announced, and the
   // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
   // through the ring). Scratch is reused within a call (hierarchical packing): those wait.
-  single_copy_defer_ = single_copy_reads_ && s.scratch_elems == 0;
+  single_copy_defer_ = single_copy_from_ > 0 && s.scratch_elems == 0;
   run_schedule(s, bases, Deadline::after_seconds(p.timeout_s));
   if (stream_out_) streaming_copy_fence();
 }
@@ -220,7 +223,7 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header = current_fp_;
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
-    c.send.single_copy_ok = single_copy_reads_;
+    c.send.single_copy_min_bytes = single_copy_from_;
     c.send.defer_ack = single_copy_defer_ && op.src.buf != BufId::Scratch;
   } else {
     c.recv = RecvCursor{};

@@ -17,9 +17,21 @@ namespace ringtree {
 
 namespace {
 RT_SETTING(SingleCopy)
-// Below about this size the ring (two copies, made by two cores at once) was as fast or faster on
-// the 2-core VM it was measured on: process_vm_readv pins the pages it reads, a cost per page.
-RT_SETTING(SingleCopyMinBytes)
+// RINGTREE_CMA_MIN_BYTES; -1 where it is "auto".
+int64_t SingleCopyMinBytes() {
+  static const int64_t value = setting_auto_int(Setting::SingleCopyMinBytes).value_or(-1);
+  return value;
+}
+// auto: below about 1 MiB the ring (two copies, made by two cores at once) was as fast or faster
+// on the 2-core VM it was measured on (process_vm_readv pins the pages it reads, a cost per page);
+// at P=2 all_gather, all_to_all and broadcast of 512 KiB-2 MiB ran 1.1-2.1x slower with 256 KiB.
+constexpr uint64_t kAutoSingleCopyBytes = uint64_t{1} << 20;
+// auto, where ranks outnumber cores: the second copy of a two-copy message costs a core that
+// another rank waits for, and an all_to_all block is read once, straight into place. At P=4 on
+// 2 cores, all_to_all of 1 and 2 MiB (blocks of 256 and 512 KiB) ran 1.0-1.1x and 1.6-2.0x faster
+// single-copy; 128 KiB blocks ran 1.4x slower. Broadcast's pipelined segments and all_gather's
+// forwarded blocks ran slower single-copy there too, so they keep 1 MiB.
+constexpr uint64_t kOversubscribedAllToAllSingleCopyBytes = uint64_t{256} << 10;
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
   static const std::string dir = setting_str(Setting::TestNumaNodeDir);
@@ -168,16 +180,30 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
         ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
     return;
   }
-  const uint64_t min_bytes = static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
   for (int q : local_peers) {
     auto* conn = static_cast<ShmConnection*>(conns_[q].get());
-    conn->enable_single_copy(peer_segments_[q]->header()->cma_pid, min_bytes);
+    conn->enable_single_copy(peer_segments_[q]->header()->cma_pid);
     single_copy_conns_.emplace_back(q, conn);
   }
   single_copy_on_ = true;
-  single_copy_min_bytes_ = min_bytes;
-  single_copy_status_ = str_cat("on: process_vm_readv for collective messages of at least ", min_bytes,
-                                " bytes (RINGTREE_CMA_MIN_BYTES) between the ", here.size(), " ranks on this host");
+  single_copy_ranks_here_ = static_cast<int>(here.size());
+  set_cores_oversubscribed(false);
+}
+
+void HostExecutor::set_cores_oversubscribed(bool oversubscribed) {
+  if (!single_copy_on_) return;
+  const bool automatic = SingleCopyMinBytes() < 0;
+  single_copy_min_bytes_ =
+      automatic ? kAutoSingleCopyBytes : static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
+  single_copy_all_to_all_min_bytes_ =
+      automatic && oversubscribed ? kOversubscribedAllToAllSingleCopyBytes : single_copy_min_bytes_;
+  single_copy_status_ =
+      str_cat("on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
+              single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
+                  ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
+                  : std::string(),
+              automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
+              single_copy_ranks_here_, " ranks on this host");
 }
 
 // Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the

@@ -209,7 +209,8 @@ void ShmConnection::wake_peer() {
 
 bool ShmConnection::progress_send(SendCursor& c) {
   const uint64_t payload = c.header.payload_bytes;
-  if (c.ack_at || (c.done == 0 && cma_pid_ && c.single_copy_ok && payload > 0 && payload >= cma_min_))
+  if (c.ack_at ||
+      (c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload > 0 && payload >= c.single_copy_min_bytes))
     return progress_single_copy_send(c);
   const uint64_t total = stream_bytes(payload);
   bool moved = false;

@@ -148,12 +148,9 @@ class ShmConnection : public Connection {
   }
   bool peek_header(MsgHeader* h) const override;
   const char* kind() const override { return "shm"; }
-  // Sends of at least min_bytes that allow it (SendCursor::single_copy_ok) go single-copy; the
-  // peer (process peer_pid) reads them out of this process, and its messages out of the peer.
-  void enable_single_copy(pid_t peer_pid, uint64_t min_bytes) {
-    cma_pid_ = peer_pid;
-    cma_min_ = min_bytes;
-  }
+  // Sends as large as their SendCursor::single_copy_min_bytes go single-copy; the peer (process
+  // peer_pid) reads them out of this process, and its messages out of the peer.
+  void enable_single_copy(pid_t peer_pid) { cma_pid_ = peer_pid; }
   uint64_t single_copy_received() const { return cma_received_; }
   // Payload pieces this rank wrote into its ring to the peer with streaming stores (SharedStores).
   uint64_t streamed_pieces() const { return stores_.streamed(); }
@@ -176,8 +173,7 @@ class ShmConnection : public Connection {
   SharedStores stores_;  // payload pieces into the out ring
   std::atomic<uint32_t>* peer_sleeping_;
   Doorbell* bell_;
-  pid_t cma_pid_ = 0;  // 0: no single-copy transfers on this connection
-  uint64_t cma_min_ = 0;
+  pid_t cma_pid_ = 0;          // 0: no single-copy transfers on this connection
   uint64_t cma_received_ = 0;  // messages received single-copy
   uint64_t last_ack_at_ = 0;   // the ring position that acknowledges the last single-copy send
 };
