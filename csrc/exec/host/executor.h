@@ -185,12 +185,12 @@ class HostExecutor {
   bool stream_copies_ = false;  // ... and its local copies into the output too (no reduction reads them back)
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
-  uint64_t single_copy_min_bytes_ = 0;             // the setting's, or auto's for every collective
-  uint64_t single_copy_all_to_all_min_bytes_ = 0;  // ... and for all_to_all
+  uint64_t single_copy_min_bytes_ = 0;             // RINGTREE_CMA_MIN_BYTES, or auto's 1 MiB
+  uint64_t single_copy_all_to_all_min_bytes_ = 0;  // ... for all_to_all (auto: less where cores are shared)
   uint64_t single_copy_from_ = 0;                  // the current call's sends this large go single-copy (0: none)
-  int single_copy_ranks_here_ = 0;
-  bool single_copy_defer_ = false;                                 // ... and complete before they are acknowledged
+  bool single_copy_defer_ = false;                 // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
+  int single_copy_ranks_here_ = 0;                                 // this rank and those connections' peers
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   NumaPlacement numa_;
