@@ -10,12 +10,12 @@ import sys
 
 import numpy as np
 from markdown_examples import REPO
+from reference import NUMPY_DTYPES
 
 import ringtree as rt
 
 sys.path.insert(0, os.path.join(REPO, "docs"))
 try:
-    import capabilities_page
     import semantics_page
 finally:
     sys.path.pop(0)
@@ -170,15 +170,6 @@ def probe_column(rows, device=False, algo=None) -> dict:
 REDUCED = {"sum": 6, "prod": 6, "min": 1, "max": 3, "avg": 2, "premul_sum": 12, "band": 0, "bor": 3, "bxor": 0}
 
 
-def _numpy_dtype(name):
-    """numpy's dtype of that name; bfloat16 and float8 are ml_dtypes' (the test extra's)."""
-    if name in capabilities_page.TORCH_ONLY:
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
-
-
 def probe_reductions(dtypes, ops, device=False, algo=None) -> dict:
     """Rank body: all_reduce of every dtype with every op ("dtype op" -> outcome, as probe_column).
     Dtypes numpy lacks (bfloat16, float8) are ml_dtypes' numpy dtypes."""
@@ -190,7 +181,7 @@ def probe_reductions(dtypes, ops, device=False, algo=None) -> dict:
         for op in ops:
             value = comm.rank + 1
             try:
-                host = np.full(4, value, _numpy_dtype(dtype))
+                host = np.full(4, value, NUMPY_DTYPES[dtype])
                 x = mem.upload(host)
                 comm.all_reduce(x, op=rt.premul_sum(2.0) if op == "premul_sum" else op, **kw)
                 back = mem.download(x, host)

@@ -31,11 +31,9 @@ def _ml_dtype(name):
 class _DtypeTable(dict):
     """Dtype name -> numpy dtype; the ml_dtypes entries (None placeholders) resolve on first read."""
 
-    LATE = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-
     def __getitem__(self, name):
         value = dict.__getitem__(self, name)
-        if value is None and name in self.LATE:
+        if value is None:
             value = _ml_dtype(name)
             if value is not None:
                 self[name] = value
@@ -62,13 +60,6 @@ NUMPY_DTYPES = _DtypeTable(
         "complex128": np.dtype(np.complex128),
     }
 )
-
-
-def __getattr__(name):  # BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2: resolved when first asked for
-    late = {"BFLOAT16": "bfloat16", "FLOAT8_E4M3": "float8_e4m3fn", "FLOAT8_E5M2": "float8_e5m2"}
-    if name in late:
-        return NUMPY_DTYPES[late[name]]
-    raise AttributeError(name)
 
 
 OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]

@@ -190,7 +190,6 @@ class HostExecutor {
   uint64_t single_copy_from_ = 0;                  // the current call's sends this large go single-copy (0: none)
   bool single_copy_defer_ = false;                 // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
-  int single_copy_ranks_here_ = 0;                                 // this rank and those connections' peers
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)
   NumaPlacement numa_;

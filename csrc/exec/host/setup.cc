@@ -186,7 +186,6 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
     single_copy_conns_.emplace_back(q, conn);
   }
   single_copy_on_ = true;
-  single_copy_ranks_here_ = static_cast<int>(here.size());
   set_cores_oversubscribed(false);
 }
 
@@ -203,7 +202,7 @@ void HostExecutor::set_cores_oversubscribed(bool oversubscribed) {
                   ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
                   : std::string(),
               automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
-              single_copy_ranks_here_, " ranks on this host");
+              single_copy_conns_.size() + 1, " ranks on this host");
 }
 
 // Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the
