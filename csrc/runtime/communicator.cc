@@ -113,8 +113,24 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   topo_ = topology_of(mesh_, size);
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
+  // Local means what the probes found (topo_), not what the hostnames say. Ranks in other
+  // namespaces or containers on this kernel may run on the same CPUs: count every rank allowed
+  // exactly this rank's CPUs (emulated hosts here share the 2 cores, and each host's 2 ranks
+  // alone would seem to fit them).
+  WaitCounts counts;
+  counts.local_ranks = counts.cpu_sharers = 0;
+  for (int q = 0; q < size; ++q) {
+    counts.local_ranks += topo_.same_host(q, rank);
+    counts.cpu_sharers += mesh_.peers[q].cpu_domain == mesh_.peers[rank].cpu_domain;
+  }
+  counts.online_cpus = online_cpus();
+  counts.cpus = cpu_count > 0 ? static_cast<int>(cpu_count) : counts.online_cpus;
   const uint64_t ring_bytes = std::max<uint64_t>(4096, static_cast<uint64_t>(ShmRingBytes()) & ~uint64_t{63});
-  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneshotBytes())));
+  // Not the wait policy's verdict, which also counts ranks pinned to a core each (local ranks
+  // above this process's CPUs): a copy there runs on a core of its own.
+  const bool cores_shared = counts.cpu_sharers > counts.cpus;
+  exec_.connect(boot, mesh_, uid_, ring_bytes, static_cast<uint64_t>(std::max<int64_t>(0, OneshotBytes())),
+                cores_shared);
   ctrl_.attach(rank, mesh_);
   std::vector<std::string> names;
   for (int q = 0; q < size; ++q) names.push_back(ctrl_.who(q));
@@ -128,25 +144,10 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
   dump_source_ = register_dump_source(
       [this](const std::string& reason) { return std::make_pair(dump_file_name(), dump_json(reason)); });
 
-  // Local means what the probes found (topo_), not what the hostnames say. Ranks in other
-  // namespaces or containers on this kernel may run on the same CPUs: count every rank allowed
-  // exactly this rank's CPUs (emulated hosts here share the 2 cores, and each host's 2 ranks
-  // alone would seem to fit them).
-  WaitCounts counts;
-  counts.local_ranks = counts.cpu_sharers = 0;
-  for (int q = 0; q < size; ++q) {
-    counts.local_ranks += topo_.same_host(q, rank);
-    counts.cpu_sharers += mesh_.peers[q].cpu_domain == mesh_.peers[rank].cpu_domain;
-  }
-  counts.online_cpus = online_cpus();
-  counts.cpus = cpu_count > 0 ? static_cast<int>(cpu_count) : counts.online_cpus;
   counts.spin_us = SpinMicros() >= 0 ? SpinMicros() : -1;
   counts.yield_us = YieldMicros() >= 0 ? YieldMicros() : -1;
   const WaitDecision wait = decide_wait_policy(counts);
   exec_.set_wait_policy(wait.policy);
-  // Not the wait policy's verdict, which also counts ranks pinned to a core each (local ranks
-  // above this process's CPUs): a copy there runs on a core of its own.
-  exec_.set_cores_oversubscribed(counts.cpu_sharers > counts.cpus);
   wait_policy_ = wait.text;
 }
 

@@ -69,11 +69,11 @@ class HostExecutor {
 
   // Takes the mesh's TCP data connections and sets up shared memory with the ranks on this host
   // (a collective over `boot`). oneshot_bytes: a one-shot slot's capacity (0: no one-shot slots).
-  void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes);
+  // cores_shared: more ranks are allowed this rank's CPUs than there are of them (with
+  // RINGTREE_CMA_MIN_BYTES auto, all_to_all blocks then go single-copy from a smaller size).
+  void connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes, uint64_t oneshot_bytes,
+               bool cores_shared);
   void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
-  // More ranks are allowed this rank's CPUs than there are of them: with RINGTREE_CMA_MIN_BYTES
-  // auto, all_to_all blocks go single-copy from a smaller size.
-  void set_cores_oversubscribed(bool oversubscribed);
   // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
   uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
   void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
@@ -131,10 +131,11 @@ class HostExecutor {
   struct Device;  // run_plan's device policy over this executor
 
   void open_wake_fd();
-  void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes);
+  void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes,
+                           bool cores_shared);
   // After every segment is mapped: probes single-copy reads from each peer on this host, and
   // (after a barrier) turns them on for every connection here only if every rank here succeeded.
-  void probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers);
+  void probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers, bool cores_shared);
   void walk(uint8_t* in, uint8_t* out);
   void run_scheduled(uint8_t* in, uint8_t* out);
   const Schedule& schedule_for(const HostCall& c);

@@ -44,7 +44,7 @@ RT_SETTING(TestSingleCopyProbeFail)
 // Every rank owns a segment with one ring per shared-memory sender. Segments are created,
 // then opened by the peers, then unlinked: nothing is left in /dev/shm even if a rank dies.
 void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes,
-                           uint64_t oneshot_bytes) {
+                           uint64_t oneshot_bytes, bool cores_shared) {
   conns_.resize(size_);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
@@ -60,10 +60,11 @@ void HostExecutor::connect(Bootstrap& boot, Mesh& mesh, const UniqueId& uid, uin
   oneshot_usable_ = all_local && oneshot_bytes > 0;
   oneshot_bytes_ = all_local ? (oneshot_bytes + 63) & ~uint64_t{63} : 0;
   oneshot_arrived_.assign(size_, 0);
-  setup_shared_memory(boot, mesh, uid, ring_bytes);
+  setup_shared_memory(boot, mesh, uid, ring_bytes, cores_shared);
 }
 
-void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes) {
+void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes,
+                                       bool cores_shared) {
   // senders_of[r]: the ranks that write into r's segment, in rank order; slot = position.
   auto senders_of = [&](int r) {
     std::vector<int> v;
@@ -146,10 +147,10 @@ void HostExecutor::setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const 
         q, peer.ring(out_slot), peer.ring_data(out_slot), own_segment_->ring(static_cast<int>(i)),
         own_segment_->ring_data(static_cast<int>(i)), ring_bytes, &peer.header()->sleeping, &bell_);
   }
-  probe_single_copy(boot, my_senders);
+  probe_single_copy(boot, my_senders, cores_shared);
 }
 
-void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers) {
+void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& local_peers, bool cores_shared) {
   // Every rank takes part in the barrier, with or without peers on its host.
   int32_t verdict = 0, failed_peer = -1;
   if (SingleCopy() == 0)
@@ -186,16 +187,11 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
     single_copy_conns_.emplace_back(q, conn);
   }
   single_copy_on_ = true;
-  set_cores_oversubscribed(false);
-}
-
-void HostExecutor::set_cores_oversubscribed(bool oversubscribed) {
-  if (!single_copy_on_) return;
   const bool automatic = SingleCopyMinBytes() < 0;
   single_copy_min_bytes_ =
       automatic ? kAutoSingleCopyBytes : static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
   single_copy_all_to_all_min_bytes_ =
-      automatic && oversubscribed ? kOversubscribedAllToAllSingleCopyBytes : single_copy_min_bytes_;
+      automatic && cores_shared ? kOversubscribedAllToAllSingleCopyBytes : single_copy_min_bytes_;
   single_copy_status_ =
       str_cat("on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
               single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
