@@ -311,6 +311,16 @@ def all_to_all_and_all_gather_paths(cpus_of_rank):
         if wrong:
             failures.append(f"{desc}: {wrong} wrong")
         received[coll] = comm.status().single_copy_messages - before
+    # all_to_all_v (the torch backend's all_to_all_single) follows all_to_all's threshold.
+    P = comm.size
+    x = np.arange(N * P, dtype=np.float32) + 1000 * rank
+    out = np.empty_like(x)
+    before = comm.status().single_copy_messages
+    comm.all_to_all_v(x, out, [N] * P, [N] * P)
+    want = np.concatenate([np.arange(rank * N, (rank + 1) * N, dtype=np.float32) + 1000 * q for q in range(P)])
+    if not np.array_equal(out, want):
+        failures.append("all_to_all_v: wrong result")
+    received["all_to_all_v"] = comm.status().single_copy_messages - before
     status = comm.status().single_copy
     comm.close()
     return {"received": received, "failures": failures, "status": status}
@@ -333,9 +343,10 @@ def test_all_to_all_goes_single_copy_from_256_kib_where_ranks_share_a_core(setti
         assert res["received"]["all_gather"] == 0, (r, res)
         if setting == "auto":
             assert res["received"]["all_to_all"] == 3, (r, res)  # one block from each peer
+            assert res["received"]["all_to_all_v"] == 3, (r, res)
             assert "(all_to_all: 262144, ranks outnumber cores) (RINGTREE_CMA_MIN_BYTES auto)" in res["status"]
         else:
-            assert res["received"]["all_to_all"] == 0, (r, res)
+            assert res["received"]["all_to_all"] == res["received"]["all_to_all_v"] == 0, (r, res)
             assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES)" in res["status"], res["status"]
 
 
@@ -347,5 +358,5 @@ def test_ranks_pinned_to_a_core_each_keep_the_1_mib_threshold():
     world = run_world(2, all_to_all_and_all_gather_paths, dict(cpus_of_rank=[[cpus[0]], [cpus[1]]]), timeout=120)
     for r, res in enumerate(world.check_ok()):
         assert res["failures"] == [], (r, res)
-        assert res["received"] == {"all_to_all": 0, "all_gather": 0}, (r, res)
+        assert res["received"] == {"all_to_all": 0, "all_gather": 0, "all_to_all_v": 0}, (r, res)
         assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES auto) between the 2 ranks" in res["status"]

@@ -134,9 +134,9 @@ void HostExecutor::run(const HostCall& call) {
   const CollectiveTraits& traits = collective_traits(plan.key.coll);
   const bool single_copy_reads =
       single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
-  single_copy_from_ = !single_copy_reads                      ? 0
-                      : plan.key.coll == Collective::AllToAll ? single_copy_all_to_all_min_bytes_
-                                                              : single_copy_min_bytes_;
+  // all_to_all_v too: the torch backend's all_to_all_single and MoE dispatch take it.
+  const bool all_to_all = plan.key.coll == Collective::AllToAll || plan.key.coll == Collective::AllToAllV;
+  single_copy_from_ = !single_copy_reads ? 0 : all_to_all ? single_copy_all_to_all_min_bytes_ : single_copy_min_bytes_;
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
