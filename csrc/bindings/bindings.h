@@ -24,6 +24,10 @@ inline std::vector<std::tuple<int, double, std::string>> estimate_tuples(const s
 void register_errors(pybind11::module_& m);
 void register_types(pybind11::module_& m);
 void register_communicator(pybind11::module_& m);
+// Communicator methods as method descriptors that call the fast entry (fast_method.cc).
+void register_fast_method(pybind11::module_& m);
+// Calls a communicator's fast entry (Communicator._fast, a plain or a group's) with its arguments.
+PyObject* call_fast_entry(PyObject* entry, PyObject* const* args, Py_ssize_t nargs);
 void register_policies(pybind11::module_& m);
 void register_schedules(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);

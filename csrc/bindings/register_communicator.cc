@@ -395,6 +395,12 @@ py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
 
 }  // namespace
 
+PyObject* call_fast_entry(PyObject* entry, PyObject* const* args, Py_ssize_t nargs) {
+  if (PyCFunction_Check(entry) && PyCFunction_GET_FUNCTION(entry) == g_fast_call_def.ml_meth)
+    return fast_call(PyCFunction_GET_SELF(entry), args, nargs);  // no call machinery between
+  return PyObject_Vectorcall(entry, args, static_cast<size_t>(nargs), nullptr);
+}
+
 void register_communicator(py::module_& m) {
   m.def("deterministic_setting", &deterministic_setting, "RINGTREE_DETERMINISTIC=1 in this process (read once).");
   if (_import_array() < 0) throw py::error_already_set();  // NumPy's C API table, for open_ndarray

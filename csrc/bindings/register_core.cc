@@ -8,6 +8,7 @@ void register_core(pybind11::module_& m) {
   register_errors(m);
   register_types(m);
   register_communicator(m);
+  register_fast_method(m);
   register_policies(m);
   register_schedules(m);
   register_kernels(m);

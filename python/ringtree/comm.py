@@ -8,6 +8,7 @@ returns a Work whose wait() returns it (and re-raises the collective's error).
 from __future__ import annotations
 
 import atexit
+import inspect
 import weakref
 
 import numpy as np
@@ -1172,6 +1173,64 @@ class Communicator(Recording, Grouping):
         """Whether the communicator was aborted (by a mismatch, a timeout, a peer's failure or
         abort()); later calls then raise Aborted."""
         return self._core.is_aborted
+
+
+class _Param:
+    """In a fast method's recipe: the method's parameter `name`, or `if_none` where it is None."""
+
+    __slots__ = ("name", "if_none")
+
+    def __init__(self, name, if_none=None):
+        self.name, self.if_none = name, if_none
+
+
+def _make_fast(name, *fast_args):
+    # The method becomes a method descriptor (csrc/bindings/fast_method.cc) that binds its
+    # arguments and calls self._fast with `fast_args` in C: the Python frame costs as much as a
+    # fifth of a small call. Anything else goes to the method as written, which stays the
+    # reference (a unit test checks that both make the same fast call).
+    func = Communicator.__dict__[name]
+    params = list(inspect.signature(func).parameters.values())[1:]
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params), name
+    names = tuple(p.name for p in params)
+    defaults = tuple(_core.FAST_METHOD_REQUIRED if p.default is p.empty else p.default for p in params)
+    source, if_none, consts = [], [], []
+    for a in fast_args:
+        param = isinstance(a, _Param)
+        source.append(names.index(a.name) if param else -1)
+        if_none.append(names.index(a.if_none) if param and a.if_none else -1)
+        consts.append(None if param else a)
+    method = _core.fast_method(
+        func,
+        Communicator,
+        Communicator.__dict__["_fast"],
+        names,
+        defaults,
+        names.index("async_op"),
+        source,
+        if_none,
+        tuple(consts),
+    )
+    setattr(Communicator, name, method)
+
+
+_x, _out, _op, _algo, _timeout = _Param("x"), _Param("out"), _Param("op"), _Param("algo"), _Param("timeout")
+_async, _det, _root, _peer = _Param("async_op"), _Param("deterministic"), _Param("root"), _Param("peer")
+# The fast entry's arguments, as each method passes them: coll, x, out, op, root, peer, algo,
+# timeout, deterministic, async_op, result, recv_peer.
+_make_fast(
+    "all_reduce", _ALL_REDUCE, _x, _Param("out", "x"), _op, 0, -1, _algo, _timeout, _det, _async, _Param("out", "x"), -1
+)
+_make_fast("reduce_scatter", _REDUCE_SCATTER, _x, _out, _op, 0, -1, _algo, _timeout, _det, _async, _out, -1)
+_make_fast("all_gather", _ALL_GATHER, _x, _out, "sum", 0, -1, _algo, _timeout, False, _async, _out, -1)
+_make_fast("all_to_all", _ALL_TO_ALL, _x, _out, "sum", 0, -1, _algo, _timeout, False, _async, _out, -1)
+_make_fast("broadcast", _BROADCAST, _x, None, "sum", _root, -1, _algo, _timeout, False, _async, _x, -1)
+_make_fast("barrier", _BARRIER, None, None, "sum", 0, -1, "auto", _timeout, False, _async, None, -1)
+_make_fast("send", _SEND, _x, None, "sum", 0, _peer, "auto", _timeout, False, _async, None, -1)
+_make_fast("recv", _RECV, None, _x, "sum", 0, _peer, "auto", _timeout, False, _async, _x, -1)
+_make_fast(
+    "sendrecv", _SENDRECV, _x, _out, "sum", 0, _Param("dst"), "auto", _timeout, False, _async, _out, _Param("src")
+)
 
 
 def live_communicators() -> list:

@@ -154,6 +154,98 @@ def test_fast_entry_runs_plain_ndarrays_and_declines_the_rest():
         comm._fast(ar, x, out, "sum", 0, -1, "auto", None, False, False, out, -1)
 
 
+def test_methods_make_the_fast_call_their_python_code_makes():
+    """The collective methods are C method descriptors that bind their arguments and make the
+    fast entry's call themselves (no Python frame). Each must make exactly the call the method's
+    Python code makes, however the arguments are passed, and leave anything else to that code
+    without trying the fast entry first."""
+    import inspect
+    import pydoc
+    import sys
+
+    with rt.init(rank=0, size=1) as comm:
+        x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        seen, answers = [], []
+
+        def entry(*args):  # stands in for comm._fast; says who called it
+            seen.append((sys._getframe(1).f_code.co_name, args))
+            return answers.pop(0)
+
+        def same(a, b):
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                return a is b
+            return type(a) is type(b) and a == b
+
+        comm._fast = entry
+        # Values apart from the defaults and from each other, so a recipe that swaps or drops one shows.
+        taken = [
+            ("all_reduce", (x,), {}),
+            ("all_reduce", (x, out), {}),
+            ("all_reduce", (x,), dict(out=None, op="max", algo="ring", timeout=3.0, deterministic=True)),
+            ("all_reduce", (x, out, "min", "tree", False, 2, True), {}),
+            ("reduce_scatter", (x, out), {}),
+            ("reduce_scatter", (x,), dict(out=out, op="prod", algo="tree", timeout=9, deterministic=True)),
+            ("all_gather", (x, out), dict(algo="ring")),
+            ("all_to_all", (x,), dict(out=out, timeout=1, algo="direct")),
+            ("broadcast", (x,), {}),
+            ("broadcast", (x, 2, "oneshot"), {}),
+            ("broadcast", (x,), dict(root=3, timeout=None, async_op=False)),
+            ("barrier", (), {}),
+            ("barrier", (), dict(timeout=4.0)),
+            ("send", (x, 5), {}),
+            ("send", (x,), dict(peer=0, timeout=2.0)),
+            ("recv", (out, 1), {}),
+            ("recv", (), dict(x=out, peer=6)),
+            ("sendrecv", (x, 1, out, 0), {}),
+            ("sendrecv", (x,), dict(dst=1, out=out, src=2, timeout=5)),
+        ]
+        for name, args, kwargs in taken:
+            seen.clear()
+            answers[:] = [NotImplemented, "ran"]  # declined by the C call: the Python code calls again
+            assert getattr(comm, name)(*args, **kwargs) == "ran", (name, args, kwargs)
+            (caller_c, made), (caller_py, expected) = seen
+            assert caller_c != name and caller_py == name, (name, seen)
+            assert len(made) == len(expected) == 12 and all(map(same, made, expected)), (name, made, expected)
+        left = [
+            ("broadcast", ([1.0, 2.0],), {}),  # not an ndarray: the Python code reads it
+            ("all_reduce", (x, [0.0] * 4), {}),
+            ("all_reduce", (x,), dict(async_op=True)),  # its Work is made in Python
+            ("all_gather", (x, out), dict(async_op=1)),
+        ]
+
+        class Finished:  # what an async call's Work holds
+            def is_completed(self):
+                return True
+
+        for name, args, kwargs in left:
+            seen.clear()
+            answers[:] = [Finished()]
+            getattr(comm, name)(*args, **kwargs)
+            assert [caller for caller, _ in seen] == [name], (name, seen)
+        del comm._fast
+        with pytest.raises(AttributeError):
+            comm.broadcast(x)  # no entry: the Python code's own error
+        comm._fast = comm._plain_fast
+        # Argument errors are Python's own, worded for the method.
+        with pytest.raises(TypeError, match="missing 1 required positional argument: 'x'"):
+            comm.broadcast()
+        with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+            comm.broadcast(x, bogus=1)
+        with pytest.raises(TypeError, match="multiple values for argument 'root'"):
+            comm.broadcast(x, 0, root=0)
+        with pytest.raises(TypeError, match="takes from 2 to 6 positional arguments"):
+            comm.broadcast(x, 0, "auto", False, None, 1)
+        # Read from the class or an instance, a method is documented and introspected as written.
+        assert inspect.isfunction(rt.Communicator.broadcast)
+        assert comm.broadcast.__doc__ == rt.Communicator.broadcast.__doc__
+        assert comm.broadcast.__doc__.startswith("Every rank's x receives root's x.")
+        assert list(inspect.signature(comm.broadcast).parameters) == ["x", "root", "algo", "async_op", "timeout"]
+        assert comm.all_reduce.__name__ == "all_reduce" and comm.all_reduce.__self__ is comm
+        assert "Reduce x over all ranks" in pydoc.render_doc(comm.all_reduce)
+        # And the real entry runs them.
+        assert comm.broadcast(x) is x and comm.all_reduce(x, out) is out and np.array_equal(out, x)
+
+
 def async_and_threads():
     """async_op returns Work at once; results arrive in call order; wait() re-raises errors;
     a blocking call releases the GIL (a Python thread keeps running while it waits)."""
