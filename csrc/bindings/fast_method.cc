@@ -15,6 +15,7 @@
 #include <pybind11/stl.h>
 #include <structmember.h>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 #include "bindings/bindings.h"
 
@@ -62,16 +63,22 @@ PyObject* fast_method_call(PyObject* callable, PyObject* const* args, size_t nar
   auto python_method = [&] { return PyObject_Vectorcall(m->func, args, nargsf, kwnames); };
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   if (nargs < 1 || nargs - 1 > m->nparams) return python_method();
-  PyObject* values[kMaxParams] = {};
-  for (Py_ssize_t i = 1; i < nargs; ++i) values[i - 1] = args[i];
+  // Which parameters were given: a mask, not a zeroed array (clearing one cost a sixth of this).
+  PyObject* values[kMaxParams];
+  uint32_t given = 0;
+  for (Py_ssize_t i = 1; i < nargs; ++i) {
+    values[i - 1] = args[i];
+    given |= 1u << (i - 1);
+  }
   const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; ++k) {
     const int i = param_index(m, PyTuple_GET_ITEM(kwnames, k));
-    if (i < 0 || values[i]) return python_method();  // its TypeError, worded as Python words it
+    if (i < 0 || (given >> i & 1)) return python_method();  // its TypeError, worded as Python words it
     values[i] = args[nargs + k];
+    given |= 1u << i;
   }
   for (int i = 0; i < m->nparams; ++i) {
-    if (values[i]) continue;
+    if (given >> i & 1) continue;
     values[i] = PyTuple_GET_ITEM(m->defaults, i);
     if (values[i] == g_required) return python_method();
   }
