@@ -162,6 +162,35 @@ def small_call_range(run: dict, ranks: str, largest: int = 512) -> str:
     return f"{min(got):.1f}-{max(got):.1f}"
 
 
+def spread_counts(run: dict, factor: float = 1.5) -> dict:
+    """Per library, how many of its cells had a slowest launch at least `factor` times its fastest."""
+    counts = {}
+    for colls in run["cells"].values():
+        for _, libs in (row for rows in colls.values() for row in rows):
+            for lib, (lo, _, hi) in libs.items():
+                counts.setdefault(lib, [0, 0])
+                counts[lib][1] += 1
+                counts[lib][0] += lo > 0 and hi >= factor * lo
+    return counts
+
+
+def spread_lines(runs: list) -> list:
+    def one(run):
+        counts = spread_counts(run)
+        names = ["ringtree"] + [lib for lib in PEER_NAMES if lib in counts]
+        return f"{run['label']}: " + ", ".join(
+            f"{PEER_NAMES.get(lib, lib)} {counts[lib][0]} of {counts[lib][1]}" for lib in names if lib in counts
+        )
+
+    return [
+        "Cells whose slowest launch took at least 1.5 times the fastest, per library: "
+        + "; ".join(one(r) for r in runs)
+        + ". Where a library's launches fall into two modes, the median of three lands in either,",
+        "so a cell that moves between two runs of the same code is no evidence of a change: compare",
+        "the libraries within one run.",
+    ]
+
+
 def ranks_of(run: dict) -> list:
     return sorted(run["cells"], key=lambda p: int(p[1:]))
 
@@ -380,6 +409,7 @@ def render_page(summary: dict, plot_names: list, plot_dir_rel: str = "_static/pe
         "",
     ]
     out += overview(runs)
+    out += [""] + spread_lines(runs)
     out += ["", "## Ratio against size", ""]
     for name in plot_names:
         out += [f"![ringtree over the best peer, {name[6:-4]}]({plot_dir_rel}/{name})", ""]

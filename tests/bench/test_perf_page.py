@@ -98,6 +98,22 @@ def test_ratios_tables_and_overview_follow_the_best_peer(tmp_path):
     assert "![ringtree over the best peer, P4](_static/performance/ratio-P4.png)" in lines
 
 
+def test_the_page_counts_each_librarys_cells_with_a_wide_launch_spread(tmp_path):
+    run = sweep()
+    cells = run["summary"]["P2"]["all_reduce"]
+    cells["8"]["ringtree"] = stats(1.0, lo=0.5, hi=0.75)  # 1.5x: counted
+    cells["8"]["mpich"] = stats(4.0, lo=3.0, hi=4.4)  # 1.47x: not
+    cells[str(1 << 20)]["ringtree"] = stats(200.0, lo=100.0, hi=400.0)
+    path = tmp_path / "madvise.json"
+    path.write_text(json.dumps(run))
+    summary = perf_page.summarize([f"THP madvise={path}"])["runs"][0]
+    counts = perf_page.spread_counts(summary)
+    # ringtree has a cell at each of the six (P, collective, size) steps; MPICH and Open MPI too.
+    assert counts["ringtree"] == [2, 6] and counts["mpich"] == [0, 6] and counts["openmpi"] == [0, 6]
+    text = " ".join(perf_page.spread_lines([summary]))
+    assert "THP madvise: ringtree 2 of 6, MPICH 0 of 6, Open MPI 0 of 6, Intel MPI 0 of 2, Gloo 0 of 5" in text
+
+
 def test_a_run_kept_from_an_earlier_summary_keeps_its_commit_on_the_page(tmp_path):
     old, new = sweep("never"), sweep("madvise")
     new["context"]["commit"], new["context"]["date"] = "def5678", "2026-12-06"
