@@ -179,8 +179,9 @@ PyType_Spec g_fast_method_spec = {
     "ringtree._core.FastMethod",
     sizeof(FastMethod),
     0,
+    // Immutable, or the interpreter never specializes its method loads; made only by fast_method().
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR |
-        Py_TPFLAGS_IMMUTABLETYPE,  // immutable: the interpreter specializes its method loads
+        Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     g_fast_method_slots,
 };
 

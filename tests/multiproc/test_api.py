@@ -242,8 +242,18 @@ def test_methods_make_the_fast_call_their_python_code_makes():
         assert list(inspect.signature(comm.broadcast).parameters) == ["x", "root", "algo", "async_op", "timeout"]
         assert comm.all_reduce.__name__ == "all_reduce" and comm.all_reduce.__self__ is comm
         assert "Reduce x over all ranks" in pydoc.render_doc(comm.all_reduce)
-        # And the real entry runs them.
+        with pytest.raises(TypeError):  # only the package makes them: an empty one has no method to call
+            type(rt.Communicator.__dict__["broadcast"])()
+        # And the real entry runs them, holding no reference to what it was passed.
         assert comm.broadcast(x) is x and comm.all_reduce(x, out) is out and np.array_equal(out, x)
+        timeout = 30.0
+        held = [sys.getrefcount(o) for o in (x, out, timeout)]
+        for _ in range(1000):
+            comm.broadcast(x, root=0, timeout=timeout)
+            comm.all_reduce(x, out=None, op="max")
+            comm.all_gather(x, out, algo="auto")
+            comm.all_reduce(x, async_op=True).wait()  # the Python route
+        assert [sys.getrefcount(o) for o in (x, out, timeout)] == held
 
 
 def async_and_threads():
