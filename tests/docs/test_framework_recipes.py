@@ -34,8 +34,26 @@ def _example(name):
     return path, module
 
 
+def _kill_marked(mark):
+    """Kills every process whose environment carries `mark`: what a framework started in a
+    session of its own (Ray's workers), which the process group does not reach."""
+    needle = mark.encode()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                marked = needle in f.read().split(b"\0")
+            if marked:
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone, or not ours to read
+            pass
+
+
 def _run(command, cwd, backend="ringtree"):
+    mark = f"RINGTREE_RECIPE_TEST={os.getpid()}-{os.urandom(6).hex()}"
     env = dict(os.environ, RINGTREE_TIMEOUT="30", OMP_NUM_THREADS="1")
+    env.update([mark.split("=", 1)])
     proc = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )  # the ranks a framework starts die with it on a timeout
@@ -50,6 +68,7 @@ def _run(command, cwd, backend="ringtree"):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        _kill_marked(mark)  # and those it started in sessions of their own (a Ray worker after shutdown)
     assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}:\n{output}"
     for r in range(RANKS):
         assert f"rank {r} of {RANKS}: backend {backend}" in output, output
