@@ -28,6 +28,8 @@ void register_communicator(pybind11::module_& m);
 void register_fast_method(pybind11::module_& m);
 // Calls a communicator's fast entry (Communicator._fast, a plain or a group's) with its arguments.
 PyObject* call_fast_entry(PyObject* entry, PyObject* const* args, Py_ssize_t nargs);
+// Whether obj is a numpy array (or a subclass): what the fast entry reads (NumPy's C API).
+bool is_ndarray(PyObject* obj);
 void register_policies(pybind11::module_& m);
 void register_schedules(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);

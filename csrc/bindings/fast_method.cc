@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <structmember.h>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -36,7 +37,7 @@ struct FastMethod {
   PyObject* names;          // tuple of str: its parameters after self, in order
   PyObject* defaults;       // tuple, one per parameter: its default, or `required` for none
   PyObject* consts;         // tuple of kFastArgs: the constant of each fast argument with no source
-  PyTypeObject* owner;      // the class whose slot holds the fast entry
+  PyObject* owner;          // the class whose slot holds the fast entry
   Py_ssize_t entry_offset;  // that slot's offset in its instances
   int nparams;
   int async_index;         // the parameter that must be False for the fast entry
@@ -45,7 +46,9 @@ struct FastMethod {
 };
 
 PyObject* g_required = nullptr;  // the marker of a parameter without a default
-PyTypeObject* g_ndarray = nullptr;
+
+// The references a FastMethod holds (its type's aside).
+std::array<PyObject**, 5> held(FastMethod* m) { return {&m->func, &m->names, &m->defaults, &m->consts, &m->owner}; }
 
 int param_index(const FastMethod* m, PyObject* name) {
   for (int i = 0; i < m->nparams; ++i)
@@ -91,9 +94,9 @@ PyObject* fast_method_call(PyObject* callable, PyObject* const* args, size_t nar
   }
   // Torch tensors and other buffers: the Python method reads them once, without a wasted try here.
   for (int j : {kInput, kOutput})
-    if (fast_args[j] != Py_None && !PyObject_TypeCheck(fast_args[j], g_ndarray)) return python_method();
+    if (fast_args[j] != Py_None && !is_ndarray(fast_args[j])) return python_method();
   // Read per call: a group swaps in its own entry.
-  if (!PyObject_TypeCheck(args[0], m->owner)) return python_method();
+  if (!PyObject_TypeCheck(args[0], reinterpret_cast<PyTypeObject*>(m->owner))) return python_method();
   PyObject* fast = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(args[0]) + m->entry_offset);
   if (!fast) return python_method();
   Py_INCREF(fast);  // the call may swap the slot's entry
@@ -117,23 +120,13 @@ PyObject* forward_attr(PyObject* self, void* name) {
 PyObject* wrapped_of(PyObject* self, void*) { return Py_NewRef(reinterpret_cast<FastMethod*>(self)->func); }
 
 int fast_method_traverse(PyObject* self, visitproc visit, void* arg) {
-  auto* m = reinterpret_cast<FastMethod*>(self);
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(m->func);
-  Py_VISIT(m->names);
-  Py_VISIT(m->defaults);
-  Py_VISIT(m->consts);
-  Py_VISIT(m->owner);
+  for (PyObject** ref : held(reinterpret_cast<FastMethod*>(self))) Py_VISIT(*ref);
   return 0;
 }
 
 int fast_method_clear(PyObject* self) {
-  auto* m = reinterpret_cast<FastMethod*>(self);
-  Py_CLEAR(m->func);
-  Py_CLEAR(m->names);
-  Py_CLEAR(m->defaults);
-  Py_CLEAR(m->consts);
-  Py_CLEAR(m->owner);
+  for (PyObject** ref : held(reinterpret_cast<FastMethod*>(self))) Py_CLEAR(*ref);
   return 0;
 }
 
@@ -153,7 +146,6 @@ PyGetSetDef g_fast_method_getset[] = {
     {"__doc__", forward_attr, nullptr, nullptr, const_cast<char*>("__doc__")},
     {"__name__", forward_attr, nullptr, nullptr, const_cast<char*>("__name__")},
     {"__qualname__", forward_attr, nullptr, nullptr, const_cast<char*>("__qualname__")},
-    {"__module__", forward_attr, nullptr, nullptr, const_cast<char*>("__module__")},
     {"__wrapped__", wrapped_of, nullptr, const_cast<char*>("The Python method this stands for."), nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
@@ -191,7 +183,6 @@ PyTypeObject* g_fast_method_type = nullptr;
 
 void register_fast_method(py::module_& m) {
   g_required = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
-  g_ndarray = reinterpret_cast<PyTypeObject*>(py::object(py::module_::import("numpy").attr("ndarray")).release().ptr());
   g_fast_method_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_fast_method_spec));
   if (!g_required || !g_fast_method_type) throw py::error_already_set();
   m.attr("FAST_METHOD_REQUIRED") = py::reinterpret_borrow<py::object>(g_required);
@@ -222,7 +213,7 @@ void register_fast_method(py::module_& m) {
         fm->names = names.release().ptr();
         fm->defaults = defaults.release().ptr();
         fm->consts = consts.release().ptr();
-        fm->owner = reinterpret_cast<PyTypeObject*>(owner.release().ptr());
+        fm->owner = owner.release().ptr();
         fm->entry_offset = slot->offset;
         fm->nparams = n;
         fm->async_index = async_index;

@@ -395,6 +395,8 @@ py::object code_table(const std::vector<std::pair<std::string, int>>& names) {
 
 }  // namespace
 
+bool is_ndarray(PyObject* obj) { return PyArray_Check(obj); }
+
 PyObject* call_fast_entry(PyObject* entry, PyObject* const* args, Py_ssize_t nargs) {
   if (PyCFunction_Check(entry) && PyCFunction_GET_FUNCTION(entry) == g_fast_call_def.ml_meth)
     return fast_call(PyCFunction_GET_SELF(entry), args, nargs);  // no call machinery between

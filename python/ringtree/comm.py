@@ -1214,23 +1214,26 @@ def _make_fast(name, *fast_args):
     setattr(Communicator, name, method)
 
 
-_x, _out, _op, _algo, _timeout = _Param("x"), _Param("out"), _Param("op"), _Param("algo"), _Param("timeout")
-_async, _det, _root, _peer = _Param("async_op"), _Param("deterministic"), _Param("root"), _Param("peer")
-# The fast entry's arguments, as each method passes them: coll, x, out, op, root, peer, algo,
-# timeout, deterministic, async_op, result, recv_peer.
-_make_fast(
-    "all_reduce", _ALL_REDUCE, _x, _Param("out", "x"), _op, 0, -1, _algo, _timeout, _det, _async, _Param("out", "x"), -1
-)
-_make_fast("reduce_scatter", _REDUCE_SCATTER, _x, _out, _op, 0, -1, _algo, _timeout, _det, _async, _out, -1)
-_make_fast("all_gather", _ALL_GATHER, _x, _out, "sum", 0, -1, _algo, _timeout, False, _async, _out, -1)
-_make_fast("all_to_all", _ALL_TO_ALL, _x, _out, "sum", 0, -1, _algo, _timeout, False, _async, _out, -1)
-_make_fast("broadcast", _BROADCAST, _x, None, "sum", _root, -1, _algo, _timeout, False, _async, _x, -1)
-_make_fast("barrier", _BARRIER, None, None, "sum", 0, -1, "auto", _timeout, False, _async, None, -1)
-_make_fast("send", _SEND, _x, None, "sum", 0, _peer, "auto", _timeout, False, _async, None, -1)
-_make_fast("recv", _RECV, None, _x, "sum", 0, _peer, "auto", _timeout, False, _async, _x, -1)
-_make_fast(
-    "sendrecv", _SENDRECV, _x, _out, "sum", 0, _Param("dst"), "auto", _timeout, False, _async, _out, _Param("src")
-)
+def _make_fast_methods():
+    x, out, op, algo, timeout = _Param("x"), _Param("out"), _Param("op"), _Param("algo"), _Param("timeout")
+    async_op, det, root, peer = _Param("async_op"), _Param("deterministic"), _Param("root"), _Param("peer")
+    out_or_x = _Param("out", "x")  # all_reduce's: x where out is None
+    # The fast entry's arguments, as each method passes them: coll, x, out, op, root, peer, algo,
+    # timeout, deterministic, async_op, result, recv_peer.
+    _make_fast("all_reduce", _ALL_REDUCE, x, out_or_x, op, 0, -1, algo, timeout, det, async_op, out_or_x, -1)
+    _make_fast("reduce_scatter", _REDUCE_SCATTER, x, out, op, 0, -1, algo, timeout, det, async_op, out, -1)
+    _make_fast("all_gather", _ALL_GATHER, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+    _make_fast("all_to_all", _ALL_TO_ALL, x, out, "sum", 0, -1, algo, timeout, False, async_op, out, -1)
+    _make_fast("broadcast", _BROADCAST, x, None, "sum", root, -1, algo, timeout, False, async_op, x, -1)
+    _make_fast("barrier", _BARRIER, None, None, "sum", 0, -1, "auto", timeout, False, async_op, None, -1)
+    _make_fast("send", _SEND, x, None, "sum", 0, peer, "auto", timeout, False, async_op, None, -1)
+    _make_fast("recv", _RECV, None, x, "sum", 0, peer, "auto", timeout, False, async_op, x, -1)
+    _make_fast(
+        "sendrecv", _SENDRECV, x, out, "sum", 0, _Param("dst"), "auto", timeout, False, async_op, out, _Param("src")
+    )
+
+
+_make_fast_methods()
 
 
 def live_communicators() -> list:

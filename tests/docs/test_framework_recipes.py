@@ -51,9 +51,8 @@ def _kill_marked(mark):
 
 
 def _run(command, cwd, backend="ringtree"):
-    mark = f"RINGTREE_RECIPE_TEST={os.getpid()}-{os.urandom(6).hex()}"
-    env = dict(os.environ, RINGTREE_TIMEOUT="30", OMP_NUM_THREADS="1")
-    env.update([mark.split("=", 1)])
+    token = f"{os.getpid()}-{os.urandom(6).hex()}"
+    env = dict(os.environ, RINGTREE_TIMEOUT="30", OMP_NUM_THREADS="1", RINGTREE_RECIPE_TEST=token)
     proc = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )  # the ranks a framework starts die with it on a timeout
@@ -68,7 +67,9 @@ def _run(command, cwd, backend="ringtree"):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _kill_marked(mark)  # and those it started in sessions of their own (a Ray worker after shutdown)
+        _kill_marked(
+            f"RINGTREE_RECIPE_TEST={token}"
+        )  # and those it started in sessions of their own (a Ray worker after shutdown)
     assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}:\n{output}"
     for r in range(RANKS):
         assert f"rank {r} of {RANKS}: backend {backend}" in output, output

@@ -244,6 +244,7 @@ def test_methods_make_the_fast_call_their_python_code_makes():
         assert "Reduce x over all ranks" in pydoc.render_doc(comm.all_reduce)
         with pytest.raises(TypeError):  # only the package makes them: an empty one has no method to call
             type(rt.Communicator.__dict__["broadcast"])()
+        assert type(rt.Communicator.__dict__["broadcast"]).__module__ == "ringtree._core"
         # And the real entry runs them, holding no reference to what it was passed.
         assert comm.broadcast(x) is x and comm.all_reduce(x, out) is out and np.array_equal(out, x)
         timeout = 30.0
