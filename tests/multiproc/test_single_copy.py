@@ -360,3 +360,52 @@ def test_ranks_pinned_to_a_core_each_keep_the_1_mib_threshold():
         assert res["failures"] == [], (r, res)
         assert res["received"] == {"all_to_all": 0, "all_gather": 0, "all_to_all_v": 0}, (r, res)
         assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES auto) between the 2 ranks" in res["status"]
+
+
+WITHDRAW_TIMEOUT = 1.0  # the root's timeout in the scenario below
+WITHDRAW_AWAY = 3.0  # how long rank 1 stays away from the broadcast
+
+
+def read_after_the_root_gave_up(how):
+    """The root's single-copy broadcast fails before rank 1 reads it (its timeout, or comm.abort()
+    from another thread), and the root then does what a caller may do with a buffer once the call
+    has returned: rewrite it, or free it. Rank 1 then arrives to read: it must raise, naming its
+    call, and never return the rewritten values (nor fail with an untyped error)."""
+    comm = rt.init(timeout=30)
+    assert comm.status().single_copy.startswith("on: "), comm.status().single_copy
+    n = 1 << 20  # 4 MiB: single-copy under the lowered threshold, freed with munmap by numpy
+    x = np.full(n, 1.0, np.float32) if comm.rank == 0 else np.zeros(n, np.float32)
+    comm.broadcast(x, root=0)  # a first call that completes: both ranks are past set-up
+    if comm.rank == 0:
+        if how == "abort":
+            threading.Timer(WITHDRAW_TIMEOUT, comm.abort).start()
+        try:
+            comm.broadcast(x, root=0, timeout=WITHDRAW_TIMEOUT if how != "abort" else 30)
+            return {"raised": None}
+        except rt.Error as exc:
+            raised = type(exc).__name__
+        if how == "freed":
+            del x
+        else:
+            x.fill(-1.0)
+        time.sleep(WITHDRAW_AWAY + 3.0)  # stays alive (its memory mapped) while rank 1 reads
+        return {"raised": raised}
+    time.sleep(WITHDRAW_AWAY)
+    x.fill(0.0)
+    try:
+        comm.broadcast(x, root=0)
+        return {"raised": None, "ones": int((x == 1.0).sum()), "minus_ones": int((x == -1.0).sum())}
+    except rt.Error as exc:  # what a call that raised wrote to its output is unspecified
+        return {"raised": type(exc).__name__, "message": str(exc)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["rewritten", "freed", "abort"])
+def test_a_failed_sender_withdraws_its_buffer_and_its_reader_raises(how):
+    world = run_world(
+        2, read_after_the_root_gave_up, dict(how=how), env={"RINGTREE_CMA_MIN_BYTES": str(MIN_BYTES)}, timeout=100
+    )
+    root, reader = world.check_ok()
+    assert root["raised"] == ("Aborted" if how == "abort" else "Timeout"), root
+    assert reader["raised"] == ("Aborted" if how == "abort" else "Timeout"), reader  # the root's reason
+    assert "broadcast #" in reader["message"] and "on rank 1" in reader["message"], reader["message"]

@@ -138,6 +138,16 @@ void HostExecutor::run(const HostCall& call) {
   const bool all_to_all = plan.key.coll == Collective::AllToAll || plan.key.coll == Collective::AllToAllV;
   single_copy_from_ = !single_copy_reads ? 0 : all_to_all ? single_copy_all_to_all_min_bytes_ : single_copy_min_bytes_;
   try {
+    run_naming_errors(plan, dev);
+  } catch (...) {
+    // The call returns now, and its buffers with it: peers still to read them must not.
+    for (const auto& [peer, conn] : single_copy_conns_) conn->withdraw_single_copy_sends();
+    throw;
+  }
+}
+
+void HostExecutor::run_naming_errors(const CallPlan& plan, Device& dev) {
+  try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
       if (!collective_traits(plan.key.coll).point_to_point && plan.key.algo != Algo::OneShot)

@@ -6,7 +6,9 @@
 // sender; the receiver copies the payload straight out of the sender's memory with
 // process_vm_readv and only then consumes the header, which is the sender's acknowledgement:
 // its send (and so its call) is not complete, and its buffer not released, before the receiver
-// has read every byte.
+// has read every byte. A call that fails returns without it: it first marks its rings to those
+// peers withdrawn (ShmRing::withdrawn), and a receiver that sees the mark after its read raises
+// rather than return what the caller may have put in the buffer since.
 //
 // The kernel allows it only where the receiver may ptrace the sender (Yama's ptrace_scope,
 // seccomp profiles of containers, different pid namespaces), so every rank tries it on a probe

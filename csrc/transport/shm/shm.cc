@@ -322,16 +322,39 @@ bool ShmConnection::progress_single_copy_recv(RecvCursor& c, uint64_t tail) {
   const uint64_t payload = c.payload_bytes;  // the executor checked the header's against it
   const uint64_t off = c.done - sizeof(MsgHeader);
   if (off < payload) {
-    c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off, std::min(payload - off, kSingleCopyTurnBytes),
-                       peer_);
+    raise_if_withdrawn();  // not a wait: a read of the sender's line this rank reads anyway
+    try {
+      c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off,
+                         std::min(payload - off, kSingleCopyTurnBytes), peer_);
+    } catch (const PeerFailure&) {
+      throw;
+    } catch (const Error&) {
+      raise_if_withdrawn();  // the sender's call failed and released the buffer: that explains it
+      throw;
+    }
     if (c.done - sizeof(MsgHeader) < payload) return true;
   }
+  // The sender withdraws before it releases the buffer; a read that ended before the withdrawal
+  // (seen here as not withdrawn) read the bytes it meant to send, a later one may have read others.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  raise_if_withdrawn();
   // Consuming the header is the acknowledgement: the sender may now reuse its buffer.
   in_->tail.store(tail + sizeof(MsgHeader), std::memory_order_release);
   c.done = stream_bytes(payload);
   ++cma_received_;
   wake_peer();
   return true;
+}
+
+void ShmConnection::withdraw_single_copy_sends() {
+  if (acknowledged()) return;
+  out_->withdrawn.store(1, std::memory_order_seq_cst);
+}
+
+void ShmConnection::raise_if_withdrawn() const {
+  if (in_->withdrawn.load(std::memory_order_relaxed))
+    RT_THROW(PeerFailure, "rank ", peer_,
+             "'s call ended in an error before this rank had read its single-copy message");
 }
 
 bool ShmConnection::peek_header(MsgHeader* h) const {

@@ -49,6 +49,9 @@ static_assert(sizeof(OneShotSlot) == 128, "OneShotSlot header must be two cache 
 
 struct ShmRing {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (sender)
+  // Set by the sender when a call of its ended in an error before the receiver acknowledged a
+  // single-copy send: the buffer it pointed to may be freed or reused from then on.
+  std::atomic<uint64_t> withdrawn;
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (receiver)
 };
 
@@ -157,12 +160,16 @@ class ShmConnection : public Connection {
   std::string describe_stores() const { return stores_.describe(); }
   // Whether the peer has read every single-copy message this rank sent it.
   bool acknowledged() const { return out_->tail.load(std::memory_order_acquire) >= last_ack_at_; }
+  // For a call that ends in an error: tells the peer that the buffers of the single-copy sends it
+  // has not acknowledged are no longer there to read (it then raises instead of returning them).
+  void withdraw_single_copy_sends();
   static uint64_t stream_bytes(uint64_t payload) { return sizeof(MsgHeader) + ((payload + 63) & ~uint64_t{63}); }
 
  private:
   void wake_peer();
   bool progress_single_copy_send(SendCursor& c);
   bool progress_single_copy_recv(RecvCursor& c, uint64_t tail);
+  void raise_if_withdrawn() const;
   int peer_;
   ShmRing* out_;
   uint8_t* out_data_;
