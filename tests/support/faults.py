@@ -309,15 +309,24 @@ class Victim:
     def shut_sockets(self):
         """Shuts down every connected TCP socket of this process, as a failed network would
         (one socket alone could be a message link, whose loss collectives rightly ignore); waits
-        for one to exist (early in bootstrap there may be none yet)."""
+        for one to exist (early in bootstrap there may be none yet). During bootstrap the network
+        stays failed until init's timeout: connections set-up opens later are shut down too, or a
+        fault that hit only the set-up's first connection would spare the job (its control and
+        data connections come later)."""
         deadline = time.monotonic() + self.t.init_timeout
+        announced = False
         while time.monotonic() < deadline:
             sockets = connected_tcp_sockets()
-            if sockets:
+            if sockets and not announced:
                 self.announce()
-                for s in sockets:
+                announced = True
+            for s in sockets:
+                try:
                     s.shutdown(socket.SHUT_RDWR)
-                    s.close()  # the duplicate only: the runtime's own descriptor stays open
+                except OSError:
+                    pass  # shut down already
+                s.close()  # the duplicate only: the runtime's own descriptor stays open
+            if announced and self.phase != "init":
                 return
             time.sleep(0.001)
 
