@@ -129,8 +129,8 @@ class HostExecutor {
     MsgHeader expect;  // receives: the header this message must carry
   };
   struct Device;  // run_plan's device policy over this executor
-  // run()'s body: errors leave it naming the call and this rank.
-  void run_naming_errors(const CallPlan& plan, Device& dev);
+  // For a call that fails: the peers' unread single-copy messages from it are withdrawn (shm.h).
+  void withdraw_single_copy_sends();
 
   void open_wake_fd();
   void setup_shared_memory(Bootstrap& boot, const Mesh& mesh, const UniqueId& uid, uint64_t ring_bytes,

@@ -138,16 +138,6 @@ void HostExecutor::run(const HostCall& call) {
   const bool all_to_all = plan.key.coll == Collective::AllToAll || plan.key.coll == Collective::AllToAllV;
   single_copy_from_ = !single_copy_reads ? 0 : all_to_all ? single_copy_all_to_all_min_bytes_ : single_copy_min_bytes_;
   try {
-    run_naming_errors(plan, dev);
-  } catch (...) {
-    // The call returns now, and its buffers with it: peers still to read them must not.
-    for (const auto& [peer, conn] : single_copy_conns_) conn->withdraw_single_copy_sends();
-    throw;
-  }
-}
-
-void HostExecutor::run_naming_errors(const CallPlan& plan, Device& dev) {
-  try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
       if (!collective_traits(plan.key.coll).point_to_point && plan.key.algo != Algo::OneShot)
@@ -161,10 +151,19 @@ void HostExecutor::run_naming_errors(const CallPlan& plan, Device& dev) {
       throw PeerFailure(str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
     }
   } catch (const Error& e) {
+    withdraw_single_copy_sends();
     // A peer's notice names the peer's call (perhaps a later one, or comm.abort()): name ours too.
     if (!ctrl_.notice_raised()) throw;
     throw_error(e.kind(), str_cat(describe_current(), " on rank ", rank_, ": ", e.what()));
+  } catch (...) {
+    withdraw_single_copy_sends();
+    throw;
   }
+}
+
+// The call returns with an error now, and its buffers with it: peers still to read them must not.
+void HostExecutor::withdraw_single_copy_sends() {
+  for (const auto& [peer, conn] : single_copy_conns_) conn->withdraw_single_copy_sends();
 }
 
 void HostExecutor::walk(uint8_t* in, uint8_t* out) {
