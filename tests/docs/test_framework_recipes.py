@@ -67,9 +67,8 @@ def _run(command, cwd, backend="ringtree"):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _kill_marked(
-            f"RINGTREE_RECIPE_TEST={token}"
-        )  # and those it started in sessions of their own (a Ray worker after shutdown)
+        # And those it started in sessions of their own (a Ray worker after shutdown).
+        _kill_marked(f"RINGTREE_RECIPE_TEST={token}")
     assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}:\n{output}"
     for r in range(RANKS):
         assert f"rank {r} of {RANKS}: backend {backend}" in output, output

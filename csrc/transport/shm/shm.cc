@@ -322,12 +322,9 @@ bool ShmConnection::progress_single_copy_recv(RecvCursor& c, uint64_t tail) {
   const uint64_t payload = c.payload_bytes;  // the executor checked the header's against it
   const uint64_t off = c.done - sizeof(MsgHeader);
   if (off < payload) {
-    raise_if_withdrawn();  // not a wait: a read of the sender's line this rank reads anyway
     try {
       c.done += cma_read(cma_pid_, c.dst + off, c.header.reserved[0] + off,
                          std::min(payload - off, kSingleCopyTurnBytes), peer_);
-    } catch (const PeerFailure&) {
-      throw;
     } catch (const Error&) {
       raise_if_withdrawn();  // the sender's call failed and released the buffer: that explains it
       throw;
