@@ -11,6 +11,7 @@ why."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import threading
@@ -24,6 +25,7 @@ from rank_checks import run_case
 import ringtree as rt
 
 MIN_BYTES = 4096
+HUGE_PAGE = 2 << 20
 # (collective, algorithms): every schedule these collectives have on one host.
 ROUTED = [
     ("all_gather", ["ring"]),
@@ -296,34 +298,75 @@ def test_a_broadcast_of_depth_one_goes_in_single_copy_sized_segments(P, algo, de
     assert [res["received"] for res in results] == [0] + [segments] * (P - 1)
 
 
-def all_to_all_and_all_gather_paths(cpus_of_rank):
-    """Pins this rank to its CPUs before set-up, then runs an all_to_all and an all_gather whose
-    blocks are 512 KiB (between the automatic thresholds) against numpy; returns how many
-    messages each received single-copy, and the status."""
+def paged_array(elems, huge):
+    """A float32 array of `elems` zeros on memory of its own, asked for huge pages (madvise) or
+    kept off them, aligned to a huge page; and whether it got what it asked for: every resident
+    byte of its mapping on huge pages, or none (/proc/self/smaps; the kernel may merge the mapping
+    with a neighbour asked alike; no huge page where THP is off or none was free)."""
+    nbytes = elems * 4
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    base = np.frombuffer(m, np.uint8)  # the array keeps the mapping alive
+    start = (-base.ctypes.data) % HUGE_PAGE
+    a = base[start : start + nbytes].view(np.float32)
+    a[:] = 0
+    addr, kib = base.ctypes.data, {}
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head in ("Rss:", "AnonHugePages:"):
+                kib[head] = int(line.split()[1])
+    huge_kib = kib.get("AnonHugePages:", 0)
+    return a, (huge_kib == kib.get("Rss:") and huge_kib * 1024 >= nbytes) if huge else huge_kib == 0
+
+
+def all_to_all_and_all_gather_paths(cpus_of_rank, huge=True, block_bytes=512 << 10):
+    """Pins this rank to its CPUs before set-up, then runs an all_to_all, an all_to_all_v and an
+    all_gather whose blocks are block_bytes (512 KiB: between the automatic thresholds), from and into buffers
+    on huge pages (or small ones), against numpy; returns how many messages each received
+    single-copy, the status, and whether every buffer got the pages it asked for."""
     rank = int(os.environ["RINGTREE_RANK"])
     os.sched_setaffinity(0, cpus_of_rank[rank])
     comm = rt.init()
-    N = (512 << 10) // 4  # float32 elements per block
-    received, failures = {}, []
-    for coll in ("all_to_all", "all_gather"):
-        before = comm.status().single_copy_messages
-        wrong, desc = run_case(comm, coll, N, "float32", "sum", "auto", False, 0, salt=5)
-        if wrong:
-            failures.append(f"{desc}: {wrong} wrong")
-        received[coll] = comm.status().single_copy_messages - before
-    # all_to_all_v (the torch backend's all_to_all_single) follows all_to_all's threshold.
     P = comm.size
-    x = np.arange(N * P, dtype=np.float32) + 1000 * rank
-    out = np.empty_like(x)
-    before = comm.status().single_copy_messages
-    comm.all_to_all_v(x, out, [N] * P, [N] * P)
-    want = np.concatenate([np.arange(rank * N, (rank + 1) * N, dtype=np.float32) + 1000 * q for q in range(P)])
-    if not np.array_equal(out, want):
-        failures.append("all_to_all_v: wrong result")
-    received["all_to_all_v"] = comm.status().single_copy_messages - before
+    N = block_bytes // 4  # float32 elements per block
+    x, x_as_asked = paged_array(N * P, huge)
+    out, out_as_asked = paged_array(N * P, huge)
+    paged_as_asked = x_as_asked and out_as_asked
+    x[:] = np.arange(N * P, dtype=np.float32) + 1000 * rank
+    # all_to_all_v (the torch backend's all_to_all_single) follows all_to_all's threshold.
+    want = {
+        "all_to_all": np.concatenate(
+            [np.arange(rank * N, (rank + 1) * N, dtype=np.float32) + 1000 * q for q in range(P)]
+        ),
+        "all_gather": np.concatenate([np.arange(N, dtype=np.float32) + 1000 * q for q in range(P)]),
+    }
+    want["all_to_all_v"] = want["all_to_all"]
+    calls = {
+        "all_to_all": lambda: comm.all_to_all(x, out),
+        "all_to_all_v": lambda: comm.all_to_all_v(x, out, [N] * P, [N] * P),
+        "all_gather": lambda: comm.all_gather(x[:N], out),
+    }
+    received, failures = {}, []
+    for coll, call in calls.items():
+        out[:] = -1
+        before = comm.status().single_copy_messages
+        call()
+        received[coll] = comm.status().single_copy_messages - before
+        if not np.array_equal(out, want[coll]):
+            failures.append(f"{coll}: wrong result")
     status = comm.status().single_copy
     comm.close()
-    return {"received": received, "failures": failures, "status": status}
+    return {"received": received, "failures": failures, "status": status, "paged_as_asked": paged_as_asked}
+
+
+def skip_without_huge_pages(results):
+    if not all(res["paged_as_asked"] for res in results):
+        pytest.skip("the kernel gave no huge pages to a buffer that asked (THP off, or none free)")
 
 
 def _allowed_cpus():
@@ -338,7 +381,9 @@ def test_all_to_all_goes_single_copy_from_256_kib_where_ranks_share_a_core(setti
     cpu = _allowed_cpus()[0]
     env = {} if setting == "auto" else {"RINGTREE_CMA_MIN_BYTES": setting}
     world = run_world(4, all_to_all_and_all_gather_paths, dict(cpus_of_rank=[[cpu]] * 4), env=env, timeout=120)
-    for r, res in enumerate(world.check_ok()):
+    results = world.check_ok()
+    skip_without_huge_pages(results)
+    for r, res in enumerate(results):
         assert res["failures"] == [], (r, res)
         assert res["received"]["all_gather"] == 0, (r, res)
         if setting == "auto":
@@ -360,6 +405,69 @@ def test_ranks_pinned_to_a_core_each_keep_the_1_mib_threshold():
         assert res["failures"] == [], (r, res)
         assert res["received"] == {"all_to_all": 0, "all_gather": 0, "all_to_all_v": 0}, (r, res)
         assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES auto) between the 2 ranks" in res["status"]
+        assert "broadcasts of 8388608 bytes or more use the ring" in res["status"], res["status"]
+        assert "a message from small pages uses the ring;" in res["status"], res["status"]
+
+
+@pytest.mark.parametrize("huge", [True, False], ids=["huge-pages", "small-pages"])
+def test_a_message_from_small_pages_takes_the_ring(huge):
+    """process_vm_readv pins every page it reads: blocks of 2 MiB (above the 1 MiB threshold) go
+    single-copy from huge pages and through the ring from small ones; exact either way."""
+    cpus = _allowed_cpus()
+    if len(cpus) < 2:
+        pytest.skip(f"needs two CPUs to pin two ranks apart; this process may use {cpus}")
+    args = dict(cpus_of_rank=[[cpus[0]], [cpus[1]]], huge=huge, block_bytes=2 << 20)
+    results = run_world(2, all_to_all_and_all_gather_paths, args, timeout=120).check_ok()
+    if huge:
+        skip_without_huge_pages(results)
+    for r, res in enumerate(results):
+        assert res["failures"] == [], (r, res)
+        one = 1 if huge else 0  # one block from the one peer
+        assert res["received"] == {"all_to_all": one, "all_gather": one, "all_to_all_v": one}, (r, res)
+
+
+def pinned_broadcasts(cpus_of_rank, sizes, huge):
+    """Pins this rank to its CPUs before set-up, then broadcasts each size from rank 0 (auto) in a
+    buffer on huge pages (or small ones); returns [size, single-copy messages this rank received,
+    data exact] per size, and whether every buffer got the pages it asked for."""
+    rank = int(os.environ["RINGTREE_RANK"])
+    os.sched_setaffinity(0, cpus_of_rank[rank])
+    comm = rt.init(timeout=60)
+    out, paged_as_asked = [], True
+    for nbytes in sizes:
+        want = np.arange(nbytes // 4, dtype=np.float32) * 3 + nbytes
+        x, as_asked = paged_array(nbytes // 4, huge)
+        paged_as_asked &= as_asked
+        if comm.rank == 0:
+            x[:] = want
+        before = comm.status().single_copy_messages
+        comm.broadcast(x, root=0)
+        out.append([nbytes, comm.status().single_copy_messages - before, bool(np.array_equal(x, want))])
+    comm.close()
+    return {"broadcasts": out, "paged_as_asked": paged_as_asked}
+
+
+def test_a_large_broadcast_goes_through_the_ring_where_every_rank_has_a_core():
+    """The root of a broadcast has nothing else to do: from 8 MiB, with a core for each rank, the
+    ring's two copies run on two cores at once (one byte read single-copy puts it all on the
+    receiver's core); below that, from huge pages, one read per 1 MiB segment."""
+    cpus = _allowed_cpus()
+    if len(cpus) < 2:
+        pytest.skip(f"needs two CPUs to pin two ranks apart; this process may use {cpus}")
+    args = dict(cpus_of_rank=[[cpus[0]], [cpus[1]]], sizes=[4 << 20, 8 << 20], huge=True)
+    results = run_world(2, pinned_broadcasts, args, timeout=120).check_ok()
+    skip_without_huge_pages(results)
+    assert results[1]["broadcasts"] == [[4 << 20, 4, True], [8 << 20, 0, True]], results
+    assert results[0]["broadcasts"] == [[4 << 20, 0, True], [8 << 20, 0, True]], results
+
+
+def test_ranks_sharing_a_core_read_a_broadcast_single_copy_even_from_small_pages():
+    """Where ranks share a core the ring's second copy takes the core the other rank waits for:
+    an 8 MiB broadcast from small pages stays single-copy (in 1 MiB segments)."""
+    cpu = _allowed_cpus()[0]
+    args = dict(cpus_of_rank=[[cpu], [cpu]], sizes=[8 << 20], huge=False)
+    results = run_world(2, pinned_broadcasts, args, timeout=120).check_ok()
+    assert results[1]["broadcasts"] == [[8 << 20, 8, True]], results
 
 
 WITHDRAW_TIMEOUT = 1.0  # the root's timeout in the scenario below

@@ -188,10 +188,15 @@ class HostExecutor {
   bool stream_copies_ = false;  // ... and its local copies into the output too (no reduction reads them back)
   std::string single_copy_status_ = "off: no other rank shares memory with this one";
   bool single_copy_on_ = false;
-  uint64_t single_copy_min_bytes_ = 0;             // RINGTREE_CMA_MIN_BYTES, or auto's 1 MiB
-  uint64_t single_copy_all_to_all_min_bytes_ = 0;  // ... for all_to_all (auto: less where cores are shared)
-  uint64_t single_copy_from_ = 0;                  // the current call's sends this large go single-copy (0: none)
-  bool single_copy_defer_ = false;                 // ... and complete before they are acknowledged
+  uint64_t single_copy_min_bytes_ = 0;               // RINGTREE_CMA_MIN_BYTES, or auto's 1 MiB
+  uint64_t single_copy_all_to_all_min_bytes_ = 0;    // ... for all_to_all (auto: less where cores are shared)
+  uint64_t broadcast_ring_from_bytes_ = UINT64_MAX;  // a broadcast this large goes through the ring
+  bool single_copy_from_huge_pages_only_ = false;    // auto: a send from small pages takes the ring (cma.h)
+  bool host_cores_shared_ = false;                   // some rank of this host shares its cores
+  bool single_copy_huge_only_ = false;               // ... the rule, for the current call
+  std::vector<char> single_copy_peer_;               // per rank: reads this rank's messages single-copy
+  uint64_t single_copy_from_ = 0;                    // the current call's sends this large go single-copy (0: none)
+  bool single_copy_defer_ = false;                   // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on
   bool single_copy_acked() const;
   uint64_t single_copy_probe_word_ = 0;  // peers read it during set-up (probe_single_copy)

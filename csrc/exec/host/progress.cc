@@ -19,6 +19,7 @@
 #include "common/check.h"
 #include "kernels/host/copy.h"
 #include "exec/host/executor.h"
+#include "transport/shm/cma.h"
 
 namespace ringtree {
 
@@ -133,10 +134,15 @@ void HostExecutor::run(const HostCall& call) {
   // senders' copies, made in parallel with the root's, off the ring (it measured no faster).
   const CollectiveTraits& traits = collective_traits(plan.key.coll);
   const bool single_copy_reads =
-      single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather;
+      single_copy_on_ && !traits.point_to_point && !traits.reduction && plan.key.coll != Collective::Gather &&
+      !(plan.key.coll == Collective::Broadcast && plan.key.count * plan.elem_size() >= broadcast_ring_from_bytes_);
   // all_to_all_v too: the torch backend's all_to_all_single and MoE dispatch take it.
   const bool all_to_all = plan.key.coll == Collective::AllToAll || plan.key.coll == Collective::AllToAllV;
   single_copy_from_ = !single_copy_reads ? 0 : all_to_all ? single_copy_all_to_all_min_bytes_ : single_copy_min_bytes_;
+  // Where ranks share cores a broadcast's receivers read the root's buffer single-copy even from
+  // small pages: the ring's extra copy there costs a core the others wait for.
+  single_copy_huge_only_ =
+      single_copy_from_huge_pages_only_ && !(plan.key.coll == Collective::Broadcast && host_cores_shared_);
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
@@ -233,6 +239,9 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
     c.send.single_copy_min_bytes = single_copy_from_;
+    if (single_copy_huge_only_ && single_copy_from_ > 0 && c.payload_bytes >= single_copy_from_ &&
+        single_copy_peer_[op.peer] && !cma_source_on_huge_pages(c.send.payload, c.payload_bytes))
+      c.send.single_copy_min_bytes = 0;  // process_vm_readv would pin every small page
     c.send.defer_ack = single_copy_defer_ && op.src.buf != BufId::Scratch;
   } else {
     c.recv = RecvCursor{};

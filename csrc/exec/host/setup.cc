@@ -30,8 +30,15 @@ constexpr uint64_t kAutoSingleCopyBytes = uint64_t{1} << 20;
 // another rank waits for, and an all_to_all block is read once, straight into place. At P=4 on
 // 2 cores, all_to_all of 1 and 2 MiB (blocks of 256 and 512 KiB) ran 1.0-1.1x and 1.6-2.0x faster
 // single-copy; 128 KiB blocks ran 1.4x slower. Broadcast's pipelined segments and all_gather's
-// forwarded blocks ran slower single-copy there too, so they keep 1 MiB.
+// forwarded blocks ran slower single-copy there too, so they keep 1 MiB. (The bench's buffers were
+// on huge pages; from small pages every message but a broadcast's takes the ring, cma.h.)
 constexpr uint64_t kOversubscribedAllToAllSingleCopyBytes = uint64_t{256} << 10;
+// auto, where every rank of the host has a core of its own: a broadcast this large goes through
+// the ring even from huge pages. Its root has nothing else to do, so the ring's two copies run on
+// two cores at once, where a single copy leaves the root's core idle. At P=2 (2-core VM, huge
+// pages): 16-64 MiB ran 1.1-1.6x faster through the ring in six interleaved runs, 8 MiB 0.95-1.3x.
+// Where ranks share cores the second copy costs a core another rank waits for: no change there.
+constexpr uint64_t kOwnCoresBroadcastRingBytes = uint64_t{8} << 20;
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
   static const std::string dir = setting_str(Setting::TestNumaNodeDir);
@@ -165,6 +172,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   if (have_shm_) {
     own_segment_->header()->cma_failed_peer = failed_peer;
     own_segment_->header()->cma_verdict = verdict;
+    own_segment_->header()->cores_shared = cores_shared ? 1 : 0;
   }
   boot.barrier();  // every verdict is written
   if (!have_shm_) return;
@@ -181,10 +189,12 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
         ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
     return;
   }
+  single_copy_peer_.assign(size_, 0);
   for (int q : local_peers) {
     auto* conn = static_cast<ShmConnection*>(conns_[q].get());
     conn->enable_single_copy(peer_segments_[q]->header()->cma_pid);
     single_copy_conns_.emplace_back(q, conn);
+    single_copy_peer_[q] = 1;
   }
   single_copy_on_ = true;
   const bool automatic = SingleCopyMinBytes() < 0;
@@ -192,13 +202,26 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
       automatic ? kAutoSingleCopyBytes : static_cast<uint64_t>(std::max<int64_t>(1, SingleCopyMinBytes()));
   single_copy_all_to_all_min_bytes_ =
       automatic && cores_shared ? kOversubscribedAllToAllSingleCopyBytes : single_copy_min_bytes_;
-  single_copy_status_ =
-      str_cat("on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
-              single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
-                  ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
-                  : std::string(),
-              automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
-              single_copy_conns_.size() + 1, " ranks on this host");
+  // Every rank of the host decides alike (the broadcast's segments follow): any rank's shared
+  // cores keep the single copy for all.
+  for (int q : here)
+    host_cores_shared_ |= (q == rank_ ? own_segment_->header() : peer_segments_[q]->header())->cores_shared != 0;
+  broadcast_ring_from_bytes_ = automatic && !host_cores_shared_ ? kOwnCoresBroadcastRingBytes : UINT64_MAX;
+  single_copy_from_huge_pages_only_ = automatic;
+  single_copy_status_ = str_cat(
+      "on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
+      single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
+          ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
+          : std::string(),
+      automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
+      single_copy_conns_.size() + 1, " ranks on this host",
+      single_copy_from_huge_pages_only_ ? std::string("; a message from small pages uses the ring") +
+                                              (host_cores_shared_ ? " (but a broadcast's: ranks outnumber cores)" : "")
+                                        : std::string(),
+      broadcast_ring_from_bytes_ != UINT64_MAX
+          ? str_cat("; broadcasts of ", broadcast_ring_from_bytes_,
+                    " bytes or more use the ring (every rank has a core of its own)")
+          : std::string());
 }
 
 // Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the
@@ -210,7 +233,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 uint64_t HostExecutor::segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const {
   const bool every_peer_single_copy = single_copy_conns_.size() + 1 == static_cast<size_t>(size_);
   if (coll != Collective::Broadcast || !every_peer_single_copy || bytes < single_copy_min_bytes_ ||
-      (algo != Algo::Tree && algo != Algo::Ring && algo != Algo::Direct))
+      bytes >= broadcast_ring_from_bytes_ || (algo != Algo::Tree && algo != Algo::Ring && algo != Algo::Direct))
     return 0;
   return rooted_tree_is_flat(algo, size_) ? single_copy_min_bytes_ : 0;
 }

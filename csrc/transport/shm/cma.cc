@@ -1,12 +1,77 @@
 #include "transport/shm/cma.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
+#include <unistd.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include "common/check.h"
 
 namespace ringtree {
+
+namespace {
+// The kernel's PAGEMAP_SCAN interface (linux/fs.h from 6.7), spelled out for older headers.
+struct PageRegion {
+  uint64_t start, end, categories;
+};
+struct PageScanArg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+  uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+constexpr unsigned long kPageMapScan = _IOWR('f', 16, PageScanArg);
+constexpr uint64_t kPageIsHuge = 1u << 6;
+constexpr uint64_t kSmallPage = 4096;
+
+// This thread's /proc/self/pagemap, reopened after a fork (the file names the process that
+// opened it), closed when the thread ends.
+struct PageMap {
+  int fd = -1;
+  pid_t pid = 0;
+  bool unsupported = false;
+  ~PageMap() {
+    if (fd >= 0) close(fd);
+  }
+  int get() {
+    const pid_t now = getpid();
+    if (fd >= 0 && pid == now) return fd;
+    if (fd >= 0) close(fd);
+    fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    pid = now;
+    unsupported = fd < 0;
+    return fd;
+  }
+};
+thread_local PageMap page_map;
+}  // namespace
+
+bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
+  if (page_map.unsupported || bytes == 0) return true;
+  const int fd = page_map.get();
+  if (fd < 0) return true;
+  const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(kSmallPage - 1);
+  const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + kSmallPage - 1) & ~(kSmallPage - 1);
+  const uint64_t allowed = bytes / 4 / kSmallPage;  // small pages tolerated
+  PageRegion regions[8];
+  PageScanArg arg{};
+  arg.size = sizeof(arg);
+  arg.start = begin;
+  arg.end = end;
+  arg.vec = reinterpret_cast<uint64_t>(regions);
+  arg.vec_len = 8;
+  arg.max_pages = allowed + 1;                                                // the scan stops once the answer is no
+  arg.category_inverted = arg.category_mask = arg.return_mask = kPageIsHuge;  // pages NOT huge
+  const long found = ioctl(fd, kPageMapScan, &arg);
+  if (found < 0) {
+    page_map.unsupported = errno == ENOTTY || errno == EINVAL || errno == EPERM;  // an older kernel
+    return true;
+  }
+  uint64_t small = 0;
+  for (long i = 0; i < found; ++i) small += (regions[i].end - regions[i].start) / kSmallPage;
+  if (found == 8 && arg.walk_end < end) return false;  // more scattered small pages than regions
+  return small <= allowed;
+}
 
 int32_t cma_probe(pid_t pid, uint64_t addr, uint64_t expected) {
   uint64_t word = ~expected;
