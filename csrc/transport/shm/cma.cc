@@ -22,7 +22,6 @@ struct PageScanArg {
 };
 constexpr unsigned long kPageMapScan = _IOWR('f', 16, PageScanArg);
 constexpr uint64_t kPageIsHuge = 1u << 6;
-constexpr uint64_t kSmallPage = 4096;
 
 // This thread's /proc/self/pagemap, reopened after a fork (the file names the process that
 // opened it), closed when the thread ends.
@@ -50,9 +49,10 @@ bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
   if (page_map.unsupported || bytes == 0) return true;
   const int fd = page_map.get();
   if (fd < 0) return true;
-  const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(kSmallPage - 1);
-  const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + kSmallPage - 1) & ~(kSmallPage - 1);
-  const uint64_t allowed = bytes / 4 / kSmallPage;  // small pages tolerated
+  static const uint64_t small_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // the scan's unit
+  const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(small_page - 1);
+  const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + small_page - 1) & ~(small_page - 1);
+  const uint64_t allowed = bytes / 4 / small_page;  // small pages tolerated
   PageRegion regions[8];
   PageScanArg arg{};
   arg.size = sizeof(arg);
@@ -68,7 +68,7 @@ bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
     return true;
   }
   uint64_t small = 0;
-  for (long i = 0; i < found; ++i) small += (regions[i].end - regions[i].start) / kSmallPage;
+  for (long i = 0; i < found; ++i) small += (regions[i].end - regions[i].start) / small_page;
   if (found == 8 && arg.walk_end < end) return false;  // more scattered small pages than regions
   return small <= allowed;
 }
