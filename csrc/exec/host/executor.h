@@ -194,7 +194,6 @@ class HostExecutor {
   bool single_copy_from_huge_pages_only_ = false;    // auto: a send from small pages takes the ring (cma.h)
   bool host_cores_shared_ = false;                   // some rank of this host shares its cores
   bool single_copy_huge_only_ = false;               // ... the rule, for the current call
-  std::vector<char> single_copy_peer_;               // per rank: reads this rank's messages single-copy
   uint64_t single_copy_from_ = 0;                    // the current call's sends this large go single-copy (0: none)
   bool single_copy_defer_ = false;                   // ... and complete before they are acknowledged
   std::vector<std::pair<int, ShmConnection*>> single_copy_conns_;  // (peer, connection) where on

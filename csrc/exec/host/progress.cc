@@ -19,7 +19,6 @@
 #include "common/check.h"
 #include "kernels/host/copy.h"
 #include "exec/host/executor.h"
-#include "transport/shm/cma.h"
 
 namespace ringtree {
 
@@ -239,9 +238,7 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
     c.send.header.payload_bytes = c.payload_bytes;
     c.send.payload = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
     c.send.single_copy_min_bytes = single_copy_from_;
-    if (single_copy_huge_only_ && single_copy_from_ > 0 && c.payload_bytes >= single_copy_from_ &&
-        single_copy_peer_[op.peer] && !cma_source_on_huge_pages(c.send.payload, c.payload_bytes))
-      c.send.single_copy_min_bytes = 0;  // process_vm_readv would pin every small page
+    c.send.single_copy_from_huge_pages_only = single_copy_huge_only_;
     c.send.defer_ack = single_copy_defer_ && op.src.buf != BufId::Scratch;
   } else {
     c.recv = RecvCursor{};

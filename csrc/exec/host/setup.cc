@@ -189,12 +189,10 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
         ": ", cma_verdict_text(h->cma_verdict), "; messages between ranks on this host are copied twice");
     return;
   }
-  single_copy_peer_.assign(size_, 0);
   for (int q : local_peers) {
     auto* conn = static_cast<ShmConnection*>(conns_[q].get());
     conn->enable_single_copy(peer_segments_[q]->header()->cma_pid);
     single_copy_conns_.emplace_back(q, conn);
-    single_copy_peer_[q] = 1;
   }
   single_copy_on_ = true;
   const bool automatic = SingleCopyMinBytes() < 0;

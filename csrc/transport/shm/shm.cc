@@ -209,6 +209,11 @@ void ShmConnection::wake_peer() {
 
 bool ShmConnection::progress_send(SendCursor& c) {
   const uint64_t payload = c.header.payload_bytes;
+  if (c.single_copy_from_huge_pages_only && c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 &&
+      payload >= c.single_copy_min_bytes) {
+    c.single_copy_from_huge_pages_only = false;  // asked once per message
+    if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0;
+  }
   if (c.ack_at ||
       (c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload > 0 && payload >= c.single_copy_min_bytes))
     return progress_single_copy_send(c);
