@@ -9,11 +9,14 @@ namespace ringtree {
 // Each rank has kOneShotSlots slots, one page each: call `gen` publishes its fingerprint into
 // slot gen % kOneShotSlots, and a payload of up to kOneShotInlineBytes beside it. A larger payload
 // goes into payload slot gen % kOneShotPayloadSlots (RINGTREE_ONESHOT_BYTES each), so the many
-// slots that let tiny calls run far ahead cost a page each, not a full payload.
+// slots that let tiny calls run far ahead cost a page each, not a full payload. Few payload slots:
+// every call writes the next one, so a run of calls cycles through P x slots x payload bytes, and
+// with 16 slots of 512 KiB at P=4 that filled a 32 MiB L3 (an all_to_all read its peers' blocks at
+// half the speed it does from 4).
 constexpr int kOneShotSlots = 64;
 constexpr uint64_t kOneShotSlotBytes = 4096;                       // a page
 constexpr uint64_t kOneShotInlineBytes = kOneShotSlotBytes - 128;  // less its control lines
-constexpr int kOneShotPayloadSlots = 16;
+constexpr int kOneShotPayloadSlots = 4;
 // The rule: a rank runs the waits a call left for later (a broadcast root's, a count-0 call's
 // deferred steps: wait for the publications it skipped, check their fingerprints) before it
 // publishes call g + A, where A is kOneShotRunAhead for a call whose payload fits inline and
@@ -25,7 +28,7 @@ constexpr int kOneShotPayloadSlots = 16;
 // payload waits for what a small one would not, and a small call writes no payload slot. A
 // deferred step reads only a fingerprint, which stays in the call's own slot.
 constexpr uint64_t kOneShotRunAhead = 32;
-constexpr uint64_t kOneShotPayloadRunAhead = 8;
+constexpr uint64_t kOneShotPayloadRunAhead = 2;
 static_assert(2 * kOneShotRunAhead <= static_cast<uint64_t>(kOneShotSlots), "a slot could be rewritten while read");
 static_assert(2 * kOneShotPayloadRunAhead <= static_cast<uint64_t>(kOneShotPayloadSlots),
               "a payload slot could be rewritten while read");

@@ -144,3 +144,43 @@ def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, 
     if error == "Timeout":
         assert f"at most {ahead} one-shot calls ahead" in res["message"], res
     assert res["seconds"] < 10, res
+
+
+DEFAULT_CAPACITY = 256 << 10  # RINGTREE_ONESHOT_BYTES' default
+
+
+def full_payloads_in_a_row(calls):
+    """Calls in a row whose one-shot payload fills a payload slot of the default capacity, each
+    with new data, so every slot is rewritten several times while peers read the previous
+    calls: an all_to_all (payload: the whole send buffer) and an all_reduce (the whole buffer) of
+    int64, exact; then one element more, which the slots refuse."""
+    comm = rt.init(timeout=60)
+    P, r = comm.size, comm.rank
+    block = DEFAULT_CAPACITY // 8 // P  # int64 elements per all_to_all block: P blocks fill the slot
+    wrong = 0
+    for i in range(calls):
+        x = np.arange(P * block, dtype=np.int64) + 1000 * i + 100_000 * r
+        got = np.empty_like(x)
+        comm.all_to_all(x, got, algo="oneshot")
+        mine = np.arange(r * block, (r + 1) * block, dtype=np.int64) + 1000 * i
+        want = np.concatenate([mine + 100_000 * q for q in range(P)])
+        wrong += int(np.count_nonzero(got != want))
+        y = np.arange(P * block, dtype=np.int64) * (r + 1) + i
+        total = comm.all_reduce(y, algo="oneshot")
+        wrong += int(np.count_nonzero(total != np.arange(P * block, dtype=np.int64) * (P * (P + 1) // 2) + P * i))
+    try:
+        comm.all_reduce(np.ones(DEFAULT_CAPACITY // 8 + 1, np.int64), algo="oneshot")
+        refused = "no error"
+    except rt.InvalidArgument as exc:
+        refused = str(exc)
+    comm.close()
+    return {"wrong": wrong, "refused": refused}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_payload_slots_turn_over_exactly_at_the_default_capacity(nranks):
+    calls = 3 * _core.ONESHOT_PAYLOAD_SLOTS + 1
+    for rank, res in enumerate(run_world(nranks, full_payloads_in_a_row, {"calls": calls}, timeout=100).check_ok()):
+        assert res["wrong"] == 0, (rank, res)
+        assert f"at most {DEFAULT_CAPACITY} bytes per rank in the one-shot slots" in res["refused"], res
