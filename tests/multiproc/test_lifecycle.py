@@ -32,9 +32,9 @@ def aborted_by_watchdog(delay=1.0, late=3.0):
     if r == 2:
         time.sleep(delay + late)
         start = time.monotonic()
-    # Larger than a one-shot slot: in one-shot calls rank 2 would find ranks 0 and 1's inputs
-    # already published and finish its call correctly (then fail in the next one).
-    big = np.ones(1 << 16, np.float32)
+    # Larger than a one-shot slot (256 KiB by default): in one-shot calls rank 2 would find ranks
+    # 0 and 1's inputs already published and finish its call correctly (then fail in the next one).
+    big = np.ones(1 << 18, np.float32)
     try:
         comm.all_reduce(big)
         out["raised"] = None

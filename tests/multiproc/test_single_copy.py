@@ -216,7 +216,7 @@ def unread_broadcast(timeout=UNREAD_TIMEOUT):
     """Rank 1 stops calling collectives. The root of a broadcast only sends, single-copy: its call
     must wait for rank 1 to read its buffer and so time out (not return early, not hang)."""
     comm = rt.init()
-    x = np.ones(1 << 16, np.float32)  # 256 KiB: above a one-shot slot, inside one ring
+    x = np.ones(1 << 17, np.float32)  # 512 KiB: above a one-shot slot (256 KiB), inside one ring
     comm.broadcast(x, root=0)
     if comm.rank == 1:
         time.sleep(UNREAD_AWAY)
