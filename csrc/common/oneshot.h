@@ -11,8 +11,8 @@ namespace ringtree {
 // goes into payload slot gen % kOneShotPayloadSlots (RINGTREE_ONESHOT_BYTES each), so the many
 // slots that let tiny calls run far ahead cost a page each, not a full payload. Few payload slots:
 // every call writes the next one, so a run of calls cycles through P x slots x payload bytes, and
-// with 16 slots of 512 KiB at P=4 that filled a 32 MiB L3 (an all_to_all read its peers' blocks at
-// half the speed it does from 4).
+// with 16 slots of 512 KiB at P=4 that filled a 32 MiB L3 (an all_to_all then read its peers'
+// blocks at half the speed it reaches with 4 slots).
 constexpr int kOneShotSlots = 64;
 constexpr uint64_t kOneShotSlotBytes = 4096;                       // a page
 constexpr uint64_t kOneShotInlineBytes = kOneShotSlotBytes - 128;  // less its control lines

@@ -209,14 +209,13 @@ void ShmConnection::wake_peer() {
 
 bool ShmConnection::progress_send(SendCursor& c) {
   const uint64_t payload = c.header.payload_bytes;
-  if (c.single_copy_from_huge_pages_only && c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 &&
-      payload >= c.single_copy_min_bytes) {
-    c.single_copy_from_huge_pages_only = false;  // asked once per message
-    if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0;
+  bool single_copy =
+      c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload > 0 && payload >= c.single_copy_min_bytes;
+  if (single_copy && c.single_copy_from_huge_pages_only) {
+    c.single_copy_from_huge_pages_only = false;  // asked once per message: a full ring comes back here
+    if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0, single_copy = false;
   }
-  if (c.ack_at ||
-      (c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload > 0 && payload >= c.single_copy_min_bytes))
-    return progress_single_copy_send(c);
+  if (c.ack_at || single_copy) return progress_single_copy_send(c);
   const uint64_t total = stream_bytes(payload);
   bool moved = false;
   while (c.done < total) {
