@@ -57,7 +57,7 @@ static uint64_t oneshot_payload_of(const MsgHeader& fp, int q) {
 // one's fingerprint against `fp` as it arrives.
 void HostExecutor::await_oneshot(uint64_t gen, const MsgHeader& fp, double timeout_s) {
   const int slot_index = oneshot_slot_of(gen);
-  const Deadline deadline = Deadline::after_seconds(timeout_s);
+  const Deadline deadline = Deadline::from_first_look(timeout_s);
   int missing = 0;
   for (int q = 0; q < size_; ++q) missing += oneshot_arrived_[q] == 0;
   auto how_to_start = [this] { return awaited_peer_on_this_cpu(true) ? WaitStart::Yield : WaitStart::Spin; };

@@ -218,7 +218,7 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
   // through the ring). Scratch is reused within a call (hierarchical packing): those wait.
   single_copy_defer_ = single_copy_from_ > 0 && s.scratch_elems == 0;
-  run_schedule(s, bases, Deadline::after_seconds(p.timeout_s));
+  run_schedule(s, bases, Deadline::from_first_look(p.timeout_s));
   if (stream_out_) streaming_copy_fence();
 }
 
