@@ -217,6 +217,8 @@ void CommunicatorImpl::setup_choice(Bootstrap& boot) {
   }
   static_assert(std::is_trivially_copyable_v<MachineCosts>, "sent as bytes");
   boot.broadcast_from_root(&costs, sizeof(costs));
+  // Rank 0's figures, so every rank lowers a broadcast's segments alike.
+  exec_.set_last_level_cache_bytes(static_cast<uint64_t>(costs.l3_bytes));
   ChoiceSetup setup;
   setup.nranks = size_;
   setup.topology = topo_;

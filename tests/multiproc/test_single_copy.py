@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -360,8 +361,15 @@ def all_to_all_and_all_gather_paths(cpus_of_rank, huge=True, block_bytes=512 << 
         if not np.array_equal(out, want[coll]):
             failures.append(f"{coll}: wrong result")
     status = comm.status().single_copy
+    cache_bytes = int(comm.status().machine["l3_KiB"] * 1024)
     comm.close()
-    return {"received": received, "failures": failures, "status": status, "paged_as_asked": paged_as_asked}
+    return {
+        "received": received,
+        "failures": failures,
+        "status": status,
+        "paged_as_asked": paged_as_asked,
+        "cache_bytes": cache_bytes,
+    }
 
 
 def skip_without_huge_pages(results):
@@ -405,7 +413,8 @@ def test_ranks_pinned_to_a_core_each_keep_the_1_mib_threshold():
         assert res["failures"] == [], (r, res)
         assert res["received"] == {"all_to_all": 0, "all_gather": 0, "all_to_all_v": 0}, (r, res)
         assert "at least 1048576 bytes (RINGTREE_CMA_MIN_BYTES auto) between the 2 ranks" in res["status"]
-        assert "broadcasts of 8388608 bytes or more use the ring" in res["status"], res["status"]
+        ring_from = f"broadcasts of {res['cache_bytes']} bytes or more (the last-level cache) use the ring"
+        assert ring_from in res["status"], res["status"]
         assert "a message from small pages uses the ring;" in res["status"], res["status"]
 
 
@@ -429,12 +438,15 @@ def test_a_message_from_small_pages_takes_the_ring(huge):
 def pinned_broadcasts(cpus_of_rank, sizes, huge):
     """Pins this rank to its CPUs before set-up, then broadcasts each size from rank 0 (auto) in a
     buffer on huge pages (or small ones); returns [size, single-copy messages this rank received,
-    data exact] per size, and whether every buffer got the pages it asked for."""
+    data exact] per size, and whether every buffer got the pages it asked for. A size given as a
+    string is that fraction of the last-level cache the machine figures report ("1/4")."""
     rank = int(os.environ["RINGTREE_RANK"])
     os.sched_setaffinity(0, cpus_of_rank[rank])
     comm = rt.init(timeout=60)
+    cache_bytes = int(comm.status().machine["l3_KiB"] * 1024)
     out, paged_as_asked = [], True
-    for nbytes in sizes:
+    for size in sizes:
+        nbytes = size if isinstance(size, int) else int(cache_bytes * Fraction(size)) // 4096 * 4096
         want = np.arange(nbytes // 4, dtype=np.float32) * 3 + nbytes
         x, as_asked = paged_array(nbytes // 4, huge)
         paged_as_asked &= as_asked
@@ -444,21 +456,26 @@ def pinned_broadcasts(cpus_of_rank, sizes, huge):
         comm.broadcast(x, root=0)
         out.append([nbytes, comm.status().single_copy_messages - before, bool(np.array_equal(x, want))])
     comm.close()
-    return {"broadcasts": out, "paged_as_asked": paged_as_asked}
+    return {"broadcasts": out, "paged_as_asked": paged_as_asked, "cache_bytes": cache_bytes}
 
 
-def test_a_large_broadcast_goes_through_the_ring_where_every_rank_has_a_core():
-    """The root of a broadcast has nothing else to do: from 8 MiB, with a core for each rank, the
-    ring's two copies run on two cores at once (one byte read single-copy puts it all on the
-    receiver's core); below that, from huge pages, one read per 1 MiB segment."""
+def test_a_broadcast_past_the_cache_goes_through_the_ring_where_every_rank_has_a_core():
+    """The root of a broadcast has nothing else to do: from the size of the last-level cache, with
+    a core for each rank, the ring's two copies stream from and to memory on two cores at once
+    (a single copy puts it all on the receiver's core); below that, from huge pages, one read per
+    1 MiB segment."""
     cpus = _allowed_cpus()
     if len(cpus) < 2:
         pytest.skip(f"needs two CPUs to pin two ranks apart; this process may use {cpus}")
-    args = dict(cpus_of_rank=[[cpus[0]], [cpus[1]]], sizes=[4 << 20, 8 << 20], huge=True)
+    args = dict(cpus_of_rank=[[cpus[0]], [cpus[1]]], sizes=["1/4", "1"], huge=True)
     results = run_world(2, pinned_broadcasts, args, timeout=120).check_ok()
     skip_without_huge_pages(results)
-    assert results[1]["broadcasts"] == [[4 << 20, 4, True], [8 << 20, 0, True]], results
-    assert results[0]["broadcasts"] == [[4 << 20, 0, True], [8 << 20, 0, True]], results
+    cache = results[0]["cache_bytes"]
+    assert results[1]["cache_bytes"] == cache, results
+    quarter = cache // 4 // 4096 * 4096
+    segments = -(-quarter // (1 << 20))  # 1 MiB segments, the last one shorter
+    assert results[1]["broadcasts"] == [[quarter, segments, True], [cache, 0, True]], results
+    assert results[0]["broadcasts"] == [[quarter, 0, True], [cache, 0, True]], results
 
 
 def test_ranks_sharing_a_core_read_a_broadcast_single_copy_even_from_small_pages():

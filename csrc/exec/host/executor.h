@@ -91,6 +91,9 @@ class HostExecutor {
   // Whether large collective messages between ranks on this host go single-copy (cma.h), and why
   // not where they do not: "on: ..." or "off: ...".
   const std::string& single_copy_status() const { return single_copy_status_; }
+  // The host's last-level cache as the machine figures give it, every rank the same (set-up, after
+  // connect): where every rank has a core of its own, a broadcast this large takes the ring.
+  void set_last_level_cache_bytes(uint64_t bytes);
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
   // The pipeline segment for a call of `bytes` (0: RINGTREE_TREE_SEGMENT_BYTES), the same on every
@@ -191,6 +194,7 @@ class HostExecutor {
   uint64_t single_copy_min_bytes_ = 0;               // RINGTREE_CMA_MIN_BYTES, or auto's 1 MiB
   uint64_t single_copy_all_to_all_min_bytes_ = 0;    // ... for all_to_all (auto: less where cores are shared)
   uint64_t broadcast_ring_from_bytes_ = UINT64_MAX;  // a broadcast this large goes through the ring
+  bool broadcast_ring_past_cache_ = false;           // ... from the last-level cache's size (auto, own cores)
   bool single_copy_from_huge_pages_only_ = false;    // auto: a send from small pages takes the ring (cma.h)
   bool host_cores_shared_ = false;                   // some rank of this host shares its cores
   bool single_copy_huge_only_ = false;               // ... the rule, for the current call

@@ -33,12 +33,6 @@ constexpr uint64_t kAutoSingleCopyBytes = uint64_t{1} << 20;
 // forwarded blocks ran slower single-copy there too, so they keep 1 MiB. (The bench's buffers were
 // on huge pages; from small pages every message but a broadcast's takes the ring, cma.h.)
 constexpr uint64_t kOversubscribedAllToAllSingleCopyBytes = uint64_t{256} << 10;
-// auto, where every rank of the host has a core of its own: a broadcast this large goes through
-// the ring even from huge pages. Its root has nothing else to do, so the ring's two copies run on
-// two cores at once, where a single copy leaves the root's core idle. At P=2 (2-core VM, huge
-// pages): 16-64 MiB ran 1.1-1.6x faster through the ring in six interleaved runs, 8 MiB 0.95-1.3x.
-// Where ranks share cores the second copy costs a core another rank waits for: no change there.
-constexpr uint64_t kOwnCoresBroadcastRingBytes = uint64_t{8} << 20;
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
   static const std::string dir = setting_str(Setting::TestNumaNodeDir);
@@ -204,7 +198,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   // cores keep the single copy for all.
   for (int q : here)
     host_cores_shared_ |= (q == rank_ ? own_segment_->header() : peer_segments_[q]->header())->cores_shared != 0;
-  broadcast_ring_from_bytes_ = automatic && !host_cores_shared_ ? kOwnCoresBroadcastRingBytes : UINT64_MAX;
+  broadcast_ring_past_cache_ = automatic && !host_cores_shared_;
   single_copy_from_huge_pages_only_ = automatic;
   single_copy_status_ = str_cat(
       "on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
@@ -215,11 +209,24 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
       single_copy_conns_.size() + 1, " ranks on this host",
       single_copy_from_huge_pages_only_ ? std::string("; a message from small pages uses the ring") +
                                               (host_cores_shared_ ? " (but a broadcast's: ranks outnumber cores)" : "")
-                                        : std::string(),
-      broadcast_ring_from_bytes_ != UINT64_MAX
-          ? str_cat("; broadcasts of ", broadcast_ring_from_bytes_,
-                    " bytes or more use the ring (every rank has a core of its own)")
-          : std::string());
+                                        : std::string());
+}
+
+// auto, where every rank of the host has a core of its own: a broadcast that does not fit the
+// last-level cache goes through the ring even from huge pages. Its root has nothing else to do,
+// so the ring's two copies stream from and to memory on two cores at once, where one receiver's
+// single copy is bounded by what its one core pulls from memory; in cache the single copy wins.
+// At P=2 on the 2-core VM (32 MiB L3, huge pages; separate launches taking turns, 4-8 each) the
+// single copy ran 1.2-1.7x faster at 8 MiB in four runs of four; 16 MiB went either way (0.94-1.39x
+// here, the ring ahead in six earlier runs); the ring ran 0.95-1.32x at 32 and 64 MiB (1.1-1.6x
+// earlier). Where ranks share cores the second copy costs a core another rank waits for: single
+// copy there at every size.
+void HostExecutor::set_last_level_cache_bytes(uint64_t bytes) {
+  if (!broadcast_ring_past_cache_ || bytes == 0) return;
+  broadcast_ring_from_bytes_ = bytes;
+  single_copy_status_ +=
+      str_cat("; broadcasts of ", bytes,
+              " bytes or more (the last-level cache) use the ring (every rank has a core of its own)");
 }
 
 // Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the
