@@ -198,7 +198,6 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
   // cores keep the single copy for all.
   for (int q : here)
     host_cores_shared_ |= (q == rank_ ? own_segment_->header() : peer_segments_[q]->header())->cores_shared != 0;
-  broadcast_ring_past_cache_ = automatic && !host_cores_shared_;
   single_copy_from_huge_pages_only_ = automatic;
   single_copy_status_ = str_cat(
       "on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
@@ -222,7 +221,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 // earlier). Where ranks share cores the second copy costs a core another rank waits for: single
 // copy there at every size.
 void HostExecutor::set_last_level_cache_bytes(uint64_t bytes) {
-  if (!broadcast_ring_past_cache_ || bytes == 0) return;
+  if (!single_copy_on_ || SingleCopyMinBytes() >= 0 || host_cores_shared_ || bytes == 0) return;
   broadcast_ring_from_bytes_ = bytes;
   single_copy_status_ +=
       str_cat("; broadcasts of ", bytes,

@@ -209,8 +209,7 @@ void ShmConnection::wake_peer() {
 
 bool ShmConnection::progress_send(SendCursor& c) {
   const uint64_t payload = c.header.payload_bytes;
-  bool single_copy =
-      c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload > 0 && payload >= c.single_copy_min_bytes;
+  bool single_copy = c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload >= c.single_copy_min_bytes;
   if (single_copy && c.single_copy_from_huge_pages_only) {
     c.single_copy_from_huge_pages_only = false;  // asked once per message: a full ring comes back here
     if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0, single_copy = false;
