@@ -40,6 +40,8 @@ struct SendCursor {
   // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).
   bool defer_ack = false;
   uint64_t ack_at = 0;  // a single-copy send: the ring position that acknowledges it
+  // A single-copy send's first bytes, on small pages, go through the ring first (shm/cma.h).
+  uint64_t ring_head = 0;
 };
 
 struct RecvCursor {
