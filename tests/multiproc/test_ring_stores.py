@@ -163,3 +163,33 @@ def test_own_blocks_copied_into_streamed_outputs_are_exact(cma, P):
     env = {"RINGTREE_STREAM_BYTES": "65536", "RINGTREE_CMA": cma, "RINGTREE_CMA_MIN_BYTES": "65536"}
     for rank, failures in enumerate(run_world(P, copies_into_large_outputs, env=env, timeout=100).check_ok()):
         assert failures == [], (rank, failures)
+
+
+def output_stores():
+    try:
+        comm = rt.init()
+    except rt.InvalidArgument as e:
+        return {"error": str(e)}
+    status = comm.status()
+    comm.close()
+    return {"error": None, "stores": status.shm_stores, "l3_bytes": int(status.machine["l3_KiB"] * 1024)}
+
+
+@pytest.mark.parametrize("setting", ["auto", "65536", "0", "lots"])
+@pytest.mark.timeout(60)
+def test_outputs_stream_from_half_the_last_level_cache_or_the_setting(setting):
+    """An output that fits in the cache beside its inputs is written with plain stores: by default
+    streaming starts at half the last-level cache the machine figures report; a bad value fails
+    init on every rank."""
+    env = {} if setting == "auto" else {"RINGTREE_STREAM_BYTES": setting}
+    for rank, res in enumerate(run_world(2, output_stores, env=env, timeout=45).check_ok()):
+        if setting == "lots":
+            assert "RINGTREE_STREAM_BYTES" in res["error"], (rank, res)
+            continue
+        assert res["error"] is None, (rank, res)
+        want = {
+            "auto": f"outputs: streaming stores from {res['l3_bytes'] // 2} bytes (RINGTREE_STREAM_BYTES auto: half",
+            "65536": "outputs: streaming stores from 65536 bytes (RINGTREE_STREAM_BYTES)",
+            "0": "outputs: plain stores (RINGTREE_STREAM_BYTES)",
+        }[setting]
+        assert want in res["stores"], (rank, res)

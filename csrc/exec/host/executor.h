@@ -77,6 +77,7 @@ class HostExecutor {
   // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
   uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
   void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
+  uint64_t stream_bytes() const { return stream_bytes_; }
 
   // Runs the call; throws the typed error of the first failure.
   void run(const HostCall& call);
