@@ -34,7 +34,7 @@ struct SendCursor {
   // place (shm/cma.h) if it is at least this many bytes (0: never); the executor allows it for
   // collectives whose receivers copy, not reduce, from a size it picks per call.
   uint64_t single_copy_min_bytes = 0;
-  // ... and only from huge pages (shm/cma.h: the kernel pins each page it reads); checked once.
+  // ... and only as its pages allow (shm/cma.h: the kernel pins each page it reads); checked once.
   bool single_copy_from_huge_pages_only = false;
   // ... and nothing in the call writes it again, so the send may complete once announced; the
   // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).

@@ -195,7 +195,7 @@ class HostExecutor {
   uint64_t single_copy_min_bytes_ = 0;               // RINGTREE_CMA_MIN_BYTES, or auto's 1 MiB
   uint64_t single_copy_all_to_all_min_bytes_ = 0;    // ... for all_to_all (auto: less where cores are shared)
   uint64_t broadcast_ring_from_bytes_ = UINT64_MAX;  // a broadcast this large goes through the ring
-  bool single_copy_from_huge_pages_only_ = false;    // auto: a send from small pages takes the ring (cma.h)
+  bool single_copy_from_huge_pages_only_ = false;    // auto: a send mostly on small pages takes the ring (cma.h)
   bool host_cores_shared_ = false;                   // some rank of this host shares its cores
   bool single_copy_huge_only_ = false;               // ... the rule, for the current call
   uint64_t single_copy_from_ = 0;                    // the current call's sends this large go single-copy (0: none)
