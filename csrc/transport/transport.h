@@ -34,14 +34,13 @@ struct SendCursor {
   // place (shm/cma.h) if it is at least this many bytes (0: never); the executor allows it for
   // collectives whose receivers copy, not reduce, from a size it picks per call.
   uint64_t single_copy_min_bytes = 0;
-  // ... and only as its pages allow (shm/cma.h: the kernel pins each page it reads); checked once.
+  // ... and only from a buffer at least half on huge pages (shm/cma.h: the kernel pins each page
+  // it reads); checked once.
   bool single_copy_from_huge_pages_only = false;
   // ... and nothing in the call writes it again, so the send may complete once announced; the
   // executor collects the acknowledgement before the call returns (ShmConnection::acknowledged).
   bool defer_ack = false;
   uint64_t ack_at = 0;  // a single-copy send: the ring position that acknowledges it
-  // A single-copy send's first bytes, on small pages, go through the ring first (shm/cma.h).
-  uint64_t ring_head = 0;
 };
 
 struct RecvCursor {

@@ -206,8 +206,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
           : std::string(),
       automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
       single_copy_conns_.size() + 1, " ranks on this host",
-      single_copy_from_huge_pages_only_ ? std::string("; a message mostly on small pages uses the ring (but for a "
-                                                      "head on them where the rest is on huge pages)") +
+      single_copy_from_huge_pages_only_ ? std::string("; a message mostly on small pages uses the ring") +
                                               (host_cores_shared_ ? " (but a broadcast's: ranks outnumber cores)" : "")
                                         : std::string());
 }

@@ -4,7 +4,6 @@
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -46,14 +45,14 @@ struct PageMap {
 thread_local PageMap page_map;
 }  // namespace
 
-uint64_t cma_ring_head_bytes(const void* p, uint64_t bytes) {
-  if (page_map.unsupported || bytes == 0) return 0;
+bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
+  if (page_map.unsupported || bytes == 0) return true;
   const int fd = page_map.get();
-  if (fd < 0) return 0;
+  if (fd < 0) return true;
   static const uint64_t small_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // the scan's unit
-  const uint64_t at = reinterpret_cast<uint64_t>(p);
-  const uint64_t begin = at & ~(small_page - 1);
-  const uint64_t end = (at + bytes + small_page - 1) & ~(small_page - 1);
+  const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(small_page - 1);
+  const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + small_page - 1) & ~(small_page - 1);
+  const uint64_t allowed = bytes / 2 / small_page;  // small pages tolerated
   PageRegion regions[8];
   PageScanArg arg{};
   arg.size = sizeof(arg);
@@ -61,21 +60,17 @@ uint64_t cma_ring_head_bytes(const void* p, uint64_t bytes) {
   arg.end = end;
   arg.vec = reinterpret_cast<uint64_t>(regions);
   arg.vec_len = 8;
+  arg.max_pages = allowed + 1;                                                // the scan stops once the answer is no
   arg.category_inverted = arg.category_mask = arg.return_mask = kPageIsHuge;  // pages NOT huge
   const long found = ioctl(fd, kPageMapScan, &arg);
   if (found < 0) {
     page_map.unsupported = errno == ENOTTY || errno == EINVAL || errno == EPERM;  // an older kernel
-    return 0;
+    return true;
   }
-  if (found == 8 && arg.walk_end < end) return bytes;  // more scattered small pages than regions
   uint64_t small = 0;
-  for (long i = 0; i < found; ++i) small += regions[i].end - regions[i].start;
-  if (small <= bytes / 2) return 0;  // pinning that many small pages costs about what the ring does
-  // Mostly small: a run of them at the start (the head of an array that begins inside a huge page)
-  // goes through the ring, if at least half of the rest lies on huge pages.
-  const uint64_t head = regions[0].start == begin ? std::min(regions[0].end - at, bytes) : 0;
-  const uint64_t small_after = head ? small - (regions[0].end - regions[0].start) : small;
-  return head && small_after <= (bytes - head) / 2 ? head : bytes;
+  for (long i = 0; i < found; ++i) small += (regions[i].end - regions[i].start) / small_page;
+  if (found == 8 && arg.walk_end < end) return false;  // more scattered small pages than regions
+  return small <= allowed;
 }
 
 int32_t cma_probe(pid_t pid, uint64_t addr, uint64_t expected) {

@@ -23,9 +23,6 @@ namespace ringtree {
 
 // MsgHeader::reserved[1] of a single-copy message; reserved[0] holds the payload's address.
 constexpr uint64_t kSingleCopyMarker = 0x434d413150415932ull;
-// ... of a message that carries a single-copy message's first reserved[0] bytes through the ring;
-// the single-copy header for the rest follows it (cma_ring_head_bytes).
-constexpr uint64_t kRingHeadMarker = 0x434d413148454144ull;
 
 // Probe verdicts besides 0 (the peer's word was read and matched) and an errno value.
 constexpr int32_t kCmaVerdictPending = -1;    // not probed yet
@@ -42,18 +39,15 @@ int32_t cma_probe(pid_t pid, uint64_t addr, uint64_t expected);
 // process is gone, Error otherwise; `peer` names the rank in the message.
 uint64_t cma_read(pid_t pid, void* local, uint64_t remote, uint64_t bytes, int peer);
 
-// How many of the first bytes of this process's memory [p, p + bytes) a single-copy send should
-// put through the ring instead, as the kernel's page-table scan (PAGEMAP_SCAN, Linux 6.7+) reports
-// its pages in about a microsecond: 0 (read it all in place) where at least half lies on huge
-// pages; else the run of 4 KiB pages it starts with, where at least half of the rest lies on huge
-// pages; else `bytes` (all of it through the ring). process_vm_readv pins every page it reads: at
-// P=2 on the 2-core VM measured, from 4 KiB pages all_gather and all_to_all of 2-32 MiB ran
-// 1.2-1.7x and broadcast 3.2-3.6x slower than through the ring; from huge pages as fast or faster,
-// and a 2 MiB block half on small pages still 1.3-1.5x faster (P=2 and P=4). An array numpy or
-// torch allocates starts anywhere in a huge page, so up to its first 2 MiB lie on small pages: an
-// all_gather at P=2 of such 2 MiB blocks took the ring from one rank or both in most launches,
-// at 1.8x the time of both reading in place. Where the scan is not available: 0.
-uint64_t cma_ring_head_bytes(const void* p, uint64_t bytes);
+// Whether this process's memory [p, p + bytes) lies at least half on huge pages, as the kernel's
+// page-table scan (PAGEMAP_SCAN, Linux 6.7+) reports it in about a microsecond (it stops once
+// the answer is no). process_vm_readv pins every page it reads: at P=2 on the 2-core VM measured,
+// from 4 KiB pages all_gather and all_to_all of 2-32 MiB ran 1.2-1.7x and broadcast 3.2-3.6x slower
+// than through the ring; from huge pages as fast or faster, and a 2 MiB all_gather block half on
+// small pages still 1.3-1.5x faster than the ring (P=2 and P=4). That half matters: an array numpy
+// or torch allocates starts anywhere in a huge page, so up to its first 2 MiB lie on small pages.
+// Where the scan is not available: true (the single copy as before).
+bool cma_source_on_huge_pages(const void* p, uint64_t bytes);
 
 // "Operation not permitted (ptrace_scope 1)" and the like, for a verdict.
 std::string cma_verdict_text(int32_t verdict);

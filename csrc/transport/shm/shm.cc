@@ -7,7 +7,6 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
-#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -37,8 +36,6 @@ constexpr uint32_t kStoreExplorePeriod = 128;
 // A single-copy receive reads at most this much per turn, so the executor's other operations of
 // the step (and its abort checks) get their turns in between.
 constexpr uint64_t kSingleCopyTurnBytes = 2 << 20;
-// A single-copy send whose huge-page part is smaller than this goes through the ring whole.
-constexpr uint64_t kMinSingleCopyRest = 256 << 10;
 }  // namespace
 
 int shm_stream_store_setting() {
@@ -215,19 +212,10 @@ bool ShmConnection::progress_send(SendCursor& c) {
   bool single_copy = c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload >= c.single_copy_min_bytes;
   if (single_copy && c.single_copy_from_huge_pages_only) {
     c.single_copy_from_huge_pages_only = false;  // asked once per message: a full ring comes back here
-    const uint64_t head = cma_ring_head_bytes(c.payload, payload);
-    if (head >= payload || (head > 0 && payload - head < kMinSingleCopyRest)) {
-      c.single_copy_min_bytes = 0, single_copy = false;
-    } else if (head > 0) {
-      c.ring_head = head;
-      c.header.reserved[0] = head;
-      c.header.reserved[1] = kRingHeadMarker;
-    }
+    if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0, single_copy = false;
   }
-  if (c.ack_at || (single_copy && c.ring_head == 0)) return progress_single_copy_send(c);
-  // A whole message, or the head of a single-copy one (then its single-copy header follows).
-  const uint64_t through_ring = c.ring_head ? c.ring_head : payload;
-  const uint64_t total = stream_bytes(through_ring);
+  if (c.ack_at || single_copy) return progress_single_copy_send(c);
+  const uint64_t total = stream_bytes(payload);
   bool moved = false;
   while (c.done < total) {
     const uint64_t head = out_->head.load(std::memory_order_relaxed);
@@ -246,14 +234,13 @@ bool ShmConnection::progress_send(SendCursor& c) {
       left -= sizeof(MsgHeader);
     }
     const uint64_t payload_off = off - sizeof(MsgHeader);
-    if (left > 0 && payload_off < through_ring)
-      stores_.copy(dst, c.payload + payload_off, std::min(left, through_ring - payload_off));
+    if (left > 0 && payload_off < payload)
+      stores_.copy(dst, c.payload + payload_off, std::min(left, payload - payload_off));
     out_->head.store(head + n, std::memory_order_release);
     c.done += n;
     moved = true;
   }
   if (moved) wake_peer();
-  if (c.ring_head && c.done == total) return progress_single_copy_send(c) || moved;
   return moved;
 }
 
@@ -383,9 +370,8 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
   if (c.header_checked && c.header.reserved[1] == kSingleCopyMarker)
     return progress_single_copy_recv(c, in_->tail.load(std::memory_order_relaxed));
   bool moved = false;
-  const uint64_t through_ring = c.header_checked ? ring_bytes_of(c) : 0;
-  const uint64_t total = c.header_checked ? stream_bytes(through_ring) : sizeof(MsgHeader);
   for (;;) {
+    const uint64_t total = c.header_checked ? stream_bytes(c.payload_bytes) : sizeof(MsgHeader);
     if (c.done >= total) break;
     const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
     const uint64_t head = in_->head.load(std::memory_order_acquire);
@@ -405,8 +391,8 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     }
     const uint64_t n = std::min({avail, cap_ - pos, total - c.done});
     const uint64_t payload_off = c.done - sizeof(MsgHeader);
-    if (payload_off < through_ring) {
-      const uint64_t bytes = std::min(n, through_ring - payload_off);
+    if (payload_off < c.payload_bytes) {
+      const uint64_t bytes = std::min(n, c.payload_bytes - payload_off);
       if (c.reduce)
         c.reduce(c.dst + payload_off, c.local + payload_off, src, bytes / c.elem_size);
       else if (c.stream)
@@ -419,33 +405,7 @@ bool ShmConnection::progress_recv(RecvCursor& c) {
     moved = true;
   }
   if (moved) wake_peer();
-  if (c.header_checked && c.header.reserved[1] == kRingHeadMarker && c.done == total)
-    return take_single_copy_rest(c) || moved;
   return moved;
-}
-
-// The bytes of the current message that come through the ring: all of them, or a single-copy
-// message's head (its header says how many; never more than the message).
-uint64_t ShmConnection::ring_bytes_of(const RecvCursor& c) const {
-  if (c.header.reserved[1] != kRingHeadMarker) return c.payload_bytes;
-  RT_CHECK(c.header.reserved[0] < c.payload_bytes, Error, "corrupt message header from rank ", peer_, ": a head of ",
-           c.header.reserved[0], " bytes in a message of ", c.payload_bytes);
-  return c.header.reserved[0];
-}
-
-// After a single-copy message's head: its single-copy header, for the rest.
-bool ShmConnection::take_single_copy_rest(RecvCursor& c) {
-  const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-  if (in_->head.load(std::memory_order_acquire) - tail < sizeof(MsgHeader)) return false;
-  MsgHeader rest;
-  std::memcpy(&rest, in_data_ + tail % cap_, sizeof(MsgHeader));
-  RT_CHECK(rest.reserved[1] == kSingleCopyMarker && std::memcmp(&rest, &c.header, offsetof(MsgHeader, reserved)) == 0,
-           Error, "corrupt message from rank ", peer_, ": a single-copy head without its single-copy rest");
-  const uint64_t head_bytes = c.header.reserved[0];
-  c.header = rest;
-  c.done = sizeof(MsgHeader) + head_bytes;
-  progress_single_copy_recv(c, tail);
-  return true;
 }
 
 namespace {

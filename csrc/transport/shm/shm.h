@@ -170,8 +170,6 @@ class ShmConnection : public Connection {
   void wake_peer();
   bool progress_single_copy_send(SendCursor& c);
   bool progress_single_copy_recv(RecvCursor& c, uint64_t tail);
-  uint64_t ring_bytes_of(const RecvCursor& c) const;
-  bool take_single_copy_rest(RecvCursor& c);
   void raise_if_withdrawn() const;
   int peer_;
   ShmRing* out_;
