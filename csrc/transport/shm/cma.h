@@ -43,9 +43,10 @@ uint64_t cma_read(pid_t pid, void* local, uint64_t remote, uint64_t bytes, int p
 // page-table scan (PAGEMAP_SCAN, Linux 6.7+) reports it in about a microsecond (it stops once
 // the answer is no). process_vm_readv pins every page it reads: at P=2 on the 2-core VM measured,
 // from 4 KiB pages all_gather and all_to_all of 2-32 MiB ran 1.2-1.7x and broadcast 3.2-3.6x slower
-// than through the ring; from huge pages as fast or faster, and a 2 MiB all_gather block half on
-// small pages still 1.3-1.5x faster than the ring (P=2 and P=4). That half matters: an array numpy
-// or torch allocates starts anywhere in a huge page, so up to its first 2 MiB lie on small pages.
+// than through the ring; from huge pages as fast or faster. An array numpy or torch allocates
+// starts anywhere in a huge page, so up to its first 2 MiB lie on small pages; all_gather blocks
+// with their first half on small pages read single-copy against the ring: 1.1-1.2x faster at P=2
+// from 4 MiB blocks, 1.1-1.3x at P=4 from 1-2 MiB ones, 1.1x slower at P=2 from 2 MiB ones.
 // Where the scan is not available: true (the single copy as before).
 bool cma_source_on_huge_pages(const void* p, uint64_t bytes);
 
