@@ -65,3 +65,9 @@ std::optional<int64_t> setting_auto_int(Setting s);
     static const int64_t value = ::ringtree::setting_int(::ringtree::Setting::id); \
     return value;                                                                  \
   }
+// ... of one that may be "auto": RT_AUTO_SETTING(SpinMicros) declares SpinMicros(), -1 for "auto".
+#define RT_AUTO_SETTING(id)                                                                          \
+  static int64_t id() {                                                                              \
+    static const int64_t value = ::ringtree::setting_auto_int(::ringtree::Setting::id).value_or(-1); \
+    return value;                                                                                    \
+  }

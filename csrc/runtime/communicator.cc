@@ -23,26 +23,14 @@ namespace {
 
 RT_SETTING(ShmRingBytes)
 RT_SETTING(OneshotBytes)
-// RINGTREE_STREAM_BYTES; -1 where it is "auto" (half the last-level cache, known once the machine
-// figures are adopted).
-int64_t StreamBytes() {
-  static const int64_t value = setting_auto_int(Setting::StreamBytes).value_or(-1);
-  return value;
-}
 RT_SETTING(FlightRecorderCalls)
 RT_SETTING(DumpOnExit)
 // Inter-host link figures for the cost model (the machine probe measures this host only).
 RT_SETTING(TcpHopMicros)
 RT_SETTING(TcpMBps)
 // -1 where the setting is "auto" (or negative): the wait policy picks from the layout.
-int64_t SpinMicros() {
-  static const int64_t value = setting_auto_int(Setting::SpinMicros).value_or(-1);
-  return value;
-}
-int64_t YieldMicros() {
-  static const int64_t value = setting_auto_int(Setting::YieldMicros).value_or(-1);
-  return value;
-}
+RT_AUTO_SETTING(SpinMicros)
+RT_AUTO_SETTING(YieldMicros)
 
 // Hosts as the data path sees them: ranks that talk over shared memory share a host (the mesh
 // checked that they can), every other pair is between hosts. The mesh is the same on every
@@ -103,7 +91,7 @@ CommunicatorImpl::CommunicatorImpl(int rank, int size, const UniqueId& uid, doub
       recorder_(static_cast<size_t>(std::max<int64_t>(0, FlightRecorderCalls()))) {
   RT_CHECK(timeout_s > 0, InvalidArgument, "timeout must be positive, got ", timeout_s);
   parse_algo_setting();        // a bad RINGTREE_ALGO fails here, before bootstrap
-  StreamBytes();               // a bad RINGTREE_STREAM_BYTES fails here, before bootstrap
+  stream_bytes_setting();      // and a bad RINGTREE_STREAM_BYTES
   kernel_isa_name();           // a bad RINGTREE_KERNEL_ISA fails here, not inside a collective
   tcp_settings();              // and a bad TCP setting, before bootstrap
   shm_stream_store_setting();  // and a bad RINGTREE_SHM_STREAM_STORES
@@ -224,12 +212,6 @@ void CommunicatorImpl::setup_choice(Bootstrap& boot) {
   boot.broadcast_from_root(&costs, sizeof(costs));
   // Rank 0's figures, so every rank lowers a broadcast's segments alike.
   exec_.set_last_level_cache_bytes(static_cast<uint64_t>(costs.l3_bytes));
-  // Streaming stores pay where the output would push the inputs out of the cache; an output that
-  // fits beside them is read back sooner from the cache. At P=2 on the 2-core VM (32 MiB L3, huge
-  // pages) all_gather and all_to_all of 8 MiB ran 1.15-1.45x faster with plain stores, 32 MiB
-  // 1.1-1.2x faster streaming, 16 MiB alike.
-  const int64_t stream_bytes = StreamBytes() >= 0 ? StreamBytes() : static_cast<int64_t>(costs.l3_bytes / 2);
-  exec_.set_stream_bytes(static_cast<uint64_t>(std::max<int64_t>(0, stream_bytes)));
   ChoiceSetup setup;
   setup.nranks = size_;
   setup.topology = topo_;
@@ -247,11 +229,7 @@ CommStatus CommunicatorImpl::status() const {
   s.single_copy = exec_.single_copy_status();
   s.numa = exec_.numa_status();
   s.numa_nodes = exec_.numa_nodes();
-  const uint64_t stream_from = exec_.stream_bytes();
-  s.shm_stores =
-      str_cat(exec_.shm_stores(),
-              "; outputs: ", stream_from ? str_cat("streaming stores from ", stream_from, " bytes") : "plain stores",
-              " (RINGTREE_STREAM_BYTES", StreamBytes() < 0 ? " auto: half the last-level cache)" : ")");
+  s.shm_stores = exec_.shm_stores();
   const MachineCosts& m = choice_.costs();
   s.cost_source = m.measured == 1   ? "measured"
                   : m.measured == 2 ? "cached"

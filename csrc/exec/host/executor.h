@@ -53,6 +53,9 @@ struct HostCall {
 MsgHeader header_of(const Fingerprint& fp, int sender);
 Fingerprint fingerprint_of(const MsgHeader& h);
 
+// RINGTREE_STREAM_BYTES: -1 for auto (InvalidArgument for a bad value).
+int64_t stream_bytes_setting();
+
 class HostExecutor {
  public:
   // A send of a schedule with scratch completes only once the receiver has its data (acks are
@@ -76,8 +79,6 @@ class HostExecutor {
   void set_wait_policy(const WaitPolicy& w) { wait_ = w; }
   // Waits that went straight to yielding because a peer they needed was on this CPU (any thread).
   uint64_t shared_cpu_waits() const { return shared_cpu_waits_.load(std::memory_order_relaxed); }
-  void set_stream_bytes(uint64_t bytes) { stream_bytes_ = bytes; }
-  uint64_t stream_bytes() const { return stream_bytes_; }
 
   // Runs the call; throws the typed error of the first failure.
   void run(const HostCall& call);
@@ -93,7 +94,8 @@ class HostExecutor {
   // not where they do not: "on: ..." or "off: ...".
   const std::string& single_copy_status() const { return single_copy_status_; }
   // The host's last-level cache as the machine figures give it, every rank the same (set-up, after
-  // connect): where every rank has a core of its own, a broadcast this large takes the ring.
+  // connect): outputs from half of it are written with streaming stores (RINGTREE_STREAM_BYTES
+  // auto), and where every rank has a core of its own, a broadcast this large takes the ring.
   void set_last_level_cache_bytes(uint64_t bytes);
   // Messages this rank has received single-copy so far (between calls).
   uint64_t single_copy_messages() const;
