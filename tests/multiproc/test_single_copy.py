@@ -316,40 +316,34 @@ def _smaps_kib(addr):
 
 def paged_array(elems, huge):
     """A float32 array of `elems` zeros on memory of its own, asked for huge pages (madvise) or
-    kept off them, aligned to a huge page; and whether it got what it asked for: every resident
-    byte of its mapping on huge pages, or none (/proc/self/smaps; the kernel may merge the mapping
-    with a neighbour asked alike; no huge page where THP is off or none was free)."""
-    nbytes = elems * 4
-    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
-    base = np.frombuffer(m, np.uint8)  # the array keeps the mapping alive
-    start = (-base.ctypes.data) % HUGE_PAGE
-    a = base[start : start + nbytes].view(np.float32)
-    a[:] = 0
-    rss_kib, huge_kib = _smaps_kib(base.ctypes.data)
-    return a, (huge_kib == rss_kib and huge_kib * 1024 >= nbytes) if huge else huge_kib == 0
+    kept off them, aligned to a huge page; and whether it got what it asked for: every byte on huge
+    pages, or none (/proc/self/smaps; no huge page where THP is off or none was free)."""
+    return part_paged_array(elems, 0 if huge else elems * 4, small_first=True)
 
 
 def part_paged_array(elems, small_bytes, small_first):
     """A float32 array of `elems` zeros, aligned to a huge page, whose first (small_first) or last
-    `small_bytes` (a multiple of the huge page) lie on 4 KiB pages and the rest on huge pages, as an
-    array that starts inside a huge page has its head on small ones; and whether the kernel gave
-    each part the pages asked for."""
+    `small_bytes` (a multiple of the huge page, or all of it) lie on 4 KiB pages and the rest on
+    huge pages, as an array that starts inside a huge page has its head on small ones; and whether
+    the kernel gave each part the pages asked for."""
     nbytes = elems * 4
     # Room past the end, so the huge part's last huge page lies whole inside the mapping.
     m = mmap.mmap(-1, nbytes + 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = np.frombuffer(m, np.uint8)
+    base = np.frombuffer(m, np.uint8)  # the array keeps the mapping alive
     start = (-base.ctypes.data) % HUGE_PAGE
     split = start + (small_bytes if small_first else nbytes - small_bytes)
     small, huge = mmap.MADV_NOHUGEPAGE, mmap.MADV_HUGEPAGE
     first, second = (small, huge) if small_first else (huge, small)
-    m.madvise(first, 0, split)  # two mappings, one on each side of the split
+    if split > 0:
+        m.madvise(first, 0, split)  # two mappings, one on each side of the split
     m.madvise(second, split, len(m) - split)
     a = base[start : start + nbytes].view(np.float32)
     a[:] = 0
-    parts = [_smaps_kib(base.ctypes.data + start), _smaps_kib(base.ctypes.data + split)]
-    small_part, huge_part = parts if small_first else parts[::-1]
-    return a, small_part[1] == 0 and huge_part[1] * 1024 >= nbytes - small_bytes
+    small_start = start if small_first else split
+    huge_start = split if small_first else start
+    small_on_huge_kib = _smaps_kib(base.ctypes.data + small_start)[1] if small_bytes else 0
+    huge_kib = _smaps_kib(base.ctypes.data + huge_start)[1] if small_bytes < nbytes else 0
+    return a, small_on_huge_kib == 0 and huge_kib * 1024 >= nbytes - small_bytes
 
 
 def all_to_all_and_all_gather_paths(cpus_of_rank, huge=True, block_bytes=512 << 10):
