@@ -278,10 +278,11 @@ void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], cons
         uint8_t* dst = bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz;
         const uint8_t* src = bases[static_cast<int>(op.src.buf)] + op.src.offset * esz;
         if (dst == src || op.count == 0) continue;
-        // A large block copied into the output is written around the cache, as received data is,
-        // where no step reduces into the output and reads it back; fenced at once, so a later send
-        // of it (another process reading it single-copy) sees it.
-        if (stream_copies_ && op.dst.buf == BufId::Output && op.count * esz >= stream_bytes_) {
+        // A block copied into an output written around the cache is written so too, as received
+        // data is, where no step reduces into the output and reads it back (whatever the block's
+        // own size: the output is what does not fit); fenced at once, so a later send of it
+        // (another process reading it single-copy) sees it.
+        if (stream_copies_ && op.dst.buf == BufId::Output) {
           streaming_copy(dst, src, op.count * esz);
           streaming_copy_fence();
         } else {
