@@ -72,7 +72,7 @@ def test_every_setting_is_read_somewhere():
     assert set(ids) == set(settings.TABLE)
     unread = []
     for name, ident in ids.items():
-        used = re.compile(rf"Setting::{ident}\b|RT_SETTING\({ident}\)|[\"']{name}[\"']")
+        used = re.compile(rf"Setting::{ident}\b|RT_(?:AUTO_)?SETTING\({ident}\)|[\"']{name}[\"']")
         if not any(used.search(text) for path, text in sources() if path not in TABLE_FILES):
             unread.append(name)
     assert not unread, f"declared but never read: {unread}"
