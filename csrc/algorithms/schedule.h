@@ -151,10 +151,11 @@ struct ScheduleKeyHash {
 // OneShot is not listed: it needs one-shot slots (every rank on one host), which the communicator
 // checks before it offers it; build_schedule builds its schedules all the same.
 std::vector<Algo> supported_algos(Collective coll);
-// Whether algo="auto" weighs `a` for `coll`. Broadcast's flat tree ('direct') runs only when named:
-// its gain is the single-copy reads of the root's buffer, which the cost model does not price,
-// and where process_vm_readv copies at a third of memcpy's rate (4 KiB pages) four ranks on two
-// cores measured it slower than the binary tree at 2 MiB and even at 8 MiB.
+// Whether algo="auto" weighs `a` for `coll`. Broadcast's flat tree ('direct') is not weighed: its
+// gain is the single-copy reads of the root's buffer, which the cost model does not price, and
+// from 4 KiB pages (process_vm_readv pins each) four ranks on two cores measured it slower than
+// the binary tree at 2 MiB and even at 8 MiB. The communicator runs it for a large broadcast whose
+// root holds it on huge pages (HostExecutor::broadcast_follows_root_pages).
 inline bool auto_weighs(Collective coll, Algo a) { return !(coll == Collective::Broadcast && a == Algo::Direct); }
 // The hierarchical algorithms of a collective (none for gather, scatter, barrier, point to point).
 // Not in supported_algos either: they need a topology, which only the host communicator has; it

@@ -604,6 +604,7 @@ void register_communicator(py::module_& m) {
             d["shared_cpu_waits"] = s.shared_cpu_waits;
             d["single_copy_messages"] = s.single_copy_messages;
             d["streamed_pieces"] = s.streamed_pieces;
+            d["broadcast_asks_root"] = py::make_tuple(s.broadcast_asks_root.first, s.broadcast_asks_root.second);
             return d;
           },
           "What set-up found and the counters since, as a dict (CommStatus).")

@@ -62,6 +62,10 @@ class AlgoChoice {
   // Replaces rule 6 (null: the cost model's pick); forgets the remembered choices.
   void set_hook(std::shared_ptr<ChoiceHook> hook);
   bool has_hook() const { return hook_ != nullptr; }
+  // Whether rule 6 (the cost model, no hook) made the choice for a call that named no algorithm.
+  bool cost_model_chooses(Algo requested) const {
+    return requested == Algo::Auto && forced_ == Algo::Auto && hook_ == nullptr;
+  }
 
   const MachineCosts& costs() const { return costs_; }
   const Topology& topology() const { return topology_; }

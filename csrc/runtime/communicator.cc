@@ -253,6 +253,7 @@ CommStatus CommunicatorImpl::status() const {
   s.shared_cpu_waits = exec_.shared_cpu_waits();
   s.single_copy_messages = exec_.single_copy_messages();
   s.streamed_pieces = exec_.streamed_pieces();
+  s.broadcast_asks_root = exec_.broadcast_asks_root();
   return s;
 }
 
@@ -287,6 +288,7 @@ void CommunicatorImpl::order_call(Prepared& p) {
       p.recv_seq = p2p_recv_seq_[p.args.recv_peer]++;
       break;
     default:
+      if (p.asks_root) p.ask_seq = next_seq_++;
       p.seq = next_seq_++;
       break;
   }
@@ -309,6 +311,10 @@ std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool
   RT_CHECK(async || !args.ready, InvalidArgument, collective_name(args.coll),
            ": a call that waits for its input (a gate) is always async");
   Prepared p = prepare(args);
+  // Not a gated call: its root's buffer may not be in place until the gate opens.
+  p.asks_root = args.coll == Collective::Broadcast && !args.ready && (p.algo == Algo::Tree || p.algo == Algo::Ring) &&
+                choice_.cost_model_chooses(args.algo) &&
+                exec_.broadcast_follows_root_pages(p.validated.count * dtype_size(args.dtype));
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (closed_) RT_THROW(Aborted, "the communicator is closed");
   if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
@@ -349,7 +355,33 @@ std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool
   return nullptr;
 }
 
+// The root says whether its buffer lies mostly on huge pages, in a one-byte broadcast of its own
+// sequence number, and every rank runs the flat tree if it does.
+void CommunicatorImpl::ask_root_pages(Prepared& p) {
+  const uint64_t bytes = p.validated.count * dtype_size(p.args.dtype);
+  uint8_t huge = rank_ == p.args.root && HostExecutor::on_huge_pages(p.validated.input.ptr, bytes) ? 1 : 0;
+  CollectiveArgs a;
+  a.coll = Collective::Broadcast;
+  a.dtype = DataType::Uint8;
+  a.root = p.args.root;
+  a.timeout_s = p.timeout_s;
+  a.input = a.output = Buffer{&huge, 1, false, true};
+  Prepared ask = prepare(a);
+  ask.seq = p.ask_seq;
+  ask.starts_at_once = p.starts_at_once;
+  ask.is_ask = true;
+  try {
+    execute(ask);
+  } catch (const Error& e) {
+    recorder_.finished(p.record, &e);
+    throw;
+  }
+  if (huge) p.algo = Algo::Direct;
+  recorder_.set_algo(p.record, p.algo);
+}
+
 void CommunicatorImpl::execute(Prepared& p, const CallPlan* plan) {
+  if (p.asks_root && !plan) ask_root_pages(p);
   const uint64_t segment =
       plan ? 0 : exec_.segment_bytes_for(p.args.coll, p.algo, p.validated.count * dtype_size(p.args.dtype));
   const HostCall call{plan ? *plan
@@ -389,6 +421,14 @@ void CommunicatorImpl::execute(Prepared& p, const CallPlan* plan) {
       if (any_skipped_ && skipped_.seq >= ran_through_ && skipped_.seq < p.seq)
         note = str_cat("; before it this rank made ", describe(skipped_),
                        ", which moves nothing and was compared with no peer");
+    }
+    // A broadcast that asks its root first made a call the user did not: say which (once, where a
+    // peer's text says it already).
+    if (p.asks_root || p.is_ask) {
+      const std::string asked = str_cat(
+          "; broadcast #", p.is_ask ? p.seq : p.ask_seq, " (one uint8) is broadcast #", p.is_ask ? p.seq + 1 : p.seq,
+          " asking its root where its buffer lies, as a broadcast ", "this large does where ranks outnumber cores");
+      if (std::string(e.what()).find(asked) == std::string::npos) note += asked;
     }
     if (note.empty()) fail(p, e);
     try {

@@ -29,6 +29,11 @@ struct Prepared {
   uint64_t recv_seq = 0;        // sendrecv: the receive's p2p sequence number (seq is the send's)
   uint64_t record = 0;          // its flight-recorder id
   bool starts_at_once = false;  // a blocking call with nothing queued before it
+  // A broadcast that follows its root's pages (HostExecutor::broadcast_follows_root_pages): the
+  // sequence number of the one-byte broadcast that tells every rank the root's answer.
+  bool asks_root = false;
+  uint64_t ask_seq = 0;
+  bool is_ask = false;  // that one-byte broadcast itself
 };
 
 class CommunicatorImpl;
@@ -163,6 +168,7 @@ class CommunicatorImpl : public Communicator, public std::enable_shared_from_thi
   void fail_here(const Error& e);
   // Records, reports to every peer and raises a failed call's error.
   [[noreturn]] void fail(Prepared& p, const Error& e);
+  void ask_root_pages(Prepared& p);
   static bool moves_nothing(const Prepared& p);
   void worker_loop();
   // ringtree-<id>-rank<r>.json, the name every dump of this rank's record takes.

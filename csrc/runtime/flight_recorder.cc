@@ -123,6 +123,10 @@ void FlightRecorder::started(uint64_t id, bool at_enqueue) {
   }
 }
 
+void FlightRecorder::set_algo(uint64_t id, Algo algo) {
+  if (CallRecord* r = id ? slot_of(id) : nullptr) r->algo = algo;
+}
+
 void FlightRecorder::finished(uint64_t id, const Error* error) {
   if (!id) return;
   running_.store(0, std::memory_order_relaxed);

@@ -59,6 +59,8 @@ class FlightRecorder {
                 uint64_t count, int64_t label, uint64_t seq, uint64_t recv_seq);
   // `at_enqueue`: the call starts the moment it was queued (a blocking call): no second stamp.
   void started(uint64_t id, bool at_enqueue = false);
+  // The algorithm, where it is settled only when the call runs (a broadcast asks its root first).
+  void set_algo(uint64_t id, Algo algo);
   void finished(uint64_t id, const Error* error);
   // The call in progress (0: none), for the waiting-on part of a dump.
   uint64_t running() const { return running_.load(std::memory_order_relaxed); }

@@ -46,6 +46,10 @@ class Status:
     """Messages this rank has received single-copy."""
     streamed_pieces: int
     """Ring pieces this rank wrote with streaming (cache-bypassing) stores."""
+    broadcast_asks_root: tuple
+    """Broadcasts of at least the first and fewer than the second of these bytes first ask their
+    root whether it holds the buffer mostly on huge pages, and run the flat tree ('direct') if
+    so, where ranks outnumber cores (see single_copy); both are 0 where none does."""
 
     @classmethod
     def of(cls, core: dict, cuda_executor: str) -> Status:
@@ -64,6 +68,7 @@ class Status:
             shared_cpu_waits=core["shared_cpu_waits"],
             single_copy_messages=core["single_copy_messages"],
             streamed_pieces=core["streamed_pieces"],
+            broadcast_asks_root=tuple(core["broadcast_asks_root"]),
         )
 
     def __str__(self):

@@ -120,6 +120,13 @@ def explain(collective: str, nbytes: int, comm=None, dtype: str = "float32", fil
         lines.append(f"  auto chooses {chosen} (the algorithm hook's choice; Communicator.set_algo_hook)")
     else:
         lines.append(f"  auto chooses {chosen}")
+        asks_from, asks_below = status.broadcast_asks_root
+        if collective == "broadcast" and asks_from <= nbytes < asks_below and chosen in ("tree", "ring"):
+            lines.append(
+                f"  but first asks the root: where it holds the buffer mostly on huge pages, direct runs "
+                f"(every receiver reads the root's buffer single-copy; ranks outnumber cores, broadcasts of "
+                f"{asks_from} bytes and more, below {asks_below})"
+            )
     if collective in _FLOAT_REDUCTIONS and dtype in _FLOATS:
         lines += _deterministic_lines(comm, collective, nbytes, dtype, chosen, dict((a, t) for a, t, _ in estimates))
     text = "\n".join(lines)

@@ -565,6 +565,61 @@ def test_ranks_sharing_a_core_read_a_broadcast_single_copy_even_from_small_pages
     assert results[1]["broadcasts"] == [[8 << 20, 8, True]], results
 
 
+def root_paged_broadcasts(cpus_of_rank, nbytes, cases):
+    """Pins this rank to its CPUs before set-up, then broadcasts nbytes (auto) for each (root,
+    root_huge) of `cases`: the root's buffer on huge pages (or small ones), every other rank's on
+    the other kind. Returns per case the algorithm this rank's flight record names, the
+    single-copy messages it received and whether its data are exact; and whether every buffer
+    got the pages it asked for."""
+    rank = int(os.environ["RINGTREE_RANK"])
+    os.sched_setaffinity(0, cpus_of_rank[rank])
+    comm = rt.init(timeout=60)
+    out, paged_as_asked = [], True
+    for i, (root, root_huge) in enumerate(cases):
+        x, as_asked = paged_array(nbytes // 4, root_huge if rank == root else not root_huge)
+        paged_as_asked &= as_asked
+        want = np.arange(nbytes // 4, dtype=np.float32) * (i + 2) + root
+        if rank == root:
+            x[:] = want
+        before = comm.status().single_copy_messages
+        comm.broadcast(x, root=root)
+        algo = comm.record()["calls"][-1]["algo"]
+        out.append([algo, comm.status().single_copy_messages - before, bool(np.array_equal(x, want))])
+    status = comm.status()
+    explained = rt.explain("broadcast", nbytes, comm, file=None).splitlines()[-1]
+    comm.close()
+    return {
+        "broadcasts": out,
+        "paged_as_asked": paged_as_asked,
+        "status": status.single_copy,
+        "asks": list(status.broadcast_asks_root),
+        "cache_bytes": int(status.machine["l3_KiB"] * 1024),
+        "explained": explained,
+    }
+
+
+def test_a_broadcast_where_ranks_share_a_core_follows_the_root_s_pages():
+    """Four ranks allowed one CPU: a 2 MiB broadcast whose root holds it on huge pages runs the
+    flat tree, every receiver reading the root's buffer single-copy (two 1 MiB segments); from
+    the root's small pages the binary tree through the ring. Only the root's pages decide: every
+    other rank's buffer is on the other kind, and every rank runs the same algorithm."""
+    cpu = _allowed_cpus()[0]
+    cases = [(0, True), (0, False), (2, True), (3, False), (1, True)]
+    args = dict(cpus_of_rank=[[cpu]] * 4, nbytes=2 << 20, cases=cases)
+    results = run_world(4, root_paged_broadcasts, args, timeout=120).check_ok()
+    if "asks its root first" not in results[0]["status"]:
+        pytest.skip(f"transparent huge pages are off on this host: {results[0]['status']}")
+    skip_without_huge_pages(results)
+    for r, res in enumerate(results):
+        assert res["asks"] == [1 << 20, res["cache_bytes"]], res
+        assert f"a broadcast of 1048576 bytes or more, below {res['cache_bytes']} " in res["status"], res["status"]
+        assert res["explained"].startswith("  but first asks the root"), res["explained"]
+        for (root, root_huge), (algo, received, exact) in zip(cases, res["broadcasts"]):
+            assert exact, (r, root, root_huge)
+            assert algo == ("direct" if root_huge else "tree"), (r, root, root_huge, algo)
+            assert received == (2 if root_huge and r != root else 0), (r, root, root_huge, received)
+
+
 WITHDRAW_TIMEOUT = 1.0  # the root's timeout in the scenario below
 WITHDRAW_AWAY = 3.0  # how long rank 1 stays away from the broadcast
 

@@ -183,6 +183,9 @@ struct CommStatus {
   uint64_t shared_cpu_waits = 0;      // waits that skipped spinning: a peer they needed was on this CPU
   uint64_t single_copy_messages = 0;  // messages this rank received single-copy
   uint64_t streamed_pieces = 0;       // ring pieces this rank wrote with streaming stores
+  // Broadcasts of [first, second) bytes ask their root whether it holds the buffer mostly on huge
+  // pages, and run the flat tree if so (ranks outnumber cores); {0, 0}: none.
+  std::pair<uint64_t, uint64_t> broadcast_asks_root{0, 0};
 };
 
 class Communicator {

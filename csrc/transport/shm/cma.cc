@@ -73,6 +73,18 @@ bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
   return small <= allowed;
 }
 
+bool cma_page_scan_unsupported() { return page_map.unsupported; }
+
+bool transparent_huge_pages_possible() {
+  // "always [madvise] never": the bracketed word is the mode.
+  FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re");
+  if (!f) return false;
+  char line[128] = {};
+  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  return read && std::strstr(line, "[never]") == nullptr;
+}
+
 int32_t cma_probe(pid_t pid, uint64_t addr, uint64_t expected) {
   uint64_t word = ~expected;
   iovec local{&word, sizeof(word)};

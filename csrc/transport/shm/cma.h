@@ -49,6 +49,12 @@ uint64_t cma_read(pid_t pid, void* local, uint64_t remote, uint64_t bytes, int p
 // from 4 MiB blocks, 1.1-1.3x at P=4 from 1-2 MiB ones, 1.1x slower at P=2 from 2 MiB ones.
 // Where the scan is not available: true (the single copy as before).
 bool cma_source_on_huge_pages(const void* p, uint64_t bytes);
+// Whether this thread's last cma_source_on_huge_pages could not ask the kernel (its answer was
+// then yes, whatever the pages).
+bool cma_page_scan_unsupported();
+// Whether a buffer of this process may lie on transparent huge pages: the kernel's setting is not
+// "never" (false where the kernel has none).
+bool transparent_huge_pages_possible();
 
 // "Operation not permitted (ptrace_scope 1)" and the like, for a verdict.
 std::string cma_verdict_text(int32_t verdict);

@@ -28,8 +28,9 @@ struct alignas(64) ShmSegmentHeader {
   int32_t cma_failed_peer;
   uint64_t cma_probe_addr;
   uint64_t cma_probe_value;
-  int32_t numa_node;     // the owner's NUMA node (common/numa.h), -1 unknown; written during set-up
-  int32_t cores_shared;  // 1: more ranks are allowed the owner's CPUs than there are; written during set-up
+  int32_t numa_node;            // the owner's NUMA node (common/numa.h), -1 unknown; written during set-up
+  int32_t cores_shared;         // 1: more ranks are allowed the owner's CPUs than there are; written during set-up
+  int32_t huge_pages_possible;  // 1: transparent huge pages are not "never" (cma.h); written during set-up
 };
 static_assert(sizeof(ShmSegmentHeader) == 128, "the segment header is two cache lines");
 
