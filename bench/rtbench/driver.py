@@ -400,6 +400,9 @@ class Sweep:
         if choose is None:
             return []
         lines = []
+        # Where ranks outnumber cores a large broadcast asks its root first: its pages decide.
+        status = getattr(self.comm, "status", None)
+        asks = getattr(status(), "broadcast_asks_root", (0, 0)) if status and coll.name == "broadcast" else (0, 0)
         for dtype_name in dict.fromkeys(r.dtype for r in rows):
             itemsize = verify.np_dtype(dtype_name).itemsize
             spans = []  # [algo, first size, last size]
@@ -408,6 +411,8 @@ class Sweep:
                     algo = choose(coll.name, count * itemsize, "auto")
                 except Exception as exc:  # the model may not price every collective
                     return [f"# auto choice: unavailable ({type(exc).__name__}: {exc})"]
+                if asks[0] <= count * itemsize < asks[1] and algo in ("tree", "ring"):
+                    algo += " (direct where the root's buffer is on huge pages: it is asked)"
                 if spans and spans[-1][0] == algo:
                     spans[-1][2] = size
                 else:
