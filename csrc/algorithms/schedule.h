@@ -155,7 +155,7 @@ std::vector<Algo> supported_algos(Collective coll);
 // gain is the single-copy reads of the root's buffer, which the cost model does not price, and
 // from 4 KiB pages (process_vm_readv pins each) four ranks on two cores measured it slower than
 // the binary tree at 2 MiB and even at 8 MiB. The communicator runs it for a large broadcast whose
-// root holds it on huge pages (HostExecutor::broadcast_follows_root_pages).
+// root holds it on huge pages (HostExecutor::broadcast_asks_root).
 inline bool auto_weighs(Collective coll, Algo a) { return !(coll == Collective::Broadcast && a == Algo::Direct); }
 // The hierarchical algorithms of a collective (none for gather, scatter, barrier, point to point).
 // Not in supported_algos either: they need a topology, which only the host communicator has; it

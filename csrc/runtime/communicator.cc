@@ -14,6 +14,7 @@
 #include "kernels/host/reduce.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/dumps.h"
+#include "transport/shm/cma.h"
 #include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
 
@@ -312,9 +313,12 @@ std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool
            ": a call that waits for its input (a gate) is always async");
   Prepared p = prepare(args);
   // Not a gated call: its root's buffer may not be in place until the gate opens.
-  p.asks_root = args.coll == Collective::Broadcast && !args.ready && (p.algo == Algo::Tree || p.algo == Algo::Ring) &&
-                choice_.cost_model_chooses(args.algo) &&
-                exec_.broadcast_follows_root_pages(p.validated.count * dtype_size(args.dtype));
+  if (args.coll == Collective::Broadcast && !args.ready && (p.algo == Algo::Tree || p.algo == Algo::Ring) &&
+      choice_.cost_model_chooses(args.algo)) {
+    const auto [from, below] = exec_.broadcast_asks_root();
+    const uint64_t bytes = p.validated.count * dtype_size(args.dtype);
+    p.asks_root = bytes >= from && bytes < below;
+  }
   std::unique_lock<std::mutex> lock(queue_mu_);
   if (closed_) RT_THROW(Aborted, "the communicator is closed");
   if (aborted_) RT_THROW(Aborted, "the communicator was aborted by an earlier error: ", abort_reason_);
@@ -359,7 +363,8 @@ std::shared_ptr<Work> CommunicatorImpl::run_now(const CollectiveArgs& args, bool
 // sequence number, and every rank runs the flat tree if it does.
 void CommunicatorImpl::ask_root_pages(Prepared& p) {
   const uint64_t bytes = p.validated.count * dtype_size(p.args.dtype);
-  uint8_t huge = rank_ == p.args.root && HostExecutor::on_huge_pages(p.validated.input.ptr, bytes) ? 1 : 0;
+  // No where the kernel cannot say: the binary tree, as before.
+  uint8_t huge = rank_ == p.args.root && cma_source_on_huge_pages(p.validated.input.ptr, bytes).value_or(false);
   CollectiveArgs a;
   a.coll = Collective::Broadcast;
   a.dtype = DataType::Uint8;

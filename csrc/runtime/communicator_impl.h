@@ -29,7 +29,7 @@ struct Prepared {
   uint64_t recv_seq = 0;        // sendrecv: the receive's p2p sequence number (seq is the send's)
   uint64_t record = 0;          // its flight-recorder id
   bool starts_at_once = false;  // a blocking call with nothing queued before it
-  // A broadcast that follows its root's pages (HostExecutor::broadcast_follows_root_pages): the
+  // A broadcast that follows its root's pages (HostExecutor::broadcast_asks_root): the
   // sequence number of the one-byte broadcast that tells every rank the root's answer.
   bool asks_root = false;
   uint64_t ask_seq = 0;

@@ -102,14 +102,9 @@ class HostExecutor {
   // The pipeline segment for a call of `bytes` (0: RINGTREE_TREE_SEGMENT_BYTES), the same on every
   // rank: larger for a broadcast whose receivers all read single-copy from the root.
   uint64_t segment_bytes_for(Collective coll, Algo algo, uint64_t bytes) const;
-  // Whether a broadcast of `bytes` runs the flat tree ('direct') where the root's buffer lies
+  // Broadcasts of [first, second) bytes run the flat tree ('direct') where the root's buffer lies
   // mostly on huge pages and the binary tree where not (set_last_level_cache_bytes), the same on
-  // every rank: the root's answer to on_huge_pages decides, and its peers must hear it first.
-  bool broadcast_follows_root_pages(uint64_t bytes) const {
-    return bytes >= single_copy_min_bytes_ && bytes < root_pages_broadcast_below_;
-  }
-  // The root's side of it (cma.h); no where the kernel cannot say.
-  static bool on_huge_pages(const void* p, uint64_t bytes);
+  // every rank: the root's page scan (cma.h) decides, and its peers must hear it first. {0, 0}: none.
   std::pair<uint64_t, uint64_t> broadcast_asks_root() const {
     return root_pages_broadcast_below_ ? std::make_pair(single_copy_min_bytes_, root_pages_broadcast_below_)
                                        : std::make_pair(uint64_t{0}, uint64_t{0});
@@ -212,7 +207,7 @@ class HostExecutor {
   bool single_copy_from_huge_pages_only_ = false;    // auto: a send mostly on small pages takes the ring (cma.h)
   bool host_cores_shared_ = false;                   // some rank of this host shares its cores
   bool host_huge_pages_possible_ = false;            // some rank of this host may have huge pages
-  uint64_t root_pages_broadcast_below_ = 0;          // broadcast_follows_root_pages up to this size
+  uint64_t root_pages_broadcast_below_ = 0;          // broadcast_asks_root up to this size
   bool single_copy_huge_only_ = false;               // ... the rule, for the current call
   uint64_t single_copy_from_ = 0;                    // the current call's sends this large go single-copy (0: none)
   bool single_copy_defer_ = false;                   // ... and complete before they are acknowledged

@@ -237,7 +237,7 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
 // binary tree at P=4 on the 2-core VM (1-8 MiB; 16 MiB 1.0-1.3x; 32 MiB slower); from small
 // pages 1.5-2.4x slower (the root copies into every receiver's ring, or pins 4 KiB pages).
 // Only the root sees its pages: the communicator asks it before such a call
-// (broadcast_follows_root_pages). Not where huge pages are off on the host: the answer is known.
+// (broadcast_asks_root). Not where huge pages are off on the host: the answer is known.
 void HostExecutor::set_last_level_cache_bytes(uint64_t bytes) {
   stream_bytes_ = StreamBytes() >= 0 ? static_cast<uint64_t>(StreamBytes()) : bytes / 2;
   if (!single_copy_on_ || SingleCopyMinBytes() >= 0 || bytes == 0) return;
@@ -255,10 +255,6 @@ void HostExecutor::set_last_level_cache_bytes(uint64_t bytes) {
   single_copy_status_ +=
       str_cat("; broadcasts of ", bytes,
               " bytes or more (the last-level cache) use the ring (every rank has a core of its own)");
-}
-
-bool HostExecutor::on_huge_pages(const void* p, uint64_t bytes) {
-  return cma_source_on_huge_pages(p, bytes) && !cma_page_scan_unsupported();
 }
 
 // Every receiver of a broadcast over a flat tree (direct; P = 2 on the chain, up to 3 on the

@@ -45,10 +45,11 @@ struct PageMap {
 thread_local PageMap page_map;
 }  // namespace
 
-bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
-  if (page_map.unsupported || bytes == 0) return true;
+std::optional<bool> cma_source_on_huge_pages(const void* p, uint64_t bytes) {
+  if (bytes == 0) return true;
+  if (page_map.unsupported) return std::nullopt;
   const int fd = page_map.get();
-  if (fd < 0) return true;
+  if (fd < 0) return std::nullopt;
   static const uint64_t small_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // the scan's unit
   const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(small_page - 1);
   const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + small_page - 1) & ~(small_page - 1);
@@ -65,15 +66,13 @@ bool cma_source_on_huge_pages(const void* p, uint64_t bytes) {
   const long found = ioctl(fd, kPageMapScan, &arg);
   if (found < 0) {
     page_map.unsupported = errno == ENOTTY || errno == EINVAL || errno == EPERM;  // an older kernel
-    return true;
+    return std::nullopt;
   }
   uint64_t small = 0;
   for (long i = 0; i < found; ++i) small += (regions[i].end - regions[i].start) / small_page;
   if (found == 8 && arg.walk_end < end) return false;  // more scattered small pages than regions
   return small <= allowed;
 }
-
-bool cma_page_scan_unsupported() { return page_map.unsupported; }
 
 bool transparent_huge_pages_possible() {
   // "always [madvise] never": the bracketed word is the mode.

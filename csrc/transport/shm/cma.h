@@ -17,6 +17,7 @@
 #pragma once
 #include <sys/types.h>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ringtree {
@@ -47,11 +48,8 @@ uint64_t cma_read(pid_t pid, void* local, uint64_t remote, uint64_t bytes, int p
 // starts anywhere in a huge page, so up to its first 2 MiB lie on small pages; all_gather blocks
 // with their first half on small pages read single-copy against the ring: 1.1-1.2x faster at P=2
 // from 4 MiB blocks, 1.1-1.3x at P=4 from 1-2 MiB ones, 1.1x slower at P=2 from 2 MiB ones.
-// Where the scan is not available: true (the single copy as before).
-bool cma_source_on_huge_pages(const void* p, uint64_t bytes);
-// Whether this thread's last cma_source_on_huge_pages could not ask the kernel (its answer was
-// then yes, whatever the pages).
-bool cma_page_scan_unsupported();
+// Where the scan is not available: no answer (a sender then reads single-copy, as before).
+std::optional<bool> cma_source_on_huge_pages(const void* p, uint64_t bytes);
 // Whether a buffer of this process may lie on transparent huge pages: the kernel's setting is not
 // "never" (false where the kernel has none).
 bool transparent_huge_pages_possible();

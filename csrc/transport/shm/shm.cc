@@ -212,7 +212,7 @@ bool ShmConnection::progress_send(SendCursor& c) {
   bool single_copy = c.done == 0 && cma_pid_ && c.single_copy_min_bytes > 0 && payload >= c.single_copy_min_bytes;
   if (single_copy && c.single_copy_from_huge_pages_only) {
     c.single_copy_from_huge_pages_only = false;  // asked once per message: a full ring comes back here
-    if (!cma_source_on_huge_pages(c.payload, payload)) c.single_copy_min_bytes = 0, single_copy = false;
+    if (!cma_source_on_huge_pages(c.payload, payload).value_or(true)) c.single_copy_min_bytes = 0, single_copy = false;
   }
   if (c.ack_at || single_copy) return progress_single_copy_send(c);
   const uint64_t total = stream_bytes(payload);
