@@ -1,8 +1,9 @@
 // Direct (pairwise) algorithms: every rank talks to every other rank.
 //
-// all_to_all, pairwise exchange: step 0 copies our own block; in step s (1..P-1) rank r sends
-//   its input block r+s to rank r+s and receives rank r-s's block r into output block r-s.
-//   Each step pairs every rank with exactly one sender and one receiver.
+// all_to_all, pairwise exchange: in step s (1..P-1) rank r sends its input block r+s to rank r+s
+//   and receives rank r-s's block r into output block r-s; the first step also copies our own
+//   block, while the peers read ours (a step's messages start before its copies). Each step
+//   pairs every rank with exactly one sender and one receiver.
 //   In one buffer (same_buffer), block r-s is received in step s and sent (to rank r-s) in step
 //   P-s: the blocks received no later than they are sent (s <= P/2) are staged in scratch in
 //   step 0 and sent from there; the others are sent before they are overwritten, and block r
@@ -17,12 +18,16 @@ namespace ringtree {
 
 void direct_all_to_all(Schedule& s, int P, int r, uint64_t N) {
   const uint64_t ur = static_cast<uint64_t>(r);
-  s.add(make_copy(BufId::Output, ur * N, BufId::Input, ur * N, N));
-  s.end_step();
+  const Op own = make_copy(BufId::Output, ur * N, BufId::Input, ur * N, N);
+  if (P == 1) {
+    s.add(own);
+    s.end_step();
+  }
   for (int step = 1; step < P; ++step) {
     const int to = ring_mod(r + step, P), from = ring_mod(r - step, P);
     s.add(make_send(to, BufId::Input, static_cast<uint64_t>(to) * N, N));
     s.add(make_recv(from, BufId::Output, static_cast<uint64_t>(from) * N, N));
+    if (step == 1) s.add(own);
     s.end_step();
   }
 }
@@ -53,12 +58,16 @@ void direct_all_to_all_v(Schedule& s, int P, int r, const std::vector<uint64_t>&
     send_displ[q] = send_displ[q - 1] + send_counts[q - 1];
     recv_displ[q] = recv_displ[q - 1] + recv_counts[q - 1];
   }
-  s.add(make_copy(BufId::Output, recv_displ[r], BufId::Input, send_displ[r], send_counts[r]));
-  s.end_step();
+  const Op own = make_copy(BufId::Output, recv_displ[r], BufId::Input, send_displ[r], send_counts[r]);
+  if (P == 1) {
+    s.add(own);
+    s.end_step();
+  }
   for (int step = 1; step < P; ++step) {
     const int to = ring_mod(r + step, P), from = ring_mod(r - step, P);
     s.add(make_send(to, BufId::Input, send_displ[to], send_counts[to]));
     s.add(make_recv(from, BufId::Output, recv_displ[from], recv_counts[from]));
+    if (step == 1) s.add(own);
     s.end_step();
   }
 }
@@ -69,10 +78,9 @@ void direct_gather(Schedule& s, int P, int r, int root, uint64_t N) {
     s.end_step();
     return;
   }
-  s.add(make_copy(BufId::Output, static_cast<uint64_t>(root) * N, BufId::Input, 0, N));
-  s.end_step();
   for (int q = 0; q < P; ++q)
     if (q != root) s.add(make_recv(q, BufId::Output, static_cast<uint64_t>(q) * N, N));
+  s.add(make_copy(BufId::Output, static_cast<uint64_t>(root) * N, BufId::Input, 0, N));
   s.end_step();
 }
 
@@ -82,10 +90,9 @@ void direct_scatter(Schedule& s, int P, int r, int root, uint64_t N) {
     s.end_step();
     return;
   }
-  s.add(make_copy(BufId::Output, 0, BufId::Input, static_cast<uint64_t>(root) * N, N));
-  s.end_step();
   for (int q = 0; q < P; ++q)
     if (q != root) s.add(make_send(q, BufId::Input, static_cast<uint64_t>(q) * N, N));
+  s.add(make_copy(BufId::Output, 0, BufId::Input, static_cast<uint64_t>(root) * N, N));
   s.end_step();
 }
 

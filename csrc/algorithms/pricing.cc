@@ -44,7 +44,7 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
          line(a.remote_reduced, b.remote_reduced, c.remote_reduced) &&
          line(a.remote_link, b.remote_link, c.remote_link) && line(a.published, b.published, c.published) &&
          line(a.host_net, b.host_net, c.host_net) && line(a.host_reduced, b.host_reduced, c.host_reduced) &&
-         line(a.host_copied, b.host_copied, c.host_copied);
+         line(a.host_copied, b.host_copied, c.host_copied) && line(a.handshakes, b.handshakes, c.handshakes);
 }
 
 // The collectives with a keyed schedule for every rank (send/recv pair only two ranks' halves;
@@ -240,6 +240,7 @@ ScheduleCounts count_built(const ScheduleKey& key, uint64_t* ops, LinkWeights w)
     if (h.ranks > big->ranks || (h.ranks == big->ranks && work > most_work)) big = &h;
   }
   out.host_net = big->net, out.host_reduced = big->reduced, out.host_copied = big->copied;
+  out.handshakes = P > 1 && !all[0].first_step_meets_neighbours ? 1 : 0;
   const PathLength path = critical_path(all, topo, w.hop);
   out.hops = path.local + path.remote;
   out.remote_hops = path.remote;
@@ -262,7 +263,8 @@ ScheduleCounts lerp(const ScheduleCounts& a, const ScheduleCounts& b, double f) 
           mix(a.published, b.published),
           mix(a.host_net, b.host_net),
           mix(a.host_reduced, b.host_reduced),
-          mix(a.host_copied, b.host_copied)};
+          mix(a.host_copied, b.host_copied),
+          mix(a.handshakes, b.handshakes)};
 }
 
 // The larger of a rank's buffers for a call whose ScheduleKey::count is `bytes` (all_to_all_v
@@ -442,9 +444,10 @@ double predict(const MachineCosts& m, const PriceTable& table, Collective c, Alg
   const bool oneshot = a == Algo::OneShot;
   uint64_t lo = bytes, hi = bytes;
   const ScheduleCounts k = table.counts(c, a, bytes, &lo, &hi);
-  // The executor's fingerprint handshake with its ring neighbours comes before the first step;
-  // in one-shot calls every call publishes, and that is its handshake.
-  const double handshake = !oneshot && P > 1 ? 1 : 0;
+  // The executor's fingerprint handshake with its ring neighbours comes before the first step,
+  // unless that step's messages meet them; in one-shot calls every call publishes, and that is
+  // its handshake.
+  const double handshake = oneshot ? 0 : k.handshakes;
   const Rates r = rates_for(m, buffer, dtype, !table.topology() && m.any_tcp);
   const double hops = handshake + k.hops;
   const double remote_hops = k.remote_hops + (table.handshake_remote() ? handshake : 0);

@@ -5,7 +5,8 @@
 //   time = call + hops x hop + sum over op kinds of (bytes of that kind x seconds per byte)
 // where
 //   hops   messages on the critical path: the longest chain of steps that wait on each other,
-//          one hop per step that sends or receives, plus the executor's fingerprint handshake;
+//          one hop per step that sends or receives, plus the executor's fingerprint handshake
+//          where the schedule needs one;
 //   bytes  what the busiest rank sends, receives, receives-and-reduces and copies locally.
 // A link between hosts carries both directions at once (full duplex), and its bytes move while the
 // rank's CPU handles them: the bytes across hosts cost the larger of their CPU time and the link's
@@ -77,6 +78,9 @@ struct ScheduleCounts {
   // own work (a rank runs on one core at a time). Ranks with equal work (a ring) give the same bound either way; a
   // tree's leaves and a chain's ends, which do less, leave cores to the others.
   double host_net = 0, host_reduced = 0, host_copied = 0;
+  // The executor's fingerprint handshake before the first step: 1, or 0 where the first step's
+  // messages meet both ring neighbours and carry the fingerprint (Schedule::first_step_meets_neighbours).
+  double handshakes = 0;
 };
 
 // How much an inter-host hop and byte weigh against a local one, to find the critical path and

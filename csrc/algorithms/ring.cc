@@ -38,6 +38,7 @@ inline Op recv_reduce(int peer, BufId dst, uint64_t dst_off, BufId src, uint64_t
 }  // namespace
 
 void ring_all_reduce(Schedule& s, int P, int r, uint64_t count) {
+  s.first_step_meets_neighbours = P > 1;
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
   // reduce-scatter phase
   for (int step = 0; step < P - 1; ++step) {
@@ -63,6 +64,7 @@ void ring_all_reduce(Schedule& s, int P, int r, uint64_t count) {
 //   step s (0..P-2): send partial of block r-s-1 (s=0: our input block), receive partial of
 //   block r-s-2 and add our input block r-s-2. After step P-2 the output holds block r.
 void ring_reduce_scatter(Schedule& s, int P, int r, uint64_t N) {
+  s.first_step_meets_neighbours = P > 1;
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
   s.scratch_elems = P > 2 ? 2 * N : 0;
   auto scratch = [N](int step) { return static_cast<uint64_t>(step % 2) * N; };
@@ -80,21 +82,21 @@ void ring_reduce_scatter(Schedule& s, int P, int r, uint64_t N) {
   }
 }
 
-// all_gather: a first step copies our block into place; step s (0..P-2) then forwards block r-s
-// and receives block r-s-1, our own block (s=0) sent from the input, not from that copy. The
-// input is never written, so the next call's copy does not have to take back lines that a reader
-// on another core just pulled out of this core's cache (a next rank reading single-copy reads
-// straight from the sender's memory).
+// all_gather: step s (0..P-2) forwards block r-s and receives block r-s-1, our own block (s=0)
+// sent from the input; step 0 also copies our block into place, while the next rank reads it
+// (a step's messages start before its copies). The input is never written, so the next call's
+// copy does not have to take back lines that a reader on another core just pulled out of this
+// core's cache (a next rank reading single-copy reads straight from the sender's memory).
 void ring_all_gather(Schedule& s, int P, int r, uint64_t N) {
+  s.first_step_meets_neighbours = P > 1;
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
-  s.add(make_copy(BufId::Output, static_cast<uint64_t>(r) * N, BufId::Input, 0, N));
-  s.end_step();
   for (int step = 0; step < P - 1; ++step) {
     if (step == 0)
       s.add(send(next, BufId::Input, 0, N));
     else
       s.add(send(next, BufId::Output, static_cast<uint64_t>(mod(r - step, P)) * N, N));
     s.add(recv(prev, BufId::Output, static_cast<uint64_t>(mod(r - step - 1, P)) * N, N));
+    if (step == 0) s.add(make_copy(BufId::Output, static_cast<uint64_t>(r) * N, BufId::Input, 0, N));
     s.end_step();
   }
 }

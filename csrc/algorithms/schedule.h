@@ -85,6 +85,12 @@ struct Schedule {
   // result is complete before them, so a rank may return from the call first and run them
   // before its next collective (a one-shot broadcast's early return; oneshot.cc settle_oneshot).
   uint32_t deferred_steps = 0;
+  // Every rank's first step sends to rank r+1 and receives from rank r-1 (set by the builders
+  // whose schedules do so on every rank; the verifier checks it). Those messages carry the call's
+  // fingerprint, so the host executor sends no separate handshake before them. Not for
+  // all_to_all: ranks of one call may run its one-buffer schedule beside the out-of-place one,
+  // whose first steps differ, and each must send what the other expects first.
+  bool first_step_meets_neighbours = false;
 
   size_t num_steps() const { return step_end.size(); }
   uint32_t step_begin(size_t k) const { return k == 0 ? 0 : step_end[k - 1]; }

@@ -18,7 +18,7 @@ py::dict counts_dict(const ScheduleCounts& k) {
                   py::arg("remote_received") = k.remote_received, py::arg("remote_reduced") = k.remote_reduced,
                   py::arg("remote_link") = k.remote_link, py::arg("published") = k.published,
                   py::arg("host_net") = k.host_net, py::arg("host_reduced") = k.host_reduced,
-                  py::arg("host_copied") = k.host_copied);
+                  py::arg("host_copied") = k.host_copied, py::arg("handshakes") = k.handshakes);
 }
 
 // A topology from per-rank host labels, or none (hier keys then fail with a clear error).

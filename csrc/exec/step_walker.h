@@ -203,9 +203,11 @@ RT_HOST_DEVICE WalkResult walk_schedule(const WalkPlan& plan, Mem& mem, uint64_t
         return WalkResult::Stopped;
       }
       const Slice sl = slice_of(op.count, ch, C, plan.elem_size);
-      if (op.kind == OpKind::Copy && sl.count)
-        mem.copy(plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + sl.first) * esz,
-                 plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + sl.first) * esz, sl.count * esz);
+      if (op.kind == OpKind::Copy && sl.count) {
+        uint8_t* dst = plan.bases[static_cast<int>(op.dst.buf)] + (op.dst.offset + sl.first) * esz;
+        const uint8_t* src = plan.bases[static_cast<int>(op.src.buf)] + (op.src.offset + sl.first) * esz;
+        if (dst != src) mem.copy(dst, src, sl.count * esz);  // in place: a copy onto itself
+      }
       if (mem.leader()) {
         const bool empty_message = op.kind != OpKind::Copy && op.count == 0 && ch == 0;
         progress[i - begin] = op.kind == OpKind::Copy ? sl.count : empty_message ? kWalkerEmptyPending : 0;

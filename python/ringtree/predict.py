@@ -160,7 +160,8 @@ def rates(m: Machine, buffer_bytes: float, local_ranks: int, streams: int = 1, h
 @dataclass
 class Counts:
     """What the busiest rank moves (bytes, of which remote_*: to or from another host) and the
-    hops on the critical path (of which remote_hops between hosts), the handshake included."""
+    hops on the critical path (of which remote_hops between hosts), the executor's handshake
+    included where the schedule needs one."""
 
     hops: float = 0
     remote_hops: float = 0
@@ -416,8 +417,9 @@ def counts(
         inter = passes * (hosts - 1) if algo == "hier" else tree_hops(hosts, segments(nbytes / local))
         k.hops, k.remote_hops = passes * (local - 1) + inter, inter
         k.streams = local
-    k.hops += 1  # the executor's fingerprint handshake with the next rank
-    k.remote_hops += 1 if across else 0
+    if algo != "ring":  # the ring's first step meets both neighbours and stands in for the handshake
+        k.hops += 1  # the executor's fingerprint handshake with the next rank
+        k.remote_hops += 1 if across else 0
     return k
 
 

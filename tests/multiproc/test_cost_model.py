@@ -79,9 +79,13 @@ def test_every_rank_chooses_alike_and_explain_matches(nranks, tmp_path):
     chosen = first["choices"]["all_reduce/4096/float32"]
     assert f"auto chooses {chosen}" in text
     assert f"* {chosen}" in text
-    # The ring's line says what was counted in its schedules: 2(P-1) hops after the handshake.
-    ring_line = next(line for line in text.splitlines() if line[2:].startswith("ring "))
-    assert f"1 handshake + {2 * (nranks - 1)} hops on the critical path" in ring_line, ring_line
+    # The ring's line says what was counted in its schedules: 2(P-1) hops, and no handshake, as
+    # its first step meets both neighbours (the tree's first step does not: it has one).
+    lines = text.splitlines()
+    ring_line = next(line for line in lines if line[2:].startswith("ring "))
+    assert f"0 handshake + {2 * (nranks - 1)} hops on the critical path" in ring_line, ring_line
+    tree_line = next(line for line in lines if line[2:].startswith("tree "))
+    assert "1 handshake + " in tree_line, tree_line
     for algo, _ in first["estimates"]["all_reduce/4096/float32"]:
         assert algo in text
     # A probe that ran beside other work (this machine may be busy) is used but not cached.
@@ -334,8 +338,12 @@ def test_pipelined_broadcast_hops_grow_with_depth_plus_segments(P, segments):
 def test_direct_all_to_all_and_barrier_counts(P):
     N = 1000
     k = counted("all_to_all", "direct", P, N)
-    assert k["hops"] == P - 1 and k["steps"] == P  # a local copy, then P-1 exchanges
+    assert k["hops"] == P - 1 and k["steps"] == P - 1  # P-1 exchanges, the first with the local copy
     assert k["sent"] == k["received"] == (P - 1) * N and k["copied"] == N
+    assert k["handshakes"] == 1  # ranks may mix its one-buffer schedule, whose first step differs
+    for coll in ("all_gather", "all_reduce", "reduce_scatter"):  # first steps meet both neighbours
+        assert counted(coll, "ring", P, N)["handshakes"] == 0, coll
+    assert counted("broadcast", "tree", P, N)["handshakes"] == 1
     barrier = counted("barrier", "direct", P, 0)
     assert barrier["hops"] == (P - 1).bit_length()  # ceil(log2 P) rounds
     assert barrier["sent"] == barrier["received"] == 0

@@ -114,6 +114,8 @@ MISMATCHES = [
     "algo_oneshot",
     "collective_across_paths",
     "root_run_ahead",
+    "ring_count",
+    "ring_beside_rooted",
 ]
 
 
@@ -152,6 +154,14 @@ def mismatch(kind):
             comm.broadcast(x, root=1 if odd else 0)
             for k in range(5):
                 comm.broadcast(np.full(4, r + k, np.int64), root=0)
+        elif kind == "ring_count":  # schedules whose first messages stand in for the handshake
+            n = 4097 if odd else 4096
+            comm.all_gather(np.ones(n, np.float32), np.empty(P * n, np.float32), algo="ring")
+        elif kind == "ring_beside_rooted":  # the odd rank only sends, to ranks expecting the ring's data
+            y = np.ones(1 << 14, np.float32)
+            comm.broadcast(y, root=P - 1, algo="tree") if odd else comm.all_gather(
+                y, np.empty(P << 14, np.float32), algo="ring"
+            )
         comm.barrier()
         outcome = {"raised": None}
     except rt.CollectiveMismatch as exc:
@@ -190,6 +200,8 @@ def test_mismatched_calls_raise_collective_mismatch_on_every_rank(kind, nranks):
         "algo_oneshot": "algo=oneshot",
         "collective_across_paths": "all_gather",
         "root_run_ahead": "root=1",
+        "ring_count": "count=4097",
+        "ring_beside_rooted": "broadcast",
     }[kind]
     assert any(detail in res["message"] for res in results), [r["message"] for r in results]
     if kind == "zero_count":  # the rank that sent nothing names its count-0 call

@@ -160,9 +160,15 @@ def test_one_buffer_all_to_all_stages_only_what_it_overwrites_before_sending(P):
             (send,) = [op for op in steps[step] if op[0] == "send"]
             assert send[1] == (r + step) % P
             assert send[4][0] == ("scratch" if P - step <= P // 2 else "input")
-    # Out of place the same collective copies its own block and stages nothing.
+    # Out of place the same collective stages nothing: its first exchange also copies its own
+    # block, which the executor does once that step's messages are under way.
     steps = _core.schedule(COLL["all_to_all"], ALGO["direct"], P, 0, N)
-    assert steps[0] == [("copy", -1, N, ("output", 0), ("input", 0), -1)]
+    assert len(steps) == P - 1
+    assert steps[0] == [
+        ("send", 1, N, ("input", 0), ("input", N), -1),
+        ("recv", P - 1, N, ("output", (P - 1) * N), ("input", 0), -1),
+        ("copy", -1, N, ("output", 0), ("input", 0), -1),
+    ]
 
 
 def test_a_one_buffer_schedule_is_refused_for_other_collectives():

@@ -148,6 +148,10 @@ void check_step_disjoint(RankState& st, size_t b, size_t e, const ScheduleKey& k
     if ((op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce) && ++recvs[op.peer] > 1)
       fail(k, ip, str_cat("rank ", r, " step has two receives from ", op.peer));
     if (op.count == 0) continue;
+    if (op.kind == OpKind::Copy) {  // in place, a copy onto itself: every executor skips it
+      const Location from = st.alias.locate(op.src), to = st.alias.locate(op.dst);
+      if (from.storage == to.storage && from.offset == to.offset) continue;
+    }
     const bool local_src = op.kind == OpKind::Send || op.kind == OpKind::RecvReduce || op.kind == OpKind::Copy ||
                            op.kind == OpKind::Publish;
     if (local_src) {
@@ -215,6 +219,25 @@ void check_oneshot_rules(const Schedule& s, int P, int r, const ScheduleKey& k) 
                         " rank ", q, " may still be reading"));
 }
 
+// A schedule that says its first step meets both ring neighbours replaces the executor's
+// handshake with those messages: every rank must say so alike, and its first step must hold them.
+void check_meets_neighbours_first(const Schedule& s, const Schedule& rank0, int P, int r, const ScheduleKey& k,
+                                  bool ip) {
+  if (s.first_step_meets_neighbours != rank0.first_step_meets_neighbours)
+    fail(k, ip, str_cat("rank ", r, " and rank 0 differ on whether the first step meets the ring neighbours"));
+  if (!s.first_step_meets_neighbours) return;
+  bool to_next = false, from_prev = false;
+  for (uint32_t i = 0; s.num_steps() > 0 && i < s.step_end[0]; ++i) {
+    const Op& op = s.ops[i];
+    to_next |= op.kind == OpKind::Send && op.peer == (r + 1) % P;
+    from_prev |= (op.kind == OpKind::Recv || op.kind == OpKind::RecvReduce) && op.peer == (r + P - 1) % P;
+  }
+  if (!to_next || !from_prev)
+    fail(k, ip,
+         str_cat("rank ", r, "'s first step does not send to rank ", (r + 1) % P, " and receive from rank ",
+                 (r + P - 1) % P, ", as its schedule says"));
+}
+
 void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules, bool claim_rank_fold) {
   Shapes shapes;
   const int P = base.nranks;
@@ -228,6 +251,7 @@ void run(const ScheduleKey& base, bool in_place, int drop_op, bool oneshot_rules
     st.sched = build_schedule(k);
     if (r == 0 && drop_op >= 0) drop(st.sched, static_cast<size_t>(drop_op));
     if (is_oneshot_schedule(base) && oneshot_rules) check_oneshot_rules(st.sched, P, r, base);
+    check_meets_neighbours_first(st.sched, ranks[0].sched, P, r, base, in_place);
     st.alias = {in_place, base.coll, r, base.root, N, base.same_buffer};
     st.storage[0].resize(sz.input);
     st.storage[1].resize(sz.output);

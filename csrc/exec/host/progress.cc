@@ -4,7 +4,10 @@
 // and expects one from the previous rank. Every message header carries the call's
 // fingerprint, and the handshake guarantees every rank checks at least one neighbour, so
 // mismatched calls are found on some rank, which then aborts the job for everyone, even when
-// the schedule itself would never have connected the disagreeing ranks.
+// the schedule itself would never have connected the disagreeing ranks. A schedule whose every
+// rank's first step sends to the next rank and receives from the previous one needs none: its
+// first messages carry the fingerprint (a rank in another call still sends the next rank a
+// header first, handshake or data, and the next rank checks it).
 //
 // Waiting (backoff.h): spin, then yield, each for a set time, then block in poll() on
 // the doorbell (shared memory), the TCP sockets with pending work and every peer's control
@@ -260,7 +263,8 @@ void HostExecutor::init_cursor(OpCursor& c, const Op& op, uint8_t* const bases[3
 
 void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], const Deadline& deadline) {
   const size_t esz = current_->plan.elem_size();
-  const bool handshake = size_ > 1 && !collective_traits(current_->plan.key.coll).point_to_point;
+  const bool handshake =
+      size_ > 1 && !collective_traits(current_->plan.key.coll).point_to_point && !s.first_step_meets_neighbours;
   hs_send_pending_ = hs_recv_pending_ = false;
   if (handshake) {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
@@ -272,7 +276,19 @@ void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], cons
   }
   for (size_t k = 0; k < s.num_steps(); ++k) {
     cursors_.clear();
+    bool copies = false;
     for (uint32_t i = s.step_begin(k); i < s.step_end[k]; ++i) {
+      if (s.ops[i].kind == OpKind::Copy) {
+        copies = true;
+        continue;
+      }
+      cursors_.emplace_back();
+      init_cursor(cursors_.back(), s.ops[i], bases);
+    }
+    // A step's messages start before its local copies: a peer reads what this rank sends while
+    // this rank copies its own block, instead of after (the ops of a step touch disjoint memory).
+    if (copies && !cursors_.empty()) progress_all();
+    for (uint32_t i = s.step_begin(k); i < s.step_end[k] && copies; ++i) {
       const Op& op = s.ops[i];
       if (op.kind == OpKind::Copy) {
         uint8_t* dst = bases[static_cast<int>(op.dst.buf)] + op.dst.offset * esz;
@@ -288,10 +304,7 @@ void HostExecutor::run_schedule(const Schedule& s, uint8_t* const bases[3], cons
         } else {
           std::memcpy(dst, src, op.count * esz);
         }
-        continue;
       }
-      cursors_.emplace_back();
-      init_cursor(cursors_.back(), op, bases);
     }
     pump(deadline, false);
   }
