@@ -30,7 +30,8 @@ constexpr uint64_t kAutoSingleCopyBytes = uint64_t{1} << 20;
 // 2 cores, all_to_all of 1 and 2 MiB (blocks of 256 and 512 KiB) ran 1.0-1.1x and 1.6-2.0x faster
 // single-copy; 128 KiB blocks ran 1.4x slower. Broadcast's pipelined segments and all_gather's
 // forwarded blocks ran slower single-copy there too, so they keep 1 MiB. (The bench's buffers were
-// on huge pages; from small pages every message but a broadcast's takes the ring, cma.h.)
+// on huge pages; from small pages every message but a broadcast's or an all_to_all's takes the
+// ring, cma.h.)
 constexpr uint64_t kOversubscribedAllToAllSingleCopyBytes = uint64_t{256} << 10;
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
@@ -204,16 +205,17 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
     host_huge_pages_possible_ |= h->huge_pages_possible != 0;
   }
   single_copy_from_huge_pages_only_ = automatic;
-  single_copy_status_ = str_cat(
-      "on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
-      single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
-          ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
-          : std::string(),
-      automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
-      single_copy_conns_.size() + 1, " ranks on this host",
-      single_copy_from_huge_pages_only_ ? std::string("; a message mostly on small pages uses the ring") +
-                                              (host_cores_shared_ ? " (but a broadcast's: ranks outnumber cores)" : "")
-                                        : std::string());
+  single_copy_status_ =
+      str_cat("on: process_vm_readv for collective messages of at least ", single_copy_min_bytes_, " bytes",
+              single_copy_all_to_all_min_bytes_ != single_copy_min_bytes_
+                  ? str_cat(" (all_to_all: ", single_copy_all_to_all_min_bytes_, ", ranks outnumber cores)")
+                  : std::string(),
+              automatic ? " (RINGTREE_CMA_MIN_BYTES auto)" : " (RINGTREE_CMA_MIN_BYTES)", " between the ",
+              single_copy_conns_.size() + 1, " ranks on this host",
+              single_copy_from_huge_pages_only_
+                  ? std::string("; a message mostly on small pages uses the ring") +
+                        (host_cores_shared_ ? " (but a broadcast's or an all_to_all's: ranks outnumber cores)" : "")
+                  : std::string());
 }
 
 // auto, where every rank of the host has a core of its own: a broadcast that does not fit the
