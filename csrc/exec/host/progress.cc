@@ -143,10 +143,14 @@ void HostExecutor::run(const HostCall& call) {
   single_copy_from_ = !single_copy_reads ? 0 : all_to_all ? single_copy_all_to_all_min_bytes_ : single_copy_min_bytes_;
   // Where ranks share cores a broadcast's receivers read the root's buffer, and an all_to_all's
   // each block, single-copy even from small pages: the ring's extra copy there costs a core the
-  // others wait for. At P=4 on 2 cores, all_to_all from small pages (THP never) ran 1.4x faster at
-  // 2 MiB, 1.1-1.2x at 4-8 MiB and alike at 1 MiB (separate launches taking turns, 8 each).
-  single_copy_huge_only_ = single_copy_from_huge_pages_only_ &&
-                           !((plan.key.coll == Collective::Broadcast || all_to_all) && host_cores_shared_);
+  // others wait for. Not an all_to_all whose output streams (kernels/copy.h): there the ring,
+  // whose receiver writes the output around the cache as the kernel's copy does not, measured
+  // faster. At P=4 on 2 cores, THP never, separate launches, ring -> single copy: 1 MiB alike,
+  // 2 MiB 1.2-1.4x faster, 4 MiB 1.2-1.4x, 8 MiB 0.9-1.1x; 32 MiB (streamed) 1.2-1.4x slower.
+  const bool output_streams = stream_bytes_ > 0 && plan.output.count * plan.elem_size() >= stream_bytes_;
+  single_copy_huge_only_ =
+      single_copy_from_huge_pages_only_ &&
+      !(host_cores_shared_ && (plan.key.coll == Collective::Broadcast || (all_to_all && !output_streams)));
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).

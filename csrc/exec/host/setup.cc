@@ -30,8 +30,8 @@ constexpr uint64_t kAutoSingleCopyBytes = uint64_t{1} << 20;
 // 2 cores, all_to_all of 1 and 2 MiB (blocks of 256 and 512 KiB) ran 1.0-1.1x and 1.6-2.0x faster
 // single-copy; 128 KiB blocks ran 1.4x slower. Broadcast's pipelined segments and all_gather's
 // forwarded blocks ran slower single-copy there too, so they keep 1 MiB. (The bench's buffers were
-// on huge pages; from small pages every message but a broadcast's or an all_to_all's takes the
-// ring, cma.h.)
+// on huge pages; from small pages every message but a broadcast's, and an all_to_all's whose
+// output does not stream, takes the ring, cma.h.)
 constexpr uint64_t kOversubscribedAllToAllSingleCopyBytes = uint64_t{256} << 10;
 // A test hook: a directory standing in for /sys/devices/system/node (a host with several nodes).
 const std::string& NodeDir() {
@@ -214,7 +214,9 @@ void HostExecutor::probe_single_copy(Bootstrap& boot, const std::vector<int>& lo
               single_copy_conns_.size() + 1, " ranks on this host",
               single_copy_from_huge_pages_only_
                   ? std::string("; a message mostly on small pages uses the ring") +
-                        (host_cores_shared_ ? " (but a broadcast's or an all_to_all's: ranks outnumber cores)" : "")
+                        (host_cores_shared_ ? " (but a broadcast's, and an all_to_all's whose output does not stream: "
+                                              "ranks outnumber cores)"
+                                            : "")
                   : std::string());
 }
 
