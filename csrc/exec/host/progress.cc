@@ -147,10 +147,12 @@ void HostExecutor::run(const HostCall& call) {
   // whose receiver writes the output around the cache as the kernel's copy does not, measured
   // faster. At P=4 on 2 cores, THP never, separate launches, ring -> single copy: 1 MiB alike,
   // 2 MiB 1.2-1.4x faster, 4 MiB 1.2-1.4x, 8 MiB 0.9-1.1x; 32 MiB (streamed) 1.2-1.4x slower.
-  const bool output_streams = stream_bytes_ > 0 && plan.output.count * plan.elem_size() >= stream_bytes_;
+  // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
+  stream_out_ = stream_bytes_ > 0 && plan.output.count * plan.elem_size() >= stream_bytes_;
+  stream_copies_ = stream_out_ && !traits.reduction;
   single_copy_huge_only_ =
       single_copy_from_huge_pages_only_ &&
-      !(host_cores_shared_ && (plan.key.coll == Collective::Broadcast || (all_to_all && !output_streams)));
+      !(host_cores_shared_ && (plan.key.coll == Collective::Broadcast || (all_to_all && !stream_out_)));
   try {
     try {
       // Earlier one-shot calls' stragglers, checked (one-shot calls settle what the rules need).
@@ -219,9 +221,6 @@ void HostExecutor::run_scheduled(uint8_t* in, uint8_t* out) {
   const Schedule& s = schedule_for(*current_);
   uint8_t* scratch = s.scratch_elems ? scratch_.ensure(s.scratch_elems * esz) : nullptr;
   uint8_t* const bases[3] = {in, out, scratch};
-  // Large outputs are written around the cache (kernels/copy.h); fenced before they are returned.
-  stream_out_ = stream_bytes_ > 0 && p.output.count * esz >= stream_bytes_;
-  stream_copies_ = stream_out_ && !collective_traits(p.key.coll).reduction;
   // Schedules without scratch write each output element once, before any send of it, so a sent
   // region is never written again in the call: its send may complete once announced, and the
   // acknowledgements are collected at the end (a pipelined broadcast then runs ahead as it does
