@@ -2,8 +2,9 @@
 // publications (exec/host/oneshot.cc runs them over shared memory).
 //
 // Terms: N is the per-rank count (all_reduce / broadcast / reduce: the whole buffer). A rank's
-// publication is its whole input: N elements, N·P for reduce_scatter and all_to_all, nothing
-// for a barrier or a broadcast rank other than the root. Block q is elements [q·N, (q+1)·N).
+// publication is its whole input: N elements, N·P for reduce_scatter, all_to_all and scatter's
+// root, nothing for a barrier or a broadcast or scatter rank other than the root. Block q is
+// elements [q·N, (q+1)·N).
 //
 // Step 0: publish. Then, per collective:
 //   all_reduce / reduce (root) / reduce_scatter: the result is reduced straight from the
@@ -14,11 +15,14 @@
 //   all_gather: output block q = published(q), one step.
 //   all_to_all: output block q = block r of published(q), one step.
 //   broadcast: a rank other than the root copies published(root); the root has its data.
+//   scatter: output = block r of published(root), on the root too.
+//   gather: the root's output block q = published(q), one step; the others read nothing.
 //   reduce (other ranks) / barrier: wait for every other rank's publication.
 //   count 0 (but barrier): nothing to read; wait for every other rank's publication, deferred.
 // Every rank waits for every other rank's publication in its call (schedule.h "one-shot rules"):
-// a broadcast does so in a deferred step, after the rank has its result, so the root returns at
-// once and the others once they have the root's data; a count-0 call returns at once.
+// a broadcast or scatter does so in a deferred step, after the rank has its result, so the root
+// returns at once and the others once they have the root's data; so does a gather's rank other
+// than the root, which returns once it has published, as a count-0 call does.
 #include "algorithms/op_builders.h"
 #include "common/check.h"
 
@@ -56,9 +60,11 @@ uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks
     case Collective::Reduce:
     case Collective::AllGather:
     case Collective::Broadcast:
+    case Collective::Gather:
       return block_bytes;
     case Collective::ReduceScatter:
     case Collective::AllToAll:
+    case Collective::Scatter:  // the root's
       return block_bytes * static_cast<uint64_t>(nranks);
     case Collective::Barrier:
       return 0;
@@ -70,8 +76,10 @@ uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks
 void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
   const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
   uint64_t published = N;
-  if (coll == Collective::ReduceScatter || coll == Collective::AllToAll) published = N * uP;
-  if (coll == Collective::Barrier || (coll == Collective::Broadcast && r != root)) published = 0;
+  if (coll == Collective::ReduceScatter || coll == Collective::AllToAll || coll == Collective::Scatter)
+    published = N * uP;
+  if (coll == Collective::Barrier || ((coll == Collective::Broadcast || coll == Collective::Scatter) && r != root))
+    published = 0;
   s.add(make_publish(BufId::Input, published));
   s.end_step();
   if (N == 0 && coll != Collective::Barrier && P > 1) {
@@ -102,9 +110,10 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       s.end_step();
       break;
     }
-    case Collective::Broadcast: {
-      if (r != root) {
-        s.add(make_copy_published(root, BufId::Output, 0, 0, N));
+    case Collective::Broadcast:
+    case Collective::Scatter: {
+      if (coll == Collective::Scatter || r != root) {
+        s.add(make_copy_published(root, BufId::Output, 0, coll == Collective::Scatter ? ur * N : 0, N));
         s.end_step();
       }
       const size_t before = s.num_steps();
@@ -112,6 +121,15 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       s.deferred_steps = static_cast<uint32_t>(s.num_steps() - before);
       break;
     }
+    case Collective::Gather:
+      if (r == root) {
+        for (int q = 0; q < P; ++q) s.add(make_copy_published(q, BufId::Output, static_cast<uint64_t>(q) * N, 0, N));
+        s.end_step();
+      } else {
+        await_others(s, P, r, r);
+        s.deferred_steps = 1;
+      }
+      break;
     case Collective::Barrier:
       await_others(s, P, r, r);
       break;

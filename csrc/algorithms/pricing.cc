@@ -60,6 +60,8 @@ bool has_oneshot_schedule(Collective c) {
     case Collective::AllToAll:
     case Collective::Broadcast:
     case Collective::Reduce:
+    case Collective::Gather:
+    case Collective::Scatter:
     case Collective::Barrier:
       return true;
     default:

@@ -83,7 +83,8 @@ struct Schedule {
   uint64_t scratch_elems = 0;
   // The last deferred_steps steps only wait for publications (one-shot reads of count 0): the
   // result is complete before them, so a rank may return from the call first and run them
-  // before its next collective (a one-shot broadcast's early return; oneshot.cc settle_oneshot).
+  // before its next collective (a one-shot broadcast's or scatter's early return, a gather's
+  // early return elsewhere than the root; oneshot.cc settle_oneshot).
   uint32_t deferred_steps = 0;
   // Every rank's first step sends to rank r+1 and receives from rank r-1 (set by the builders
   // whose schedules do so on every rank; the verifier checks it). Those messages carry the call's
@@ -207,11 +208,12 @@ void hier_schedule(Schedule& s, const ScheduleKey& key);
 // Deterministic reductions (rank_order.cc): every element reduced in rank order along the chain
 // 0 -> 1 -> ... -> P-1, with the same bits on any layout; key.algo RankOrder.
 void rank_order_schedule(Schedule& s, const ScheduleKey& key);
-// One-shot (oneshot.cc) for all_reduce, reduce_scatter, all_gather, all_to_all,
-// broadcast, reduce and barrier; P = 1 and count = 0 included (a one-shot call always publishes).
+// One-shot (oneshot.cc) for all_reduce, reduce_scatter, all_gather, all_to_all, broadcast,
+// reduce, gather, scatter and barrier; P = 1 and count = 0 included (a one-shot call always
+// publishes).
 void oneshot_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
 // What each rank of a one-shot call publishes, in bytes, for a per-rank count of block_bytes (the
-// largest publication of the call: a broadcast's root, every rank of the others); UINT64_MAX for
+// largest publication of the call: a broadcast's or scatter's root, every rank of the others); UINT64_MAX for
 // a collective one-shot does not run.
 uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks);
 

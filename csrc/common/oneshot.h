@@ -17,9 +17,9 @@ constexpr int kOneShotSlots = 64;
 constexpr uint64_t kOneShotSlotBytes = 4096;                       // a page
 constexpr uint64_t kOneShotInlineBytes = kOneShotSlotBytes - 128;  // less its control lines
 constexpr int kOneShotPayloadSlots = 4;
-// The rule: a rank runs the waits a call left for later (a broadcast root's, a count-0 call's
-// deferred steps: wait for the publications it skipped, check their fingerprints) before it
-// publishes call g + A, where A is kOneShotRunAhead for a call whose payload fits inline and
+// The rule: a rank runs the waits a call left for later (a broadcast's or scatter's root's, a
+// gather's other ranks', a count-0 call's deferred steps: wait for the publications it skipped, check their
+// fingerprints) before it publishes call g + A, where A is kOneShotRunAhead for a call whose payload fits inline and
 // kOneShotPayloadRunAhead for a larger one. Every call waits for every peer's publication, in the
 // call or deferred (schedule.h's one-shot rules), so by then the rank has seen every peer publish
 // call g - A. Slot g % S last held call g - S; each peer that published g - A had returned from

@@ -28,8 +28,8 @@ ALGOS = {
     "reduce_scatter": ["ring", "oneshot"],
     "all_gather": ["ring", "oneshot"],
     "all_to_all": ["direct", "oneshot"],
-    "gather": ["auto"],
-    "scatter": ["auto"],
+    "gather": ["direct", "oneshot"],
+    "scatter": ["direct", "oneshot"],
 }
 IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter"}
 
@@ -378,9 +378,10 @@ def test_all_to_all_in_one_buffer_beside_out_of_place_ranks(nranks, block, env):
 
 
 def oneshot_stress(rounds=300):
-    """One-shot calls back to back, mixed with ring calls: broadcasts from rotating roots (whose
-    ranks return before the others have published), all_reduce, a large all_gather, barrier.
-    Each result is checked every round, so a one-shot slot rewritten too early shows as wrong data."""
+    """One-shot calls back to back, mixed with ring calls: broadcasts, scatters and gathers from
+    rotating roots (whose ranks return before the others have published: a gather's ranks other
+    than the root at once), all_reduce, a large all_gather, barrier. Each result is checked every
+    round, so a one-shot slot rewritten too early shows as wrong data."""
     comm = rt.init()
     r, P = comm.rank, comm.size
     failures = []
@@ -391,6 +392,14 @@ def oneshot_stress(rounds=300):
         comm.broadcast(x, root=root)
         if not np.array_equal(x, np.full(5, float(root * 1000 + k))):
             failures.append(f"round {k}: broadcast from {root} gave {x[:2]}")
+        gathered = np.zeros(2 * P, np.int64)
+        comm.gather(np.full(2, r * 1000 + k, np.int64), gathered, root=root)
+        if r == root and not np.array_equal(gathered, np.repeat(np.arange(P) * 1000 + k, 2)):
+            failures.append(f"round {k}: gather to {root} gave {gathered[:4]}")
+        mine = np.zeros(3, np.int64)
+        comm.scatter(np.arange(3 * P, dtype=np.int64) + r * 1000 + k, mine, root=root)
+        if not np.array_equal(mine, np.arange(3 * r, 3 * r + 3) + root * 1000 + k):
+            failures.append(f"round {k}: scatter from {root} gave {mine}")
         y = comm.all_reduce(np.full(3, k + r, np.int64))
         if not np.array_equal(y, np.full(3, P * k + P * (P - 1) // 2)):
             failures.append(f"round {k}: all_reduce gave {y}")

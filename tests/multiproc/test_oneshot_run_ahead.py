@@ -1,8 +1,8 @@
-"""One-shot lets a broadcast root return without waiting for its peers, up to ONESHOT_RUN_AHEAD
-calls ahead when a call's payload fits in its slot's page and ONESHOT_PAYLOAD_RUN_AHEAD when it
-takes a payload slot (common/oneshot.h). Data stays exact while the slots turn over, each bound
-holds (a rank that far ahead waits), a peer that never comes gives a Timeout naming it, and a dead
-one a PeerFailure."""
+"""One-shot lets a broadcast's or scatter's root, and a gather's other ranks, return without
+waiting for their peers, up to ONESHOT_RUN_AHEAD calls ahead when a call's payload fits in its
+slot's page and ONESHOT_PAYLOAD_RUN_AHEAD when it takes a payload slot (common/oneshot.h). Data
+stays exact while the slots turn over, each bound holds (a rank that far ahead waits), a peer that
+never comes gives a Timeout naming it, and a dead one a PeerFailure."""
 
 from __future__ import annotations
 
@@ -28,10 +28,29 @@ SIZES = {
 }
 
 
-def broadcasts_ahead(late_s=0.3, count=5, ahead=AHEAD):
-    """Rank 0 calls first, as the root of every call; the others start `late_s` later (count-0
-    calls wait for no peer at all: test_zero_count.py). Returns when each call ended (rank 0) or began
-    (the others), on the machine-wide monotonic clock, and every value received."""
+def one_call(comm, coll, k, count):
+    """Call k of a run-ahead test: a broadcast or scatter from rank 0, or a gather to the last rank
+    (so that rank 0 is one that returns at once); the number of wrong elements this rank got."""
+    r, P = comm.rank, comm.size
+    if coll == "broadcast":
+        x = np.full(count, 1000 * k + r, np.int64)
+        comm.broadcast(x, root=0)
+        return int((x != 1000 * k).sum())
+    if coll == "scatter":  # the root publishes all P blocks: ceil(count / P) each, the same slot kind
+        block = -(-count // P)
+        out = np.zeros(block, np.int64)
+        comm.scatter(np.arange(block * P, dtype=np.int64) + 1000 * k + r, out, root=0)
+        return int((out != np.arange(block * r, block * (r + 1)) + 1000 * k).sum())
+    out = np.zeros(count * P, np.int64)
+    comm.gather(np.full(count, 1000 * k + r, np.int64), out, root=P - 1)
+    return int((out != np.repeat(np.arange(P) + 1000 * k, count)).sum()) if r == P - 1 else 0
+
+
+def calls_ahead(coll="broadcast", late_s=0.3, count=5, ahead=AHEAD):
+    """Rank 0 calls first (the root of a broadcast or scatter, a rank other than the root of a
+    gather); the others start `late_s` later (count-0 calls wait for no peer at all:
+    test_zero_count.py). Returns when each call ended (rank 0) or began (the others), on the
+    machine-wide monotonic clock, and every value received."""
     comm = rt.init(timeout=30)
     r = comm.rank
     comm.barrier()
@@ -41,9 +60,7 @@ def broadcasts_ahead(late_s=0.3, count=5, ahead=AHEAD):
     for k in range(6 * ahead):  # every slot reused several times
         if r != 0:
             stamps.append(time.monotonic())
-        x = np.full(count, 1000 * k + r, np.int64)
-        comm.broadcast(x, root=0)
-        wrong += int((x != 1000 * k).sum())
+        wrong += one_call(comm, coll, k, count)
         if r == 0:
             stamps.append(time.monotonic())
         if r != 0 and k % 7 == 0:
@@ -55,11 +72,15 @@ def broadcasts_ahead(late_s=0.3, count=5, ahead=AHEAD):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(
+    "coll,size",
+    [("broadcast", size) for size in SIZES]
+    + [(c, s) for c in ("gather", "scatter") for s in ("inline", "payload slot")],
+)
 @pytest.mark.parametrize("nranks", [2, 4])
-def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks, size):
+def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks, coll, size):
     count, ahead = SIZES[size]
-    ranks = run_world(nranks, broadcasts_ahead, {"count": count, "ahead": ahead}, timeout=100).check_ok()
+    ranks = run_world(nranks, calls_ahead, {"coll": coll, "count": count, "ahead": ahead}, timeout=100).check_ok()
     for rank, res in enumerate(ranks):
         assert res["wrong"] == 0, (rank, res["wrong"])
         assert res["total"] == nranks * (nranks + 1) // 2
@@ -106,9 +127,9 @@ def test_a_receive_waiting_beside_oneshot_calls_is_no_mismatch(nranks):
         assert wrong == [], (rank, wrong)
 
 
-def root_alone(fate, count=3, ahead=AHEAD):
-    """Rank 0 broadcasts on its own; rank 1 never calls: it sleeps (fate 'stalls') or dies
-    ('dies', after rank 0 has run ahead)."""
+def root_alone(fate, coll="broadcast", count=3, ahead=AHEAD):
+    """Rank 0 broadcasts (or gathers to rank 1) on its own; rank 1 never calls: it sleeps (fate
+    'stalls') or dies ('dies', after rank 0 has run ahead)."""
     comm = rt.init(timeout=1.5)
     r = comm.rank
     comm.barrier()
@@ -122,7 +143,10 @@ def root_alone(fate, count=3, ahead=AHEAD):
     calls = 0
     try:
         for _ in range(4 * ahead):
-            comm.broadcast(np.ones(count, np.float32), root=0)
+            if coll == "broadcast":
+                comm.broadcast(np.ones(count, np.float32), root=0)
+            else:
+                comm.gather(np.ones(count, np.float32), root=1)
             calls += 1
         return {"raised": None, "calls": calls}
     except rt.Error as exc:
@@ -130,12 +154,13 @@ def root_alone(fate, count=3, ahead=AHEAD):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("coll", ["broadcast", "gather"])
 @pytest.mark.parametrize("size", ["inline", "payload slot"])
 @pytest.mark.parametrize("fate,error", [("stalls", "Timeout"), ("dies", "PeerFailure")])
-def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error, size):
+def test_a_root_that_ran_ahead_hears_of_a_missing_peer_within_the_timeout(fate, error, size, coll):
     count, ahead = SIZES[size]
     count = count * 2  # float32 elements: the same bytes as the int64 counts
-    world = run_world(2, root_alone, dict(fate=fate, count=count, ahead=ahead), timeout=40)
+    world = run_world(2, root_alone, dict(fate=fate, coll=coll, count=count, ahead=ahead), timeout=40)
     res = world.results[0]
     assert res is not None and world.returncodes[0] == 0, world.failure_report()
     assert res["raised"] == error, res

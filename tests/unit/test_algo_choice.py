@@ -101,10 +101,13 @@ def test_auto_takes_the_cheapest_candidate_with_near_ties_to_the_earlier(layout)
 def test_the_one_shot_capacity_decides_what_fits():
     choice = make("P4", oneshot=4096)
     fits = lambda coll, n: choice.oneshot_fits(COLL[coll], n)
-    # all_reduce publishes its whole buffer; reduce_scatter and all_to_all every rank's block (P x N).
+    # all_reduce publishes its whole buffer, gather its block; reduce_scatter, all_to_all and
+    # scatter's root every rank's block (P x N).
     assert fits("all_reduce", 4096) and not fits("all_reduce", 4097)
+    assert fits("gather", 4096) and not fits("gather", 4097)
     assert fits("reduce_scatter", 1024) and not fits("reduce_scatter", 1025)
-    assert fits("barrier", 0) and not fits("gather", 8) and not fits("send", 8)
+    assert fits("scatter", 1024) and not fits("scatter", 1025)
+    assert fits("barrier", 0) and not fits("send", 8)
     assert not make("P4", oneshot=0).oneshot_fits(COLL["all_reduce"], 8)
     assert not make("2x2").oneshot_fits(COLL["all_reduce"], 8)  # ranks on two hosts
 

@@ -30,7 +30,7 @@ CASES = [
     ("scatter", "direct"),
     ("barrier", "direct"),
 ]
-ONESHOT = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "barrier"]
+ONESHOT = list(dict.fromkeys(coll for coll, _ in CASES))  # every collective above has a one-shot schedule
 CASES += [(coll, "oneshot") for coll in ONESHOT]
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
@@ -116,6 +116,28 @@ def test_one_shot_broadcast_root_publishes_then_only_waits():
     other = _core.schedule(COLL["broadcast"], ALGO["oneshot"], 4, 0, 6, 2)
     assert other[0][0][2] == 0 and other[1] == [("copy_published", 2, 6, ("output", 0), ("published", 0), -1)]
     assert sorted(op[1] for op in other[2]) == [1, 3]
+
+
+def test_one_shot_gather_and_scatter_read_only_where_the_data_goes():
+    # gather, P=4, root 2: every rank publishes its 6 elements; the root copies each publication
+    # to its block, the others return at once and wait for every publication in a deferred step.
+    root_steps = _core.schedule(COLL["gather"], ALGO["oneshot"], 4, 2, 6, 2)
+    assert root_steps[0] == [("publish", -1, 6, ("published", 0), ("input", 0), -1)]
+    assert sorted((op[0], op[1], op[3]) for op in root_steps[1]) == [
+        ("copy_published", q, ("output", 6 * q)) for q in range(4)
+    ]
+    assert len(root_steps) == 2
+    other = _core.schedule(COLL["gather"], ALGO["oneshot"], 4, 1, 6, 2)
+    assert other[0][0][2] == 6 and len(other) == 2
+    assert sorted(op[1] for op in other[1]) == [0, 2, 3] and all(op[2] == 0 for op in other[1])
+    # scatter: the root publishes all 4 blocks; every rank copies its own block of the root's.
+    root_steps = _core.schedule(COLL["scatter"], ALGO["oneshot"], 4, 2, 6, 2)
+    assert root_steps[0][0][2] == 24
+    assert root_steps[1] == [("copy_published", 2, 6, ("output", 0), ("published", 12), -1)]
+    other = _core.schedule(COLL["scatter"], ALGO["oneshot"], 4, 3, 6, 2)
+    assert other[0][0][2] == 0
+    assert other[1] == [("copy_published", 2, 6, ("output", 0), ("published", 18), -1)]
+    assert sorted(op[1] for op in other[2]) == [0, 1]
 
 
 def test_step_walker_refuses_oneshot_schedules():
