@@ -17,12 +17,13 @@
 //   broadcast: a rank other than the root copies published(root); the root has its data.
 //   scatter: output = block r of published(root), on the root too.
 //   gather: the root's output block q = published(q), one step; the others read nothing.
-//   reduce (other ranks) / barrier: wait for every other rank's publication.
+//   reduce (other ranks): nothing to read; wait for every other rank's publication, deferred.
+//   barrier: wait for every other rank's publication.
 //   count 0 (but barrier): nothing to read; wait for every other rank's publication, deferred.
 // Every rank waits for every other rank's publication in its call (schedule.h "one-shot rules"):
 // a broadcast or scatter does so in a deferred step, after the rank has its result, so the root
-// returns at once and the others once they have the root's data; so does a gather's rank other
-// than the root, which returns once it has published, as a count-0 call does.
+// returns at once and the others once they have the root's data; so does a gather's or reduce's
+// rank other than the root, which returns once it has published, as a count-0 call does.
 #include "algorithms/op_builders.h"
 #include "common/check.h"
 
@@ -97,10 +98,12 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       reduce_in_rank_order(s, P, ur * N, N);
       break;
     case Collective::Reduce:
-      if (r == root)
+      if (r == root) {
         reduce_in_rank_order(s, P, 0, N);
-      else
+      } else {
         await_others(s, P, r, r);
+        s.deferred_steps = 1;
+      }
       break;
     case Collective::AllGather:
     case Collective::AllToAll: {

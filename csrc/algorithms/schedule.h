@@ -83,8 +83,8 @@ struct Schedule {
   uint64_t scratch_elems = 0;
   // The last deferred_steps steps only wait for publications (one-shot reads of count 0): the
   // result is complete before them, so a rank may return from the call first and run them
-  // before its next collective (a one-shot broadcast's or scatter's early return, a gather's
-  // early return elsewhere than the root; oneshot.cc settle_oneshot).
+  // before its next collective (a one-shot broadcast's or scatter's early return, a gather's or
+  // reduce's early return elsewhere than the root; oneshot.cc settle_oneshot).
   uint32_t deferred_steps = 0;
   // Every rank's first step sends to rank r+1 and receives from rank r-1 (set by the builders
   // whose schedules do so on every rank; the verifier checks it). Those messages carry the call's

@@ -26,8 +26,8 @@ void register_types(py::module_& m) {
   // Message tags from here up are ringtree's own (shrink); the messenger's any-tag skips them.
   m.attr("FIRST_RESERVED_TAG") = kFirstReservedTag;
   m.attr("RESERVED_TAG_END") = kReservedTagEnd;
-  // How many one-shot calls a broadcast or scatter root, a gather's other ranks or a count-0 call may run
-  // ahead (common/oneshot.h).
+  // How many one-shot calls a broadcast or scatter root, a gather's or reduce's other ranks or a
+  // count-0 call may run ahead (common/oneshot.h).
   m.attr("ONESHOT_RUN_AHEAD") = kOneShotRunAhead;
   m.attr("ONESHOT_SLOTS") = kOneShotSlots;
   m.attr("ONESHOT_INLINE_BYTES") = kOneShotInlineBytes;

@@ -18,15 +18,16 @@ constexpr uint64_t kOneShotSlotBytes = 4096;                       // a page
 constexpr uint64_t kOneShotInlineBytes = kOneShotSlotBytes - 128;  // less its control lines
 constexpr int kOneShotPayloadSlots = 4;
 // The rule: a rank runs the waits a call left for later (a broadcast's or scatter's root's, a
-// gather's other ranks', a count-0 call's deferred steps: wait for the publications it skipped, check their
-// fingerprints) before it publishes call g + A, where A is kOneShotRunAhead for a call whose payload fits inline and
-// kOneShotPayloadRunAhead for a larger one. Every call waits for every peer's publication, in the
-// call or deferred (schedule.h's one-shot rules), so by then the rank has seen every peer publish
-// call g - A. Slot g % S last held call g - S; each peer that published g - A had returned from
-// that call (its reads in the call) and run its deferred steps (before publishing g - S + A) as
-// long as 2 * A <= S. The payload slots obey the same rule with the smaller A: a call with a large
-// payload waits for what a small one would not, and a small call writes no payload slot. A
-// deferred step reads only a fingerprint, which stays in the call's own slot.
+// gather's or reduce's other ranks', a count-0 call's deferred steps: wait for the publications it
+// skipped, check their fingerprints) before it publishes call g + A, where A is kOneShotRunAhead
+// for a call whose payload fits inline and kOneShotPayloadRunAhead for a larger one. Every call
+// waits for every peer's publication, in the call or deferred (schedule.h's one-shot rules), so by
+// then the rank has seen every peer publish call g - A. Slot g % S last held call g - S; each peer
+// that published g - A had returned from that call (its reads in the call) and run its deferred
+// steps (before publishing g - S + A) as long as 2 * A <= S. The payload slots obey the same rule
+// with the smaller A: a call with a large payload waits for what a small one would not, and a small
+// call writes no payload slot. A deferred step reads only a fingerprint, which stays in the call's
+// own slot.
 constexpr uint64_t kOneShotRunAhead = 32;
 constexpr uint64_t kOneShotPayloadRunAhead = 2;
 static_assert(2 * kOneShotRunAhead <= static_cast<uint64_t>(kOneShotSlots), "a slot could be rewritten while read");

@@ -1,5 +1,5 @@
-"""One-shot lets a broadcast's or scatter's root, and a gather's other ranks, return without
-waiting for their peers, up to ONESHOT_RUN_AHEAD calls ahead when a call's payload fits in its
+"""One-shot lets a broadcast's or scatter's root, and a gather's or reduce's other ranks, return
+without waiting for their peers, up to ONESHOT_RUN_AHEAD calls ahead when a call's payload fits in its
 slot's page and ONESHOT_PAYLOAD_RUN_AHEAD when it takes a payload slot (common/oneshot.h). Data
 stays exact while the slots turn over, each bound holds (a rank that far ahead waits), a peer that
 never comes gives a Timeout naming it, and a dead one a PeerFailure."""
@@ -29,8 +29,8 @@ SIZES = {
 
 
 def one_call(comm, coll, k, count):
-    """Call k of a run-ahead test: a broadcast or scatter from rank 0, or a gather to the last rank
-    (so that rank 0 is one that returns at once); the number of wrong elements this rank got."""
+    """Call k of a run-ahead test: a broadcast or scatter from rank 0, or a gather or reduce to the
+    last rank (so that rank 0 is one that returns at once); the wrong elements this rank got."""
     r, P = comm.rank, comm.size
     if coll == "broadcast":
         x = np.full(count, 1000 * k + r, np.int64)
@@ -41,6 +41,10 @@ def one_call(comm, coll, k, count):
         out = np.zeros(block, np.int64)
         comm.scatter(np.arange(block * P, dtype=np.int64) + 1000 * k + r, out, root=0)
         return int((out != np.arange(block * r, block * (r + 1)) + 1000 * k).sum())
+    if coll == "reduce":
+        out = np.zeros(count, np.int64)
+        comm.reduce(np.full(count, 1000 * k + r, np.int64), out, root=P - 1)
+        return int((out != 1000 * k * P + P * (P - 1) // 2).sum()) if r == P - 1 else 0
     out = np.zeros(count * P, np.int64)
     comm.gather(np.full(count, 1000 * k + r, np.int64), out, root=P - 1)
     return int((out != np.repeat(np.arange(P) + 1000 * k, count)).sum()) if r == P - 1 else 0
@@ -48,7 +52,7 @@ def one_call(comm, coll, k, count):
 
 def calls_ahead(coll="broadcast", late_s=0.3, count=5, ahead=AHEAD):
     """Rank 0 calls first (the root of a broadcast or scatter, a rank other than the root of a
-    gather); the others start `late_s` later (count-0 calls wait for no peer at all:
+    gather or reduce); the others start `late_s` later (count-0 calls wait for no peer at all:
     test_zero_count.py). Returns when each call ended (rank 0) or began (the others), on the
     machine-wide monotonic clock, and every value received."""
     comm = rt.init(timeout=30)
@@ -75,7 +79,7 @@ def calls_ahead(coll="broadcast", late_s=0.3, count=5, ahead=AHEAD):
 @pytest.mark.parametrize(
     "coll,size",
     [("broadcast", size) for size in SIZES]
-    + [(c, s) for c in ("gather", "scatter") for s in ("inline", "payload slot")],
+    + [(c, s) for c in ("gather", "scatter", "reduce") for s in ("inline", "payload slot")],
 )
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_a_rank_runs_ahead_by_the_bound_and_no_further(nranks, coll, size):

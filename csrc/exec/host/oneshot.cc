@@ -83,16 +83,16 @@ void HostExecutor::await_oneshot(uint64_t gen, const MsgHeader& fp, double timeo
 }
 
 // The rank a call's deferred steps do not wait for: a broadcast's or scatter's root, whose
-// publication the call read (oneshot_schedule); none (-1) for a count-0 call, or a gather's rank
-// other than the root, which read nothing.
+// publication the call read (oneshot_schedule); none (-1) for a count-0 call, or a gather's or
+// reduce's rank other than the root, which read nothing.
 static int deferred_skips(const MsgHeader& fp) {
   const auto c = static_cast<Collective>(fp.coll);
   return fp.count > 0 && (c == Collective::Broadcast || c == Collective::Scatter) ? fp.root : -1;
 }
 
 // A one-shot broadcast or scatter returns once a rank has what it needs (the root at once, the
-// others with the root's data), and a gather's rank other than the root and a count-0 call at
-// once: the ranks it skipped are its deferred steps.
+// others with the root's data), and a gather's or reduce's rank other than the root and a count-0
+// call at once: the ranks it skipped are its deferred steps.
 // Settling the call waits for their publications and checks their fingerprints, so a mismatched
 // call raises in a later one, as a ring schedule's early finisher does. Oldest first.
 void HostExecutor::settle_oneshot_through(uint64_t last_gen, double timeout_s) {
@@ -204,13 +204,13 @@ void HostExecutor::oneshot_block(const MsgHeader& fp, double timeout_s, const De
       if (!oneshot_arrived_[q]) waiting += str_cat(waiting.empty() ? "rank " : ", rank ", q);
     RT_THROW(Timeout, describe(fingerprint_of(fp)), " timed out on rank ", rank_, " after ", timeout_s,
              " s waiting for ", waiting, " to publish its input (one-shot)",
-             gen < oneshot_gen_
-                 ? str_cat("; this rank is at ", describe(fingerprint_of(current_fp_)),
-                           ": a broadcast's or scatter's root, a gather's other ranks or a count-0 call run at most ",
-                           oneshot_run_ahead(current_fp_.payload_bytes), " one-shot calls ahead of its peers (",
-                           kOneShotRunAhead, " up to ", kOneShotInlineBytes, " bytes a call, ", kOneShotPayloadRunAhead,
-                           " above)")
-                 : std::string());
+             gen < oneshot_gen_ ? str_cat("; this rank is at ", describe(fingerprint_of(current_fp_)),
+                                          ": a broadcast's or scatter's root, a gather's or reduce's other ranks or a "
+                                          "count-0 call run at most ",
+                                          oneshot_run_ahead(current_fp_.payload_bytes),
+                                          " one-shot calls ahead of its peers (", kOneShotRunAhead, " up to ",
+                                          kOneShotInlineBytes, " bytes a call, ", kOneShotPayloadRunAhead, " above)")
+                                : std::string());
   }
   // Ring traffic rings the same doorbell, so a peer on another path is noticed at once.
   pollfds_.clear();
