@@ -82,14 +82,6 @@ void HostExecutor::await_oneshot(uint64_t gen, const MsgHeader& fp, double timeo
   }
 }
 
-// The rank a call's deferred steps do not wait for: a broadcast's or scatter's root, whose
-// publication the call read (oneshot_schedule); none (-1) for a count-0 call, or a gather's or
-// reduce's rank other than the root, which read nothing.
-static int deferred_skips(const MsgHeader& fp) {
-  const auto c = static_cast<Collective>(fp.coll);
-  return fp.count > 0 && (c == Collective::Broadcast || c == Collective::Scatter) ? fp.root : -1;
-}
-
 // A one-shot broadcast or scatter returns once a rank has what it needs (the root at once, the
 // others with the root's data), and a gather's or reduce's rank other than the root and a count-0
 // call at once: the ranks it skipped are its deferred steps.
@@ -100,8 +92,7 @@ void HostExecutor::settle_oneshot_through(uint64_t last_gen, double timeout_s) {
     const UnsettledOneShotCall call = oneshot_unsettled_[oneshot_unsettled_first_];
     oneshot_unsettled_first_ = (oneshot_unsettled_first_ + 1) % oneshot_unsettled_.size();
     --oneshot_unsettled_count_;
-    const int skipped = deferred_skips(call.fp);
-    for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == skipped;
+    for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == call.skipped;
     await_oneshot(call.gen, call.fp, timeout_s);
   }
 }
@@ -114,9 +105,9 @@ void HostExecutor::settle_oneshot(double timeout_s) { settle_oneshot_through(UIN
 void HostExecutor::settle_oneshot_published(double timeout_s) {
   while (oneshot_unsettled_count_ > 0) {
     const UnsettledOneShotCall& call = oneshot_unsettled_[oneshot_unsettled_first_];
-    const int slot_index = oneshot_slot_of(call.gen), skipped = deferred_skips(call.fp);
+    const int slot_index = oneshot_slot_of(call.gen);
     for (int q = 0; q < size_; ++q)
-      if (q != rank_ && q != skipped &&
+      if (q != rank_ && q != call.skipped &&
           peer_segments_[q]->oneshot_slot(slot_index)->gen.load(std::memory_order_acquire) != call.gen)
         return;
     settle_oneshot_through(call.gen, timeout_s);
@@ -156,8 +147,17 @@ void HostExecutor::run_oneshot(const uint8_t* in, uint8_t* out) {
   if (s.deferred_steps) {
     RT_CHECK(oneshot_unsettled_count_ < oneshot_unsettled_.size(), Error, "internal error: ", oneshot_unsettled_count_,
              " unsettled one-shot calls");
+    // Settling follows the schedule's deferred steps: they wait for every other rank but, for a
+    // broadcast or scatter, the root, whose publication the call read (oneshot_schedule).
+    std::fill(oneshot_arrived_.begin(), oneshot_arrived_.end(), 0);
+    oneshot_arrived_[rank_] = 1;
+    for (uint32_t i = reads_end; i < s.ops.size(); ++i) oneshot_arrived_[s.ops[i].peer] = 1;
+    int skipped = -1, unawaited = 0;
+    for (int q = 0; q < size_; ++q)
+      if (!oneshot_arrived_[q]) skipped = q, ++unawaited;
+    RT_CHECK(unawaited <= 1, Error, "internal error: deferred one-shot steps leave ", unawaited, " ranks unawaited");
     oneshot_unsettled_[(oneshot_unsettled_first_ + oneshot_unsettled_count_++) % oneshot_unsettled_.size()] =
-        UnsettledOneShotCall{gen, fp};
+        UnsettledOneShotCall{gen, fp, skipped};
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
