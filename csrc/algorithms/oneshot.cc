@@ -74,13 +74,16 @@ uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks
   }
 }
 
+bool oneshot_publishes_data(Collective coll, int q, int root) {
+  if (coll == Collective::Barrier) return false;
+  return (coll != Collective::Broadcast && coll != Collective::Scatter) || q == root;
+}
+
 void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
   const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
-  uint64_t published = N;
-  if (coll == Collective::ReduceScatter || coll == Collective::AllToAll || coll == Collective::Scatter)
-    published = N * uP;
-  if (coll == Collective::Barrier || ((coll == Collective::Broadcast || coll == Collective::Scatter) && r != root))
-    published = 0;
+  const bool whole_buffer =
+      coll == Collective::ReduceScatter || coll == Collective::AllToAll || coll == Collective::Scatter;
+  const uint64_t published = !oneshot_publishes_data(coll, r, root) ? 0 : whole_buffer ? N * uP : N;
   s.add(make_publish(BufId::Input, published));
   s.end_step();
   if (N == 0 && coll != Collective::Barrier && P > 1) {
@@ -122,6 +125,7 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       const size_t before = s.num_steps();
       await_others(s, P, r, root);
       s.deferred_steps = static_cast<uint32_t>(s.num_steps() - before);
+      if (s.deferred_steps && r != root) s.deferred_unawaited = root;
       break;
     }
     case Collective::Gather:

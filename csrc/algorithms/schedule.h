@@ -86,6 +86,10 @@ struct Schedule {
   // before its next collective (a one-shot broadcast's or scatter's early return, a gather's or
   // reduce's early return elsewhere than the root; oneshot.cc settle_oneshot).
   uint32_t deferred_steps = 0;
+  // The rank other than this one whose publication the deferred steps do not wait for (a
+  // broadcast's or scatter's root: the call read it), or -1; the executor settles by it and the
+  // verifier checks it against the steps.
+  int32_t deferred_unawaited = -1;
   // Every rank's first step sends to rank r+1 and receives from rank r-1 (set by the builders
   // whose schedules do so on every rank; the verifier checks it). Those messages carry the call's
   // fingerprint, so the host executor sends no separate handshake before them. Not for
@@ -216,6 +220,9 @@ void oneshot_schedule(Schedule& s, Collective coll, int nranks, int rank, int ro
 // largest publication of the call: a broadcast's or scatter's root, every rank of the others); UINT64_MAX for
 // a collective one-shot does not run.
 uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks);
+// Whether rank q of a one-shot call publishes data (its whole input, oneshot_payload_bytes of it)
+// or only its fingerprint: a barrier's ranks and a broadcast's or scatter's other ranks publish none.
+bool oneshot_publishes_data(Collective coll, int q, int root);
 
 // Transport-free check: builds every rank's schedule for `key` (key.rank ignored), runs them
 // against each other with rendezvous semantics (a send completes only when the receiver is at

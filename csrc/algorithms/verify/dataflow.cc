@@ -213,6 +213,16 @@ void check_oneshot_rules(const Schedule& s, int P, int r, const ScheduleKey& k) 
         fail_rank(str_cat("moves data in deferred step ", step, ": its result would not be complete when it returns"));
     }
   if (publishes != 1) fail_rank(str_cat("publishes ", publishes, " times in one call (one-shot takes one)"));
+  // The executor settles a call's deferred steps by deferred_unawaited, not by the steps' ops.
+  std::vector<uint8_t> deferred_waits(P, 0);
+  for (uint32_t i = s.step_begin(first_deferred); i < s.ops.size(); ++i)
+    if (s.ops[i].peer >= 0 && s.ops[i].peer < P) deferred_waits[s.ops[i].peer] = 1;
+  int unawaited = -1;
+  for (int q = 0; q < P && s.deferred_steps > 0; ++q)
+    if (q != r && !deferred_waits[q]) unawaited = unawaited == -1 ? q : -2;
+  if (unawaited != s.deferred_unawaited)
+    fail_rank(str_cat("says its deferred steps leave rank ", s.deferred_unawaited, " unawaited, but they leave ",
+                      unawaited == -2 ? std::string("several ranks") : str_cat("rank ", unawaited)));
   for (int q = 0; q < P; ++q)
     if (q != r && !waits_for[q])
       fail_rank(str_cat("never waits for rank ", q, "'s publication, so it could publish two calls later into the slot",

@@ -45,12 +45,9 @@ void HostExecutor::publish_oneshot(const MsgHeader& fp, const uint8_t* payload, 
     if (q != rank_ && peer_segments_[q]->header()->sleeping.load(std::memory_order_relaxed)) bell_.ring(q);
 }
 
-// What rank q put in its one-shot slot for the call `fp` describes (fp.payload_bytes: a full input):
-// a broadcast's or scatter's root its data, the others and every barrier rank nothing.
+// What rank q put in its one-shot slot for the call `fp` describes (fp.payload_bytes: a full input).
 static uint64_t oneshot_payload_of(const MsgHeader& fp, int q) {
-  const auto c = static_cast<Collective>(fp.coll);
-  if (c == Collective::Barrier || ((c == Collective::Broadcast || c == Collective::Scatter) && q != fp.root)) return 0;
-  return fp.payload_bytes;
+  return oneshot_publishes_data(static_cast<Collective>(fp.coll), q, fp.root) ? fp.payload_bytes : 0;
 }
 
 // Waits until every rank not yet marked in oneshot_arrived_ has published `gen`, checking each
@@ -148,16 +145,9 @@ void HostExecutor::run_oneshot(const uint8_t* in, uint8_t* out) {
     RT_CHECK(oneshot_unsettled_count_ < oneshot_unsettled_.size(), Error, "internal error: ", oneshot_unsettled_count_,
              " unsettled one-shot calls");
     // Settling follows the schedule's deferred steps: they wait for every other rank but, for a
-    // broadcast or scatter, the root, whose publication the call read (oneshot_schedule).
-    std::fill(oneshot_arrived_.begin(), oneshot_arrived_.end(), 0);
-    oneshot_arrived_[rank_] = 1;
-    for (uint32_t i = reads_end; i < s.ops.size(); ++i) oneshot_arrived_[s.ops[i].peer] = 1;
-    int skipped = -1, unawaited = 0;
-    for (int q = 0; q < size_; ++q)
-      if (!oneshot_arrived_[q]) skipped = q, ++unawaited;
-    RT_CHECK(unawaited <= 1, Error, "internal error: deferred one-shot steps leave ", unawaited, " ranks unawaited");
+    // broadcast or scatter, the root, whose publication the call read (the verifier checks the field).
     oneshot_unsettled_[(oneshot_unsettled_first_ + oneshot_unsettled_count_++) % oneshot_unsettled_.size()] =
-        UnsettledOneShotCall{gen, fp, skipped};
+        UnsettledOneShotCall{gen, fp, s.deferred_unawaited};
   }
 
   // Every slot of this call is readable until this rank publishes the next one. The reads write
