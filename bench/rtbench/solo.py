@@ -161,6 +161,13 @@ def measure(impl, rank, nranks, coll, sizes, dtype_name, args):
     return cells, load.page_state({"send": send, "recv": recv})
 
 
+def _ringtree_module():
+    import sys
+
+    module = sys.modules.get("ringtree")
+    return os.path.dirname(os.path.abspath(module.__file__)) if module is not None else None
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     impl, rank, nranks, close = open_library(args)
@@ -175,6 +182,8 @@ def main(argv=None) -> int:
         "pages": {},
         # ringtree's settings as this rank saw them (the launcher's own variables left out)
         "settings": {k: v for k, v in os.environ.items() if k.startswith("RINGTREE_") and k not in _LAUNCH_VARS},
+        # the ringtree package this rank imported (a build variant's, or the installed one)
+        "module": _ringtree_module(),
     }
     try:
         for name in args.collectives.split(","):

@@ -82,6 +82,7 @@ def cpu_ticks(pid):
         (["--ringtree-variant", "spin50"], "NAME:VAR=VALUE"),
         (["--ringtree-variant", "mpich:RINGTREE_SPIN_US=5"], "must be new"),
         (["--ringtree-variant", "fast:OMP_NUM_THREADS=1"], "is not RINGTREE_NAME=VALUE"),
+        (["--ringtree-variant", "old:PYTHONPATH=/nonexistent"], "holds no ringtree package"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason(args, message, capsys):
@@ -475,9 +476,17 @@ def test_sweep_reports_separate_and_interleaved_ratios(tmp_path):
     assert all(c["ratio"] > 0 for c in inter["ratios"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_a_ringtree_variant_runs_in_the_rotation_with_its_settings(tmp_path):
+    import ringtree
+
     out = tmp_path / "variant.json"
+    # Another build, as an A/B of two commits has it: here the installed package under a second
+    # directory, so the ranks' imports show which one each variant ran.
+    build = tmp_path / "build"
+    build.mkdir()
+    installed = os.path.dirname(os.path.abspath(ringtree.__file__))
+    os.symlink(installed, build / "ringtree")
     proc = subprocess.run(
         [
             sys.executable,
@@ -488,6 +497,8 @@ def test_a_ringtree_variant_runs_in_the_rotation_with_its_settings(tmp_path):
             "ringtree",
             "--ringtree-variant",
             "spin7:RINGTREE_SPIN_US=7",
+            "--ringtree-variant",
+            f"other:PYTHONPATH={build}",
             "-J",
             str(out),
         ]
@@ -495,15 +506,17 @@ def test_a_ringtree_variant_runs_in_the_rotation_with_its_settings(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=140,
         env={k: v for k, v in os.environ.items() if k != "RINGTREE_SPIN_US"},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert [r["lib"] for r in data["launches"]] == ["ringtree", "spin7"] * 2  # taking turns
+    assert [r["lib"] for r in data["launches"]] == ["ringtree", "spin7", "other"] * 2  # taking turns
     for rec in data["launches"]:
         assert rec["settings"].get("RINGTREE_SPIN_US") == ("7" if rec["lib"] == "spin7" else None)
+        assert rec["module"] == (str(build / "ringtree") if rec["lib"] == "other" else installed), rec["lib"]
     assert "spin7     ringtree" in proc.stdout and "with RINGTREE_SPIN_US=7" in proc.stdout
+    assert f"with PYTHONPATH={build}" in proc.stdout
     # a variant is not a peer: with ringtree alone there is no best peer to compare with
     (row,) = data["ratios"]["P2"]["all_reduce"]
     assert row["best_peer"] is None and row["ratio"] is None
