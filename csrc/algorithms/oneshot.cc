@@ -53,25 +53,34 @@ void await_others(Schedule& s, int P, int r, int skip) {
   s.end_step();
 }
 
-}  // namespace
-
-uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
+// How many blocks a one-shot call's largest publication holds (a block: the per-rank count), or
+// -1 for a collective one-shot does not run: the one list of what one-shot runs.
+int64_t published_blocks(Collective coll, int nranks) {
   switch (coll) {
     case Collective::AllReduce:
     case Collective::Reduce:
     case Collective::AllGather:
     case Collective::Broadcast:
     case Collective::Gather:
-      return block_bytes;
+      return 1;
     case Collective::ReduceScatter:
     case Collective::AllToAll:
     case Collective::Scatter:  // the root's
-      return block_bytes * static_cast<uint64_t>(nranks);
+      return nranks;
     case Collective::Barrier:
       return 0;
     default:
-      return UINT64_MAX;
+      return -1;
   }
+}
+
+}  // namespace
+
+bool has_oneshot_schedule(Collective coll) { return published_blocks(coll, 1) >= 0; }
+
+uint64_t oneshot_payload_bytes(Collective coll, uint64_t block_bytes, int nranks) {
+  const int64_t blocks = published_blocks(coll, nranks);
+  return blocks < 0 ? UINT64_MAX : block_bytes * static_cast<uint64_t>(blocks);
 }
 
 bool oneshot_publishes_data(Collective coll, int q, int root) {
@@ -80,10 +89,10 @@ bool oneshot_publishes_data(Collective coll, int q, int root) {
 }
 
 void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint64_t N) {
-  const uint64_t uP = static_cast<uint64_t>(P), ur = static_cast<uint64_t>(r);
-  const bool whole_buffer =
-      coll == Collective::ReduceScatter || coll == Collective::AllToAll || coll == Collective::Scatter;
-  const uint64_t published = !oneshot_publishes_data(coll, r, root) ? 0 : whole_buffer ? N * uP : N;
+  RT_CHECK(has_oneshot_schedule(coll), InvalidArgument, "no one-shot schedule for ", collective_name(coll));
+  const uint64_t ur = static_cast<uint64_t>(r);
+  const uint64_t published =
+      oneshot_publishes_data(coll, r, root) ? N * static_cast<uint64_t>(published_blocks(coll, P)) : 0;
   s.add(make_publish(BufId::Input, published));
   s.end_step();
   if (N == 0 && coll != Collective::Barrier && P > 1) {
@@ -141,7 +150,7 @@ void oneshot_schedule(Schedule& s, Collective coll, int P, int r, int root, uint
       await_others(s, P, r, r);
       break;
     default:
-      RT_THROW(InvalidArgument, "no one-shot schedule for ", collective_name(coll));
+      break;  // refused above
   }
 }
 

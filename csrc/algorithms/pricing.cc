@@ -51,24 +51,6 @@ bool in_a_line(const ScheduleCounts& a, const ScheduleCounts& b, const ScheduleC
 // all_to_all_v is priced as the all_to_all it generalizes).
 bool has_keyed_schedules(Collective c) { return c <= Collective::Barrier; }
 
-// The collectives one-shot runs (algorithms/oneshot.cc).
-bool has_oneshot_schedule(Collective c) {
-  switch (c) {
-    case Collective::AllReduce:
-    case Collective::ReduceScatter:
-    case Collective::AllGather:
-    case Collective::AllToAll:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::Gather:
-    case Collective::Scatter:
-    case Collective::Barrier:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // The critical path in hops. Ranks are walked step by step in dependency order: a rank posts a
 // step's sends when the step starts (its previous step has ended), and the step ends one hop
 // after the later of its start and the departure of the last message it receives; a step that

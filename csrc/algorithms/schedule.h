@@ -216,6 +216,8 @@ void rank_order_schedule(Schedule& s, const ScheduleKey& key);
 // reduce, gather, scatter and barrier; P = 1 and count = 0 included (a one-shot call always
 // publishes).
 void oneshot_schedule(Schedule& s, Collective coll, int nranks, int rank, int root, uint64_t count);
+// Whether one-shot runs `coll` (the collectives listed above).
+bool has_oneshot_schedule(Collective coll);
 // What each rank of a one-shot call publishes, in bytes, for a per-rank count of block_bytes (the
 // largest publication of the call: a broadcast's or scatter's root, every rank of the others); UINT64_MAX for
 // a collective one-shot does not run.

@@ -225,7 +225,7 @@ class HostExecutor {
   struct UnsettledOneShotCall {
     uint64_t gen;
     MsgHeader fp;
-    int skipped;  // the rank its deferred steps do not wait for (its schedule's), or -1
+    int unawaited;  // the rank its deferred steps do not wait for (Schedule::deferred_unawaited), or -1
   };
   // A ring: the oldest at oneshot_unsettled_first_, so settling one moves nothing.
   std::array<UnsettledOneShotCall, kOneShotRunAhead> oneshot_unsettled_{};

@@ -89,7 +89,7 @@ void HostExecutor::settle_oneshot_through(uint64_t last_gen, double timeout_s) {
     const UnsettledOneShotCall call = oneshot_unsettled_[oneshot_unsettled_first_];
     oneshot_unsettled_first_ = (oneshot_unsettled_first_ + 1) % oneshot_unsettled_.size();
     --oneshot_unsettled_count_;
-    for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == call.skipped;
+    for (int q = 0; q < size_; ++q) oneshot_arrived_[q] = q == rank_ || q == call.unawaited;
     await_oneshot(call.gen, call.fp, timeout_s);
   }
 }
@@ -104,7 +104,7 @@ void HostExecutor::settle_oneshot_published(double timeout_s) {
     const UnsettledOneShotCall& call = oneshot_unsettled_[oneshot_unsettled_first_];
     const int slot_index = oneshot_slot_of(call.gen);
     for (int q = 0; q < size_; ++q)
-      if (q != rank_ && q != call.skipped &&
+      if (q != rank_ && q != call.unawaited &&
           peer_segments_[q]->oneshot_slot(slot_index)->gen.load(std::memory_order_acquire) != call.gen)
         return;
     settle_oneshot_through(call.gen, timeout_s);
